@@ -1,0 +1,1 @@
+"""One module per `geotrain` subcommand, discovered by `geotrain.cli`."""

@@ -1,0 +1,15 @@
+"""Validated, typed configuration: clusters, models and jobs read from TOML.
+
+Everything downstream (cost model, planner, simulator, runtime) takes these frozen objects,
+never raw dictionaries, so a spec is checked once, here, with errors that name file and field.
+"""
+
+from geotrain.config.cluster import Cluster, Datacenter, GPUType, WanLink
+from geotrain.config.job import JobSpec
+from geotrain.config.load import Spec, load_cluster, load_model, load_spec, validate_file
+from geotrain.config.model import ModelSpec
+
+__all__ = [
+    "Cluster", "Datacenter", "GPUType", "WanLink", "JobSpec", "ModelSpec", "Spec",
+    "load_cluster", "load_model", "load_spec", "validate_file",
+]

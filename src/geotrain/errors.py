@@ -1,0 +1,27 @@
+"""User-facing errors.
+
+Every problem caused by the user's input (a spec, a cluster that cannot host the model, a
+request) is raised as a `GeotrainError`; the CLI prints its one-line message and exits with
+status 2 instead of showing a traceback.
+"""
+
+from __future__ import annotations
+
+
+class GeotrainError(Exception):
+    """An error whose message is a complete, one-line explanation for the user."""
+
+    exit_code = 2
+
+
+class SpecError(GeotrainError):
+    """A spec file is malformed: names the file, the field and the reason."""
+
+    def __init__(self, file: str, field: str, reason: str):
+        self.file, self.field, self.reason = str(file), field, reason
+        where = f"{self.file}: {field}: " if field else f"{self.file}: "
+        super().__init__(where + reason)
+
+
+class InfeasibleError(GeotrainError):
+    """The cluster cannot host the job (memory per GPU, GPU count, ...)."""

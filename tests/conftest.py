@@ -1,0 +1,11 @@
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture
+def examples_dir() -> Path:
+    return EXAMPLES
