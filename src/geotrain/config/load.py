@@ -176,7 +176,8 @@ def validate_file(path: str | Path) -> str:
                 f"on {s.cluster.name} ({len(s.cluster.datacenters)} DCs, {s.cluster.total_gpus} GPUs)")
     if "datacenters" in data:
         c = load_cluster(path)
-        return f"{path}: cluster {c.name!r}: {len(c.datacenters)} DCs, {c.total_gpus} GPUs, {len(c.wan_links)} WAN links"
+        return (f"{path}: cluster {c.name!r}: {len(c.datacenters)} DCs, {c.total_gpus} GPUs, "
+                f"{len(c.wan_links)} WAN links")
     if "layers" in data or "preset" in data:
         m = _model_from_dict(data, str(path))
         return f"{path}: model {m.name!r}: {m.param_count() / 1e9:.3f}B params"
