@@ -1,0 +1,109 @@
+"""Prefill and decode with a KV cache on the plain Llama model, for the inference service.
+
+Prefill may come in chunks (one bubble may not hold a whole prompt): a chunk's queries sit at
+positions [p, p + n) and attend to every cached key at or before their own position. The
+model file stays training-only; this module reads its weights, it does not change them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from geotrain.models.llama import Attention, Block, Embedding, Head, UnitStack, apply_rope
+
+
+@dataclass
+class KVCache:
+    """Per block: keys and values of every token seen, shape (1, kv_heads, T, head_dim)."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return 0 if not self.keys else self.keys[0].shape[2]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def to_bytes(self) -> tuple[bytes, list[int], str]:
+        """Raw little-endian bytes of all K then all V tensors (no pickling), their shape, dtype."""
+        flat = torch.stack([torch.stack(self.keys), torch.stack(self.values)]).contiguous()  # (2, L, 1, kvH, T, D)
+        raw = flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat  # numpy has no bfloat16
+        return raw.numpy().tobytes(), list(flat.shape), str(flat.dtype).removeprefix("torch.")
+
+    @classmethod
+    def from_bytes(cls, data: bytes, shape: list[int], dtype: str) -> KVCache:
+        dt = getattr(torch, dtype)
+        if dt == torch.bfloat16:
+            flat = torch.frombuffer(bytearray(data), dtype=torch.int16).view(torch.bfloat16)
+        else:
+            flat = torch.frombuffer(bytearray(data), dtype=dt)
+        flat = flat.reshape(shape)
+        return cls(keys=list(flat[0].unbind(0)), values=list(flat[1].unbind(0)))
+
+
+def _attend(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+            layer: int) -> torch.Tensor:
+    B, n, _ = x.shape
+    p = cache.keys[layer].shape[2] if layer < len(cache.keys) else 0
+    q = attn.wq(x).view(B, n, attn.heads, attn.head_dim).transpose(1, 2)
+    k = attn.wk(x).view(B, n, attn.kv_heads, attn.head_dim).transpose(1, 2)
+    v = attn.wv(x).view(B, n, attn.kv_heads, attn.head_dim).transpose(1, 2)
+    q = apply_rope(q, cos[p:p + n], sin[p:p + n])
+    k = apply_rope(k, cos[p:p + n], sin[p:p + n])
+    if layer < len(cache.keys):
+        k = torch.cat([cache.keys[layer], k], dim=2)
+        v = torch.cat([cache.values[layer], v], dim=2)
+        cache.keys[layer], cache.values[layer] = k, v
+    else:
+        cache.keys.append(k)
+        cache.values.append(v)
+    qpos = torch.arange(p, p + n).unsqueeze(1)
+    mask = torch.arange(p + n).unsqueeze(0) <= qpos  # (n, p + n): attend to keys at or before
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=attn.kv_heads != attn.heads)
+    return attn.wo(out.transpose(1, 2).reshape(B, n, -1))
+
+
+@torch.no_grad()
+def forward_with_cache(model: UnitStack, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Run `tokens` (1, n) after the cached context; returns logits of the last position."""
+    if not (model.has_embedding and model.has_head):
+        raise ValueError("inference needs the whole model (embedding to head)")
+    if cache.length + tokens.shape[1] > model.spec.seq_len:
+        raise ValueError(f"context of {cache.length + tokens.shape[1]} tokens exceeds seq_len {model.spec.seq_len}")
+    x, layer = tokens, 0
+    for unit in model.units.values():
+        if isinstance(unit, Embedding):
+            x = unit(x)
+        elif isinstance(unit, Block):
+            x = x + _attend(unit.attn, unit.attn_norm(x), unit.rope_cos, unit.rope_sin, cache, layer)
+            x = x + unit.ffn(unit.ffn_norm(x))
+            layer += 1
+        elif isinstance(unit, Head):
+            x = unit(x[:, -1:, :])
+    return x[0, -1]
+
+
+def prefill(model: UnitStack, tokens: list[int], chunk: int | None = None) -> tuple[int, KVCache]:
+    """Prefill a prompt (optionally in chunks); returns the first generated token (greedy)."""
+    cache = KVCache()
+    t = torch.tensor([tokens], dtype=torch.long)
+    step = chunk or len(tokens)
+    logits = None
+    for i in range(0, len(tokens), step):
+        logits = forward_with_cache(model, t[:, i:i + step], cache)
+    return int(torch.argmax(logits)), cache
+
+
+def decode(model: UnitStack, first: int, cache: KVCache, max_new_tokens: int):
+    """Greedy decode after a prefill: yields the following tokens one at a time."""
+    tok = first
+    for _ in range(max_new_tokens):
+        if cache.length >= model.spec.seq_len:
+            return
+        tok = int(torch.argmax(forward_with_cache(model, torch.tensor([[tok]]), cache)))
+        yield tok
