@@ -1,0 +1,111 @@
+"""Small helpers for what commands print: aligned tables, human units, a progress bar.
+
+Kept deliberately tiny and stable because every command imports it. The progress bar stays
+silent when stderr is not a terminal (CI logs, pipes, tests) so output files stay clean.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_SI = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def _is_numeric(s: str) -> bool:
+    t = s.strip().rstrip("%x").replace(",", "").replace("+", "").replace("-", "", 1)
+    try:
+        float(t.split()[0]) if t else None
+        return bool(t)
+    except ValueError:
+        return False
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """An aligned plain-text table: numbers right-aligned, text left-aligned, floats to 4
+    significant digits, a dashed rule under the header."""
+    body = [[_cell(v) for v in r] for r in rows]
+    ncol = max([len(headers)] + [len(r) for r in body])
+    heads = list(headers) + [""] * (ncol - len(headers))
+    body = [r + [""] * (ncol - len(r)) for r in body]
+    widths = [max([len(heads[i])] + [len(r[i]) for r in body]) for i in range(ncol)]
+    right = [bool(body) and all(_is_numeric(r[i]) or r[i] in ("", "-") for r in body) for i in range(ncol)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if ra else c.ljust(w) for c, w, ra in zip(cells, widths, right)).rstrip()
+
+    out = [line(heads), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in body]
+    return "\n".join(out)
+
+
+def human_bytes(n: float) -> str:
+    """Bytes with binary prefixes: 512 B, 1.50 KiB, 3.20 GiB."""
+    n = float(n)
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.3g} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_seconds(s: float) -> str:
+    """Durations from nanoseconds to hours: 850 ns, 12.3 us, 4.56 ms, 1.23 s, 2m05s, 1h02m."""
+    s = float(s)
+    if math.isnan(s) or math.isinf(s):
+        return str(s)
+    sign = "-" if s < 0 else ""
+    a = abs(s)
+    if a == 0:
+        return "0 s"
+    if a < 1e-6:
+        return f"{sign}{a * 1e9:.3g} ns"
+    if a < 1e-3:
+        return f"{sign}{a * 1e6:.3g} us"
+    if a < 1:
+        return f"{sign}{a * 1e3:.3g} ms"
+    if a < 60:
+        return f"{sign}{a:.3g} s"
+    if a < 3600:
+        m, sec = divmod(round(a), 60)
+        return f"{sign}{m}m{sec:02d}s"
+    h, rem = divmod(round(a), 3600)
+    return f"{sign}{h}h{rem // 60:02d}m"
+
+
+def human_rate(x: float, unit: str) -> str:
+    """A quantity with SI prefixes: human_rate(3.2e14, "FLOP/s") -> "320 TFLOP/s";
+    also fine for counts (human_rate(2e18, "FLOP"))."""
+    x = float(x)
+    a = abs(x)
+    for scale, prefix in _SI:
+        if a >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def progress(iterable: Iterable[T], total: int | None = None, desc: str = "",
+             enable: bool | None = None) -> Iterator[T] | Iterable[T]:
+    """Wrap `iterable` in a tqdm bar on stderr; enable=None means "only when stderr is a TTY".
+    Disabled, it returns the iterable itself (no overhead, nothing printed)."""
+    if enable is None:
+        enable = sys.stderr.isatty()
+    if not enable:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=desc or None, leave=False, file=sys.stderr, dynamic_ncols=True)

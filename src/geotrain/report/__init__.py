@@ -1,0 +1,1 @@
+"""Reports of a simulated or measured run: timeline pictures, an HTML page, comparisons."""

@@ -1,0 +1,270 @@
+"""Timeline (Gantt) pictures of a trace: one row per GPU, one colour per kind of work.
+
+Why it is drawn this way: a pipeline's bubbles are what the picture is for, so idle time is the
+row's light background and every kind of work is a solid colour on top of it. Each kind is a
+single PolyCollection over all rows (a few draw calls whatever the rank count), and above
+`max_rows` ranks only replica 0 of each stage is drawn -- DP replicas of a stage run the same list,
+so that subset shows the pipeline's shape; the title says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from geotrain.plan.plan import Plan  # noqa: E402
+from geotrain.report.layout import RankInfo, plan_of, rank_layout  # noqa: E402
+from geotrain.trace.schema import Trace  # noqa: E402
+
+# kind -> (colour, legend label), in legend order.
+KIND_STYLE: dict[str, tuple[str, str]] = {
+    "forward": ("#3b75af", "forward"),
+    "backward": ("#e1812c", "backward"),
+    "backward_input": ("#c03d3e", "backward (input grad)"),
+    "backward_weight": ("#f2b36b", "backward (weight grad)"),
+    "recv_wait": ("#b9b0d9", "waiting on a transfer"),
+    "allreduce": ("#3a923a", "DP reduction"),
+    "optimizer": ("#7d5ba6", "optimizer"),
+    "prefill": ("#2ab0b8", "prefill (BubbleTea)"),
+    "transfer": ("#8c6d58", "link busy (transfer)"),
+}
+IDLE_COLOUR = "#eeeeee"
+LABELLED_KINDS = frozenset({"forward", "backward", "backward_input", "backward_weight", "prefill"})
+BAR_HEIGHT = 0.8
+
+
+@dataclass
+class Rows:
+    """Which ranks get a row, in order, and the note explaining any subsetting."""
+
+    ranks: list[int]
+    infos: list[RankInfo]
+    links: list[str]
+    note: str
+    total_ranks: int
+
+
+def select_rows(trace: Trace, plan: Plan | None = None, max_rows: int = 256, show_links: bool = True) -> Rows:
+    layout = rank_layout(trace, plan)
+    plan = plan_of(trace, plan)
+    n = len(layout)
+    note = ""
+    if n <= max_rows:
+        ranks = list(range(n))
+    elif plan is not None:
+        stages = list(range(plan.pp))
+        if len(stages) > max_rows:
+            step = math.ceil(len(stages) / max_rows)
+            stages = stages[::step]
+        ranks = [plan.rank(s, 0, 0) for s in stages]
+        note = f"replica 0 of {len(stages)} of {plan.pp} stages shown ({n:,} GPUs in all)"
+    else:
+        step = math.ceil(n / max_rows)
+        ranks = list(range(0, n, step))
+        note = f"every {step}th rank shown ({n:,} GPUs in all)"
+    links: list[str] = []
+    if show_links:
+        names = {e.link for e in trace.events if e.kind == "transfer" and e.link}
+        links = sorted(names, key=lambda s: ("->" not in s, s))
+    return Rows(ranks, [layout[r] for r in ranks], links, note, n)
+
+
+def _time_unit(span: float) -> tuple[float, str]:
+    if span >= 120:
+        return 1.0 / 60, "min"
+    if span >= 2:
+        return 1.0, "s"
+    if span >= 2e-3:
+        return 1e3, "ms"
+    return 1e6, "us"
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _rects(spans: list[tuple[float, float, float]]) -> np.ndarray:
+    """(start, end, row) triples -> (N, 4, 2) vertex array of bars centred on the row."""
+    a = np.asarray(spans, dtype=float).reshape(-1, 3)
+    x0, x1, y = a[:, 0], a[:, 1], a[:, 2]
+    lo, hi = y - BAR_HEIGHT / 2, y + BAR_HEIGHT / 2
+    return np.stack([np.stack([x0, lo], 1), np.stack([x0, hi], 1), np.stack([x1, hi], 1), np.stack([x1, lo], 1)], 1)
+
+
+def _row_ticks(rows: Rows, max_labels: int = 64) -> tuple[list[float], list[str]]:
+    """Tick positions and labels of the GPU rows: every row when few; else the first row of
+    each stage (the stage's rank range); else evenly spaced rows."""
+    infos = rows.infos
+
+    def full(info: RankInfo) -> str:
+        return f"{info.label} · {info.dc}" if info.dc != "?" else info.label
+
+    if len(infos) <= max_labels:
+        return [float(i) for i in range(len(infos))], [full(x) for x in infos]
+    starts = [i for i in range(len(infos)) if i == 0 or infos[i].stage != infos[i - 1].stage]
+    if len(starts) <= max_labels and infos[0].stage >= 0:
+        ends = starts[1:] + [len(infos)]
+        labels = [f"s{infos[a].stage}: r{infos[a].rank}-r{infos[b - 1].rank} · {infos[a].dc}"
+                  for a, b in zip(starts, ends)]
+        return [float(i) for i in starts], labels
+    every = math.ceil(len(infos) / max_labels)
+    return [float(i) for i in range(0, len(infos), every)], [full(infos[i]) for i in range(0, len(infos), every)]
+
+
+def _bars(ax: plt.Axes, spans: dict[str, list[tuple[float, float, float]]], nrows: int, t_end: float,
+          edges: bool) -> None:
+    """Idle background for rows 0..nrows-1, then one PolyCollection per kind on top."""
+    ax.add_collection(PolyCollection(_rects([(0.0, t_end, float(y)) for y in range(nrows)]),
+                                     facecolors=IDLE_COLOUR, edgecolors="none"))
+    for kind, pts in spans.items():
+        colour = KIND_STYLE.get(kind, ("#999999", kind))[0]
+        ax.add_collection(PolyCollection(_rects(pts), facecolors=colour,
+                                         edgecolors="white" if edges else "none", linewidths=0.3))
+    ax.set_ylim(nrows - 0.4, -0.6)
+    ax.set_xlim(0, t_end * 1.002 if t_end > 0 else 1)
+    ax.tick_params(axis="y", length=0)
+    ax.grid(axis="x", color="#cccccc", lw=0.4)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def draw_on_axes(ax: plt.Axes, trace: Trace, rows: Rows, t_end: float, scale: float) -> set[str]:
+    """Draw the GPU rows of `trace` on `ax` (top to bottom); returns the kinds that appear."""
+    row_of = {r: i for i, r in enumerate(rows.ranks)}
+    spans: dict[str, list[tuple[float, float, float]]] = {}
+    for e in trace.events:
+        if e.kind == "transfer":
+            continue
+        i = row_of.get(e.rank)
+        if i is not None and e.end > e.start:
+            spans.setdefault(e.kind, []).append((e.start * scale, e.end * scale, i))
+    _bars(ax, spans, len(rows.ranks), t_end * scale, edges=len(rows.ranks) <= 48)
+    _label_microbatches(ax, trace, row_of, t_end, scale)
+
+    # Rows: labels, DC separators and DC names on the right.
+    ticks, labels = _row_ticks(rows)
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=8 if len(rows.ranks) <= 32 else 6)
+    start = 0
+    for i in range(1, len(rows.infos) + 1):
+        if i == len(rows.infos) or rows.infos[i].dc != rows.infos[start].dc:
+            if i < len(rows.infos):
+                ax.axhline(i - 0.5, color="#444444", lw=0.8)
+            if rows.infos[start].dc != "?":
+                ax.annotate(rows.infos[start].dc, xy=(1.003, (start + i - 1) / 2), xycoords=("axes fraction", "data"),
+                            va="center", ha="left", fontsize=9, fontweight="bold", rotation=90)
+            start = i
+
+    # Iteration boundaries when the trace holds several iterations.
+    ends: dict[int, float] = {}
+    for e in trace.events:
+        ends[e.iteration] = max(ends.get(e.iteration, 0.0), e.end)
+    for it in sorted(ends)[:-1]:
+        ax.axvline(ends[it] * scale, color="#222222", lw=0.8, ls=":")
+    return set(spans)
+
+
+def draw_links(ax: plt.Axes, trace: Trace, links: list[str], t_end: float, scale: float) -> set[str]:
+    """One row per link: when it carries at least one transfer (union of the transfers)."""
+    row = {name: i for i, name in enumerate(links)}
+    iv: dict[str, list[tuple[float, float]]] = {}
+    for e in trace.events:
+        if e.kind == "transfer" and e.link in row:
+            iv.setdefault(e.link, []).append((e.start, e.end))
+    pts = [(a * scale, b * scale, float(row[name])) for name, lst in iv.items() for a, b in _union(lst)]
+    _bars(ax, {"transfer": pts} if pts else {}, len(links), t_end * scale, edges=False)
+    ax.set_yticks(range(len(links)))
+    ax.set_yticklabels([f"link {name}" for name in links], fontsize=8)
+    return {"transfer"} if pts else set()
+
+
+def _label_microbatches(ax: plt.Axes, trace: Trace, row_of: dict[int, int], t_end: float, scale: float) -> None:
+    """Micro-batch numbers inside forward/backward bars, when the picture is small enough to
+    read them (few rows, bars wide enough for the digits)."""
+    if len(row_of) > 32 or t_end <= 0:
+        return
+    min_w = 0.012 * t_end
+    todo = [e for e in trace.events if e.rank in row_of and e.mb >= 0 and e.kind in LABELLED_KINDS
+            and e.end - e.start >= min_w]
+    if len(todo) > 1500:
+        return
+    size = 7 if len(row_of) <= 16 else 5
+    for e in todo:
+        ax.text((e.start + e.end) / 2 * scale, row_of[e.rank], str(e.mb), ha="center", va="center",
+                fontsize=size, color="white", clip_on=True)
+
+
+def _trace_end(trace: Trace) -> float:
+    return max((e.end for e in trace.events), default=0.0)
+
+
+def draw_timelines(panels: Sequence[tuple[str, Trace]], path: str | Path, plan: Plan | None = None,
+                   title: str | None = None, max_rows: int = 256, show_links: bool = True,
+                   dpi: int = 110) -> Path:
+    """Draw one or more traces stacked, sharing the time axis (e.g. predicted over measured).
+    Each panel is a GPU axes plus, when the trace has transfers, a link axes below it."""
+    panels = list(panels)
+    if not panels:
+        raise ValueError("nothing to draw")
+    rows = [select_rows(t, plan, max_rows, show_links) for _, t in panels]
+    t_end = max(_trace_end(t) for _, t in panels)
+    scale, unit = _time_unit(t_end)
+    most = max(len(r.ranks) for r in rows)
+    row_h = 0.3 if most <= 24 else max(0.07, 7.0 / most)
+    heights: list[float] = []
+    for r in rows:
+        heights.append(max(1.0, len(r.ranks) * row_h + 0.3))
+        if r.links:
+            heights.append(len(r.links) * 0.28 + 0.1)
+    fig_h = min(60.0, sum(heights) + 1.4 + 0.35 * len(panels))
+    fig, axes = plt.subplots(len(heights), 1, figsize=(14, fig_h), sharex=True, layout="constrained",
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    kinds: set[str] = set()
+    k = 0
+    for (name, trace), r in zip(panels, rows):
+        ax = axes[k, 0]
+        kinds |= draw_on_axes(ax, trace, r, t_end, scale)
+        sub = f"{name}: iteration span {_trace_end(trace) * scale:.4g} {unit}"
+        if r.note:
+            sub += f" — {r.note}"
+        ax.set_title(sub, fontsize=10, loc="left")
+        k += 1
+        if r.links:
+            kinds |= draw_links(axes[k, 0], trace, r.links, t_end, scale)
+            k += 1
+    axes[-1, 0].set_xlabel(f"time ({unit})")
+    handles = [Patch(facecolor=KIND_STYLE[kd][0], label=KIND_STYLE[kd][1]) for kd in KIND_STYLE if kd in kinds]
+    handles += [Patch(facecolor="#999999", label=kd) for kd in sorted(kinds - set(KIND_STYLE))]
+    handles.append(Patch(facecolor=IDLE_COLOUR, edgecolor="#bbbbbb", label="idle (bubble)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5), fontsize=9, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=12)
+    path = Path(path)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def draw_timeline(trace: Trace, path: str | Path, plan: Plan | None = None, title: str | None = None,
+                  max_rows: int = 256, show_links: bool = True, dpi: int = 110) -> Path:
+    """One trace's timeline as a PNG: a row per GPU (rank / stage / DC), link rows below."""
+    label = "measured" if trace.source == "measured" else "simulated"
+    return draw_timelines([(label, trace)], path, plan, title, max_rows, show_links, dpi)
