@@ -1,4 +1,9 @@
-"""geotrain validate SPEC...: check cluster, model and experiment files."""
+"""geotrain validate SPEC...: check cluster, model and experiment files.
+
+Every file is checked (not just up to the first bad one) so one run lists every broken file;
+each problem is one line naming the file, the field and the reason, and the exit status is 2
+if any file failed.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ ORDER = 10
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("specs", nargs="+", metavar="SPEC", help="TOML files")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="TOML files (experiment, cluster or model)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,6 +27,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             print(f"ok  {validate_file(path)}")
         except GeotrainError as e:
-            print(f"geotrain validate: error: {e}", file=sys.stderr)
+            print(f"geotrain validate: error: {' '.join(str(e).split())}", file=sys.stderr)
             failed += 1
     return 2 if failed else 0

@@ -61,7 +61,9 @@ class WanLink(Strict):
     One TCP connection over a long fat pipe is window/RTT bound, hence `per_connection_gbps`:
     n parallel connections reach min(n * per_connection_gbps, capacity_gbps)."""
 
-    between: tuple[str, str]
+    # TOML gives a list; strict mode would insist on a Python tuple, so only this field is lax
+    # (its items are still strict strings).
+    between: tuple[str, str] = Field(strict=False)
     latency_ms: float = Field(ge=0)
     capacity_gbps: PositiveFloat
     per_connection_gbps: PositiveFloat

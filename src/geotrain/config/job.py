@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from geotrain.config.base import Strict
 
@@ -15,16 +15,21 @@ Precision = Literal["fp32", "bf16", "fp16"]
 Checkpointing = Literal["none", "full", "selective"]
 Sharding = Literal["replicate", "zero1", "zero2", "zero3"]
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "wan-1f1b"]
+# One flat Literal each (not `X | Literal["auto"]`): a flat Literal gives one clear error listing
+# every allowed value, where a union would report one error per member.
+CheckpointingOrAuto = Literal["none", "full", "selective", "auto"]
+ShardingOrAuto = Literal["replicate", "zero1", "zero2", "zero3", "auto"]
+ScheduleOrAuto = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "wan-1f1b", "auto"]
 
 
 class JobSpec(Strict):
     global_batch: PositiveInt = Field(description="sequences per optimizer step")
     micro_batch: PositiveInt | Literal["auto"] = "auto"
     precision: Precision = "bf16"
-    checkpointing: Checkpointing | Literal["auto"] = "auto"
-    sharding: Sharding | Literal["auto"] = "auto"
+    checkpointing: CheckpointingOrAuto = "auto"
+    sharding: ShardingOrAuto = "auto"
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
-    schedule: ScheduleKind | Literal["auto"] = "auto"
+    schedule: ScheduleOrAuto = "auto"
     tp: PositiveInt = 1
     # Optional fixed shape (otherwise chosen by the planner).
     pp: PositiveInt | None = None
@@ -40,6 +45,30 @@ class JobSpec(Strict):
     @classmethod
     def _fsdp_alias(cls, v: object) -> object:
         return "zero3" if v == "fsdp" else v
+
+    @field_validator("micro_batch", mode="before")
+    @classmethod
+    def _micro_batch(cls, v: object) -> object:
+        # Checked here so a bad value gets one message instead of one per union member.
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            return v
+        raise ValueError(f'must be a positive integer or "auto" (got {v!r})')
+
+    @model_validator(mode="after")
+    def _check_batch(self) -> JobSpec:
+        g = self.global_batch
+        if isinstance(self.micro_batch, int):
+            mb = self.micro_batch
+            if mb > g:
+                raise ValueError(f"micro_batch: {mb} is larger than global_batch={g}")
+            if g % mb:
+                raise ValueError(f"micro_batch: global_batch={g} is not a multiple of micro_batch={mb}")
+        if self.dp is not None:
+            per = self.dp * (self.micro_batch if isinstance(self.micro_batch, int) else 1)
+            if g % per:
+                what = f"dp={self.dp} x micro_batch={self.micro_batch}" if per != self.dp else f"dp={self.dp}"
+                raise ValueError(f"dp: global_batch={g} is not a multiple of {what}")
+        return self
 
     @property
     def optimizer_state_slots(self) -> int:

@@ -5,21 +5,29 @@ Three kinds of file:
   * model     -- the shape fields, or `preset = "llama2-7b"` plus overrides;
   * experiment (job) -- a `[job]` table plus `cluster` and `model`, each either a path
     (relative to the file), a preset name (models), or an inline table.
+
+Every problem is raised as one `SpecError(file, field, reason)`: the first error only, because a
+user fixes one line at a time and a wall of pydantic output hides the one that matters.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from pydantic import BaseModel, ValidationError
 
 from geotrain.config.cluster import Cluster
 from geotrain.config.job import JobSpec
 from geotrain.config.model import ModelSpec
 from geotrain.errors import SpecError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 EXPERIMENT_KEYS = {"name", "cluster", "model", "job", "bubbletea"}
 
@@ -36,24 +44,54 @@ class Spec:
     bubbletea: dict[str, Any] | None = None
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _read_toml(path: Path, file: str | None = None, field: str = "") -> dict[str, Any]:
+    """Parse `path`. Problems opening it are reported against `file`/`field` (the spec that
+    referred to it) when given, so "file not found" names the line the user must fix."""
+    where = file if file is not None else str(path)
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise SpecError(str(path), "", "file not found") from None
+        reason = "file not found" if file is None else f"file not found: {path}"
+        raise SpecError(where, field, reason) from None
+    except IsADirectoryError:
+        raise SpecError(where, field, f"is a directory, not a TOML file: {path}") from None
+    except OSError as e:
+        raise SpecError(where, field, f"cannot read {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise SpecError(str(path), "", f"not valid TOML ({e})") from None
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
+        loc = f"line {m.group(1)}" if m else ""
+        raise SpecError(str(path), loc, f"not valid TOML ({_one_line(e)})") from None
+    except UnicodeDecodeError:
+        raise SpecError(str(path), "", "not valid TOML (not UTF-8 text)") from None
+
+
+# Pydantic adds the member type of a union to an error's location (`micro_batch.constrained-int`);
+# such parts are not keys the user wrote, so they are dropped.
+_TYPE_TAG = re.compile(r"^(int|float|str|bool|none|list|dict|tuple|constrained-\w+|[\w-]+\[.*\])$")
 
 
 def _loc(parts: tuple[Any, ...]) -> str:
     out = ""
     for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif not _TYPE_TAG.match(str(p)):
+            out += f".{p}" if out else str(p)
     return out
 
 
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
 def _validate(cls: type[BaseModel], data: Any, file: str, prefix: str = "") -> Any:
+    if not isinstance(data, dict):
+        raise SpecError(file, prefix or "(top level)", f"must be a table (got {type(data).__name__})")
     try:
         return cls.model_validate(data)
     except ValidationError as e:
@@ -64,48 +102,69 @@ def _validate(cls: type[BaseModel], data: Any, file: str, prefix: str = "") -> A
             msg = "unknown key"
         elif err["type"] == "missing":
             msg = "required field is missing"
-        # Errors raised by our own validators carry "field: reason".
-        if msg.startswith("Value error, "):
+        elif msg.startswith("Value error, "):
+            # Our own validators say "field: reason" when the field is not the error's location.
             msg = msg[len("Value error, "):]
             head, sep, tail = msg.partition(": ")
-            if sep and " " not in head:
-                field, msg = head, tail
-        full = ".".join(p for p in (prefix, field) if p)
-        raise SpecError(file, full or "(top level)", msg) from None
+            if sep and re.fullmatch(r"[\w.\[\]-]+", head):
+                field, msg = _join(field, head), tail
+        else:
+            got = err.get("input")
+            if isinstance(got, (str, int, float, bool)):
+                msg += f" (got {_short(got)})"
+            elif isinstance(got, (dict, list)):
+                msg += f" (got a {'table' if isinstance(got, dict) else 'list'})"
+        raise SpecError(file, _join(prefix, field) or "(top level)", _one_line(msg)) from None
 
 
-def _model_from_dict(data: dict[str, Any], file: str, prefix: str = "") -> ModelSpec:
+def _short(value: Any) -> str:
+    text = repr(value)
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _model_from_dict(data: dict[str, Any], file: str, prefix: str = "", default_name: str | None = None) -> ModelSpec:
     from geotrain.models.presets import PRESETS
 
+    if not isinstance(data, dict):
+        raise SpecError(file, prefix or "(top level)", "must be a table")
     data = dict(data)
     preset = data.pop("preset", None)
     if preset is not None:
-        if preset not in PRESETS:
-            raise SpecError(file, ".".join(p for p in (prefix, "preset") if p),
-                            f"unknown model preset {preset!r} (known: {', '.join(PRESETS)})")
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise SpecError(file, _join(prefix, "preset"),
+                            f"unknown model preset {_short(preset)} (known: {', '.join(PRESETS)})")
         data = {**PRESETS[preset].model_dump(), **data}
+    elif default_name is not None and "name" not in data:
+        data["name"] = default_name
     return _validate(ModelSpec, data, file, prefix)
 
 
-def load_cluster(path: str | Path) -> Cluster:
+def load_cluster(path: str | Path, *, referred_from: str | None = None, field: str = "") -> Cluster:
     path = Path(path)
-    return _validate(Cluster, _read_toml(path), str(path))
+    data = _read_toml(path, referred_from, field)
+    if "name" not in data:
+        data["name"] = path.stem
+    return _validate(Cluster, data, str(path))
 
 
-def load_model(ref: str | Path, base: Path | None = None) -> ModelSpec:
-    """A model from a preset name or a TOML file path."""
+def load_model(ref: str | Path, base: Path | None = None, *, referred_from: str | None = None,
+               field: str = "") -> ModelSpec:
+    """A model from a preset name or a TOML file path (relative to `base` when given)."""
     from geotrain.models.presets import PRESETS
 
     if str(ref) in PRESETS:
         return PRESETS[str(ref)]
     path = Path(ref) if base is None else base / ref
     if path.suffix != ".toml" and not path.exists():
-        raise SpecError(str(ref), "", f"not a model preset ({', '.join(PRESETS)}) nor a file")
-    return _model_from_dict(_read_toml(path), str(path))
+        raise SpecError(referred_from or str(ref), field,
+                        f"{str(ref)!r} is neither a model preset ({', '.join(PRESETS)}) nor a file")
+    return _model_from_dict(_read_toml(path, referred_from, field), str(path), default_name=path.stem)
 
 
 def load_spec(path: str | Path) -> Spec:
-    """Load an experiment file (cluster + model + job)."""
+    """Load an experiment file (cluster + model + job) and check the model can fit the cluster."""
     path = Path(path)
     data = _read_toml(path)
     file = str(path)
@@ -113,16 +172,19 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(file, "job", "required table is missing (is this a cluster or model file?)")
     for key in data:
         if key not in EXPERIMENT_KEYS:
-            raise SpecError(file, key, "unknown key")
+            raise SpecError(file, key, f"unknown key (expected: {', '.join(sorted(EXPERIMENT_KEYS))})")
     base = path.parent
+    name = data.get("name", path.stem)
+    if not isinstance(name, str) or not name:
+        raise SpecError(file, "name", "must be a non-empty string")
 
     c = data.get("cluster")
     if c is None:
         raise SpecError(file, "cluster", "required field is missing")
     if isinstance(c, dict):
-        cluster = _validate(Cluster, c, file, "cluster")
+        cluster = _validate(Cluster, {"name": name, **c}, file, "cluster")
     elif isinstance(c, str):
-        cluster = load_cluster(base / c)
+        cluster = load_cluster(base / c, referred_from=file, field="cluster")
     else:
         raise SpecError(file, "cluster", "must be a path or a table")
 
@@ -132,7 +194,7 @@ def load_spec(path: str | Path) -> Spec:
     if isinstance(m, dict):
         model = _model_from_dict(m, file, "model")
     elif isinstance(m, str):
-        model = load_model(m, base)
+        model = load_model(m, base, referred_from=file, field="model")
     else:
         raise SpecError(file, "model", "must be a preset name, a path or a table")
 
@@ -142,10 +204,31 @@ def load_spec(path: str | Path) -> Spec:
     bt = data.get("bubbletea")
     if bt is not None and not isinstance(bt, dict):
         raise SpecError(file, "bubbletea", "must be a table")
-    spec = Spec(name=str(data.get("name", path.stem)), cluster=cluster, model=model, job=job,
-                path=path, bubbletea=bt)
+    spec = Spec(name=name, cluster=cluster, model=model, job=job, path=path, bubbletea=bt)
+    check_shape(spec)
     check_fits(spec)
     return spec
+
+
+def check_shape(spec: Spec) -> None:
+    """Refuse pinned parallel degrees the model or cluster cannot have at all.
+
+    Only what is wrong whatever the plan: per-DC placement is the planner's business."""
+    job, model, cluster, file = spec.job, spec.model, spec.cluster, str(spec.path)
+    if job.pp is not None and job.pp > model.num_units:
+        raise SpecError(file, "job.pp", f"pp={job.pp} stages but {model.name} has only {model.num_units} "
+                                        f"units to cut ({model.layers} layers + embedding + head)")
+    if job.tp > 1:
+        if model.heads % job.tp or model.kv_heads % job.tp:
+            raise SpecError(file, "job.tp", f"tp={job.tp} must divide heads={model.heads} and "
+                                            f"kv_heads={model.kv_heads}")
+        widest = max(dc.gpus_per_node for dc in cluster.datacenters)
+        if job.tp > widest:
+            raise SpecError(file, "job.tp", f"tp={job.tp} is wider than the largest node ({widest} GPUs); "
+                                            "tensor parallelism stays inside a node")
+    need = (job.pp or 1) * (job.dp or 1) * job.tp
+    if need > cluster.total_gpus:
+        raise SpecError(file, "job", f"pp x dp x tp = {need} GPUs but the cluster has {cluster.total_gpus}")
 
 
 def check_fits(spec: Spec) -> None:
@@ -161,9 +244,22 @@ def check_fits(spec: Spec) -> None:
     if need > have:
         raise SpecError(
             str(spec.path), "model",
-            f"{spec.model.name} needs {need / 2**40:.1f} TiB of training state "
-            f"({per_param} B/param) but the whole cluster has {have / 2**40:.2f} TiB of GPU memory",
+            f"{spec.model.name} needs {_bytes(need)} of training state ({per_param} B/param, "
+            f"{spec.job.precision} {spec.job.optimizer}) but the whole cluster has {_bytes(have)} "
+            "of GPU memory: it cannot fit even fully sharded",
         )
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _params(model: ModelSpec) -> str:
+    n = model.param_count()
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
 def validate_file(path: str | Path) -> str:
@@ -172,13 +268,14 @@ def validate_file(path: str | Path) -> str:
     data = _read_toml(path)
     if "job" in data:
         s = load_spec(path)
-        return (f"{path}: experiment {s.name!r}: {s.model.name} ({s.model.param_count() / 1e9:.2f}B params) "
+        return (f"{path}: experiment {s.name!r}: {s.model.name} ({_params(s.model)} params) "
                 f"on {s.cluster.name} ({len(s.cluster.datacenters)} DCs, {s.cluster.total_gpus} GPUs)")
     if "datacenters" in data:
         c = load_cluster(path)
         return (f"{path}: cluster {c.name!r}: {len(c.datacenters)} DCs, {c.total_gpus} GPUs, "
                 f"{len(c.wan_links)} WAN links")
     if "layers" in data or "preset" in data:
-        m = _model_from_dict(data, str(path))
-        return f"{path}: model {m.name!r}: {m.param_count() / 1e9:.3f}B params"
-    raise SpecError(str(path), "", "not a cluster (datacenters), model (layers/preset) or experiment (job) spec")
+        m = _model_from_dict(data, str(path), default_name=path.stem)
+        return f"{path}: model {m.name!r}: {_params(m)} params"
+    raise SpecError(str(path), "(top level)",
+                    "not a cluster (datacenters), model (layers/preset) or experiment (job) spec")

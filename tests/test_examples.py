@@ -1,0 +1,75 @@
+"""Every shipped example validates, and the set covers what the docs promise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from geotrain.cli import main
+from geotrain.config import load_cluster, load_spec, validate_file
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ALL_TOML = sorted(EXAMPLES.rglob("*.toml"))
+EXPERIMENTS = sorted(EXAMPLES.glob("*.toml"))
+CLUSTERS = sorted((EXAMPLES / "clusters").glob("*.toml"))
+
+
+def test_there_are_examples():
+    assert len(EXPERIMENTS) >= 8 and len(CLUSTERS) >= 5 and list((EXAMPLES / "models").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", ALL_TOML, ids=[str(p.relative_to(EXAMPLES)) for p in ALL_TOML])
+def test_example_validates(path, capsys):
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and out.out.startswith("ok  ")
+
+
+def test_default_demo_keeps_its_shape():
+    spec = load_spec(EXAMPLES / "tiny_2dc.toml")
+    assert (spec.job.pp, spec.job.dp, spec.model.name) == (2, 2, "tiny")
+    assert [dc.gpu_type for dc in spec.cluster.datacenters] == ["cpu", "cpu"]
+
+
+@pytest.mark.parametrize("path", [p for p in CLUSTERS if p.stem != "tiny_2dc"], ids=lambda p: p.stem)
+def test_real_clusters_have_realistic_wan_links(path):
+    cluster = load_cluster(path)
+    assert len(cluster.datacenters) >= 2 and cluster.wan_links
+    for link in cluster.wan_links:
+        assert 5 <= link.latency_ms <= 100
+        assert 10 <= link.capacity_gbps <= 400
+        assert 0.5 <= link.per_connection_gbps <= 10 < link.capacity_gbps
+        assert link.connections_to_saturate() > 1  # one TCP connection never fills a WAN link
+
+
+def _experiments() -> list:
+    return [load_spec(p) for p in EXPERIMENTS]
+
+
+def test_promised_experiments_exist():
+    specs = _experiments()
+    by_model: dict[str, list] = {}
+    for s in specs:
+        by_model.setdefault(s.model.name, []).append(s)
+    for model in ("llama2-7b", "llama2-13b", "llama2-70b", "gpt3-175b"):
+        runs = [s for s in by_model.get(model, []) if len(s.cluster.datacenters) == 3]
+        assert runs, f"no 3-DC experiment trains {model}"
+        for s in runs:
+            assert {s.cluster.datacenters[0].gpu_type} & {"a100-80g", "h100-80g"}
+            tokens = s.job.global_batch * s.model.seq_len
+            assert 2e6 <= tokens <= 1e7, f"{s.name}: {tokens} tokens per step is not a realistic batch"
+    gpu_types = {frozenset(dc.gpu_type for dc in s.cluster.datacenters) for s in specs}
+    assert {frozenset({"a100-80g"}), frozenset({"h100-80g"})} <= gpu_types
+    assert any(len(t) >= 2 for t in gpu_types), "no cluster mixes GPU types"
+    sizes = [[dc.gpus for dc in s.cluster.datacenters] for s in specs]
+    assert any(max(g) >= 8 * min(g) for g in sizes), "no cluster with very unequal DCs"
+    assert any(len(s.cluster.datacenters) == 4 and s.cluster.total_gpus == 8192 and s.model.name == "llama2-70b"
+               for s in specs), "no 4-DC, 8192-GPU Llama-2-70B experiment"
+    assert any(s.model.name not in ("tiny", "small", "llama2-7b", "llama2-13b", "llama2-70b", "gpt3-175b")
+               for s in specs), "no experiment uses a model file"
+
+
+def test_model_files_validate_as_models():
+    for path in (EXAMPLES / "models").glob("*.toml"):
+        assert ": model " in validate_file(path)
