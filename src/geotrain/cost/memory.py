@@ -14,3 +14,37 @@ def training_state_bytes_per_param(precision: str, optimizer: str) -> int:
     if precision == "fp32":
         return 4 + 4 + moments
     return 2 + 2 + 4 + moments
+
+
+SHARDINGS = ("replicate", "zero1", "zero2", "zero3")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+
+
+def optimizer_state_bytes_per_param(precision: str, optimizer: str) -> int:
+    """Optimizer state: Adam's two fp32 moments (8 B), plus the fp32 master copy (4 B) when the
+    weights themselves are held in a 16-bit dtype. SGD is plain (no momentum buffer)."""
+    moments = 0 if optimizer == "sgd" else 8
+    return moments + (0 if precision == "fp32" else 4)
+
+
+def optimizer_step_bytes_per_param(precision: str, optimizer: str) -> int:
+    """HBM bytes one optimizer step reads and writes per parameter (a fused, memory-bound kernel):
+    read the gradient and every state tensor, write the state back and the (cast) weights.
+    Adam mixed precision: read g(p) + master, m, v (12); write master, m, v (12) + weights (p).
+    Adam fp32: read w, g, m, v (16); write w, m, v (12). SGD drops m and v."""
+    p = DTYPE_BYTES[precision]
+    state = optimizer_state_bytes_per_param(precision, optimizer)
+    if precision == "fp32":
+        return 4 + 4 + state + 4 + state  # read w, g, state; write w, state
+    return p + state + state + p          # read g, state (incl. master); write state, weights
+
+
+def sharded_fractions(sharding: str, dp: int) -> tuple[float, float, float]:
+    """Fraction of (weights, gradients, optimizer state) one GPU keeps under a sharding level."""
+    if sharding == "fsdp":
+        sharding = "zero3"
+    if sharding not in SHARDINGS:
+        raise ValueError(f"unknown sharding {sharding!r} (known: {', '.join(SHARDINGS)})")
+    level = SHARDINGS.index(sharding)
+    s = 1.0 / dp
+    return (s if level >= 3 else 1.0, s if level >= 2 else 1.0, s if level >= 1 else 1.0)

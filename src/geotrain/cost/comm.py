@@ -1,0 +1,61 @@
+"""Collective-communication times inside one datacenter (alpha-beta model of ring algorithms).
+
+A ring reduce-scatter or all-gather of B bytes over n ranks moves (n-1)/n * B per rank in n-1
+steps: t = (n-1)/n * B / bw + (n-1) * latency. An all-reduce is a reduce-scatter followed by an
+all-gather: 2(n-1)/n * B / bw + 2(n-1) * latency.
+
+When the group spans several nodes the collective is hierarchical (as NCCL's tree/ring mix and
+HSDP do): a ring inside each node over NVLink-class `intra_node_gbps`, then a ring across nodes
+over `intra_dc_gbps` on 1/g of the data (g ranks per node work on disjoint slices in parallel).
+`intra_dc_gbps` is taken as the network bandwidth of one GPU (one NIC per GPU, as in DGX-class
+nodes). The spec has a single latency, `intra_dc_latency_us`, used for every step: conservative
+for NVLink hops, which is fine for the small latency-bound collectives it matters for.
+"""
+
+from __future__ import annotations
+
+from geotrain.config.cluster import Datacenter
+
+GBIT = 1e9 / 8  # bytes/s per Gbit/s
+
+
+def ring_half(nbytes: float, n: int, bw_bytes_s: float, latency_s: float) -> float:
+    """One ring reduce-scatter or all-gather of `nbytes` over `n` ranks."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / bw_bytes_s + (n - 1) * latency_s
+
+
+def hierarchical_half(nbytes: float, n: int, per_node: int, dc: Datacenter) -> float:
+    """A reduce-scatter (or all-gather) over `n` ranks packed `per_node` to a node."""
+    lat = dc.intra_dc_latency_us * 1e-6
+    g = max(1, min(n, per_node))
+    if n <= g:
+        return ring_half(nbytes, n, dc.intra_node_gbps * GBIT, lat)
+    nodes = -(-n // g)
+    return (ring_half(nbytes, g, dc.intra_node_gbps * GBIT, lat)
+            + ring_half(nbytes / g, nodes, dc.intra_dc_gbps * GBIT, lat))
+
+
+# How many reduce-scatter/all-gather "halves" of the full gradient size each sharding level
+# moves per iteration: replicate and zero1 all-reduce the gradients (zero1's parameter
+# all-gather replaces the all-reduce's second half); zero2 reduce-scatters gradients and
+# all-gathers the updated parameters; zero3 also all-gathers the parameters once for the
+# forward and once more for the backward (they are freed in between).
+HALVES_PER_ITERATION = {"replicate": 2, "zero1": 2, "zero2": 2, "zero3": 3}
+
+
+def dp_sync_time(nbytes: float, dp: int, dc: Datacenter, sharding: str, tp: int = 1) -> float:
+    if sharding == "fsdp":
+        sharding = "zero3"
+    if sharding not in HALVES_PER_ITERATION:
+        raise ValueError(f"unknown sharding {sharding!r} (known: {', '.join(HALVES_PER_ITERATION)})")
+    if dp <= 1:
+        return 0.0
+    # A replica of a stage occupies tp consecutive GPUs, so gpus_per_node // tp replicas share a node.
+    per_node = max(1, dc.gpus_per_node // tp)
+    return HALVES_PER_ITERATION[sharding] * hierarchical_half(nbytes, dp, per_node, dc)
+
+
+def allreduce_time(nbytes: float, n: int, per_node: int, dc: Datacenter) -> float:
+    return 2 * hierarchical_half(nbytes, n, per_node, dc)

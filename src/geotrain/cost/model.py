@@ -1,0 +1,254 @@
+"""The cost model: time, bytes and memory of model units and pipeline stages.
+
+The planner calls `stage_times` / `stage_memory` for hundreds of thousands of candidate stages, so
+everything is precomputed per unit *kind* (embedding, block, head; all blocks are identical) and a
+stage reduces to (has embedding, number of blocks, has head): each query is a handful of
+multiply-adds, whatever the stage's length -- the closed form of a prefix sum over units.
+
+What each number means, and the conventions behind it, are documented in `units.py` (FLOPs,
+saved bytes), `memory.py` (training state), `comm.py` (collectives) and `profile.py` (measured
+times). Times are compute only: the caller adds tensor-parallel communication (`tp_comm_time`)
+and WAN transfers where its schedule exposes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from geotrain.config.cluster import Datacenter, GPUType
+from geotrain.config.model import ModelSpec
+from geotrain.cost import comm
+from geotrain.cost.memory import (
+    DTYPE_BYTES,
+    OPTIMIZERS,
+    optimizer_state_bytes_per_param,
+    optimizer_step_bytes_per_param,
+    sharded_fractions,
+)
+from geotrain.cost.profile import Profile
+from geotrain.cost.units import (
+    BLOCK,
+    CHECKPOINTING,
+    EMBEDDING,
+    HEAD,
+    KINDS,
+    kind_activations,
+    kind_flops,
+    kind_params,
+    unit_kind,
+)
+
+# With no measured bandwidth, HBM bytes/s = bf16 peak FLOP/s / this machine balance. Datasheets:
+# A100 312 TFLOP/s / 2.0 TB/s = 156, H100 SXM 989 / 3.35 = 295, V100 125 / 0.9 = 139. 200 sits in
+# between; the optimizer step is a small part of an iteration, so the rough figure is enough.
+MACHINE_BALANCE_FLOP_PER_BYTE = 200.0
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds per micro-batch on one GPU of the stage (compute only)."""
+
+    forward: float
+    backward: float          # backward_input + backward_weight (recompute included)
+    backward_input: float    # zero-bubble "B": input gradients, plus any checkpointing recompute
+    backward_weight: float   # zero-bubble "W": weight gradients
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+
+class CostModel:
+    def __init__(self, model: ModelSpec, precision: str = "bf16", checkpointing: str = "none",
+                 optimizer: str = "adamw", profile: dict[str, Any] | None = None):
+        if precision not in DTYPE_BYTES:
+            raise ValueError(f"unknown precision {precision!r} (known: {', '.join(DTYPE_BYTES)})")
+        if checkpointing not in CHECKPOINTING:
+            raise ValueError(f"unknown checkpointing {checkpointing!r} (known: {', '.join(CHECKPOINTING)})")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)})")
+        self.model, self.precision, self.checkpointing, self.optimizer = model, precision, checkpointing, optimizer
+        self.profile = Profile(profile) if profile is not None else None
+        self.dtype_bytes = DTYPE_BYTES[precision]
+        self._head = model.layers + 1
+        params = kind_params(model)
+        self._params = tuple(params[k] for k in KINDS)  # (embedding, block, head)
+        self._state_bytes = optimizer_state_bytes_per_param(precision, optimizer)
+        self._step_bytes = optimizer_step_bytes_per_param(precision, optimizer)
+        self._flops: dict[int, dict] = {}
+        self._acts: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        self._times: dict[tuple[int, int], tuple[GPUType, tuple]] = {}
+
+    # -- unit structure ---------------------------------------------------------------------
+    def _counts(self, units: Sequence[int]) -> tuple[int, int, int]:
+        """(has embedding, number of blocks, has head) of a set of units, without a Python loop."""
+        if isinstance(units, range) and units.step == 1:
+            e = int(units.start <= 0 < units.stop)
+            h = int(units.start <= self._head < units.stop)
+        else:
+            e, h = int(0 in units), int(self._head in units)
+        return e, len(units) - e - h, h
+
+    def _sum(self, units: Sequence[int], per_kind: Sequence[float]) -> float:
+        e, n, h = self._counts(units)
+        return e * per_kind[0] + n * per_kind[1] + h * per_kind[2]
+
+    def _kind_flops(self, micro_batch: int) -> dict:
+        f = self._flops.get(micro_batch)
+        if f is None:
+            f = self._flops[micro_batch] = kind_flops(self.model, micro_batch)
+        return f
+
+    # -- per unit ---------------------------------------------------------------------------
+    def unit_params(self, unit: int) -> int:
+        return self._params[KINDS.index(unit_kind(self.model, unit))]
+
+    def unit_flops(self, unit: int, micro_batch: int) -> tuple[float, float]:
+        """(forward, backward) FLOPs of one unit for one micro-batch, without recompute."""
+        f = self._kind_flops(micro_batch)[unit_kind(self.model, unit)]
+        return f.forward, f.backward
+
+    def _activations(self, micro_batch: int, tp: int) -> tuple[float, float, float, float]:
+        """Saved bytes per GPU of (embedding, block, head) under self.checkpointing, and of one
+        block without checkpointing (the working set while a checkpointed block recomputes)."""
+        key = (micro_batch, tp)
+        a = self._acts.get(key)
+        if a is None:
+            acts = kind_activations(self.model, micro_batch, self.dtype_bytes, self.checkpointing)
+            none = kind_activations(self.model, micro_batch, self.dtype_bytes, "none")[BLOCK]
+            a = self._acts[key] = tuple(acts[k].per_gpu(tp) for k in KINDS) + (none.per_gpu(tp),)
+        return a
+
+    def unit_activation_bytes(self, unit: int, micro_batch: int) -> int:
+        """Bytes saved for backward by one unit for one micro-batch (tp = 1)."""
+        return int(self._activations(micro_batch, 1)[KINDS.index(unit_kind(self.model, unit))])
+
+    def boundary_bytes(self, micro_batch: int) -> int:
+        return micro_batch * self.model.seq_len * self.model.hidden * self.dtype_bytes
+
+    # -- per stage --------------------------------------------------------------------------
+    def stage_params(self, units: Sequence[int]) -> int:
+        return int(self._sum(units, self._params))
+
+    def grad_bytes(self, units: Sequence[int], tp: int = 1) -> int:
+        """Gradient bytes one GPU contributes to the DP reduction per iteration (reduced in the
+        training dtype). With tp > 1 each tensor-parallel rank reduces its own 1/tp slice."""
+        return int(self._sum(units, self._params) * self.dtype_bytes / tp)
+
+    def _kind_times(self, gpu: GPUType, micro_batch: int) -> tuple:
+        """Per kind (forward, backward_input incl. recompute, backward_weight) seconds at tp=1."""
+        key = (id(gpu), micro_batch)
+        hit = self._times.get(key)
+        if hit is not None and hit[0] is gpu:
+            return hit[1]
+        flops = self._kind_flops(micro_batch)
+        rate = gpu.achieved_flops(self.precision)
+        out = []
+        for kind in KINDS:
+            f = flops[kind]
+            if self.checkpointing == "full" and kind == BLOCK:
+                recompute_share = 1.0
+            elif self.checkpointing == "selective" and kind == BLOCK:
+                recompute_share = f.attention_forward / f.forward
+            else:
+                recompute_share = 0.0
+            if self.profile is not None and self.profile.has(kind):
+                fwd, bwd = self.profile.times(kind, micro_batch)
+                ratio = self.profile.speed_ratio(gpu, self.precision)
+                fwd, bwd = fwd * ratio, bwd * ratio
+                split = f.backward_input / f.backward if f.backward else 1.0
+                b_in, b_w = bwd * split, bwd * (1 - split)
+            else:
+                fwd, b_in, b_w = f.forward / rate, f.backward_input / rate, f.backward_weight / rate
+            out.append((fwd, b_in + recompute_share * fwd, b_w))
+        times = tuple(out)
+        self._times[key] = (gpu, times)
+        return times
+
+    def stage_times(self, units: Sequence[int], gpu: GPUType, micro_batch: int, tp: int = 1) -> StageTimes:
+        e, n, h = self._counts(units)
+        (f0, i0, w0), (f1, i1, w1), (f2, i2, w2) = self._kind_times(gpu, micro_batch)
+        fwd = (e * f0 + n * f1 + h * f2) / tp
+        b_in = (e * i0 + n * i1 + h * i2) / tp
+        b_w = (e * w0 + n * w1 + h * w2) / tp
+        return StageTimes(forward=fwd, backward=b_in + b_w, backward_input=b_in, backward_weight=b_w)
+
+    def stage_memory(self, units: Sequence[int], gpu: GPUType, micro_batch: int, inflight: int,
+                     sharding: str, dp: int, tp: int = 1) -> MemoryBreakdown:
+        """Bytes per GPU of a stage replica (tensor-parallel rank).
+
+        params/grads in the training dtype, optimizer state per `memory.py`, each divided by dp
+        from the sharding level that shards it (zero1: optimizer, zero2: + grads, zero3: +
+        params). Activations: `inflight` micro-batches of saved tensors, plus, under full
+        checkpointing, one block's un-checkpointed tensors while it is recomputed. Buffers:
+        send/receive buffers for activations and gradients at both stage boundaries (4 x
+        boundary), the logits gradient on the head's stage, and under zero3 the gathered weights
+        of the current and the prefetched unit."""
+        e, n, h = self._counts(units)
+        P = e * self._params[0] + n * self._params[1] + h * self._params[2]
+        fw, fg, fo = sharded_fractions(sharding, dp)
+        p = self.dtype_bytes
+        a_e, a_b, a_h, a_none = self._activations(micro_batch, tp)
+        acts = inflight * (e * a_e + n * a_b + h * a_h)
+        if self.checkpointing == "full" and n and inflight:
+            acts += a_none
+        buffers = 4.0 * self.boundary_bytes(micro_batch)
+        if h:
+            buffers += p * micro_batch * self.model.seq_len * self.model.vocab / tp
+        if fw < 1.0:
+            biggest = max(e * self._params[0], min(n, 1) * self._params[1], h * self._params[2])
+            buffers += 2.0 * biggest * p / tp
+        return MemoryBreakdown(params=P * p / tp * fw, grads=P * p / tp * fg,
+                               optimizer=P * self._state_bytes / tp * fo, activations=acts, buffers=buffers)
+
+    def memory_bandwidth(self, gpu: GPUType) -> float:
+        """HBM bytes/s assumed for memory-bound work (see MACHINE_BALANCE_FLOP_PER_BYTE)."""
+        if self.profile is not None and self.profile.memory_bytes_per_s:
+            return self.profile.memory_bytes_per_s
+        return gpu.peak_flops("bf16") / MACHINE_BALANCE_FLOP_PER_BYTE
+
+    def optimizer_time(self, units: Sequence[int], gpu: GPUType, sharding: str, dp: int, tp: int = 1) -> float:
+        """One optimizer step on one GPU: memory-bound, bytes touched / HBM bandwidth. Under
+        zero1/2/3 each GPU updates only its 1/dp shard."""
+        _, _, fo = sharded_fractions(sharding, dp)
+        return self.stage_params(units) / tp * fo * self._step_bytes / self.memory_bandwidth(gpu)
+
+    def allreduce_time(self, nbytes: int, dp: int, dc: Datacenter, sharding: str = "replicate",
+                       tp: int = 1) -> float:
+        """DP gradient synchronization per iteration inside one DC, for `nbytes` of gradients
+        per GPU (grad_bytes). replicate/zero1: ring all-reduce; zero2: reduce-scatter +
+        parameter all-gather (same volume); zero3: also the forward's and backward's parameter
+        all-gathers (3 halves: 1.5x an all-reduce), which callers may overlap with compute.
+        Hierarchical when the dp replicas span nodes (see comm.py)."""
+        return comm.dp_sync_time(nbytes, dp, dc, sharding, tp)
+
+    def tp_comm_time(self, units: Sequence[int], micro_batch: int, tp: int, dc: Datacenter) -> float:
+        """Megatron tensor parallelism, per micro-batch (forward + backward; half each): every
+        block all-reduces its activation twice in the forward (after attention, after the MLP)
+        and twice in the backward, each of boundary_bytes(micro_batch)."""
+        if tp <= 1:
+            return 0.0
+        _, n, _ = self._counts(units)
+        return 4 * n * comm.allreduce_time(self.boundary_bytes(micro_batch), tp, dc.gpus_per_node, dc)
+
+    def training_flops(self, tokens: int) -> float:
+        """FLOPs of forward + backward of the whole model over `tokens` tokens (no recompute):
+        6 * (matmul parameters) * tokens + 12 * layers * hidden * seq_len * tokens."""
+        f = self._kind_flops(1)
+        per_sequence = (f[EMBEDDING].forward + f[EMBEDDING].backward
+                        + self.model.layers * (f[BLOCK].forward + f[BLOCK].backward)
+                        + f[HEAD].forward + f[HEAD].backward)
+        return per_sequence * tokens / self.model.seq_len
