@@ -70,7 +70,6 @@ class _Executor:
         self.input_grad: set[tuple[int, int]] = set()   # B or BI done
         self.weight_grad: set[tuple[int, int]] = set()  # B or BW done
         self.split: set[tuple[int, int]] = set()        # done with BI (expects a BW)
-        self.weight_count = [0] * self.pp
         self.allreduce = [0] * self.pp
         self.optimizer = [0] * self.pp
 
@@ -125,7 +124,6 @@ class _Executor:
             self.input_grad.add(key)
             if a.op == Op.BACKWARD:
                 self.weight_grad.add(key)
-                self.weight_count[p] += 1
             else:
                 self.split.add(key)
         elif a.op == Op.BACKWARD_WEIGHT:
@@ -134,7 +132,6 @@ class _Executor:
             if key in self.weight_grad:
                 self.fail(p, a, "second weight gradient of this micro-batch")
             self.weight_grad.add(key)
-            self.weight_count[p] += 1
         elif a.op in (Op.SEND_ACT, Op.SEND_GRAD):
             act = a.op == Op.SEND_ACT
             if a.peer != (v + 1 if act else v - 1):
@@ -158,9 +155,11 @@ class _Executor:
             q.popleft()
             self.received[p].add(("act" if act else "grad", v, mb))
         elif a.op == Op.ALLREDUCE:
-            own = self.s.virtual_per_stage * self.m
-            if self.weight_count[p] != own:
-                self.fail(p, a, f"gradient reduction after only {self.weight_count[p]} of {own} weight gradients")
+            missing = [(v, mb) for v in range(p, self.nv, self.pp) for mb in range(self.m)
+                       if (v, mb) not in self.weight_grad]
+            if missing:
+                self.fail(p, a, f"gradient reduction before the weight gradient of virtual stage {missing[0][0]} "
+                                f"micro-batch {missing[0][1]} ({len(missing)} missing)")
             self.allreduce[p] += 1
         elif a.op == Op.OPTIMIZER:
             if self.allreduce[p] != 1:
