@@ -1,0 +1,140 @@
+"""Measure a (possibly emulated) WAN path with plain TCP: round-trip time and throughput.
+
+    python -m geotrain.wan.probe serve --host ADDR            # prints "port N", serves until killed
+    python -m geotrain.wan.probe ping  --host ADDR --port N   # prints JSON {"rtt_ms": median}
+    python -m geotrain.wan.probe send  --host ADDR --port N --connections K --seconds S
+
+Throughput is measured at the receiver (the bottleneck side): each connection's bytes arriving
+after a warm-up (slow start, queue fill) divided by the time they took, summed over connections.
+No torch import, so a probe process starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import struct
+import sys
+import threading
+import time
+
+from geotrain.wan.sockets import open_connections, recv_exact, tune
+
+PING_SIZE = 64
+SINK_HDR = struct.Struct("!cd")         # mode, warm-up seconds
+SINK_REPLY = struct.Struct("!dd")       # bytes after warm-up, seconds they took
+
+
+def _handle(conn: socket.socket) -> None:
+    try:
+        tune(conn)
+        hdr = bytearray(SINK_HDR.size)
+        recv_exact(conn, memoryview(hdr))
+        mode, warm = SINK_HDR.unpack(hdr)
+        if mode == b"P":
+            buf = bytearray(PING_SIZE)
+            while True:
+                try:
+                    recv_exact(conn, memoryview(buf))
+                except ConnectionError:
+                    return
+                conn.sendall(buf)
+        buf = bytearray(1 << 20)
+        t0 = None
+        counted, t_first, t_last = 0, 0.0, 0.0
+        while True:
+            n = conn.recv_into(buf)
+            now = time.monotonic()
+            if n == 0:
+                break
+            if t0 is None:
+                t0 = now
+            elif now - t0 >= warm:
+                if not t_first:
+                    t_first = now          # the window opens here; these bytes arrived before it
+                else:
+                    counted += n
+                t_last = now
+        conn.sendall(SINK_REPLY.pack(float(counted), max(t_last - t_first, 1e-9)))
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def serve(host: str, port: int = 0) -> None:
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((host, port))
+    ls.listen(256)
+    print(f"port {ls.getsockname()[1]}", flush=True)
+    while True:
+        conn, _ = ls.accept()
+        threading.Thread(target=_handle, args=(conn,), daemon=True).start()
+
+
+def ping(host: str, port: int, count: int = 20) -> float:
+    """Median TCP round trip (ms) of a 64-byte message."""
+    s = open_connections(host, port, 1)[0]
+    s.sendall(SINK_HDR.pack(b"P", 0.0))
+    msg = bytearray(PING_SIZE)
+    times = []
+    for _ in range(count + 2):
+        t = time.perf_counter()
+        s.sendall(msg)
+        recv_exact(s, memoryview(msg))
+        times.append((time.perf_counter() - t) * 1e3)
+    s.close()
+    return statistics.median(times[2:])
+
+
+def send(host: str, port: int, connections: int, seconds: float, warmup: float = 1.0) -> float:
+    """Aggregate receiver-side throughput (Gbit/s) of `connections` parallel TCP streams."""
+    socks = open_connections(host, port, connections)
+    results: list[float] = []
+    payload = bytes(1 << 20)
+
+    def stream(s: socket.socket) -> None:
+        s.sendall(SINK_HDR.pack(b"S", warmup))
+        end = time.monotonic() + warmup + seconds
+        while time.monotonic() < end:
+            s.sendall(payload[: 256 << 10])
+        s.shutdown(socket.SHUT_WR)
+        reply = bytearray(SINK_REPLY.size)
+        recv_exact(s, memoryview(reply))
+        nbytes, dt = SINK_REPLY.unpack(reply)
+        results.append(nbytes * 8 / dt / 1e9)
+        s.close()
+
+    threads = [threading.Thread(target=stream, args=(s,)) for s in socks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["serve", "ping", "send"])
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--connections", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--count", type=int, default=20)
+    a = ap.parse_args(argv)
+    if a.mode == "serve":
+        serve(a.host, a.port)
+    elif a.mode == "ping":
+        print(json.dumps({"rtt_ms": ping(a.host, a.port, a.count)}))
+    else:
+        gbps = send(a.host, a.port, a.connections, a.seconds, a.warmup)
+        print(json.dumps({"gbps": gbps, "connections": a.connections}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
