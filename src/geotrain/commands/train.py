@@ -1,0 +1,85 @@
+"""geotrain train SPEC_OR_PLAN: train for real, one process per rank, executing the plan's schedule."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+HELP = "train a model for real (one process per rank) following a spec or plan file"
+ORDER = 50
+DESCRIPTION = (
+    "Train following an experiment spec (the layout its [job] pins) or a plan file from `geotrain plan`. "
+    "On one machine this starts one process per rank; under torchrun (RANK/WORLD_SIZE set) it runs as "
+    "that rank. Writes RUN_DIR/losses.jsonl, measured_trace.jsonl, predicted_trace.jsonl, summary.json "
+    "and checkpoints/."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC_OR_PLAN", help="experiment TOML or plan JSON")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: job.steps)")
+    p.add_argument("--out", default=None, metavar="RUN_DIR", help="run directory (default: runs/<name>)")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's latest checkpoint")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="save every N steps (default: job.checkpoint_every; 0: never)")
+    p.add_argument("--data", default=None, help="text file or directory to train on, or 'synthetic' "
+                   "(default: job.data, else the built-in corpus)")
+    p.add_argument("--schedule", default=None, help="override the plan's schedule kind")
+    p.add_argument("--precision", default=None, choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--checkpointing", default=None, choices=["none", "full", "selective"])
+    p.add_argument("--sharding", default=None, choices=["replicate", "zero1", "zero2", "zero3"])
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or summary")
+
+
+def _config(args: argparse.Namespace):
+    from geotrain.errors import SpecError
+    from geotrain.runtime.trainer import RunConfig
+
+    path = Path(args.spec)
+    plan_dict = None
+    spec_path = path
+    if path.suffix == ".json":
+        from geotrain.plan.plan import load_plan
+
+        plan, doc = load_plan(path)
+        if not doc.get("spec"):
+            raise SpecError(str(path), "spec", "the plan file does not name the experiment spec it was made for")
+        spec_path = Path(doc["spec"])
+        if not spec_path.is_absolute() and not spec_path.exists():
+            spec_path = path.parent / spec_path
+        plan_dict = plan.to_dict()
+    overrides = {k: v for k, v in (("schedule", args.schedule), ("precision", args.precision),
+                                    ("checkpointing", args.checkpointing), ("sharding", args.sharding)) if v}
+    out = args.out or str(Path("runs") / path.stem)
+    return RunConfig(spec=str(spec_path), out=out, plan=plan_dict, overrides=overrides, steps=args.steps,
+                     resume=args.resume, checkpoint_every=args.checkpoint_every, data=args.data,
+                     progress=not args.no_progress)
+
+
+def run(args: argparse.Namespace) -> int:
+    from geotrain.errors import GeotrainError
+    from geotrain.runtime.trainer import resolve
+
+    cfg = _config(args)
+    if args.steps is not None and args.steps < 1:
+        raise GeotrainError("--steps must be at least 1")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEOTRAIN_LAUNCHER_PID" not in os.environ:
+        from geotrain.runtime.worker import run_cases
+
+        run_cases([cfg])  # under torchrun: this process is one rank
+        return 0
+    spec, plan = resolve(cfg)  # user errors surface here, before any process starts
+    from geotrain.runtime.launch import launch
+
+    if not args.no_progress:
+        print(f"training {spec.model.name} on {plan.num_ranks} local processes: pp={plan.pp} x dp={plan.dp}, "
+              f"{plan.schedule}, {plan.precision}, checkpointing={plan.checkpointing}, sharding={plan.sharding}, "
+              f"global batch {plan.global_batch} x {spec.model.seq_len} tokens -> {cfg.out}", flush=True)
+
+    def describe(r: int) -> str:
+        s, d, _ = plan.coords(r)
+        return f"stage {s}, replica {d}, {plan.stages[s].dc}"
+
+    launch([cfg], plan.num_ranks, Path(cfg.out), describe=describe)
+    return 0

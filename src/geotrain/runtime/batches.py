@@ -1,0 +1,40 @@
+"""Where a rank's micro-batches come from.
+
+`geotrain.data` (the built-in corpus and byte tokenizer) is used when present; until then, and
+for tests that need no corpus, `SyntheticTokens` gives a deterministic, learnable stream: every
+batch is a pure function of (seed, step, replica, micro-batch), so any process -- a pipeline
+rank, a resumed run, a single-process reference -- can reproduce exactly the same tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SyntheticTokens:
+    """Sequences of arithmetic progressions mod vocab (start and stride random per sequence):
+    a model can learn to continue them, so the loss visibly falls within a few dozen steps."""
+
+    def __init__(self, vocab: int, seq_len: int, micro_batch: int, num_microbatches: int, dp: int, seed: int = 0):
+        self.vocab, self.seq_len, self.micro_batch = vocab, seq_len, micro_batch
+        self.num_microbatches, self.dp, self.seed = num_microbatches, dp, seed
+
+    def batch(self, step: int, replica: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets), each (micro_batch, seq_len) int64; targets are inputs shifted by one."""
+        index = (step * self.dp + replica) * self.num_microbatches + mb
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        start = torch.randint(0, self.vocab, (self.micro_batch, 1), generator=g)
+        stride = torch.randint(1, 8, (self.micro_batch, 1), generator=g)
+        seq = (start + stride * torch.arange(self.seq_len + 1)) % self.vocab
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+    def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole step's batch as one tensor pair (what single-process training would see)."""
+        parts = [self.batch(step, r, j) for r in range(self.dp) for j in range(self.num_microbatches)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = int(state["seed"])

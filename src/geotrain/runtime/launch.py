@@ -1,0 +1,130 @@
+"""Start one process per rank on this machine, watch them, and always clean up.
+
+Each rank is a `python -m geotrain.runtime.worker` child with the torchrun environment
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) and one CPU thread.
+Every child leads its own process group, so the launcher can kill exactly its children (and
+anything they started) by id on success, failure, Ctrl-C or SIGTERM; children also die with
+the launcher (PR_SET_PDEATHSIG). The first rank to fail makes the run fail with a one-line
+error naming it; its full traceback is in RUN_DIR/logs/rank<R>.log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from geotrain.errors import GeotrainError
+from geotrain.runtime.trainer import RunConfig
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_all(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in procs if p.poll() is None]
+        for p in alive:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + grace_s
+        while time.time() < deadline and any(p.poll() is None for p in alive):
+            time.sleep(0.05)
+    for p in procs:
+        try:
+            p.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _first_failure(err_dir: Path, procs: list[subprocess.Popen], describe) -> str:
+    docs = []
+    for f in err_dir.glob("rank*.json"):
+        try:
+            docs.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if docs:
+        # A user error (bad plan) wins; else the earliest failure -- the others usually lost their peer.
+        d = min(docs, key=lambda d: (not d["user_error"], d["time"]))
+        if d["user_error"]:
+            return d["message"]
+        msg = f"{d['type']}: {d['message']}" if d["message"] else d["type"]
+        return f"rank {d['rank']} ({describe(d['rank'])}) failed: {msg}"
+    for r, p in enumerate(procs):
+        if p.returncode not in (0, None):
+            how = f"signal {-p.returncode}" if p.returncode < 0 else f"status {p.returncode}"
+            return f"rank {r} ({describe(r)}) exited with {how}"
+    return "a rank failed"
+
+
+def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int = 1,
+           env: dict[str, str] | None = None, describe=lambda r: f"rank {r}", timeout_s: float | None = None,
+           rank0_stdout: bool = True) -> None:
+    """Run `cases` on `world_size` local processes; raise GeotrainError naming the first failed rank."""
+    run_dir = Path(run_dir)
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    err_dir = logs / "errors"
+    for old in err_dir.glob("rank*.json"):
+        old.unlink()
+    cfg_path = logs / "run_config.json"
+    cfg_path.write_text(json.dumps([asdict(c) for c in cases], indent=1))
+    port = free_port()
+    base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "GEOTRAIN_THREADS": str(threads),
+            "OMP_NUM_THREADS": str(threads), "GEOTRAIN_ERROR_DIR": str(err_dir),
+            "GEOTRAIN_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+    procs: list[subprocess.Popen] = []
+    files = []
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    in_main = _is_main_thread()
+    if in_main:
+        signal.signal(signal.SIGTERM, on_term)
+    try:
+        for r in range(world_size):
+            log = open(logs / f"rank{r}.log", "w")  # noqa: SIM115 -- closed in finally
+            files.append(log)
+            out = None if (r == 0 and rank0_stdout) else log
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "geotrain.runtime.worker", str(cfg_path)],
+                env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=out, stderr=log,
+                stdin=subprocess.DEVNULL, start_new_session=True))
+        deadline = None if timeout_s is None else time.time() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            if any(c not in (0, None) for c in codes):
+                time.sleep(0.3)  # let the failing rank's peers notice, then pick the first failure
+                raise GeotrainError(_first_failure(err_dir, procs, describe) + f" (logs: {logs})")
+            if all(c == 0 for c in codes):
+                return
+            if deadline is not None and time.time() > deadline:
+                raise GeotrainError(f"training did not finish within {timeout_s:.0f} s (logs: {logs})")
+            time.sleep(0.05)
+    finally:
+        _kill_all(procs)
+        for f in files:
+            f.close()
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,157 @@
+"""Apply checkpointing, precision and data parallelism to a plain model chunk from outside.
+
+The model file (`geotrain.models.llama`) knows nothing of distribution; like torchtitan we take
+a `UnitStack` and wrap it here. Parameter names never change (no wrapper modules), so a
+checkpoint written under one checkpointing mode loads under another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from geotrain.errors import GeotrainError
+from geotrain.models.llama import Block, UnitStack
+
+SHARDINGS = ("replicate", "zero1", "zero2", "zero3")
+PRECISIONS = ("fp32", "bf16", "fp16")
+CHECKPOINTING = ("none", "full", "selective")
+
+# Ops whose outputs selective checkpointing keeps; everything else in a block (norms, RoPE,
+# SiLU, elementwise products) is recomputed in backward -- cheap FLOPs, large activations.
+_SAVE_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+}
+
+
+def _selective_policy(ctx, op, *args, **kwargs):  # noqa: ANN001 -- torch's policy signature
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _checkpointed(forward: Callable, selective: bool) -> Callable:
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    if selective:
+        ctx_fn = functools.partial(create_selective_checkpoint_contexts, _selective_policy)
+
+        @functools.wraps(forward)
+        def run(*args):
+            return checkpoint(forward, *args, use_reentrant=False, context_fn=ctx_fn)
+    else:
+
+        @functools.wraps(forward)
+        def run(*args):
+            return checkpoint(forward, *args, use_reentrant=False)
+
+    return run
+
+
+def apply_checkpointing(stack: UnitStack, mode: str) -> None:
+    """full: recompute each transformer block in backward (keep only its input);
+    selective: per block, keep matmul and attention outputs, recompute the rest."""
+    if mode not in CHECKPOINTING:
+        raise GeotrainError(f"unknown checkpointing mode {mode!r} (known: {', '.join(CHECKPOINTING)})")
+    if mode == "none":
+        return
+    for unit in stack.units.values():
+        if isinstance(unit, Block):
+            # An instance attribute shadows the class's forward; module hooks (FSDP's unshard)
+            # still run around it in __call__, outside the checkpointed region.
+            unit.forward = _checkpointed(unit.forward, selective=mode == "selective")
+
+
+def autocast_context(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of the autocast context for forward passes (fp32: none)."""
+    if precision not in PRECISIONS:
+        raise GeotrainError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
+
+
+def apply_fsdp(stack: UnitStack, mesh, sharding: str) -> nn.Module:
+    """FSDP2 over the stage's DP mesh: one parameter group per block plus the chunk root.
+
+    zero3 frees the gathered weights after each forward (re-gathered for backward); zero2
+    keeps them, so only gradients and optimizer state stay sharded."""
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = sharding == "zero3"
+    for unit in stack.units.values():
+        if isinstance(unit, Block):
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(stack, mesh=mesh, reshard_after_forward=reshard)
+    return stack
+
+
+def is_fsdp(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def fsdp_no_sync(module: nn.Module) -> None:
+    """Accumulate gradients locally during the micro-batch backwards (reduce once, at ALLREDUCE)."""
+    module.set_is_last_backward(False)
+    module.set_reshard_after_backward(False)
+    module.set_requires_gradient_sync(False)
+
+
+def fsdp_reduce_grads(module: nn.Module) -> None:
+    """Run FSDP2's post-backward now: reduce-scatter the accumulated gradients over the DP group.
+
+    This mirrors torch.distributed.pipelining's `perform_reduce_grad` (the REDUCE_GRAD action of
+    PyTorch's own pipeline schedules), which is how FSDP2 is driven by a pipeline interpreter."""
+    from torch.distributed.fsdp import fully_shard
+
+    module.set_is_last_backward(True)
+    module.set_reshard_after_backward(True)
+    module.set_requires_gradient_sync(True)
+    state = fully_shard.state(module)
+    for st in state._state_ctx.all_states:
+        for group in st._fsdp_param_groups:
+            group.post_backward()
+    state._root_post_backward_final_callback()
+
+
+def allreduce_grads(params: Iterator[nn.Parameter], group: dist.ProcessGroup, size: int,
+                    bucket_bytes: int = 25 * 2**20) -> None:
+    """Replicated DP: average gradients over the group in flat buckets (one collective per bucket)."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    grads = [p.grad for p in params if p.grad is not None]
+    bucket: list[torch.Tensor] = []
+    nbytes = 0
+
+    def flush() -> None:
+        nonlocal bucket, nbytes
+        if not bucket:
+            return
+        flat = _flatten_dense_tensors(bucket)
+        dist.all_reduce(flat, group=group)
+        flat.div_(size)
+        for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            g.copy_(synced)
+        bucket, nbytes = [], 0
+
+    for g in grads:
+        bucket.append(g)
+        nbytes += g.numel() * g.element_size()
+        if nbytes >= bucket_bytes:
+            flush()
+    flush()
+

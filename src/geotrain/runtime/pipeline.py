@@ -1,0 +1,224 @@
+"""The action interpreter: runs one rank's per-stage action list (the simulator's schedule) for real.
+
+Each Action names a virtual stage, a micro-batch and a peer; the interpreter keeps, per
+(virtual stage, micro-batch), the stage input and output whose autograd graph the backward
+needs, and moves boundary tensors through a `Transport`. Sends are non-blocking (waited at the
+end of the iteration); receives are posted a few actions early (`lookahead`) so a transfer can
+land while the rank computes, and waited for at their RECV action -- the waiting time is
+recorded as `recv_wait`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from geotrain.plan.plan import Plan
+from geotrain.runtime.parallelize import allreduce_grads, fsdp_no_sync, fsdp_reduce_grads, is_fsdp
+from geotrain.runtime.recorder import Recorder
+from geotrain.runtime.transport import Transport, Work, make_tag
+from geotrain.schedule.actions import Action, Op, Schedule
+
+ACT, GRAD = 0, 1
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over every token of the micro-batch (computed in fp32)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@dataclass
+class _Slot:
+    """What one (virtual stage, micro-batch) keeps between its forward and its backward."""
+
+    inp: torch.Tensor | None = None
+    out: torch.Tensor | None = None          # stage output, or the (scaled) loss on the last stage
+    param_groups: list | None = None         # zero-bubble: intermediates saved by backward_input
+    weight_deferred: bool = False            # first stage under a split backward: all of it runs at W
+    grad: torch.Tensor | None = None         # the output gradient kept for a deferred backward
+
+
+@dataclass
+class PipelineRank:
+    """Executes one physical stage's action list for one DP replica."""
+
+    plan: Plan
+    schedule: Schedule
+    stage: int                                   # physical stage
+    replica: int
+    chunks: dict[int, nn.Module]                 # virtual stage -> module
+    transport: Transport
+    recorder: Recorder
+    autocast: Callable
+    boundary_shape: tuple[int, ...]
+    dp_group: dist.ProcessGroup | None = None
+    lookahead: int = 2
+    boundary_dtype: torch.dtype = torch.float32
+    on_optimizer: Callable[[float], None] | None = None   # gets this rank's loss sum so far
+    _slots: dict[tuple[int, int], _Slot] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.num_virtual = self.schedule.num_virtual
+        self.last_virtual = self.num_virtual - 1
+        self.my_rank = self.plan.rank(self.stage, self.replica)
+        self.actions: list[Action] = self.schedule.actions[self.stage]
+        missing = {a.stage for a in self.actions if a.op.is_compute and a.stage not in self.chunks}
+        if missing:
+            raise RuntimeError(f"stage {self.stage} has actions for virtual stages {sorted(missing)} it does not hold")
+
+    # -- helpers ---------------------------------------------------------------------------
+    def rank_of(self, virtual_stage: int) -> int:
+        return self.plan.rank(virtual_stage % self.plan.pp, self.replica)
+
+    def _tag(self, kind: int, src_virtual: int, mb: int) -> int:
+        return make_tag(kind, src_virtual, mb, self.num_virtual, self.schedule.num_microbatches)
+
+    def _post_recv(self, i: int) -> None:
+        a = self.actions[i]
+        if i in self._posted:
+            return
+        buf = torch.empty(self.boundary_shape, dtype=self.boundary_dtype)
+        kind = ACT if a.op == Op.RECV_ACT else GRAD
+        src = self.rank_of(a.peer)
+        if src == self.my_rank:  # two virtual stages of this rank are neighbours (pp == 1, interleaved)
+            self._posted[i] = (self._local.pop((kind, a.peer, a.mb)), None)
+        else:
+            self._posted[i] = (buf, self.transport.recv(buf, src, self._tag(kind, a.peer, a.mb)))
+
+    def _send(self, kind: int, a: Action, tensor: torch.Tensor) -> None:
+        dst = self.rank_of(a.peer)
+        t = tensor.detach().to(self.boundary_dtype).contiguous()
+        if dst == self.my_rank:
+            self._local[(kind, a.stage, a.mb)] = t.clone()
+        else:
+            self._sends.append(self.transport.send(t, dst, self._tag(kind, a.stage, a.mb)))
+
+    # -- one iteration ---------------------------------------------------------------------
+    def run_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]], loss_scale: float = 1.0) -> float:
+        """Execute the action list once. `batches[mb] = (inputs, targets)`, needed by ranks holding the
+        first or last virtual stage. Returns the sum over micro-batches of this replica's loss / m
+        (0.0 on ranks without the last virtual stage)."""
+        m = self.schedule.num_microbatches
+        self._slots, self._posted, self._local, self._sends = {}, {}, {}, []
+        self._acts: dict[tuple[int, int], torch.Tensor] = {}
+        self._grads: dict[tuple[int, int], torch.Tensor] = {}
+        recv_idx = [i for i, a in enumerate(self.actions) if a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
+        for chunk in self.chunks.values():
+            if is_fsdp(chunk):
+                fsdp_no_sync(chunk)
+        loss_sum = torch.zeros(())
+        rec = self.recorder
+        next_recv = 0
+        for i, a in enumerate(self.actions):
+            # Keep up to `lookahead` receives posted ahead of the current action (a local hand-off
+            # between two virtual stages of this rank can only be taken once it happened).
+            while next_recv < len(recv_idx) and (recv_idx[next_recv] <= i or len(self._posted) < self.lookahead):
+                j = recv_idx[next_recv]
+                if j > i and self.rank_of(self.actions[j].peer) == self.my_rank:
+                    break
+                self._post_recv(j)
+                next_recv += 1
+            op, v, mb = a.op, a.stage, a.mb
+            if op in (Op.RECV_ACT, Op.RECV_GRAD):
+                self._post_recv(i)
+                buf, work = self._posted.pop(i)
+                t0 = rec.now()
+                if work is not None:
+                    work.wait()
+                rec.add("recv_wait", t0, rec.now(), stage=v, mb=mb, nbytes=buf.numel() * buf.element_size(),
+                        peer=self.rank_of(a.peer))
+                (self._acts if op == Op.RECV_ACT else self._grads)[(v, mb)] = buf
+            elif op == Op.FORWARD:
+                t0 = rec.now()
+                loss_sum += self._forward(v, mb, batches, m, loss_scale)
+                rec.add("forward", t0, rec.now(), stage=v, mb=mb)
+            elif op == Op.SEND_ACT:
+                self._send(ACT, a, self._slots[(v, mb)].out)
+            elif op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
+                t0 = rec.now()
+                self._backward(op, v, mb)
+                rec.add(op.value, t0, rec.now(), stage=v, mb=mb)
+            elif op == Op.SEND_GRAD:
+                self._send(GRAD, a, self._slots[(v, mb)].inp.grad)
+                if self._slots[(v, mb)].param_groups is None and not self._slots[(v, mb)].weight_deferred:
+                    del self._slots[(v, mb)]
+            elif op == Op.ALLREDUCE:
+                t0 = rec.now()
+                self._reduce_grads()
+                rec.add("allreduce", t0, rec.now(), stage=v)
+            elif op == Op.OPTIMIZER:
+                self._wait_sends()
+                if self.on_optimizer is not None:
+                    self.on_optimizer(float(loss_sum))
+            elif op == Op.PREFILL:
+                pass  # BubbleTea inference work is not part of training
+            else:
+                raise RuntimeError(f"unknown action {a}")
+        self._wait_sends()
+        self._slots.clear()
+        return float(loss_sum)
+
+    def _wait_sends(self) -> None:
+        works: list[Work] = self._sends
+        self._sends = []
+        for w in works:
+            w.wait()
+
+    def _forward(self, v: int, mb: int, batches, m: int, loss_scale: float) -> torch.Tensor:
+        chunk = self.chunks[v]
+        if v == 0:
+            inp = batches[mb][0]
+        else:
+            inp = self._acts.pop((v, mb)).requires_grad_(True)
+        with self.autocast():
+            out = chunk(inp)
+        slot = _Slot(inp=inp)
+        self._slots[(v, mb)] = slot
+        if v == self.last_virtual:
+            loss = lm_loss(out, batches[mb][1]) / m
+            slot.out = loss * loss_scale if loss_scale != 1.0 else loss
+            return loss.detach()
+        slot.out = out
+        return torch.zeros(())
+
+    def _backward(self, op: Op, v: int, mb: int) -> None:
+        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+        slot = self._slots[(v, mb)]
+        params = self.chunks[v].parameters
+        if op == Op.BACKWARD_WEIGHT and not slot.weight_deferred:
+            stage_backward_weight(params(), slot.param_groups)
+            del self._slots[(v, mb)]
+            return
+        if op == Op.BACKWARD_WEIGHT:           # deferred whole backward of the first stage
+            grad = slot.grad
+        else:
+            grad = None if v == self.last_virtual else self._grads.pop((v, mb))
+        if op == Op.BACKWARD_INPUT and v == 0:
+            # The first stage has no input gradient to send: all of its backward runs at W.
+            slot.weight_deferred, slot.grad = True, grad
+            return
+        if op == Op.BACKWARD_INPUT:
+            grads = None if grad is None else [grad]
+            _, slot.param_groups = stage_backward_input([slot.out], grads, [slot.inp], params())
+            slot.out = None
+            return
+        torch.autograd.backward(slot.out, grad)
+        slot.out = None
+        if v == 0:                              # nothing to send back: done with this micro-batch
+            del self._slots[(v, mb)]
+
+    def _reduce_grads(self) -> None:
+        plain: list[nn.Parameter] = []
+        for chunk in self.chunks.values():
+            if is_fsdp(chunk):
+                fsdp_reduce_grads(chunk)
+            else:
+                plain.extend(chunk.parameters())
+        if plain and self.plan.dp > 1:
+            allreduce_grads(plain, self.dp_group, self.plan.dp)

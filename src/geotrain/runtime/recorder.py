@@ -1,0 +1,58 @@
+"""Measured trace: each rank records the simulator's event schema with real timestamps.
+
+Times are seconds since a t0 that rank 0 broadcasts at start (wall clock), so events of
+different ranks share one time axis (exact on one machine, NTP-accurate across machines).
+Each rank writes its own JSONL file; rank 0 merges them after the run -- no Python objects
+cross the network.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+from geotrain.trace.schema import Event, Trace
+
+WAIT_KINDS = {"recv_wait"}
+
+
+class Recorder:
+    def __init__(self, rank: int, t0: float, enabled: bool = True):
+        self.rank, self.t0, self.enabled = rank, t0, enabled
+        self.events: list[Event] = []
+        self.iteration = 0
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    def add(self, kind: str, start: float, end: float, stage: int = -1, mb: int = -1, nbytes: int = 0,
+            peer: int = -1) -> None:
+        if self.enabled:
+            self.events.append(Event(rank=self.rank, kind=kind, start=start, end=end, stage=stage, mb=mb,
+                                     bytes=nbytes, iteration=self.iteration, peer=peer))
+
+    def totals(self, first_iteration: int = 0) -> dict[str, float]:
+        """Seconds per event kind (iterations >= first_iteration)."""
+        out: dict[str, float] = defaultdict(float)
+        for e in self.events:
+            if e.iteration >= first_iteration:
+                out[e.kind] += e.duration
+        return dict(out)
+
+    def write(self, path: Path) -> None:
+        with open(path, "w") as f:
+            for e in self.events:
+                f.write(json.dumps(asdict(e)) + "\n")
+
+
+def merge_rank_traces(paths: list[Path], out: Path, num_ranks: int, meta: dict) -> Trace:
+    trace = Trace(num_ranks=num_ranks, source="measured", meta=meta)
+    for p in paths:
+        with open(p) as f:
+            trace.events.extend(Event(**json.loads(line)) for line in f if line.strip())
+    trace.events.sort(key=lambda e: (e.start, e.rank))
+    trace.write_jsonl(out)
+    return trace

@@ -1,0 +1,84 @@
+"""End of a run: write the measured trace, the simulator's prediction and a where-the-time-went summary.
+
+Per-rank time totals travel as one tensor all-reduce (a row per rank); trace files are written
+per rank and merged by rank 0 from disk, so no Python objects cross the network.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from geotrain.runtime.recorder import Recorder, merge_rank_traces
+
+COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
+COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall")
+
+
+def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, steps_run: int,
+                  tokens_per_step: int) -> dict[str, Any]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    trace_dir = out / "trace"
+    if rank == 0:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    recorder.write(trace_dir / f"rank{rank}.jsonl")
+    tot = recorder.totals()
+    row = torch.zeros(world, len(COLUMNS), dtype=torch.float64)
+    row[rank] = torch.tensor([sum(tot.get(k, 0.0) for k in COMPUTE), tot.get("recv_wait", 0.0),
+                              tot.get("allreduce", 0.0), tot.get("optimizer", 0.0), wall], dtype=torch.float64)
+    dist.all_reduce(row)
+    dist.barrier()
+    if rank != 0:
+        return {}
+    meta = {"plan": plan.name, "schedule": plan.schedule, "pp": plan.pp, "dp": plan.dp,
+            "precision": plan.precision, "checkpointing": plan.checkpointing, "sharding": plan.sharding,
+            "tokens_per_iteration": tokens_per_step}
+    merge_rank_traces([trace_dir / f"rank{r}.jsonl" for r in range(world)], out / "measured_trace.jsonl", world, meta)
+    losses = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines() if line.strip()]
+    per_stage = {}
+    for s in range(plan.pp):
+        rows = row[[plan.rank(s, r) for r in range(plan.dp)]].mean(0)
+        w = max(float(rows[4]), 1e-9)
+        per_stage[s] = {c: float(rows[i]) / w for i, c in enumerate(COLUMNS[:4])}
+        per_stage[s]["other"] = max(0.0, 1.0 - sum(per_stage[s].values()))
+    summary = {"steps": steps_run, "wall_s": wall, "tokens_per_s": tokens_per_step * steps_run / max(wall, 1e-9),
+               "final_loss": losses[-1]["loss"] if losses else None,
+               "skipped_steps": sum(1 for x in losses if x.get("skipped")), "time_fractions": per_stage}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if cfg.predict:
+        _write_prediction(cfg, spec, plan, out, iterations=min(3, max(1, steps_run)))
+    if cfg.progress:
+        print(format_summary(summary, out), file=sys.stdout, flush=True)
+    return {"losses": losses, "summary": summary}
+
+
+def format_summary(summary: dict[str, Any], out: Path) -> str:
+    lines = [f"trained {summary['steps']} steps in {summary['wall_s']:.1f} s "
+             f"({summary['tokens_per_s']:,.0f} tokens/s), final loss {summary['final_loss']:.4f}"
+             + (f", {summary['skipped_steps']} skipped (fp16 overflow)" if summary["skipped_steps"] else ""),
+             "where the time went (share of wall time, mean over the stage's replicas):",
+             "  stage  compute  waiting  all-reduce  optimizer  other"]
+    for s, f in summary["time_fractions"].items():
+        lines.append(f"  {s:>5}  {f['compute']:>7.0%}  {f['waiting']:>7.0%}  {f['allreduce']:>10.0%}  "
+                     f"{f['optimizer']:>9.0%}  {f['other']:>5.0%}")
+    lines.append(f"run directory: {out}  (measured_trace.jsonl, losses.jsonl; see `geotrain report {out}`)")
+    return "\n".join(lines)
+
+
+def _write_prediction(cfg, spec, plan, out: Path, iterations: int) -> None:
+    """The simulator's prediction of the same plan, if the simulator is available."""
+    try:
+        from geotrain.sim import simulate
+    except ImportError:
+        return
+    try:
+        result = simulate(spec, plan, iterations=iterations)
+        result.trace.write_jsonl(out / "predicted_trace.jsonl")
+    except Exception as e:  # noqa: BLE001 -- a prediction failure must not fail a finished training run
+        print(f"note: no simulator prediction written ({type(e).__name__}: {e})", file=sys.stderr)

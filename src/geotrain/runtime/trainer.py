@@ -1,0 +1,256 @@
+"""One rank's training run: build its stage from the plan, execute the schedule, record, checkpoint.
+
+Called on every rank of an initialized process group (by `worker.py`, under our launcher or
+torchrun). Ranks are stage-major (`plan.rank(stage, replica)`), so the (pp, dp) device mesh
+built here has one DP group per stage, inside the stage's DC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from geotrain.errors import GeotrainError
+
+
+@dataclass
+class RunConfig:
+    """What to run. JSON-serializable: the launcher hands it to every rank in a file."""
+
+    spec: str                                   # experiment TOML
+    out: str = "runs/latest"
+    plan: dict[str, Any] | None = None          # Plan.to_dict(); None: the plan the job pins
+    overrides: dict[str, Any] = field(default_factory=dict)   # Plan fields to replace
+    steps: int | None = None                    # None: job.steps
+    resume: bool = False
+    checkpoint_every: int | None = None         # None: job.checkpoint_every
+    data: str | None = None                     # None: job.data, then the built-in corpus
+    progress: bool = True
+    predict: bool = True                        # write the simulator's prediction beside the measurement
+    trace: bool = True
+
+
+def make_optimizer(params: list[torch.nn.Parameter], job, sharding: str = "replicate",
+                   dp_group: dist.ProcessGroup | None = None) -> torch.optim.Optimizer:
+    """The job's optimizer; ZeRO-1 partitions its state over the stage's DP group."""
+    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[job.optimizer]
+    if sharding == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_group, lr=job.lr)
+    return cls(params, lr=job.lr)
+
+
+def resolve(cfg: RunConfig):
+    """(spec, plan) for a run config, with user errors as GeotrainError."""
+    from geotrain.config.load import load_spec
+    from geotrain.plan.manual import plan_from_job
+    from geotrain.plan.plan import Plan
+
+    spec = load_spec(cfg.spec)
+    plan = Plan.from_dict(cfg.plan) if cfg.plan else plan_from_job(spec)
+    if cfg.overrides:
+        plan = plan.with_(**cfg.overrides)
+    if plan.tp != 1:
+        raise GeotrainError(f"plan {plan.name!r} asks for tp={plan.tp}; the runtime supports tp=1 only so far")
+    if plan.num_microbatches < 1 or plan.micro_batch < 1:
+        raise GeotrainError("the plan needs at least one micro-batch of at least one sequence")
+    return spec, plan
+
+
+def _build_schedule(plan):
+    from geotrain.schedule.builders import build_schedule
+
+    kw: dict[str, Any] = {}
+    if plan.virtual_per_stage > 1:
+        kw["virtual_per_stage"] = plan.virtual_per_stage
+    if plan.extra_warmup:
+        kw["extra_warmup"] = list(plan.extra_warmup)
+    try:
+        sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, **kw)
+    except ValueError as e:
+        raise GeotrainError(f"schedule {plan.schedule!r}: {e}") from None
+    if sched.num_virtual != plan.pp * plan.virtual_per_stage:
+        raise GeotrainError(f"schedule {plan.schedule!r} has {sched.num_virtual} virtual stages but the plan "
+                            f"has {plan.pp * plan.virtual_per_stage}")
+    return sched
+
+
+def _parse_hook(name: str) -> set[tuple[int, int]]:
+    """Test hooks: GEOTRAIN_INJECT_INF / GEOTRAIN_FAIL_AT = "rank:step[,rank:step]" (steps 1-based)."""
+    out = set()
+    for part in os.environ.get(name, "").split(","):
+        if ":" in part:
+            r, s = part.split(":")
+            out.add((int(r), int(s)))
+    return out
+
+
+def make_source(spec, plan, data: str | None, seed: int):
+    from geotrain.runtime.batches import SyntheticTokens
+
+    if data in (None, "synthetic"):
+        try:
+            from geotrain.runtime.corpus import corpus_source
+        except ImportError:
+            corpus_source = None
+        if data is None and corpus_source is not None:
+            return corpus_source(spec, plan, None, seed)
+        return SyntheticTokens(spec.model.vocab, spec.model.seq_len, plan.micro_batch, plan.num_microbatches,
+                               plan.dp, seed)
+    from geotrain.runtime.corpus import corpus_source
+
+    return corpus_source(spec, plan, data, seed)
+
+
+def train(cfg: RunConfig) -> dict[str, Any]:
+    """Train on this rank. Returns a small result dict (losses on rank 0)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from geotrain.models.llama import build_units
+    from geotrain.plan.plan import save_plan
+    from geotrain.runtime.checkpoint import Checkpointer
+    from geotrain.runtime.parallelize import apply_checkpointing, apply_fsdp, autocast_context
+    from geotrain.runtime.pipeline import PipelineRank
+    from geotrain.runtime.recorder import Recorder
+    from geotrain.runtime.scaler import GlobalLossScaler, _local
+    from geotrain.runtime.summary import write_outputs
+    from geotrain.runtime.transport import TorchTransport
+
+    spec, plan = resolve(cfg)
+    job = spec.job
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != plan.num_ranks:
+        raise GeotrainError(f"plan {plan.name!r} needs {plan.num_ranks} ranks (pp={plan.pp} x dp={plan.dp}) "
+                            f"but {world} were started")
+    steps = cfg.steps or job.steps
+    every = job.checkpoint_every if cfg.checkpoint_every is None else cfg.checkpoint_every
+    out = Path(cfg.out)
+    stage, replica, _ = plan.coords(rank)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() \
+        else torch.device("cpu")
+    torch.manual_seed(job.seed)
+
+    mesh = init_device_mesh(device.type, (plan.pp, plan.dp), mesh_dim_names=("pp", "dp"))
+    dp_mesh = mesh["dp"]
+    dp_group = dp_mesh.get_group()
+    schedule = _build_schedule(plan)
+
+    chunks = {}
+    for c, (a, b) in enumerate(plan.stages[stage].chunks):
+        module = build_units(spec.model, a, b).to(device)
+        apply_checkpointing(module, plan.checkpointing)
+        if plan.sharding in ("zero2", "zero3"):
+            apply_fsdp(module, dp_mesh, plan.sharding)
+        chunks[c * plan.pp + stage] = module
+    params = [p for m in chunks.values() for p in m.parameters()]
+    optimizer = make_optimizer(params, job, plan.sharding, dp_group)
+    scaler = GlobalLossScaler(plan.precision == "fp16")
+    source = make_source(spec, plan, cfg.data if cfg.data is not None else job.data, job.seed)
+
+    # A common time origin: rank 0's wall clock after everyone arrived.
+    dist.barrier()
+    t0 = torch.tensor([time.time()], dtype=torch.float64)
+    dist.broadcast(t0, src=0)
+    recorder = Recorder(rank, float(t0.item()), enabled=cfg.trace)
+
+    ckpt = Checkpointer(out / "checkpoints", stage, replica, chunks, optimizer, scaler)
+    start = 0
+    if cfg.resume:
+        latest = ckpt.latest()
+        if latest is not None:
+            start, loader_state = ckpt.load(latest)
+            if loader_state is not None and hasattr(source, "load_state_dict"):
+                source.load_state_dict(loader_state)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        save_plan(out / "plan.json", plan, spec_path=str(Path(cfg.spec).resolve()))
+        _trim_losses(out / "losses.jsonl", start)
+
+    inject_inf, fail_at = _parse_hook("GEOTRAIN_INJECT_INF"), _parse_hook("GEOTRAIN_FAIL_AT")
+    holds_data = any(v in chunks for v in (0, schedule.num_virtual - 1))
+    tokens_per_step = plan.global_batch * spec.model.seq_len
+    state = {"step": start, "loss": 0.0, "skipped": False}
+
+    def on_optimizer(loss_local: float) -> None:
+        step = state["step"]
+        if (rank, step) in inject_inf:
+            g = next(p.grad for p in params if p.grad is not None and _local(p.grad).numel())
+            _local(g).view(-1)[0] = float("inf")
+        t1 = recorder.now()
+        found = scaler.local_found_inf(params)
+        stats = torch.tensor([1.0 if found else 0.0, loss_local], dtype=torch.float64)
+        dist.all_reduce(stats)
+        t2 = recorder.now()
+        recorder.add("recv_wait", t1, t2, stage=-1)      # everyone agrees on overflow and loss
+        skipped = bool(stats[0] > 0)
+        if not skipped:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scaler.update(skipped)
+        recorder.add("optimizer", t2, recorder.now(), stage=min(chunks))
+        state["loss"], state["skipped"] = float(stats[1]) / plan.dp, skipped
+
+    boundary = (plan.micro_batch, spec.model.seq_len, spec.model.hidden)
+    runner = PipelineRank(plan=plan, schedule=schedule, stage=stage, replica=replica, chunks=chunks,
+                          transport=TorchTransport(), recorder=recorder,
+                          autocast=autocast_context(plan.precision, device), boundary_shape=boundary,
+                          dp_group=dp_group, on_optimizer=on_optimizer)
+
+    bar = None
+    if rank == 0 and cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, initial=start, desc="train", unit="step", file=sys.stdout, dynamic_ncols=True)
+    losses_file = open(out / "losses.jsonl", "a") if rank == 0 else None  # noqa: SIM115 -- closed below
+    run_start = time.time()
+    try:
+        for step in range(start + 1, steps + 1):
+            if (rank, step) in fail_at:
+                raise RuntimeError(f"injected failure at step {step} (GEOTRAIN_FAIL_AT)")
+            state["step"] = step
+            recorder.iteration = step
+            batches = {}
+            if holds_data:
+                batches = {j: tuple(t.to(device) for t in source.batch(step - 1, replica, j))
+                           for j in range(plan.num_microbatches)}
+            t_step = time.time()
+            runner.run_iteration(batches, loss_scale=scaler.scale)
+            dt = time.time() - t_step
+            if losses_file is not None:
+                losses_file.write(json.dumps({"step": step, "loss": state["loss"], "skipped": state["skipped"],
+                                              "loss_scale": scaler.scale, "step_time_s": dt,
+                                              "tokens": tokens_per_step, "time": time.time() - recorder.t0}) + "\n")
+                losses_file.flush()
+            if bar is not None:
+                bar.set_postfix(loss=f"{state['loss']:.4f}", tok_s=f"{tokens_per_step / dt:,.0f}",
+                                **({"skipped": "yes"} if state["skipped"] else {}))
+                bar.update(1)
+            if every and (step % every == 0 or step == steps):
+                loader_state = source.state_dict() if hasattr(source, "state_dict") else None
+                ckpt.save(step, loader_state)
+    finally:
+        if bar is not None:
+            bar.close()
+        if losses_file is not None:
+            losses_file.close()
+    wall = time.time() - run_start
+    return write_outputs(cfg, spec, plan, recorder, out, wall=wall, steps_run=steps - start,
+                         tokens_per_step=tokens_per_step)
+
+
+def _trim_losses(path: Path, start: int) -> None:
+    """On resume, drop loss lines past the checkpoint (they are recomputed); fresh run: start empty."""
+    if start == 0 or not path.exists():
+        path.write_text("")
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= start]
+    path.write_text("".join(line + "\n" for line in keep))

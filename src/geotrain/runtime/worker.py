@@ -1,0 +1,88 @@
+"""Per-rank entry point: `python -m geotrain.runtime.worker CONFIG.json` (started by `launch.py`),
+or `run_cases` called in-process when `geotrain train` itself runs under torchrun.
+
+CONFIG.json holds a list of RunConfig dicts run one after another on the same process group,
+which lets tests pay the few seconds of process start-up once for several cases. A failing
+rank writes ERROR_DIR/rank<R>.json (time, exception, traceback) so the launcher can name the
+rank that failed first rather than the ones that merely lost their peer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from geotrain.errors import GeotrainError
+from geotrain.runtime.trainer import RunConfig, train
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the launcher dies, even if it is killed -9 (no orphans)."""
+    parent = os.environ.get("GEOTRAIN_LAUNCHER_PID")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != int(parent):  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+def init_distributed() -> None:
+    if dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    timeout = timedelta(seconds=float(os.environ.get("GEOTRAIN_DIST_TIMEOUT_S", 600)))
+    dist.init_process_group(backend=backend, timeout=timeout)
+
+
+def run_cases(cases: list[RunConfig]) -> list[dict]:
+    torch.set_num_threads(int(os.environ.get("GEOTRAIN_THREADS", 1)))
+    init_distributed()
+    try:
+        return [train(c) for c in cases]
+    finally:
+        dist.destroy_process_group()
+
+
+def _write_error(e: BaseException) -> None:
+    err_dir = os.environ.get("GEOTRAIN_ERROR_DIR")
+    if not err_dir:
+        return
+    rank = int(os.environ.get("RANK", -1))
+    doc = {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e).strip().splitlines()[0]
+           if str(e).strip() else "", "user_error": isinstance(e, GeotrainError), "traceback": traceback.format_exc()}
+    path = Path(err_dir) / f"rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    _die_with_parent()
+    cases = [RunConfig(**c) for c in json.loads(Path(argv[0]).read_text())]
+    try:
+        run_cases(cases)
+    except BaseException as e:  # noqa: BLE001 -- every failure must be reported to the launcher
+        _write_error(e)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(2 if isinstance(e, GeotrainError) else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
