@@ -228,3 +228,11 @@ def test_unknown_kind_and_bad_sizes():
         build_schedule("1f1b", 0, 2)
     with pytest.raises(ValueError, match="virtual_per_stage"):
         build_schedule("interleaved", 2, 2, virtual_per_stage=1)
+
+
+def test_errors_reach_the_cli_as_one_line():
+    from geotrain.errors import GeotrainError
+    with pytest.raises(GeotrainError):
+        build_schedule("interleaved", 4, 9, virtual_per_stage=2)
+    with pytest.raises(GeotrainError):
+        check_schedule(lower("x", 4, 8, one_f_one_b_order(4, 8, [1, 2, 1, 0])))

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from geotrain.schedule.actions import Action, Op, Schedule
+from geotrain.schedule.errors import ScheduleError
 from geotrain.schedule.lower import lower
 
 F, B, BI, BW = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT
@@ -53,7 +54,7 @@ def interleaved_rounds(pp: int, m: int) -> int:
     multiple of pp works, as in Megatron)."""
     rounds = max(1, m // pp)
     if m % rounds:
-        raise ValueError(f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple of "
+        raise ScheduleError(f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple of "
                          f"max(1, m // pp) = {rounds}; use a multiple of pp={pp}")
     return m // rounds
 
@@ -66,7 +67,7 @@ def interleaved_order(pp: int, m: int, v: int) -> list[list[Action]]:
     backwards walk them in reverse chunk order. Warm-up: (v-1) * per_round + 2 (pp-1-r)
     forwards, then one forward / one backward, then the remaining backwards."""
     if v < 2:
-        raise ValueError(f"interleaved 1F1B needs virtual_per_stage >= 2 (got {v}); use '1f1b'")
+        raise ScheduleError(f"interleaved 1F1B needs virtual_per_stage >= 2 (got {v}); use '1f1b'")
     per_round = interleaved_rounds(pp, m)
     total = m * v
     orders = []
@@ -135,13 +136,13 @@ def wan_warmup(pp: int, m: int, extra_warmup: Sequence[int]) -> list[int]:
     successor cannot produce before receiving more forwards (deadlock), so the uncapped warm-up
     must not increase along the pipeline: extra[s] >= extra[s+1] - 1."""
     if len(extra_warmup) != pp:
-        raise ValueError(f"extra_warmup has {len(extra_warmup)} entries, expected one per stage ({pp})")
+        raise ScheduleError(f"extra_warmup has {len(extra_warmup)} entries, expected one per stage ({pp})")
     if any(e < 0 for e in extra_warmup):
-        raise ValueError(f"extra_warmup must be >= 0, got {list(extra_warmup)}")
+        raise ScheduleError(f"extra_warmup must be >= 0, got {list(extra_warmup)}")
     raw = [pp - 1 - s + int(e) for s, e in enumerate(extra_warmup)]
     for s in range(pp - 1):
         if raw[s] < raw[s + 1]:
-            raise ValueError(f"extra_warmup {list(extra_warmup)} would deadlock: stage {s} warms up with "
+            raise ScheduleError(f"extra_warmup {list(extra_warmup)} would deadlock: stage {s} warms up with "
                              f"{raw[s]} forwards but stage {s + 1} with {raw[s + 1]} (need extra[s] >= "
                              f"extra[s+1] - 1; wan_extra_warmup computes a valid list)")
     return [min(m, w) for w in raw]
@@ -184,7 +185,7 @@ def build_schedule(kind: str, pp: int, m: int, **kw: object) -> Schedule:
     """Build a schedule by name. Extra keywords go to the builder (e.g. `virtual_per_stage`
     for interleaved, `extra_warmup` for wan-1f1b)."""
     if kind not in BUILDERS:
-        raise ValueError(f"unknown schedule kind {kind!r} (known: {', '.join(BUILDERS)})")
+        raise ScheduleError(f"unknown schedule kind {kind!r} (known: {', '.join(BUILDERS)})")
     if pp < 1 or m < 1:
-        raise ValueError("a schedule needs at least one stage and one micro-batch")
+        raise ScheduleError("a schedule needs at least one stage and one micro-batch")
     return BUILDERS[kind](pp, m, **kw)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from geotrain.schedule.actions import Action, Op, Schedule
+from geotrain.schedule.errors import ScheduleError
 
 
 def lower(kind: str, num_stages: int, num_microbatches: int, compute: list[list[Action]],
@@ -35,9 +36,9 @@ def lower(kind: str, num_stages: int, num_microbatches: int, compute: list[list[
     stage's last weight gradient. The optimizer step always ends the list.
     """
     if len(compute) != num_stages:
-        raise ValueError(f"compute order has {len(compute)} stage lists, expected {num_stages}")
+        raise ScheduleError(f"compute order has {len(compute)} stage lists, expected {num_stages}")
     if allreduce_at is not None and len(allreduce_at) != num_stages:
-        raise ValueError(f"allreduce_at has {len(allreduce_at)} entries, expected {num_stages}")
+        raise ScheduleError(f"allreduce_at has {len(allreduce_at)} entries, expected {num_stages}")
     sched = Schedule(kind, num_stages, num_microbatches, virtual_per_stage)
     last = num_stages * virtual_per_stage - 1
 
@@ -47,7 +48,7 @@ def lower(kind: str, num_stages: int, num_microbatches: int, compute: list[list[
     for s, stage_actions in enumerate(compute):
         at = len(stage_actions) if allreduce_at is None or allreduce_at[s] is None else allreduce_at[s]
         if not 0 <= at <= len(stage_actions):
-            raise ValueError(f"allreduce_at[{s}]={at} is outside 0..{len(stage_actions)}")
+            raise ScheduleError(f"allreduce_at[{s}]={at} is outside 0..{len(stage_actions)}")
         out: list[Action] = []
         for i, a in enumerate(stage_actions):
             if i == at:

@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections import defaultdict, deque
 
 from geotrain.schedule.actions import Action, Op, Schedule
+from geotrain.schedule.errors import ScheduleError
 
 _WEIGHT_GRAD = (Op.BACKWARD, Op.BACKWARD_WEIGHT)
 
 
 def check_schedule(schedule: Schedule, fifo: str = "virtual") -> None:
-    """Raise ValueError (naming stage, position and action) if `schedule` is not runnable.
+    """Raise ScheduleError, a ValueError (naming stage, position and action) if `schedule` is not runnable.
 
     Checks: each physical stage lists only its own virtual stages (v % pp); each (virtual stage,
     micro-batch) has exactly one FORWARD and either one BACKWARD or one BACKWARD_INPUT plus one
@@ -29,7 +30,7 @@ def check_schedule(schedule: Schedule, fifo: str = "virtual") -> None:
     one OPTIMIZER after it.
     """
     if fifo not in ("virtual", "physical"):
-        raise ValueError(f"fifo must be 'virtual' or 'physical', got {fifo!r}")
+        raise ScheduleError(f"fifo must be 'virtual' or 'physical', got {fifo!r}")
     _Executor(schedule, fifo).run()
 
 
@@ -62,7 +63,7 @@ class _Executor:
         self.m = schedule.num_microbatches
         self.fifo = fifo
         if len(schedule.actions) != self.pp:
-            raise ValueError(f"schedule has {len(schedule.actions)} stage lists, expected {self.pp}")
+            raise ScheduleError(f"schedule has {len(schedule.actions)} stage lists, expected {self.pp}")
         self.pc = [0] * self.pp
         self.channels: dict[tuple, deque] = defaultdict(deque)
         self.received: list[set] = [set() for _ in range(self.pp)]
@@ -74,7 +75,7 @@ class _Executor:
         self.optimizer = [0] * self.pp
 
     def fail(self, p: int, a: Action, why: str) -> None:
-        raise ValueError(f"{self.s.kind} schedule, stage {p}, action #{self.pc[p]} {a}: {why}")
+        raise ScheduleError(f"{self.s.kind} schedule, stage {p}, action #{self.pc[p]} {a}: {why}")
 
     def channel(self, src_v: int, dst_v: int, kind: str) -> tuple:
         if self.fifo == "physical":
@@ -85,11 +86,11 @@ class _Executor:
         for p, acts in enumerate(self.s.actions):
             for i, a in enumerate(acts):
                 if a.stage % self.pp != p and a.op not in (Op.ALLREDUCE, Op.OPTIMIZER):
-                    raise ValueError(f"{self.s.kind} schedule, stage {p}, action #{i} {a}: virtual stage "
+                    raise ScheduleError(f"{self.s.kind} schedule, stage {p}, action #{i} {a}: virtual stage "
                                      f"{a.stage} lives on physical stage {a.stage % self.pp}")
                 if a.op not in (Op.ALLREDUCE, Op.OPTIMIZER, Op.PREFILL) and not (
                         0 <= a.stage < self.nv and 0 <= a.mb < self.m):
-                    raise ValueError(f"{self.s.kind} schedule, stage {p}, action #{i} {a}: stage or "
+                    raise ScheduleError(f"{self.s.kind} schedule, stage {p}, action #{i} {a}: stage or "
                                      f"micro-batch out of range ({self.nv} virtual stages, {self.m} micro-batches)")
         while True:
             progress = False
@@ -102,7 +103,7 @@ class _Executor:
             if not progress:
                 blocked = ", ".join(f"stage {p} at #{self.pc[p]} {self.s.actions[p][self.pc[p]]}"
                                     for p in range(self.pp) if self.pc[p] < len(self.s.actions[p]))
-                raise ValueError(f"{self.s.kind} schedule deadlocks: {blocked}")
+                raise ScheduleError(f"{self.s.kind} schedule deadlocks: {blocked}")
         self.finish()
 
     def step(self, p: int, a: Action) -> bool:
@@ -182,18 +183,18 @@ class _Executor:
     def finish(self) -> None:
         for (src, dst, kind), q in self.channels.items():
             if q:
-                raise ValueError(f"{self.s.kind} schedule: {len(q)} {kind} transfer(s) {src}->{dst} sent but "
+                raise ScheduleError(f"{self.s.kind} schedule: {len(q)} {kind} transfer(s) {src}->{dst} sent but "
                                  f"never received (first: {q[0]})")
         for v in range(self.nv):
             for mb in range(self.m):
                 for done, what in ((self.forward, "forward"), (self.input_grad, "backward"),
                                    (self.weight_grad, "weight gradient")):
                     if (v, mb) not in done:
-                        raise ValueError(f"{self.s.kind} schedule: virtual stage {v} micro-batch {mb} has no {what}")
+                        raise ScheduleError(f"{self.s.kind} schedule: virtual stage {v} micro-batch {mb} has no {what}")
         for p in range(self.pp):
             if self.received[p]:
-                raise ValueError(f"{self.s.kind} schedule, stage {p}: received but never used: "
+                raise ScheduleError(f"{self.s.kind} schedule, stage {p}: received but never used: "
                                  f"{sorted(self.received[p])[:3]}")
             if self.allreduce[p] != 1 or self.optimizer[p] != 1:
-                raise ValueError(f"{self.s.kind} schedule, stage {p}: needs exactly one ALLREDUCE and one "
+                raise ScheduleError(f"{self.s.kind} schedule, stage {p}: needs exactly one ALLREDUCE and one "
                                  f"OPTIMIZER, has {self.allreduce[p]} and {self.optimizer[p]}")

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from geotrain.schedule.errors import ScheduleError
+
 
 def wan_extra_warmup(pp: int, stage_times_f: Sequence[float], stage_times_b: Sequence[float],
                      link_latency_s_after_stage: Sequence[float], max_inflight: Sequence[int]) -> list[int]:
@@ -32,20 +34,20 @@ def wan_extra_warmup(pp: int, stage_times_f: Sequence[float], stage_times_b: Seq
     (extra[s+1] <= extra[s] + 1), which the builder requires to stay deadlock-free.
     """
     if pp < 1:
-        raise ValueError("pp must be >= 1")
+        raise ScheduleError("pp must be >= 1")
     for name, seq in (("stage_times_f", stage_times_f), ("stage_times_b", stage_times_b),
                       ("max_inflight", max_inflight)):
         if len(seq) != pp:
-            raise ValueError(f"{name} has {len(seq)} entries, expected {pp}")
+            raise ScheduleError(f"{name} has {len(seq)} entries, expected {pp}")
     if len(link_latency_s_after_stage) not in (pp - 1, pp):
-        raise ValueError(f"link_latency_s_after_stage has {len(link_latency_s_after_stage)} entries, "
+        raise ScheduleError(f"link_latency_s_after_stage has {len(link_latency_s_after_stage)} entries, "
                          f"expected {pp - 1} (one per link between consecutive stages)")
     lat = [float(x) for x in link_latency_s_after_stage[: pp - 1]]
     if any(x < 0 for x in lat):
-        raise ValueError("link latencies must be >= 0")
+        raise ScheduleError("link latencies must be >= 0")
     period = max(float(f) + float(b) for f, b in zip(stage_times_f, stage_times_b))
     if period <= 0:
-        raise ValueError("stage times must be positive")
+        raise ScheduleError("stage times must be positive")
 
     extra = []
     for s in range(pp):
