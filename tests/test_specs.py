@@ -146,6 +146,8 @@ BAD = [
      "experiment.toml", "job.tp", "must divide heads=6"),
     ("more-gpus-than-cluster", "experiment.toml", "micro_batch = 4", "micro_batch = 1\npp = 2\ndp = 32",
      "experiment.toml", "job", "64 GPUs but the cluster has 32"),
+    ("missing-data-path", "experiment.toml", "micro_batch = 4", 'micro_batch = 4\ndata = "corpus/"',
+     "experiment.toml", "job.data", "no such file or directory: corpus/"),
     ("malformed-toml", "cluster.toml", "gpus = 16", "gpus = = 16",
      "cluster.toml", "line 6", "not valid TOML"),
     ("missing-cluster-file", "experiment.toml", '"cluster.toml"', '"nowhere.toml"',
@@ -253,3 +255,11 @@ def test_specs_are_frozen_and_fsdp_is_an_alias():
         job.global_batch = 4  # type: ignore[misc]
     c = Cluster.model_validate({"datacenters": [{"name": "a", "gpu_type": "cpu", "gpus": 2}]})
     assert c.link("a", "b") is None
+
+
+def test_data_path_is_resolved_against_the_spec(tmp_path, capsys):
+    (tmp_path / "corpus.txt").write_text("hello")
+    for value in ("stdlib", "corpus.txt", str(tmp_path / "corpus.txt")):
+        write_specs(tmp_path, {"experiment.toml": ("micro_batch = 4", f'micro_batch = 4\ndata = "{value}"')})
+        assert main(["validate", str(tmp_path / "experiment.toml")]) == 0, capsys.readouterr().err
+        assert load_spec(tmp_path / "experiment.toml").job.data == value

@@ -204,10 +204,21 @@ def load_spec(path: str | Path) -> Spec:
     bt = data.get("bubbletea")
     if bt is not None and not isinstance(bt, dict):
         raise SpecError(file, "bubbletea", "must be a table")
+    _check_data_path(job, path, file)
     spec = Spec(name=name, cluster=cluster, model=model, job=job, path=path, bubbletea=bt)
     check_shape(spec)
     check_fits(spec)
     return spec
+
+
+def _check_data_path(job: JobSpec, path: Path, file: str) -> None:
+    """`data` names text files for `geotrain train` (relative to the spec, like `cluster`);
+    "stdlib" or nothing is the built-in corpus. A typo should fail here, not minutes into a launch."""
+    if job.data is None or job.data == "stdlib":
+        return
+    p = Path(job.data).expanduser()
+    if not ((path.parent / p).exists() or p.exists()):
+        raise SpecError(file, "job.data", f"no such file or directory: {job.data}")
 
 
 def check_shape(spec: Spec) -> None:
