@@ -1,0 +1,281 @@
+"""Cost model against hand-computed values and against the real PyTorch model (params, FLOPs)."""
+
+import time
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from geotrain.config.cluster import BUILTIN_GPU_TYPES, Datacenter
+from geotrain.cost import CostModel
+from geotrain.models.llama import build_unit
+from geotrain.models.presets import PRESETS
+
+A100 = BUILTIN_GPU_TYPES["a100-80g"]
+
+
+# -- parameters ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_unit_params_equal_the_real_model(name):
+    spec = PRESETS[name]
+    cost = CostModel(spec)
+    for u in range(spec.num_units):
+        assert cost.unit_params(u) == sum(p.numel() for p in build_unit(spec, u).parameters()), u
+    assert cost.stage_params(range(spec.num_units)) == spec.param_count()
+
+
+def test_big_presets_param_counts_are_the_published_ones():
+    # Meta's released checkpoints: exact parameter counts of Llama-2 7B / 13B / 70B.
+    exact = {"llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192}
+    for name, n in exact.items():
+        assert CostModel(PRESETS[name]).stage_params(range(PRESETS[name].num_units)) == n, name
+    n175 = CostModel(PRESETS["gpt3-175b"]).stage_params(list(range(PRESETS["gpt3-175b"].num_units)))
+    assert abs(n175 - 175e9) / 175e9 < 0.01
+
+
+def test_stage_params_of_a_list_equals_the_sum_of_its_units():
+    spec = PRESETS["small"]
+    cost = CostModel(spec)
+    for units in ([0, 1, 2], [3, 4], [5, 6, 7], [1, 7], list(range(spec.num_units))):
+        assert cost.stage_params(units) == sum(cost.unit_params(u) for u in units)
+        assert cost.stage_params(range(units[0], units[-1] + 1)) == sum(
+            cost.unit_params(u) for u in range(units[0], units[-1] + 1))
+
+
+# -- FLOPs -----------------------------------------------------------------------------------
+def test_block_flops_by_hand_tiny():
+    # tiny: h=64, kv=2*16=32, ffn=172, s=64; micro-batch 2 -> 128 tokens.
+    matmul_params = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 172  # 45312
+    fwd = 2 * matmul_params * 128 + 4 * 2 * 64 * 64 * 64     # 11_599_872 + 2_097_152
+    assert CostModel(PRESETS["tiny"]).unit_flops(1, 2) == (fwd, 2 * fwd)
+    assert CostModel(PRESETS["tiny"]).unit_flops(5, 2) == (2 * 64 * 256 * 128, 4 * 64 * 256 * 128)
+    assert CostModel(PRESETS["tiny"]).unit_flops(0, 2) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_unit_flops_equal_torch_flop_counter(name):
+    """FlopCounterMode counts the real model's matmuls (SDPA in its math form, so QK^T and AV
+    show up as bmm); forward and backward must match ours exactly."""
+    spec = PRESETS[name]
+    cost = CostModel(spec, precision="fp32")
+    for u in (0, 1, spec.num_units - 1):
+        unit = build_unit(spec, u)
+        x = (torch.randint(0, spec.vocab, (2, spec.seq_len)) if u == 0
+             else torch.randn(2, spec.seq_len, spec.hidden, requires_grad=True))
+        with sdpa_kernel(SDPBackend.MATH):
+            with FlopCounterMode(display=False) as fwd:
+                y = unit(x)
+            with FlopCounterMode(display=False) as bwd:
+                y.float().sum().backward()
+        assert cost.unit_flops(u, 2) == (fwd.get_total_flops(), bwd.get_total_flops()), u
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "llama2-13b", "llama2-70b", "gpt3-175b"])
+def test_training_flops_is_6_n_tokens_plus_attention(name):
+    spec = PRESETS[name]
+    cost = CostModel(spec)
+    tokens = 1_000_000
+    n = spec.param_count()
+    h, L, s, v = spec.hidden, spec.layers, spec.seq_len, spec.vocab
+    attention = 12 * L * h * s * tokens
+    # Exact: the embedding gather and the norms do no matmul.
+    non_matmul = v * h + (2 * L + 1) * h
+    assert cost.training_flops(tokens) == pytest.approx(6 * (n - non_matmul) * tokens + attention, rel=1e-12)
+    # The rule of thumb: 6 N tokens plus the attention term, off only by the embedding's share
+    # (1.9% for 7B, the largest among these).
+    assert cost.training_flops(tokens) == pytest.approx(6 * n * tokens + attention, rel=0.02)
+    # ...and consistent with the per-unit numbers.
+    per_seq = sum(sum(cost.unit_flops(u, 1)) for u in range(spec.num_units))
+    assert cost.training_flops(s * 3) == pytest.approx(3 * per_seq, rel=1e-12)
+
+
+# -- memory ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("precision,optimizer,per_param",
+                         [("bf16", "adamw", 16), ("fp16", "adam", 16), ("fp32", "adamw", 16),
+                          ("bf16", "sgd", 8), ("fp32", "sgd", 8)])
+def test_training_state_bytes_per_param_under_replicate(precision, optimizer, per_param):
+    spec = PRESETS["llama2-7b"]
+    cost = CostModel(spec, precision=precision, optimizer=optimizer)
+    units = range(3, 9)
+    m = cost.stage_memory(units, A100, micro_batch=1, inflight=1, sharding="replicate", dp=8)
+    assert (m.params + m.grads + m.optimizer) / cost.stage_params(units) == per_param
+
+
+def test_sharding_divides_the_right_terms_by_dp():
+    spec = PRESETS["llama2-13b"]
+    cost = CostModel(spec, precision="bf16", checkpointing="full")
+    units, dp = range(0, 11), 8
+    rep = cost.stage_memory(units, A100, 2, 4, "replicate", dp)
+    z = {s: cost.stage_memory(units, A100, 2, 4, s, dp) for s in ("zero1", "zero2", "zero3", "fsdp")}
+    P = cost.stage_params(units)
+    assert (rep.params, rep.grads, rep.optimizer) == (2 * P, 2 * P, 12 * P)
+    assert (z["zero1"].params, z["zero1"].grads, z["zero1"].optimizer) == (2 * P, 2 * P, 12 * P / dp)
+    assert (z["zero2"].params, z["zero2"].grads, z["zero2"].optimizer) == (2 * P, 2 * P / dp, 12 * P / dp)
+    assert (z["zero3"].params, z["zero3"].grads, z["zero3"].optimizer) == (2 * P / dp, 2 * P / dp, 12 * P / dp)
+    assert z["fsdp"] == z["zero3"]
+    for m in z.values():
+        assert m.activations == rep.activations
+    # zero3 holds gathered weights of the biggest unit (here a block, 317M > embedding's 164M)
+    # plus a prefetched one, in bf16.
+    block = 4 * 5120 * 5120 + 3 * 5120 * 13824 + 2 * 5120
+    assert block > spec.vocab * spec.hidden
+    assert z["zero3"].buffers - rep.buffers == 2 * 2 * block
+    # tensor parallelism divides the training state by tp
+    tp2 = cost.stage_memory(units, A100, 2, 4, "replicate", dp, tp=2)
+    assert (tp2.params, tp2.grads, tp2.optimizer) == (P, P, 6 * P)
+    assert tp2.total < rep.total
+
+
+def test_activation_memory_scales_with_inflight_and_checkpointing():
+    spec = PRESETS["llama2-7b"]
+    units = range(1, 9)
+    none = CostModel(spec, checkpointing="none")
+    full = CostModel(spec, checkpointing="full")
+    sel = CostModel(spec, checkpointing="selective")
+    a = [none.stage_memory(units, A100, 1, k, "zero1", 8).activations for k in (1, 2, 5)]
+    assert a[1] == 2 * a[0] and a[2] == 5 * a[0]
+    assert a[0] == 8 * none.unit_activation_bytes(1, 1)
+    # full keeps each block's input and, during backward, one block's full set while recomputing
+    f = full.stage_memory(units, A100, 1, 5, "zero1", 8).activations
+    assert f == 5 * 8 * full.boundary_bytes(1) + none.unit_activation_bytes(1, 1)
+    assert full.unit_activation_bytes(1, 1) == full.boundary_bytes(1) == 4096 * 4096 * 2
+    assert full.unit_activation_bytes(1, 1) < sel.unit_activation_bytes(1, 1) < none.unit_activation_bytes(1, 1)
+    # checkpointing applies to blocks only
+    for u in (0, spec.num_units - 1):
+        assert full.unit_activation_bytes(u, 1) == none.unit_activation_bytes(u, 1)
+
+
+def test_total_is_the_sum_of_the_parts():
+    m = CostModel(PRESETS["tiny"]).stage_memory(range(0, 3), BUILTIN_GPU_TYPES["cpu"], 2, 2, "zero2", 2)
+    assert m.total == m.params + m.grads + m.optimizer + m.activations + m.buffers
+
+
+# -- time ------------------------------------------------------------------------------------
+def test_stage_times_are_flops_over_achieved_peak():
+    spec = PRESETS["llama2-7b"]
+    units = [1, 2, 3, 4]
+    rate = 312e12 * 0.5
+    f, b = CostModel(spec).unit_flops(1, 2)
+    t = CostModel(spec).stage_times(units, A100, 2)
+    assert t.forward == pytest.approx(4 * f / rate)
+    assert t.backward == pytest.approx(4 * b / rate)
+    assert t.backward_input + t.backward_weight == pytest.approx(t.backward)
+    # dgrad = wgrad for matmuls; attention's backward is all input-gradient work
+    attn = 4 * 2 * 4096 * 4096 * 4096
+    assert t.backward_input - t.backward_weight == pytest.approx(4 * 2 * attn / rate)
+    full = CostModel(spec, checkpointing="full").stage_times(units, A100, 2)
+    assert full.forward == pytest.approx(t.forward)
+    assert full.backward == pytest.approx(t.backward + t.forward)
+    assert full.backward_weight == pytest.approx(t.backward_weight)
+    sel = CostModel(spec, checkpointing="selective").stage_times(units, A100, 2)
+    assert sel.backward == pytest.approx(t.backward + 4 * attn / rate)
+    # tp divides compute; fp32 runs at the fp32 peak
+    assert CostModel(spec).stage_times(units, A100, 2, tp=4).forward == pytest.approx(t.forward / 4)
+    assert CostModel(spec, precision="fp32").stage_times(units, A100, 2).forward == pytest.approx(
+        4 * f / (19.5e12 * 0.5))
+
+
+def test_optimizer_time_is_memory_bound_and_sharded():
+    spec = PRESETS["llama2-7b"]
+    cost = CostModel(spec)
+    units = range(1, 9)
+    P = cost.stage_params(units)
+    bw = 312e12 / 200
+    assert cost.optimizer_time(units, A100, "replicate", 8) == pytest.approx(P * 28 / bw)
+    assert cost.optimizer_time(units, A100, "zero1", 8) == pytest.approx(P * 28 / bw / 8)
+    prof = CostModel(spec, profile={"memory_bytes_per_s": 1e12})
+    assert prof.optimizer_time(units, A100, "replicate", 8, tp=2) == pytest.approx(P / 2 * 28 / 1e12)
+
+
+DC = Datacenter(name="a", gpu_type="a100-80g", gpus=64, gpus_per_node=8, intra_node_gbps=2400.0,
+                intra_dc_gbps=200.0, intra_dc_latency_us=5.0)
+
+
+def test_allreduce_ring_inside_a_node():
+    cost = CostModel(PRESETS["tiny"])
+    B = 1e9
+    assert cost.allreduce_time(B, 1, DC) == 0
+    expect = 2 * 3 / 4 * B / (2400e9 / 8) + 2 * 3 * 5e-6
+    assert cost.allreduce_time(B, 4, DC) == pytest.approx(expect)
+    assert cost.allreduce_time(B, 4, DC, "zero1") == pytest.approx(expect)
+    assert cost.allreduce_time(B, 4, DC, "zero2") == pytest.approx(expect)  # reduce-scatter + all-gather
+    assert cost.allreduce_time(B, 4, DC, "zero3") == pytest.approx(1.5 * expect)
+
+
+def test_allreduce_hierarchical_across_nodes():
+    cost = CostModel(PRESETS["tiny"])
+    B, lat = 1e9, 5e-6
+    intra = 7 / 8 * B / (2400e9 / 8) + 7 * lat     # reduce-scatter inside each of 4 nodes
+    inter = 3 / 4 * (B / 8) / (200e9 / 8) + 3 * lat  # ring across nodes on 1/8 of the data
+    assert cost.allreduce_time(B, 32, DC) == pytest.approx(2 * (intra + inter))
+    # with tp=2 only 4 replicas share a node: 8 nodes
+    intra2 = 3 / 4 * B / (2400e9 / 8) + 3 * lat
+    inter2 = 7 / 8 * (B / 4) / (200e9 / 8) + 7 * lat
+    assert cost.allreduce_time(B, 32, DC, tp=2) == pytest.approx(2 * (intra2 + inter2))
+    assert cost.allreduce_time(B, 32, DC) > cost.allreduce_time(B, 8, DC)
+
+
+def test_grad_bytes_and_boundary_bytes():
+    spec = PRESETS["llama2-7b"]
+    cost = CostModel(spec)
+    assert cost.grad_bytes(range(1, 5)) == 2 * 4 * cost.unit_params(1)
+    assert cost.grad_bytes(range(1, 5), tp=2) == 4 * cost.unit_params(1)
+    assert CostModel(spec, precision="fp32").grad_bytes([1]) == 4 * cost.unit_params(1)
+    assert cost.boundary_bytes(3) == 3 * 4096 * 4096 * 2
+
+
+def test_tp_comm_is_four_allreduces_per_block():
+    spec = PRESETS["llama2-7b"]
+    cost = CostModel(spec)
+    B = cost.boundary_bytes(1)
+    one = 2 * 3 / 4 * B / (2400e9 / 8) + 2 * 3 * 5e-6
+    assert cost.tp_comm_time(range(0, 5), 1, 4, DC) == pytest.approx(4 * 4 * one)
+    assert cost.tp_comm_time(range(0, 5), 1, 1, DC) == 0
+
+
+# -- profile ---------------------------------------------------------------------------------
+def test_profile_replaces_the_flop_estimate():
+    spec = PRESETS["tiny"]
+    cpu = BUILTIN_GPU_TYPES["cpu"]
+    profile = {"block": {"1": [0.010, 0.020], "4": [0.040, 0.080]}, "head": {2: [0.005, 0.010]}}
+    cost = CostModel(spec, precision="fp32", profile=profile)
+    t = cost.stage_times([1, 2], cpu, 1)
+    assert (t.forward, t.backward) == pytest.approx((0.020, 0.040))
+    assert cost.stage_times([1], cpu, 2).forward == pytest.approx(0.020)   # interpolated
+    assert cost.stage_times([1], cpu, 8).forward == pytest.approx(0.080)   # proportional beyond
+    assert cost.stage_times([5], cpu, 1).forward == pytest.approx(0.0025)  # proportional below
+    # the embedding is not profiled: FLOP estimate (a gather: 0)
+    assert cost.stage_times([0], cpu, 1).forward == 0
+    # full checkpointing recomputes the measured forward
+    full = CostModel(spec, precision="fp32", checkpointing="full", profile=profile)
+    assert full.stage_times([1], cpu, 1).backward == pytest.approx(0.030)
+    # measured on the cpu "GPU"; another GPU type scales by achieved FLOP/s
+    ref = CostModel(spec, precision="fp32", profile={**profile, "reference_gpu": cpu.model_dump()})
+    ratio = cpu.achieved_flops("fp32") / A100.achieved_flops("fp32")
+    assert ref.stage_times([1], A100, 1).forward == pytest.approx(0.010 * ratio)
+    with pytest.raises(ValueError):
+        CostModel(spec, profile={"blocks": {}})
+
+
+def test_bad_arguments_are_rejected():
+    spec = PRESETS["tiny"]
+    for kw in ({"precision": "fp8"}, {"checkpointing": "some"}, {"optimizer": "lion"}):
+        with pytest.raises(ValueError):
+            CostModel(spec, **kw)
+    with pytest.raises(ValueError):
+        CostModel(spec).stage_memory([1], A100, 1, 1, "zero4", 2)
+    with pytest.raises(IndexError):
+        CostModel(spec).unit_params(spec.num_units)
+
+
+def test_stage_queries_are_fast():
+    """The planner asks hundreds of thousands of times: each query must be O(1) in the units."""
+    spec = PRESETS["gpt3-175b"]
+    cost = CostModel(spec, checkpointing="selective")
+    units = list(range(0, 50))
+    t0 = time.perf_counter()
+    for i in range(20_000):
+        cost.stage_times(units, A100, 1 + i % 4)
+        cost.stage_memory(units, A100, 1 + i % 4, 4, "zero2", 8)
+    assert time.perf_counter() - t0 < 2.0
