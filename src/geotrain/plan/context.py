@@ -1,0 +1,167 @@
+"""Cached cost-model look-ups for the planner.
+
+The search asks the same questions many times (the time of units a..b on an H100 at micro-batch
+2, the memory of that stage under ZeRO-1 at dp=64, ...). Per-unit times are turned once into
+prefix sums per (GPU type, micro-batch, checkpointing), so a stage's time is two subtractions;
+memory, all-reduce and optimizer answers are memoised. All numbers come from
+`geotrain.cost.CostModel`; nothing here models hardware itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from geotrain.config.cluster import Datacenter, GPUType, WanLink
+from geotrain.config.load import Spec
+from geotrain.plan.split import prefix_sums
+
+GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+
+CHECKPOINTING_ORDER = ("none", "selective", "full")
+SHARDING_ORDER = ("replicate", "zero1", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class UnitTable:
+    """Prefix sums of per-unit seconds per micro-batch on one GPU type."""
+
+    forward: list[float]
+    backward: list[float]
+    backward_input: list[float]
+    backward_weight: list[float]
+    step: list[float]  # forward + backward
+
+    def times(self, a: int, b: int) -> tuple[float, float, float, float]:
+        return (self.forward[b] - self.forward[a], self.backward[b] - self.backward[a],
+                self.backward_input[b] - self.backward_input[a],
+                self.backward_weight[b] - self.backward_weight[a])
+
+
+class PlanningContext:
+    def __init__(self, spec: Spec):
+        from geotrain.cost import CostModel
+
+        self.spec = spec
+        self.cluster = spec.cluster
+        self.model = spec.model
+        self.job = spec.job
+        self.num_units = spec.model.num_units
+        self.tp = spec.job.tp
+        self._cost_cls = CostModel
+        self._costs: dict[str, object] = {}
+        self._tables: dict[tuple[str, int, str], UnitTable] = {}
+        self._memo: dict[tuple, float] = {}
+        self.memory_calls = 0
+
+    # -- choices the job leaves open ---------------------------------------------------------
+    def checkpointing_options(self) -> tuple[str, ...]:
+        c = self.spec.job.checkpointing
+        return CHECKPOINTING_ORDER if c == "auto" else (c,)
+
+    def sharding_options(self) -> tuple[str, ...]:
+        s = self.spec.job.sharding
+        return SHARDING_ORDER if s == "auto" else (s,)
+
+    def cost(self, checkpointing: str):
+        cm = self._costs.get(checkpointing)
+        if cm is None:
+            cm = self._cost_cls(self.model, precision=self.job.precision, checkpointing=checkpointing,
+                                optimizer=self.job.optimizer)
+            self._costs[checkpointing] = cm
+        return cm
+
+    # -- cluster -----------------------------------------------------------------------------
+    def dc(self, name: str) -> Datacenter:
+        return self.cluster.dc(name)
+
+    def gpu(self, dc_name: str) -> GPUType:
+        return self.cluster.gpu(self.cluster.dc(dc_name).gpu_type)
+
+    def link(self, a: str, b: str) -> WanLink | None:
+        return self.cluster.link(a, b)
+
+    # -- compute -----------------------------------------------------------------------------
+    def table(self, gpu_type: str, micro_batch: int, checkpointing: str) -> UnitTable:
+        key = (gpu_type, micro_batch, checkpointing)
+        t = self._tables.get(key)
+        if t is None:
+            cm = self.cost(checkpointing)
+            gpu = self.cluster.gpu(gpu_type)
+            st = [cm.stage_times([u], gpu, micro_batch, self.tp) for u in range(self.num_units)]
+            t = UnitTable(
+                forward=prefix_sums([x.forward for x in st]),
+                backward=prefix_sums([x.backward for x in st]),
+                backward_input=prefix_sums([x.backward_input for x in st]),
+                backward_weight=prefix_sums([x.backward_weight for x in st]),
+                step=prefix_sums([x.forward + x.backward for x in st]),
+            )
+            self._tables[key] = t
+        return t
+
+    def stage_fits(self, chunks: tuple[tuple[int, int], ...], dc_name: str, micro_batch: int, inflight: float,
+                   sharding: str, dp: int, checkpointing: str) -> bool:
+        """Does this stage's memory per GPU fit the DC's GPU? (memoised)"""
+        key = ("mem", chunks, dc_name, micro_batch, round(inflight, 3), sharding, dp, checkpointing)
+        v = self._memo.get(key)
+        if v is None:
+            self.memory_calls += 1
+            gpu = self.gpu(dc_name)
+            units = [u for a, b in chunks for u in range(a, b)]
+            need = self.cost(checkpointing).stage_memory(
+                units, gpu, micro_batch, max(1, ceil_inflight(inflight)), sharding, dp, self.tp).total
+            v = need / gpu.memory_bytes
+            self._memo[key] = v
+        return v <= 1.0
+
+    def stage_memory_fraction(self, chunks, dc_name, micro_batch, inflight, sharding, dp, checkpointing) -> float:
+        self.stage_fits(chunks, dc_name, micro_batch, inflight, sharding, dp, checkpointing)
+        return self._memo[("mem", chunks, dc_name, micro_batch, round(inflight, 3), sharding, dp, checkpointing)]
+
+    def allreduce(self, chunks: tuple[tuple[int, int], ...], dp: int, dc_name: str, sharding: str) -> float:
+        if dp <= 1:
+            return 0.0
+        key = ("ar", chunks, dp, dc_name, sharding)
+        v = self._memo.get(key)
+        if v is None:
+            cm = self.cost("none")
+            units = [u for a, b in chunks for u in range(a, b)]
+            nbytes = cm.grad_bytes(units, self.tp)
+            v = cm.allreduce_time(nbytes, dp, self.dc(dc_name), sharding, self.tp)
+            self._memo[key] = v
+        return v
+
+    def optimizer(self, chunks: tuple[tuple[int, int], ...], dc_name: str, sharding: str, dp: int) -> float:
+        key = ("opt", chunks, self.dc(dc_name).gpu_type, sharding, dp)
+        v = self._memo.get(key)
+        if v is None:
+            cm = self.cost("none")
+            units = [u for a, b in chunks for u in range(a, b)]
+            v = cm.optimizer_time(units, self.gpu(dc_name), sharding, dp, self.tp)
+            self._memo[key] = v
+        return v
+
+    @lru_cache(maxsize=64)  # noqa: B019 -- one context per planning run
+    def boundary_bytes(self, micro_batch: int) -> int:
+        return self.cost("none").boundary_bytes(micro_batch)
+
+    def tp_comm(self, chunks: tuple[tuple[int, int], ...], micro_batch: int, dc_name: str) -> float:
+        if self.tp <= 1:
+            return 0.0
+        key = ("tp", chunks, micro_batch, dc_name)
+        v = self._memo.get(key)
+        if v is None:
+            cm = self.cost("none")
+            units = [u for a, b in chunks for u in range(a, b)]
+            v = cm.tp_comm_time(units, micro_batch, self.tp, self.dc(dc_name))
+            self._memo[key] = v
+        return v
+
+    def intra_dc_transfer(self, dc_name: str, nbytes: int) -> float:
+        d = self.dc(dc_name)
+        return d.intra_dc_latency_us * 1e-6 + nbytes / (d.intra_dc_gbps * GBIT)
+
+
+def ceil_inflight(x: float) -> int:
+    i = int(x)
+    return i if i >= x - 1e-9 else i + 1
