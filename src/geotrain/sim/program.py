@@ -1,0 +1,189 @@
+"""Compile a schedule into flat per-stage programs the engine can run fast.
+
+Every DP replica of a physical stage runs the same action list, so a stage's list is compiled
+once into parallel Python lists (integer op codes, durations, send targets), repeated for each
+iteration. A send knows, precomputed, the receiving stage, the index of the matching receive in
+that stage's program (its "slot") and the link it crosses; so delivering a tensor is a list
+store, and matching needs no dictionaries at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from geotrain.config import Cluster
+from geotrain.errors import InfeasibleError
+from geotrain.plan.plan import LinkPlan, Plan
+from geotrain.schedule.actions import Op, Schedule
+from geotrain.trace.metrics import KIND_CODE
+
+# Engine op codes.
+COMPUTE = 0      # occupies the GPU for dur
+RECV = 1         # blocks until the slot's tensor arrived
+SEND_LOCAL = 2   # to the same GPU (interleaving with pp=1): instantaneous
+SEND_INTRA = 3   # inside a DC: arrives after dur = latency + bytes / bandwidth (no contention)
+SEND_WAN = 4     # queued on a WAN link direction (fair or temporal sharing)
+ALLREDUCE = 5    # DP collective: starts when every replica of the stage reached it
+
+GBPS = 1e9 / 8   # bytes/s per Gbit/s
+
+_COMPUTE_OPS = {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.OPTIMIZER}
+
+
+@dataclass(frozen=True)
+class WanDirection:
+    """One direction of a WAN link, as the plan uses it."""
+
+    name: str            # "A->B"
+    capacity: float      # bytes/s
+    flow_rate: float     # bytes/s one transfer can reach: min(n x per-connection cap, capacity)
+    latency: float       # one-way, s
+    sharing: str         # "fair" | "temporal"
+    priority: tuple[int, ...]  # per DP replica: rank in the link plan's order (temporal tie-break)
+
+
+@dataclass
+class StageProgram:
+    ops: list[int] = field(default_factory=list)
+    dur: list[float] = field(default_factory=list)      # compute/allreduce time; intra-DC send: transfer time
+    kind: list[int] = field(default_factory=list)       # trace kind code (metrics.KINDS), -1: none
+    vstage: list[int] = field(default_factory=list)
+    mb: list[int] = field(default_factory=list)
+    iteration: list[int] = field(default_factory=list)
+    nbytes: list[int] = field(default_factory=list)
+    dst_stage: list[int] = field(default_factory=list)  # send: receiving physical stage, else -1
+    dst_slot: list[int] = field(default_factory=list)   # send: index of the matching recv there, else -1
+    link: list[int] = field(default_factory=list)       # send: index into Program.link_names, else -1
+    wan: list[int] = field(default_factory=list)        # WAN send: index into Program.wan, else -1
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+@dataclass
+class Program:
+    stages: list[StageProgram]
+    dp: int
+    link_names: list[str]
+    wan: list[WanDirection]
+    link_meta: dict[str, dict[str, float | str]]
+
+
+def _wan_direction(cluster: Cluster, plan: Plan, a: str, b: str) -> WanDirection:
+    wl = cluster.link(a, b)
+    if wl is None:
+        raise InfeasibleError(f"the schedule sends between datacenters {a} and {b}, which no WAN link joins")
+    lp = plan.link_between(a, b) or LinkPlan(src_dc=a, dst_dc=b)
+    if lp.sharing not in ("fair", "temporal"):
+        raise InfeasibleError(f"link {a}-{b}: unknown sharing {lp.sharing!r} (known: fair, temporal)")
+    order = {d: i for i, d in enumerate(lp.order)}
+    prio = tuple(order.get(d, len(order) + d) for d in range(plan.dp))
+    return WanDirection(name=f"{a}->{b}", capacity=wl.capacity_gbps * GBPS,
+                        flow_rate=wl.rate_gbps(lp.connections) * GBPS, latency=wl.latency_ms * 1e-3,
+                        sharing=lp.sharing, priority=prio)
+
+
+def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_costs: list, allreduce_time: list[float],
+                    optimizer_time: list[float], iterations: int) -> Program:
+    pp, vps = plan.pp, schedule.virtual_per_stage
+    if schedule.num_stages != pp:
+        raise ValueError(f"schedule has {schedule.num_stages} stages, plan has {pp}")
+    if len(stage_costs) != pp * vps:
+        raise ValueError(f"need one StageCost per virtual stage ({pp * vps}), got {len(stage_costs)}")
+    if len(allreduce_time) != pp or len(optimizer_time) != pp:
+        raise ValueError(f"need one allreduce and one optimizer time per physical stage ({pp})")
+    dcs = [st.dc for st in plan.stages]
+    link_names: list[str] = []
+    link_id: dict[str, int] = {}
+    wan: list[WanDirection] = []
+    wan_id: dict[str, int] = {}
+    meta: dict[str, dict[str, float | str]] = {}
+
+    def link_of(a: str, b: str) -> tuple[int, int]:
+        name = a if a == b else f"{a}->{b}"
+        if name not in link_id:
+            link_id[name] = len(link_names)
+            link_names.append(name)
+            if a == b:
+                dc = cluster.dc(a)
+                meta[name] = {"kind": "intra", "bandwidth_Bps": dc.intra_dc_gbps * GBPS,
+                              "latency_s": dc.intra_dc_latency_us * 1e-6}
+            else:
+                w = _wan_direction(cluster, plan, a, b)
+                wan_id[name] = len(wan)
+                wan.append(w)
+                meta[name] = {"kind": "wan", "capacity_Bps": w.capacity, "flow_rate_Bps": w.flow_rate,
+                              "latency_s": w.latency, "sharing": w.sharing}
+        return link_id[name], wan_id.get(name, -1)
+
+    progs = [StageProgram() for _ in range(pp)]
+    # Pass 1: lay out every stage's program and index its receives.
+    recv_slot: dict[tuple[bool, int, int, int, int], int] = {}  # (is_act, from_v, to_v, mb, it) -> slot
+    pending_sends: list[tuple[int, int, bool, int, int, int, int]] = []
+    for s, acts in enumerate(schedule.actions):
+        p = progs[s]
+        for it in range(iterations):
+            for a in acts:
+                op, v = a.op, a.stage
+                slot = len(p.ops)
+                code, dur, kind, nb = COMPUTE, 0.0, -1, 0
+                if op in _COMPUTE_OPS:
+                    kind = KIND_CODE[op.value]
+                    if op == Op.OPTIMIZER:
+                        dur = optimizer_time[s]
+                    else:
+                        dur = getattr(stage_costs[v], op.value)
+                elif op == Op.ALLREDUCE:
+                    code, dur, kind = ALLREDUCE, allreduce_time[s], KIND_CODE["allreduce"]
+                elif op in (Op.RECV_ACT, Op.RECV_GRAD):
+                    code, kind = RECV, KIND_CODE["recv_wait"]
+                    key = (op == Op.RECV_ACT, a.peer, v, a.mb, it)
+                    if key in recv_slot:
+                        raise ValueError(f"stage {s}: duplicate {a} in iteration {it}")
+                    recv_slot[key] = s * (1 << 40) + slot
+                elif op in (Op.SEND_ACT, Op.SEND_GRAD):
+                    code, kind = SEND_INTRA, KIND_CODE["transfer"]
+                    # Activation of v and its gradient have the same size: v's output for acts, v-1's for grads.
+                    nb = stage_costs[v].send_bytes if op == Op.SEND_ACT else stage_costs[a.peer].send_bytes
+                    pending_sends.append((s, slot, op == Op.SEND_ACT, v, a.peer, a.mb, it))
+                else:
+                    raise ValueError(f"the simulator has no duration for {a} (op {op.value})")
+                p.ops.append(code)
+                p.dur.append(float(dur))
+                p.kind.append(kind)
+                p.vstage.append(v)
+                p.mb.append(a.mb)
+                p.iteration.append(it)
+                p.nbytes.append(int(nb))
+                p.dst_stage.append(-1)
+                p.dst_slot.append(-1)
+                p.link.append(-1)
+                p.wan.append(-1)
+    # Pass 2: resolve every send to its receive and link.
+    for s, slot, is_act, v, peer, mb, it in pending_sends:
+        key = (is_act, v, peer, mb, it)
+        if key not in recv_slot:
+            what = "activation" if is_act else "gradient"
+            raise ValueError(f"stage {s} sends the {what} of micro-batch {mb} to virtual stage {peer}, "
+                             f"which never receives it")
+        packed = recv_slot.pop(key)
+        ds, dslot = packed >> 40, packed & ((1 << 40) - 1)
+        p = progs[s]
+        p.dst_stage[slot], p.dst_slot[slot] = ds, dslot
+        if ds == s:
+            p.ops[slot], p.kind[slot] = SEND_LOCAL, -1
+            continue
+        a, b = dcs[s], dcs[ds]
+        lid, wid = link_of(a, b)
+        p.link[slot] = lid
+        if wid >= 0:
+            p.ops[slot], p.wan[slot] = SEND_WAN, wid
+        else:
+            dc = cluster.dc(a)
+            p.dur[slot] = dc.intra_dc_latency_us * 1e-6 + p.nbytes[slot] / (dc.intra_dc_gbps * GBPS)
+    if recv_slot:
+        (is_act, frm, to, mb, it), _ = next(iter(recv_slot.items()))
+        what = "activation" if is_act else "gradient"
+        raise ValueError(f"virtual stage {to} waits for the {what} of micro-batch {mb} from {frm}, "
+                         "which never sends it")
+    return Program(stages=progs, dp=plan.dp, link_names=link_names, wan=wan, link_meta=meta)

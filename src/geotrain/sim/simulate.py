@@ -1,0 +1,118 @@
+"""Entry points: simulate a plan from the cost model, or from explicit per-stage costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from geotrain.config import Cluster
+from geotrain.errors import GeotrainError
+from geotrain.plan.plan import Plan
+from geotrain.schedule.actions import Schedule
+from geotrain.sim.engine import run_engine
+from geotrain.sim.program import compile_program
+from geotrain.sim.trace import SimTrace
+from geotrain.trace.metrics import Metrics, compute_metrics
+
+
+@dataclass
+class StageCost:
+    """Per VIRTUAL stage, seconds per micro-batch and bytes."""
+
+    forward: float
+    backward: float
+    backward_input: float
+    backward_weight: float
+    send_bytes: int   # activation bytes sent to the next virtual stage per micro-batch (gradient back: same size)
+
+
+@dataclass
+class SimResult:
+    trace: SimTrace
+    metrics: Metrics
+    schedule: Schedule
+    plan: Plan
+
+
+def plan_schedule(plan: Plan) -> Schedule:
+    """The plan's schedule, built with only the keywords its kind uses."""
+    from geotrain.schedule.builders import build_schedule
+
+    kw: dict[str, object] = {}
+    if plan.virtual_per_stage > 1 or plan.schedule == "interleaved":
+        kw["virtual_per_stage"] = plan.virtual_per_stage
+    if plan.schedule == "wan-1f1b" and plan.extra_warmup:
+        kw["extra_warmup"] = list(plan.extra_warmup)
+    try:
+        return build_schedule(plan.schedule, plan.pp, plan.num_microbatches, **kw)
+    except ValueError as e:
+        raise GeotrainError(f"plan {plan.name}: cannot build schedule {plan.schedule!r}: {e}") from None
+
+
+def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], allreduce_time: list[float],
+                   optimizer_time: list[float], tokens_per_iteration: int, iterations: int = 1,
+                   schedule: Schedule | None = None, progress: bool = False,
+                   peak_memory: dict[int, float] | None = None) -> SimResult:
+    """The core: run `iterations` iterations of the plan's schedule with explicit costs.
+
+    stage_costs: one per virtual stage; allreduce_time, optimizer_time: one per physical stage.
+    peak_memory (per rank, bytes) is passed through to the metrics."""
+    if iterations < 1:
+        raise ValueError("iterations must be >= 1")
+    sched = schedule if schedule is not None else plan_schedule(plan)
+    prog = compile_program(plan, cluster, sched, stage_costs, allreduce_time, optimizer_time, iterations)
+    offsets = list(plan.pipeline_offsets) + [0.0] * (plan.dp - len(plan.pipeline_offsets))
+    res = run_engine(prog, offsets[:plan.dp], progress=progress)
+    meta = {"plan": plan.name, "schedule": sched.kind, "iterations": iterations, "pp": plan.pp, "dp": plan.dp,
+            "tp": plan.tp, "num_microbatches": plan.num_microbatches, "tokens_per_iteration": tokens_per_iteration,
+            "links": prog.link_meta, "engine": {"actions": res.actions, "wan_events": res.wan_events,
+                                                "wall_s": res.wall_s}}
+    trace = SimTrace(prog, res, plan.tp, plan.num_ranks, meta)
+    metrics = compute_metrics(trace, tokens_per_iteration, peak_memory)
+    return SimResult(trace=trace, metrics=metrics, schedule=sched, plan=plan)
+
+
+def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = False) -> SimResult:
+    """Simulate `plan` on `spec.cluster` with times and bytes from the cost model.
+
+    Per virtual stage: the cost model's compute times on the stage DC's GPU, plus tensor-parallel
+    communication (half in the forward, half in the backward's input-gradient part, where it
+    sits on the critical path); per physical stage: the DP gradient synchronization and the
+    optimizer step; per rank: peak memory with the schedule's peak in-flight micro-batches."""
+    from geotrain.cost import CostModel
+    from geotrain.schedule.validate import peak_inflight
+
+    cluster = spec.cluster
+    if cost is None:
+        cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
+                         optimizer=spec.job.optimizer)
+    sched = plan_schedule(plan)
+    pp, vps, mb, tp = plan.pp, plan.virtual_per_stage, plan.micro_batch, plan.tp
+    vunits = plan.virtual_units()
+    last = pp * vps - 1
+    stage_costs = []
+    for v, (a, b) in enumerate(vunits):
+        dc = cluster.dc(plan.stages[v % pp].dc)
+        units = range(a, b)
+        t = cost.stage_times(units, cluster.gpu(dc.gpu_type), mb, tp)
+        tpc = cost.tp_comm_time(units, mb, tp, dc) if tp > 1 else 0.0
+        stage_costs.append(StageCost(
+            forward=t.forward + tpc / 2, backward=t.backward + tpc / 2,
+            backward_input=t.backward_input + tpc / 2, backward_weight=t.backward_weight,
+            send_bytes=cost.boundary_bytes(mb) if v < last else 0))
+    allreduce, optimizer, peak_memory = [], [], {}
+    inflight = peak_inflight(sched)
+    for s, st in enumerate(plan.stages):
+        dc = cluster.dc(st.dc)
+        gpu = cluster.gpu(dc.gpu_type)
+        units = st.units
+        allreduce.append(cost.allreduce_time(cost.grad_bytes(units, tp), plan.dp, dc, plan.sharding, tp)
+                         if plan.dp > 1 else 0.0)
+        optimizer.append(cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp))
+        held = -(-inflight[s] // vps)  # (virtual stage, micro-batch) pairs -> whole-stage micro-batches
+        mem = cost.stage_memory(units, gpu, mb, held, plan.sharding, plan.dp, tp).total
+        for d in range(plan.dp):
+            for t in range(tp):
+                peak_memory[plan.rank(s, d, t)] = mem
+    tokens = plan.global_batch * spec.model.seq_len
+    return simulate_costs(plan, cluster, stage_costs, allreduce, optimizer, tokens, iterations=iterations,
+                          schedule=sched, progress=progress, peak_memory=peak_memory)
