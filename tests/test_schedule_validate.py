@@ -52,8 +52,8 @@ def test_peak_inflight_closed_forms():
     for pp, m in PP_M:
         assert peak_inflight(build_schedule("1f1b", pp, m)) == [min(m, pp - s) for s in range(pp)]
         assert peak_inflight(build_schedule("gpipe", pp, m)) == [m] * pp
-        # ZB-H1 defers weight gradients but keeps 1F1B's worst stage
-        assert max(peak_inflight(build_schedule("zb-h1", pp, m))) == min(m, pp)
+        # ZB-H1 holds inputs until the deferred weight gradient: every stage at 1F1B's worst, no more
+        assert peak_inflight(build_schedule("zb-h1", pp, m)) == [min(m, pp)] * pp
 
 
 def test_peak_inflight_interleaved_is_warmup_plus_one():

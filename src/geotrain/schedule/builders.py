@@ -108,8 +108,9 @@ def zb_h1_order(pp: int, m: int) -> list[list[Action]]:
     local stage: the 1F1B order with each backward split into BACKWARD_INPUT (on the critical
     path: it sends the gradient upstream) and BACKWARD_WEIGHT (local). Stage r defers its
     first r weight gradients to the end, where 1F1B leaves stage r idle for about r backward
-    steps; everywhere else W follows right after its I. Warm-up as 1F1B, so stage 0 holds
-    at most pp micro-batches at once, like 1F1B."""
+    steps; everywhere else W follows right after its I. Warm-up as 1F1B. A deferred W still
+    needs its micro-batch's stage inputs, so every stage peaks at min(m, pp) micro-batches held:
+    1F1B's worst stage (stage 0), hence the same peak memory as 1F1B."""
     orders = []
     for r in range(pp):
         warmup = min(pp - 1 - r, m)
