@@ -1,0 +1,228 @@
+"""Prefill on training ranks, inside their bubbles.
+
+The service side (`BubbleExecutor`) keeps the FIFO of accepted requests and listens for ranks
+on a local TCP port. A rank that reaches a predicted bubble (`BubbleWorker.fill(budget)`) asks
+for work, saying how long it may compute; the executor hands it the longest piece of the
+oldest request that its fitted prefill cost says will finish inside that budget. A request,
+once started, stays on its rank (its KV cache grows there); when its last chunk is done the
+rank sends the first token and the KV cache back, and the request's future resolves.
+
+The rank never waits for the service beyond one local round trip, and never starts a chunk
+that its cost model predicts will outlast the bubble: training does not wait for prefill.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from geotrain.bubbletea.executor import PrefillOutput
+from geotrain.bubbletea.inference import KVCache, forward_with_cache
+from geotrain.bubbletea.prefill_cost import PrefillCost
+from geotrain.bubbletea.wire import ProtocolError, recv_frame, send_frame
+from geotrain.models.llama import UnitStack
+
+
+@dataclass
+class _Job:
+    id: int
+    tokens: list[int]
+    future: Future
+    done: int = 0                 # tokens prefilled so far
+    owner: int | None = None      # rank holding its KV cache
+    busy_s: float = 0.0
+
+
+@dataclass
+class _RankState:
+    cost: PrefillCost
+    current: int | None = None    # job id in progress on this rank
+    busy_s: float = 0.0
+    chunks: int = 0
+
+
+class BubbleExecutor:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, min_chunk: int = 8):
+        self.min_chunk = min_chunk
+        self._lock = threading.Lock()
+        self._pending: collections.deque[_Job] = collections.deque()
+        self._jobs: dict[int, _Job] = {}
+        self.ranks: dict[int, _RankState] = {}       # connected ranks
+        self._busy_total = 0.0                        # prefill seconds over every rank ever seen
+        self._ranks_seen: set[int] = set()
+        self._t0 = time.monotonic()
+        self._sock = socket.create_server((host, port))
+        self.address = self._sock.getsockname()[:2]
+        self._closed = False
+        threading.Thread(target=self._accept_loop, name="bubble-executor", daemon=True).start()
+
+    # -- executor interface ----------------------------------------------------------------
+    def submit(self, request_id: int, tokens: list[int]) -> Future:
+        fut: Future = Future()
+        job = _Job(request_id, list(tokens), fut)
+        with self._lock:
+            self._jobs[request_id] = job
+            self._pending.append(job)
+        return fut
+
+    def utilization_gained(self) -> float:
+        with self._lock:
+            busy, n = self._busy_total, max(1, len(self._ranks_seen))
+        return busy / (n * max(1e-9, time.monotonic() - self._t0))
+
+    def close(self) -> None:
+        self._closed = True
+        self._sock.close()
+
+    # -- rank connections ------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve_rank, args=(conn,), daemon=True).start()
+
+    def _serve_rank(self, conn: socket.socket) -> None:
+        rank = None
+        try:
+            hello, _ = recv_frame(conn)
+            rank = int(hello["rank"])
+            a, b, c = (float(x) for x in hello["cost"])
+            with self._lock:
+                self.ranks[rank] = _RankState(PrefillCost(a, b, c))
+                self._ranks_seen.add(rank)
+            while True:
+                msg, payload = recv_frame(conn)
+                if msg.get("op") == "poll":
+                    send_frame(conn, self._next_chunk(rank, float(msg["budget"])))
+                elif msg.get("op") == "done":
+                    self._chunk_done(rank, msg, payload)
+                else:
+                    raise ProtocolError(f"unknown op {msg.get('op')!r}")
+        except (ConnectionError, OSError, ProtocolError, KeyError, ValueError, TypeError):
+            pass
+        finally:
+            conn.close()
+            if rank is not None:
+                self._orphan(rank)
+
+    def _next_chunk(self, rank: int, budget: float) -> dict:
+        with self._lock:
+            st = self.ranks[rank]
+            job = self._jobs.get(st.current) if st.current is not None else None
+            if job is None:
+                while self._pending and self._pending[0].future.cancelled():
+                    self._jobs.pop(self._pending.popleft().id, None)
+                if not self._pending:
+                    return {"op": "none"}
+                job = self._pending[0]
+            left = len(job.tokens) - job.done
+            n = min(left, st.cost.max_chunk(budget, job.done))
+            if n < min(left, self.min_chunk):
+                return {"op": "none"}
+            if job.owner is None:
+                self._pending.popleft()
+                job.owner, st.current = rank, job.id
+                if not job.future.running() and not job.future.set_running_or_notify_cancel():
+                    st.current = None  # cancelled by the service (timed out) before it started
+                    self._jobs.pop(job.id, None)
+                    return {"op": "none"}
+            return {"op": "chunk", "id": job.id, "tokens": job.tokens[job.done:job.done + n],
+                    "context": job.done, "last": job.done + n == len(job.tokens)}
+
+    def _chunk_done(self, rank: int, msg: dict, payload: bytes) -> None:
+        with self._lock:
+            st = self.ranks[rank]
+            job = self._jobs[int(msg["id"])]
+            if job.owner != rank:
+                raise ProtocolError("chunk result from a rank that does not own the request")
+            job.done += int(msg["n"])
+            busy = float(msg["busy"])
+            job.busy_s += busy
+            st.busy_s += busy
+            self._busy_total += busy
+            st.chunks += 1
+            finished = job.done >= len(job.tokens)
+            if finished:
+                st.current = None
+                self._jobs.pop(job.id, None)
+        if finished:
+            job.future.set_result(PrefillOutput(int(msg["first_token"]), payload, list(msg["kv_shape"]),
+                                                str(msg["kv_dtype"]), job.busy_s, where=f"rank {rank}"))
+
+    def _orphan(self, rank: int) -> None:
+        """A rank went away: its unfinished request restarts from scratch on another rank."""
+        with self._lock:
+            st = self.ranks.pop(rank, None)
+            if st and st.current is not None and st.current in self._jobs:
+                job = self._jobs[st.current]
+                job.done, job.owner = 0, None   # its future stays running until a new owner ends it
+                self._pending.appendleft(job)
+
+
+@dataclass
+class BubbleWorker:
+    """The rank side: runs prefill chunks in the bubbles the runtime offers."""
+
+    address: tuple[str, int]
+    rank: int
+    model: UnitStack
+    cost: PrefillCost
+    margin_s: float = 0.0
+    busy_s: float = 0.0
+    chunks: int = 0
+    _caches: dict[int, KVCache] = field(default_factory=dict)
+    _sock: socket.socket | None = None
+
+    def connect(self) -> None:
+        self._sock = socket.create_connection(tuple(self.address))
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        send_frame(self._sock, {"rank": self.rank, "cost": [self.cost.a, self.cost.b, self.cost.c]})
+
+    def fill(self, budget_s: float) -> float:
+        """Run prefill chunks for at most `budget_s` seconds (minus the margin); returns the
+        time spent, including the round trips."""
+        if self._sock is None:
+            return 0.0
+        t0 = time.perf_counter()
+        while True:
+            left = budget_s - self.margin_s - (time.perf_counter() - t0)
+            if left <= self.cost.a:
+                break
+            send_frame(self._sock, {"op": "poll", "budget": left})
+            msg, _ = recv_frame(self._sock)
+            if msg.get("op") != "chunk":
+                break
+            self._run_chunk(msg)
+        return time.perf_counter() - t0
+
+    def _run_chunk(self, msg: dict) -> None:
+        rid = int(msg["id"])
+        cache = self._caches.setdefault(rid, KVCache())
+        if cache.length != int(msg["context"]):
+            raise ProtocolError(f"request {rid}: cache holds {cache.length} tokens, chunk starts at {msg['context']}")
+        t = time.perf_counter()
+        logits = forward_with_cache(self.model, torch.tensor([msg["tokens"]], dtype=torch.long), cache)
+        busy = time.perf_counter() - t
+        self.busy_s += busy
+        self.chunks += 1
+        done = {"op": "done", "id": rid, "n": len(msg["tokens"]), "busy": busy}
+        if msg["last"]:
+            data, shape, dtype = self._caches.pop(rid).to_bytes()
+            send_frame(self._sock, {**done, "first_token": int(torch.argmax(logits)), "kv_shape": shape,
+                                    "kv_dtype": dtype}, data)
+        else:
+            send_frame(self._sock, done)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
