@@ -25,10 +25,11 @@ def _cell(v: Any) -> str:
 
 
 def _is_numeric(s: str) -> bool:
-    t = s.strip().rstrip("%x").replace(",", "").replace("+", "").replace("-", "", 1)
+    """A plain number, optionally with a % or x suffix (right-aligned in tables)."""
+    t = s.strip().rstrip("%x").replace(",", "")
     try:
-        float(t.split()[0]) if t else None
-        return bool(t)
+        float(t)
+        return True
     except ValueError:
         return False
 

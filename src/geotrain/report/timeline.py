@@ -25,6 +25,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from geotrain.plan.plan import Plan  # noqa: E402
 from geotrain.report.layout import RankInfo, plan_of, rank_layout  # noqa: E402
+from geotrain.trace.metrics import Columns, trace_columns  # noqa: E402
 from geotrain.trace.schema import Trace  # noqa: E402
 
 # kind -> (colour, legend label), in legend order.
@@ -75,7 +76,9 @@ def select_rows(trace: Trace, plan: Plan | None = None, max_rows: int = 256, sho
         note = f"every {step}th rank shown ({n:,} GPUs in all)"
     links: list[str] = []
     if show_links:
-        names = {e.link for e in trace.events if e.kind == "transfer" and e.link}
+        cols = trace_columns(trace)
+        codes = np.unique(cols.link[cols.kind_mask({"transfer"}) & (cols.link >= 0)]).tolist()
+        names = {cols.link_names[c] for c in codes}
         links = sorted(names, key=lambda s: ("->" not in s, s))
     return Rows(ranks, [layout[r] for r in ranks], links, note, n)
 
@@ -100,10 +103,9 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _rects(spans: list[tuple[float, float, float]]) -> np.ndarray:
-    """(start, end, row) triples -> (N, 4, 2) vertex array of bars centred on the row."""
-    a = np.asarray(spans, dtype=float).reshape(-1, 3)
-    x0, x1, y = a[:, 0], a[:, 1], a[:, 2]
+def _rects(x0: np.ndarray, x1: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Bar extents and rows -> (N, 4, 2) vertex array of bars centred on their rows."""
+    x0, x1, y = (np.asarray(v, dtype=float).ravel() for v in (x0, x1, y))
     lo, hi = y - BAR_HEIGHT / 2, y + BAR_HEIGHT / 2
     return np.stack([np.stack([x0, lo], 1), np.stack([x0, hi], 1), np.stack([x1, hi], 1), np.stack([x1, lo], 1)], 1)
 
@@ -128,14 +130,17 @@ def _row_ticks(rows: Rows, max_labels: int = 64) -> tuple[list[float], list[str]
     return [float(i) for i in range(0, len(infos), every)], [full(infos[i]) for i in range(0, len(infos), every)]
 
 
-def _bars(ax: plt.Axes, spans: dict[str, list[tuple[float, float, float]]], nrows: int, t_end: float,
-          edges: bool) -> None:
+Spans = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]   # kind -> (x0, x1, row)
+
+
+def _bars(ax: plt.Axes, spans: Spans, nrows: int, t_end: float, edges: bool) -> None:
     """Idle background for rows 0..nrows-1, then one PolyCollection per kind on top."""
-    ax.add_collection(PolyCollection(_rects([(0.0, t_end, float(y)) for y in range(nrows)]),
+    ys = np.arange(nrows, dtype=float)
+    ax.add_collection(PolyCollection(_rects(np.zeros(nrows), np.full(nrows, t_end), ys),
                                      facecolors=IDLE_COLOUR, edgecolors="none"))
-    for kind, pts in spans.items():
+    for kind, (x0, x1, y) in spans.items():
         colour = KIND_STYLE.get(kind, ("#999999", kind))[0]
-        ax.add_collection(PolyCollection(_rects(pts), facecolors=colour,
+        ax.add_collection(PolyCollection(_rects(x0, x1, y), facecolors=colour,
                                          edgecolors="white" if edges else "none", linewidths=0.3))
     ax.set_ylim(nrows - 0.4, -0.6)
     ax.set_xlim(0, t_end * 1.002 if t_end > 0 else 1)
@@ -146,18 +151,25 @@ def _bars(ax: plt.Axes, spans: dict[str, list[tuple[float, float, float]]], nrow
         ax.spines[side].set_visible(False)
 
 
+def _row_index(cols: Columns, ranks: list[int]) -> np.ndarray:
+    """Row of each event's rank, -1 for ranks not drawn."""
+    size = max([int(cols.rank.max()) + 1 if len(cols) else 0] + [r + 1 for r in ranks])
+    lut = np.full(size, -1, dtype=np.int64)
+    lut[np.asarray(ranks, dtype=np.int64)] = np.arange(len(ranks))
+    return lut[cols.rank] if len(cols) else np.zeros(0, dtype=np.int64)
+
+
 def draw_on_axes(ax: plt.Axes, trace: Trace, rows: Rows, t_end: float, scale: float) -> set[str]:
     """Draw the GPU rows of `trace` on `ax` (top to bottom); returns the kinds that appear."""
-    row_of = {r: i for i, r in enumerate(rows.ranks)}
-    spans: dict[str, list[tuple[float, float, float]]] = {}
-    for e in trace.events:
-        if e.kind == "transfer":
-            continue
-        i = row_of.get(e.rank)
-        if i is not None and e.end > e.start:
-            spans.setdefault(e.kind, []).append((e.start * scale, e.end * scale, i))
+    cols = trace_columns(trace)
+    row = _row_index(cols, rows.ranks)
+    keep = (row >= 0) & (cols.end > cols.start) & ~cols.kind_mask({"transfer"})
+    spans: Spans = {}
+    for code in np.unique(cols.kind[keep]).tolist():
+        m = keep & (cols.kind == code)
+        spans[cols.kind_names[code]] = (cols.start[m] * scale, cols.end[m] * scale, row[m])
     _bars(ax, spans, len(rows.ranks), t_end * scale, edges=len(rows.ranks) <= 48)
-    _label_microbatches(ax, trace, row_of, t_end, scale)
+    _label_microbatches(ax, cols, row, t_end, scale, len(rows.ranks))
 
     # Rows: labels, DC separators and DC names on the right.
     ticks, labels = _row_ticks(rows)
@@ -174,46 +186,48 @@ def draw_on_axes(ax: plt.Axes, trace: Trace, rows: Rows, t_end: float, scale: fl
             start = i
 
     # Iteration boundaries when the trace holds several iterations.
-    ends: dict[int, float] = {}
-    for e in trace.events:
-        ends[e.iteration] = max(ends.get(e.iteration, 0.0), e.end)
-    for it in sorted(ends)[:-1]:
-        ax.axvline(ends[it] * scale, color="#222222", lw=0.8, ls=":")
+    its = np.unique(cols.iteration)
+    for it in its[:-1].tolist():
+        ax.axvline(cols.end[cols.iteration == it].max() * scale, color="#222222", lw=0.8, ls=":")
     return set(spans)
 
 
 def draw_links(ax: plt.Axes, trace: Trace, links: list[str], t_end: float, scale: float) -> set[str]:
     """One row per link: when it carries at least one transfer (union of the transfers)."""
-    row = {name: i for i, name in enumerate(links)}
-    iv: dict[str, list[tuple[float, float]]] = {}
-    for e in trace.events:
-        if e.kind == "transfer" and e.link in row:
-            iv.setdefault(e.link, []).append((e.start, e.end))
-    pts = [(a * scale, b * scale, float(row[name])) for name, lst in iv.items() for a, b in _union(lst)]
-    _bars(ax, {"transfer": pts} if pts else {}, len(links), t_end * scale, edges=False)
+    cols = trace_columns(trace)
+    xfer = cols.kind_mask({"transfer"})
+    pts: list[tuple[float, float, float]] = []
+    for i, name in enumerate(links):
+        if name not in cols.link_names:
+            continue
+        m = xfer & (cols.link == cols.link_names.index(name))
+        pts += [(a * scale, b * scale, float(i)) for a, b in _union(list(zip(cols.start[m].tolist(),
+                                                                               cols.end[m].tolist())))]
+    arr = np.asarray(pts, dtype=float).reshape(-1, 3)
+    _bars(ax, {"transfer": (arr[:, 0], arr[:, 1], arr[:, 2])} if pts else {}, len(links), t_end * scale,
+          edges=False)
     ax.set_yticks(range(len(links)))
     ax.set_yticklabels([f"link {name}" for name in links], fontsize=8)
     return {"transfer"} if pts else set()
 
 
-def _label_microbatches(ax: plt.Axes, trace: Trace, row_of: dict[int, int], t_end: float, scale: float) -> None:
-    """Micro-batch numbers inside forward/backward bars, when the picture is small enough to
-    read them (few rows, bars wide enough for the digits)."""
-    if len(row_of) > 32 or t_end <= 0:
+def _label_microbatches(ax: plt.Axes, cols: Columns, row: np.ndarray, t_end: float, scale: float,
+                        nrows: int) -> None:
+    """Micro-batch numbers inside compute bars, when the picture is small enough to read them
+    (few rows, bars wide enough for the digits)."""
+    if nrows > 32 or t_end <= 0:
         return
-    min_w = 0.012 * t_end
-    todo = [e for e in trace.events if e.rank in row_of and e.mb >= 0 and e.kind in LABELLED_KINDS
-            and e.end - e.start >= min_w]
-    if len(todo) > 1500:
+    m = (row >= 0) & (cols.mb >= 0) & cols.kind_mask(LABELLED_KINDS) & (cols.end - cols.start >= 0.012 * t_end)
+    if m.sum() > 1500:
         return
-    size = 7 if len(row_of) <= 16 else 5
-    for e in todo:
-        ax.text((e.start + e.end) / 2 * scale, row_of[e.rank], str(e.mb), ha="center", va="center",
-                fontsize=size, color="white", clip_on=True)
+    size = 7 if nrows <= 16 else 5
+    for x, y, mb in zip(((cols.start[m] + cols.end[m]) / 2 * scale).tolist(), row[m].tolist(), cols.mb[m].tolist()):
+        ax.text(x, y, str(mb), ha="center", va="center", fontsize=size, color="white", clip_on=True)
 
 
 def _trace_end(trace: Trace) -> float:
-    return max((e.end for e in trace.events), default=0.0)
+    cols = trace_columns(trace)
+    return float(cols.end.max()) if len(cols) else 0.0
 
 
 def draw_timelines(panels: Sequence[tuple[str, Trace]], path: str | Path, plan: Plan | None = None,

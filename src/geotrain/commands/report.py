@@ -1,0 +1,43 @@
+"""geotrain report RUN_DIR: rebuild a run directory's timeline and HTML page from its files."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "rebuild report.html and timeline.png of a run directory (predicted vs measured when both exist)"
+DESCRIPTION = (
+    "Rebuild DIR/timeline.png and DIR/report.html from DIR/trace.jsonl (or predicted_trace.jsonl), "
+    "plus plan.json and metrics.json when present. If DIR also holds measured_trace.jsonl (written by "
+    "the runtime), both timelines are drawn stacked and the page opens with a table of iteration time, "
+    "utilization and bubble time, predicted vs measured, with their relative error."
+)
+ORDER = 35
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="directory written by `geotrain simulate` or `geotrain train`")
+
+
+def run(args: argparse.Namespace) -> int:
+    from geotrain.console import format_table, human_bytes, human_rate, human_seconds
+    from geotrain.report.build import rebuild
+    from geotrain.report.compare import format_rel, format_value
+
+    files, m, measured = rebuild(args.run_dir)
+    print(format_table(["metric", "value"], [
+        ["iteration time", human_seconds(m.iteration_time)],
+        ["tokens/s", human_rate(m.tokens_per_s, "tok/s") if m.tokens_per_s not in (0, float("inf")) else "-"],
+        ["mean utilization", f"{100 * m.mean_utilization:.1f}%"],
+        ["bubble fraction", f"{100 * m.bubble_fraction:.1f}%"],
+        ["WAN bytes / iteration", human_bytes(m.wan_bytes)],
+    ]))
+    if files.comparison:
+        print()
+        print(format_table(["metric", "predicted", "measured", "rel. error"], [
+            [r.metric, format_value(r.predicted, r.unit), format_value(r.measured, r.unit), format_rel(r.rel_error)]
+            for r in files.comparison]))
+    print()
+    print("wrote:")
+    print(f"  {files.timeline}")
+    print(f"  {files.html}")
+    return 0

@@ -1,0 +1,119 @@
+"""geotrain simulate SPEC --out DIR: predict one training plan on its cluster and report it."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "simulate a training plan and write its trace, timeline and HTML report"
+DESCRIPTION = (
+    "Simulate the plan of an experiment spec (the layout its [job] pins, or a plan file from "
+    "`geotrain plan`) with the discrete-event simulator, then write DIR/trace.jsonl, "
+    "DIR/trace.chrome.json (open in ui.perfetto.dev), DIR/timeline.png, DIR/metrics.json, "
+    "DIR/plan.json and DIR/report.html, which also compares every schedule kind on the same layout."
+)
+ORDER = 30
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="experiment TOML (cluster + model + [job])")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    p.add_argument("--plan", metavar="PLAN.json", help="plan file to simulate instead of the job's own layout")
+    p.add_argument("--schedule", metavar="KIND",
+                   help="schedule kind (gpipe, 1f1b, interleaved, zb-h1, wan-1f1b); default: the plan's / job's")
+    p.add_argument("--iterations", type=int, default=1, metavar="N", help="iterations to simulate (default 1)")
+    p.add_argument("--no-compare", action="store_true", help="skip simulating the other schedule kinds")
+    p.add_argument("--no-progress", action="store_true", help="never show progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    from geotrain.config import load_spec
+    from geotrain.console import format_table, human_bytes, human_rate, human_seconds
+    from geotrain.errors import GeotrainError
+    from geotrain.plan.manual import plan_from_job
+    from geotrain.plan.plan import load_plan, save_plan
+    from geotrain.report.build import build_report
+    from geotrain.report.compare import compare_schedules, schedule_variant
+    from geotrain.report.layout import rank_layout
+    from geotrain.report.summary import bubble_summary, gpu_memory_per_dc, metrics_document
+    from geotrain.schedule.builders import BUILDERS
+    from geotrain.sim import simulate
+    from geotrain.trace.chrome import write_chrome
+
+    if args.iterations < 1:
+        raise GeotrainError(f"--iterations must be >= 1 (got {args.iterations})")
+    if args.schedule is not None and args.schedule not in BUILDERS:
+        raise GeotrainError(f"unknown schedule kind {args.schedule!r} (known: {', '.join(BUILDERS)})")
+    spec = load_spec(args.spec)
+    if args.plan:
+        plan, _ = load_plan(args.plan)
+        if args.schedule:
+            plan, _ = schedule_variant(plan, args.schedule, spec.model.num_units, spec)
+    else:
+        plan = plan_from_job(spec, schedule=args.schedule,
+                             virtual_per_stage=2 if (args.schedule or spec.job.schedule) == "interleaved" else 1)
+    if plan.num_ranks > spec.cluster.total_gpus:
+        raise GeotrainError(f"plan {plan.name} needs {plan.num_ranks} GPUs but the cluster has "
+                            f"{spec.cluster.total_gpus}")
+    show = False if args.no_progress else None
+    try:
+        res = simulate(spec, plan, iterations=args.iterations, progress=bool(show is None and sys.stderr.isatty()))
+    except ValueError as e:
+        raise GeotrainError(f"cannot simulate plan {plan.name}: {e}") from None
+    m = res.metrics
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise GeotrainError(f"--out {out}: exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    res.trace.write_jsonl(out / "trace.jsonl")
+    write_chrome(res.trace, out / "trace.chrome.json", plan)
+    save_plan(out / "plan.json", plan, spec_path=str(spec.path) if spec.path else None)
+
+    schedules = None
+    if not args.no_compare:
+        schedules = compare_schedules(spec, plan, args.iterations, known={plan.schedule: m}, progress=show)
+    layout = rank_layout(res.trace, plan)
+    gpu_mem = gpu_memory_per_dc(spec)
+    tokens = plan.global_batch * spec.model.seq_len
+    doc = metrics_document(m, layout, plan=plan, tokens_per_iteration=tokens, gpu_memory=gpu_mem,
+                           schedules=[r.as_dict() for r in schedules] if schedules is not None else None)
+    (out / "metrics.json").write_text(json.dumps(doc, indent=1) + "\n")
+    files = build_report(out, res.trace, m, plan=plan, schedules=schedules, gpu_memory=gpu_mem,
+                         tokens_per_iteration=tokens, title=f"geotrain simulate: {spec.name} ({plan.name})",
+                         notes=[f"spec {spec.path}", f"{args.iterations} iteration(s) simulated"])
+
+    bs = bubble_summary(m, len(layout))
+    print(f"simulated {plan.name}: {plan.schedule}, pp={plan.pp} x dp={plan.dp}"
+          + (f" x tp={plan.tp}" if plan.tp > 1 else "")
+          + f" ({plan.num_ranks} GPUs), {plan.num_microbatches} micro-batches of {plan.micro_batch}, "
+            f"{args.iterations} iteration(s)")
+    print(format_table(["metric", "value"], [
+        ["iteration time", human_seconds(m.iteration_time)],
+        ["tokens/s", human_rate(m.tokens_per_s, "tok/s")],
+        ["mean utilization", f"{100 * m.mean_utilization:.1f}%"],
+        ["bubbles", f"{bs.count} intervals, {human_seconds(bs.per_gpu_iteration_s)} per GPU per iteration "
+                    f"({100 * bs.fraction:.1f}% of GPU time)"],
+        ["WAN bytes / iteration", human_bytes(m.wan_bytes)],
+        ["peak memory (max GPU)", human_bytes(max(m.peak_memory.values())) if m.peak_memory else "-"],
+    ]))
+    if schedules:
+        best = min((r.iteration_time for r in schedules if r.iteration_time), default=None)
+        print()
+        print(format_table(["schedule", "iteration", "vs best", "util", "bubbles", "note"], [
+            [r.kind + (" *" if r.kind == plan.schedule else ""),
+             human_seconds(r.iteration_time) if r.iteration_time else "-",
+             f"{r.iteration_time / best:.2f}x" if r.iteration_time and best else "-",
+             f"{100 * r.mean_utilization:.1f}%" if r.mean_utilization is not None else "-",
+             f"{100 * r.bubble_fraction:.1f}%" if r.bubble_fraction is not None else "-",
+             r.note] for r in schedules]))
+    print()
+    print("wrote:")
+    for name in ("trace.jsonl", "trace.chrome.json", "plan.json", "metrics.json"):
+        print(f"  {out / name}")
+    print(f"  {files.timeline}")
+    print(f"  {files.html}")
+    return 0

@@ -1,0 +1,115 @@
+"""Assemble a run directory's report: timeline.png + report.html (and, for `simulate`, the
+trace files and metrics.json). Both `geotrain simulate` and `geotrain report` end here, so a
+page rebuilt later from the files looks exactly like the first one.
+
+Run directory files:
+  trace.jsonl (or predicted_trace.jsonl)  the simulated trace
+  measured_trace.jsonl                    a runtime trace of the same plan (optional)
+  plan.json                               the plan (geotrain.plan.save_plan format; optional)
+  metrics.json                            tokens per iteration, peak memory, GPU memory, schedule
+                                          comparison -- what a trace alone cannot tell
+  trace.chrome.json, timeline.png, report.html
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from geotrain.errors import GeotrainError
+from geotrain.plan.plan import Plan
+from geotrain.report.compare import CompareRow, ScheduleRow, compare_metrics
+from geotrain.report.html import write_html
+from geotrain.report.layout import num_ranks, plan_of, rank_layout
+from geotrain.report.timeline import draw_timeline, draw_timelines
+from geotrain.trace.metrics import Metrics, compute_metrics
+from geotrain.trace.schema import Trace
+
+PREDICTED_NAMES = ("predicted_trace.jsonl", "trace.jsonl")
+MEASURED_NAME = "measured_trace.jsonl"
+
+
+@dataclass
+class ReportFiles:
+    timeline: Path
+    html: Path
+    comparison: list[CompareRow] = field(default_factory=list)
+
+
+def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: Plan | None = None,
+                 measured: Trace | None = None, measured_metrics: Metrics | None = None,
+                 schedules: list[ScheduleRow] | None = None, gpu_memory: dict[str, float] | None = None,
+                 title: str | None = None, notes: list[str] | None = None,
+                 tokens_per_iteration: int = 0) -> ReportFiles:
+    """Draw the timeline and write the HTML page into `out_dir`. With `measured`, both timelines
+    are stacked and the page opens with the predicted-vs-measured table."""
+    out = Path(out_dir)
+    plan = plan_of(trace, plan)
+    layout = rank_layout(trace, plan)
+    name = title or (f"geotrain report: {plan.name}" if plan else "geotrain report")
+    png = out / "timeline.png"
+    link_meta = trace.meta.get("links") if isinstance(trace.meta, dict) else None
+    comparison: list[CompareRow] = []
+    if measured is not None:
+        mm = measured_metrics or _metrics(measured, tokens_per_iteration)
+        comparison = compare_metrics(metrics, mm, (num_ranks(trace, plan), num_ranks(measured, plan)))
+        draw_timelines([("predicted", trace), ("measured", measured)], png, plan, title=name)
+    else:
+        draw_timeline(trace, png, plan, title=name)
+    html = write_html(out / "report.html", title=name, metrics=metrics, layout=layout, plan=plan,
+                      timeline_png=png, schedules=schedules, comparison=comparison or None,
+                      gpu_memory=gpu_memory, link_meta=link_meta, notes=notes or [])
+    return ReportFiles(png, html, comparison)
+
+
+def _metrics(trace: Trace, tokens: int, peak: dict[int, float] | None = None, what: str = "trace") -> Metrics:
+    try:
+        return compute_metrics(trace, tokens, peak)
+    except ValueError as e:
+        raise GeotrainError(f"{what}: cannot compute metrics ({e})") from None
+
+
+def read_trace(path: Path) -> Trace:
+    try:
+        return Trace.read_jsonl(path)
+    except FileNotFoundError:
+        raise GeotrainError(f"{path}: file not found") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise GeotrainError(f"{path}: not a geotrain trace ({type(e).__name__}: {e})") from None
+
+
+def rebuild(run_dir: str | Path) -> tuple[ReportFiles, Metrics, Trace | None]:
+    """`geotrain report`: rebuild timeline.png and report.html from the files in `run_dir`.
+    Returns the files, the main trace's metrics and the measured trace (None if absent)."""
+    from geotrain.plan.plan import load_plan
+    from geotrain.report.compare import ScheduleRow
+
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise GeotrainError(f"{d}: not a directory")
+    predicted_path = next((d / n for n in PREDICTED_NAMES if (d / n).exists()), None)
+    measured_path = d / MEASURED_NAME if (d / MEASURED_NAME).exists() else None
+    if predicted_path is None and measured_path is None:
+        raise GeotrainError(f"{d}: no trace.jsonl, predicted_trace.jsonl or {MEASURED_NAME} in this directory")
+    doc: dict[str, Any] = {}
+    if (d / "metrics.json").exists():
+        try:
+            doc = json.loads((d / "metrics.json").read_text())
+        except json.JSONDecodeError as e:
+            raise GeotrainError(f"{d / 'metrics.json'}: not valid JSON ({e})") from None
+    plan = load_plan(d / "plan.json")[0] if (d / "plan.json").exists() else None
+
+    main = read_trace(predicted_path or measured_path)  # type: ignore[arg-type]
+    measured = read_trace(measured_path) if (predicted_path and measured_path) else None
+    tokens = int(doc.get("tokens_per_iteration") or main.meta.get("tokens_per_iteration", 0) or 0)
+    peak = {int(r): float(v) for r, v in (doc.get("peak_memory") or {}).items()}
+    metrics = _metrics(main, tokens, peak, str(predicted_path or measured_path))
+    measured_metrics = _metrics(measured, tokens, None, str(measured_path)) if measured is not None else None
+    schedules = [ScheduleRow(**r) for r in doc.get("schedule_comparison") or []] or None
+    files = build_report(d, main, metrics, plan=plan, measured=measured, measured_metrics=measured_metrics,
+                         schedules=schedules, tokens_per_iteration=tokens,
+                         gpu_memory=doc.get("gpu_memory_per_dc") or None,
+                         notes=[f"rebuilt from {d}"] + ([f"measured trace: {measured_path.name}"] if measured else []))
+    return files, metrics, measured
