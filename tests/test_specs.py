@@ -54,6 +54,9 @@ vocab = 256
 seq_len = 64
 """
 
+GPU_TYPE = "[gpu_types.mine]\nbf16_tflops = 100\nfp16_tflops = 100\nfp32_tflops = 10\nmemory_gib = 40"
+DCS = "\n\n[[datacenters]]"
+
 
 def write_specs(tmp_path: Path, edits: dict[str, tuple[str, str]] | None = None) -> None:
     files = {"cluster.toml": CLUSTER, "experiment.toml": EXPERIMENT, "model.toml": MODEL}
@@ -148,6 +151,12 @@ BAD = [
      "experiment.toml", "job", "64 GPUs but the cluster has 32"),
     ("missing-data-path", "experiment.toml", "micro_batch = 4", 'micro_batch = 4\ndata = "corpus/"',
      "experiment.toml", "job.data", "no such file or directory: corpus/"),
+    ("custom-gpu-zero-memory", "cluster.toml", "[[datacenters]]", GPU_TYPE.replace("= 40", "= 0") + DCS,
+     "cluster.toml", "gpu_types.mine.memory_gib", "greater than 0"),
+    ("custom-gpu-unknown-key", "cluster.toml", "[[datacenters]]", GPU_TYPE + "\nhbm_gib = 40" + DCS,
+     "cluster.toml", "gpu_types.mine.hbm_gib", "unknown key"),
+    ("custom-gpu-efficiency-above-one", "cluster.toml", "[[datacenters]]", GPU_TYPE + "\nefficiency = 1.5" + DCS,
+     "cluster.toml", "gpu_types.mine.efficiency", "less than or equal to 1"),
     ("malformed-toml", "cluster.toml", "gpus = 16", "gpus = = 16",
      "cluster.toml", "line 6", "not valid TOML"),
     ("missing-cluster-file", "experiment.toml", '"cluster.toml"', '"nowhere.toml"',
