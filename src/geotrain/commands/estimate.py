@@ -1,0 +1,152 @@
+"""geotrain estimate SPEC: the cost model's view of a job, unit by unit and stage by stage.
+
+It takes the layout the job pins (plan_from_job: fixed pp/dp, even split, stages in DC order)
+and prints what the cost model predicts for it, so a user can see where time and memory go
+before planning or simulating: FLOPs, parameters and saved activations per unit, compute time
+per micro-batch and memory per GPU per stage, and whether each stage fits its GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "print per-unit and per-stage compute and memory estimates for an experiment spec"
+ORDER = 20
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="experiment TOML file (cluster + model + job)")
+    p.add_argument("--profile", metavar="JSON",
+                   help="measured per-unit times replacing the FLOP estimate (format: geotrain.cost.profile)")
+
+
+def _load_profile(path: str) -> dict:
+    import json
+
+    from geotrain.errors import SpecError
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise SpecError(path, "", f"cannot read profile: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise SpecError(path, "", f"not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise SpecError(path, "", "a profile must be a JSON object")
+    return data
+
+
+def _held_microbatches(plan) -> tuple[list[int], str]:
+    """Whole-stage micro-batches each stage holds at its peak under the plan's schedule."""
+    from geotrain.schedule.builders import build_schedule
+    from geotrain.schedule.validate import peak_inflight
+
+    kw: dict[str, object] = {}
+    if plan.virtual_per_stage > 1 or plan.schedule == "interleaved":
+        kw["virtual_per_stage"] = plan.virtual_per_stage
+    if plan.schedule == "wan-1f1b" and plan.extra_warmup:
+        kw["extra_warmup"] = list(plan.extra_warmup)
+    try:
+        sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, **kw)
+    except ValueError as e:  # fall back to 1F1B's count rather than refuse to estimate
+        held = [min(plan.num_microbatches, plan.pp - s) for s in range(plan.pp)]
+        return held, f"(schedule {plan.schedule!r} not buildable: {e}; 1F1B in-flight counts used)"
+    v = plan.virtual_per_stage
+    return [-(-k // v) for k in peak_inflight(sched)], ""
+
+
+def _unit_groups(model, chunks):
+    """(label, kind, first unit, count) rows: embedding and head alone, blocks grouped."""
+    rows = []
+    for a, b in chunks:
+        if a == 0:
+            rows.append(("0", "embedding", 0, 1))
+        lo, hi = max(a, 1), min(b, model.layers + 1)
+        if hi > lo:
+            rows.append((f"{lo}-{hi - 1}" if hi - lo > 1 else str(lo), "block", lo, hi - lo))
+        if b == model.num_units:
+            rows.append((str(model.layers + 1), "head", model.layers + 1, 1))
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    from geotrain.config.load import load_spec
+    from geotrain.console import format_table, human_bytes, human_rate, human_seconds
+    from geotrain.cost import CostModel
+    from geotrain.plan.manual import plan_from_job
+
+    spec = load_spec(args.spec)
+    plan = plan_from_job(spec, virtual_per_stage=2 if spec.job.schedule == "interleaved" else 1)
+    profile = _load_profile(args.profile) if args.profile else None
+    try:
+        cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
+                         optimizer=spec.job.optimizer, profile=profile)
+    except ValueError as e:
+        from geotrain.errors import SpecError
+
+        raise SpecError(args.profile or args.spec, "profile", str(e)) from None
+    model, cluster, mb, tp = spec.model, spec.cluster, plan.micro_batch, plan.tp
+    held, note = _held_microbatches(plan)
+    tokens = plan.global_batch * model.seq_len
+
+    print(f"{spec.name}: {model.name} ({human_rate(model.param_count(), '')} params, {model.layers} layers) "
+          f"on {cluster.name} ({len(cluster.datacenters)} DCs, {cluster.total_gpus} GPUs)")
+    print(f"layout: pp={plan.pp} dp={plan.dp} tp={tp}, micro-batch {mb} x {plan.num_microbatches}, "
+          f"schedule {plan.schedule}, {plan.precision}, checkpointing {plan.checkpointing}, "
+          f"sharding {plan.sharding}, optimizer {spec.job.optimizer}"
+          + (", measured profile" if profile else ""))
+    print(f"per iteration: {tokens:,} tokens, {human_rate(cost.training_flops(tokens), 'FLOP')} "
+          f"(fwd+bwd, no recompute)")
+
+    print("\nPer unit (values for ONE unit and one micro-batch; saved = bytes kept for backward by the whole "
+          "unit; times on the stage's GPU" + (f", divided by tp={tp}" if tp > 1 else "") + ")")
+    rows = []
+    for s, st in enumerate(plan.stages):
+        gpu = cluster.gpu(cluster.dc(st.dc).gpu_type)
+        for label, kind, u, count in _unit_groups(model, st.chunks):
+            f, b = cost.unit_flops(u, mb)
+            t = cost.stage_times([u], gpu, mb, tp)
+            rows.append([s, label, kind + (f" x{count}" if count > 1 else ""),
+                         human_rate(cost.unit_params(u), ""), human_rate(f, "FLOP"), human_rate(b, "FLOP"),
+                         human_bytes(cost.unit_activation_bytes(u, mb)),
+                         human_seconds(t.forward), human_seconds(t.backward)])
+    print(format_table(["stage", "units", "kind", "params", "fwd FLOP", "bwd FLOP", "saved/mb", "fwd", "bwd"], rows))
+
+    print("\nPer stage: time (fwd/bwd per micro-batch incl. recompute; DP sync and optimizer per iteration)")
+    rows, busiest = [], (0.0, 0)
+    for s, st in enumerate(plan.stages):
+        dc = cluster.dc(st.dc)
+        gpu = cluster.gpu(dc.gpu_type)
+        units = st.units
+        t = cost.stage_times(units, gpu, mb, tp)
+        tpc = cost.tp_comm_time(units, mb, tp, dc)
+        sync = cost.allreduce_time(cost.grad_bytes(units, tp), plan.dp, dc, plan.sharding, tp)
+        opt = cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp)
+        busy = plan.num_microbatches * (t.forward + t.backward + tpc)
+        busiest = max(busiest, (busy, s))
+        rows.append([s, ",".join(f"{a}-{b - 1}" for a, b in st.chunks), dc.name, dc.gpu_type, human_seconds(t.forward),
+                     human_seconds(t.backward), human_seconds(tpc) if tp > 1 else "-",
+                     human_seconds(busy), human_seconds(sync), human_seconds(opt)])
+    print(format_table(["stage", "units", "DC", "GPU", "fwd/mb", "bwd/mb", "TP comm/mb", "compute/iter",
+                        "DP sync", "optimizer"], rows))
+    print(f"busiest stage: {busiest[1]} ({human_seconds(busiest[0])} of compute per iteration)")
+
+    print(f"\nPer stage: memory per GPU (in flight = micro-batches whose activations are held at the "
+          f"{plan.schedule} peak) {note}".rstrip())
+    rows, all_fit = [], True
+    for s, st in enumerate(plan.stages):
+        dc = cluster.dc(st.dc)
+        gpu = cluster.gpu(dc.gpu_type)
+        m = cost.stage_memory(st.units, gpu, mb, held[s], plan.sharding, plan.dp, tp)
+        fits = m.total <= gpu.memory_bytes
+        all_fit &= fits
+        rows.append([s, held[s], human_bytes(m.params), human_bytes(m.grads), human_bytes(m.optimizer),
+                     human_bytes(m.activations), human_bytes(m.buffers), human_bytes(m.total),
+                     human_bytes(gpu.memory_bytes), f"{100 * m.total / gpu.memory_bytes:.0f}%",
+                     "yes" if fits else "NO"])
+    print(format_table(["stage", "in flight", "params", "grads", "optimizer", "activations", "buffers", "total",
+                        "GPU memory", "used", "fits"], rows))
+    print("all stages fit" if all_fit else "some stages do NOT fit: raise dp with zero sharding, checkpoint, "
+          "or lower the micro-batch")
+    return 0
