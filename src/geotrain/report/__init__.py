@@ -8,9 +8,21 @@
     rebuild(run_dir)                                   `geotrain report`
 """
 
-from geotrain.report.build import ReportFiles, build_report, rebuild
-from geotrain.report.compare import CompareRow, ScheduleRow, compare_schedules, compare_traces
-from geotrain.report.timeline import draw_timeline, draw_timelines
+from __future__ import annotations
 
-__all__ = ["CompareRow", "ReportFiles", "ScheduleRow", "build_report", "compare_schedules", "compare_traces",
-           "draw_timeline", "draw_timelines", "rebuild"]
+import importlib
+from typing import Any
+
+# Lazy: importing geotrain.report.layout (as the Chrome export does) must not pull in matplotlib.
+_EXPORTS = {
+    "ReportFiles": "build", "build_report": "build", "rebuild": "build",
+    "CompareRow": "compare", "ScheduleRow": "compare", "compare_schedules": "compare", "compare_traces": "compare",
+    "draw_timeline": "timeline", "draw_timelines": "timeline",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"geotrain.report.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'geotrain.report' has no attribute {name!r}")
