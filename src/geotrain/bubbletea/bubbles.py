@@ -28,30 +28,34 @@ def bubble_windows(trace: Trace, iteration: int = 0, period: float | None = None
     """Idle windows per rank of one iteration, and the iteration period.
 
     The iteration spans [t0, t0 + period) where t0 is the earliest compute start of that
-    iteration; `period` defaults to the span of the iteration's events (one-iteration traces)."""
-    busy: dict[int, list[tuple[float, float]]] = {r: [] for r in range(trace.num_ranks)}
-    t0, t1 = float("inf"), float("-inf")
-    for e in trace.events:
-        if e.iteration != iteration:
-            continue
-        t0, t1 = min(t0, e.start), max(t1, e.end)
-        if e.kind in TRAINING_COMPUTE_KINDS:
-            busy.setdefault(e.rank, []).append((e.start, e.end))
-    if t0 == float("inf"):
+    iteration; `period` defaults to the span of the iteration's events (one-iteration traces).
+    Works on the trace's columns, so a simulated trace of thousands of GPUs is never expanded
+    into Event objects."""
+    import numpy as np
+
+    from geotrain.trace.metrics import trace_columns
+
+    cols = trace_columns(trace)
+    sel = cols.iteration == iteration
+    if not sel.any():
         return {}, 0.0
+    t0, t1 = float(cols.start[sel].min()), float(cols.end[sel].max())
     period = (t1 - t0) if period is None else period
-    out: dict[int, list[Window]] = {}
-    for rank, intervals in busy.items():
-        intervals.sort()
-        windows, cursor = [], 0.0
-        for s, e in intervals:
-            s, e = s - t0, e - t0
-            if s - cursor > min_length:
-                windows.append(Window(cursor, s - cursor))
-            cursor = max(cursor, e)
-        if period - cursor > min_length:
-            windows.append(Window(cursor, period - cursor))
-        out[rank] = windows
+    comp = sel & cols.kind_mask(TRAINING_COMPUTE_KINDS)
+    ranks, starts, ends = cols.rank[comp], cols.start[comp] - t0, cols.end[comp] - t0
+    order = np.lexsort((starts, ranks))
+    ranks, starts, ends = ranks[order].tolist(), starts[order].tolist(), ends[order].tolist()
+    out: dict[int, list[Window]] = {r: [] for r in range(trace.num_ranks)}
+    cursor: dict[int, float] = {}
+    for r, s, e in zip(ranks, starts, ends):
+        c = cursor.get(r, 0.0)
+        if s - c > min_length:
+            out[r].append(Window(c, s - c))
+        cursor[r] = max(c, e)
+    for r in out:
+        c = cursor.get(r, 0.0)
+        if period - c > min_length:
+            out[r].append(Window(c, period - c))
     return out, period
 
 
