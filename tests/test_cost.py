@@ -279,3 +279,24 @@ def test_stage_queries_are_fast():
         cost.stage_times(units, A100, 1 + i % 4)
         cost.stage_memory(units, A100, 1 + i % 4, 4, "zero2", 8)
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_measured_profile_feeds_the_cost_model():
+    from geotrain.cost.measure import measure_profile
+
+    spec = PRESETS["tiny"]
+    prof = measure_profile(spec, micro_batches=(1, 2), precision="fp32", repeats=1)
+    assert set(prof) == {"embedding", "block", "head"}
+    assert all(set(t) == {"1", "2"} and all(v > 0 for v in t["1"] + t["2"]) for t in prof.values())
+    cost = CostModel(spec, precision="fp32", profile=prof)
+    t = cost.stage_times(range(0, 3), BUILTIN_GPU_TYPES["cpu"], 2)
+    assert t.forward == pytest.approx(prof["embedding"]["2"][0] + 2 * prof["block"]["2"][0])
+
+
+def test_memory_helpers_agree_with_the_spec_check():
+    from geotrain.cost.memory import DTYPE_BYTES, optimizer_state_bytes_per_param, training_state_bytes_per_param
+
+    for precision, p in DTYPE_BYTES.items():
+        for opt in ("adamw", "adam", "sgd"):
+            assert training_state_bytes_per_param(precision, opt) == 2 * p + optimizer_state_bytes_per_param(
+                precision, opt)
