@@ -300,3 +300,17 @@ def test_memory_helpers_agree_with_the_spec_check():
         for opt in ("adamw", "adam", "sgd"):
             assert training_state_bytes_per_param(precision, opt) == 2 * p + optimizer_state_bytes_per_param(
                 precision, opt)
+
+
+def test_profiled_backward_splits_like_the_flops():
+    spec = PRESETS["tiny"]
+    cpu = BUILTIN_GPU_TYPES["cpu"]
+    prof = {"embedding": {"1": [0.001, 0.004]}, "block": {"1": [0.01, 0.02]}, "head": {"1": [0.002, 0.004]}}
+    cost = CostModel(spec, profile=prof)
+    emb = cost.stage_times([0], cpu, 1)
+    assert (emb.backward_input, emb.backward_weight) == (0, pytest.approx(0.004))
+    head = cost.stage_times([spec.num_units - 1], cpu, 1)  # a pure matmul: dgrad = wgrad
+    assert head.backward_input == pytest.approx(0.002) and head.backward_weight == pytest.approx(0.002)
+    f = CostModel(spec).stage_times([1], cpu, 1)
+    block = cost.stage_times([1], cpu, 1)
+    assert block.backward_input / block.backward == pytest.approx(f.backward_input / f.backward)

@@ -169,7 +169,9 @@ class CostModel:
                 fwd, bwd = self.profile.times(kind, micro_batch)
                 ratio = self.profile.speed_ratio(gpu, self.precision)
                 fwd, bwd = fwd * ratio, bwd * ratio
-                split = f.backward_input / f.backward if f.backward else 1.0
+                # Measured backward split like the FLOPs; the embedding has no input gradient
+                # (its input is token ids), so its whole backward is the weight scatter-add.
+                split = f.backward_input / f.backward if f.backward else (0.0 if kind == EMBEDDING else 1.0)
                 b_in, b_w = bwd * split, bwd * (1 - split)
             else:
                 fwd, b_in, b_w = f.forward / rate, f.backward_input / rate, f.backward_weight / rate
