@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         opt = cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp)
         busy = plan.num_microbatches * (t.forward + t.backward + tpc)
         busiest = max(busiest, (busy, s))
-        rows.append([s, ",".join(f"{a}-{b - 1}" for a, b in st.chunks), dc.name, dc.gpu_type, human_seconds(t.forward),
+        label = ",".join(f"{a}-{b - 1}" if b - a > 1 else str(a) for a, b in st.chunks)
+        rows.append([s, label, dc.name, dc.gpu_type, human_seconds(t.forward),
                      human_seconds(t.backward), human_seconds(tpc) if tp > 1 else "-",
                      human_seconds(busy), human_seconds(sync), human_seconds(opt)])
     print(format_table(["stage", "units", "DC", "GPU", "fwd/mb", "bwd/mb", "TP comm/mb", "compute/iter",
