@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from geotrain.schedule.actions import Op
 from geotrain.sim import simulate_costs
 from geotrain.sim.toy import toy_cluster, toy_plan, uniform_costs
 
@@ -136,3 +137,30 @@ def test_unknown_schedule_and_bad_costs_are_errors():
         run(plan, toy_cluster(1), uniform_costs(2, 1.0, 1.0))
     with pytest.raises(ValueError, match="virtual stage"):
         run(toy_plan(2, 1, 2), toy_cluster(1), uniform_costs(3, 1.0, 1.0))
+
+
+def test_deadlocking_schedule_is_reported():
+    from geotrain.errors import GeotrainError
+    from geotrain.schedule.actions import Action, Schedule
+
+    # Both stages wait for each other's gradient/activation before sending anything.
+    sched = Schedule("custom", 2, 1, actions=[
+        [Action(Op.RECV_GRAD, 0, 0, 1), Action(Op.FORWARD, 0, 0), Action(Op.SEND_ACT, 0, 0, 1),
+         Action(Op.BACKWARD, 0, 0), Action(Op.ALLREDUCE, 0), Action(Op.OPTIMIZER, 0)],
+        [Action(Op.RECV_ACT, 1, 0, 0), Action(Op.FORWARD, 1, 0), Action(Op.BACKWARD, 1, 0),
+         Action(Op.SEND_GRAD, 1, 0, 0), Action(Op.ALLREDUCE, 1), Action(Op.OPTIMIZER, 1)],
+    ])
+    plan = toy_plan(2, 1, 1)
+    with pytest.raises(GeotrainError, match="deadlock"):
+        simulate_costs(plan, toy_cluster(1), uniform_costs(2, 1.0, 1.0), [0.0] * 2, [0.0] * 2,
+                       tokens_per_iteration=1, schedule=sched)
+
+
+def test_interleaved_one_dc_no_communication():
+    """Interleaved 1F1B with v chunks of uniform cost t/v: the bubble shrinks by v:
+    iteration = m (tf + tb) + (p - 1)(tf + tb) / v."""
+    pp, m, v = 4, 8, 2
+    tf, tb = 1.0, 2.0
+    plan = toy_plan(pp, 1, m, schedule="interleaved", virtual_per_stage=v)
+    res = run(plan, toy_cluster(1, intra_latency_us=0.0), uniform_costs(pp * v, tf / v, tb / v))
+    assert res.metrics.iteration_time == pytest.approx(m * (tf + tb) + (pp - 1) * (tf + tb) / v)

@@ -7,7 +7,8 @@ codes, and stops only at a receive whose tensor has not arrived yet, or at an al
 replicas have not all reached. Intra-DC sends have a known arrival time (latency + bytes /
 bandwidth; intra-DC contention is not modelled), so they are delivered at once, waking the
 receiver if it waits. Only WAN transfers, whose finish depends on what else shares the link,
-go through a global event heap, processed in time order.
+go through a global event heap, processed in time order (links.py: fair sharing between flows
+-- a flow is a (sending GPU, receiving GPU) pair, FIFO inside -- or temporal turns).
 
 That is exact, not an approximation: every event pushed on the heap is at or after the heap's
 current time, because a unit only runs when woken by something that happened at or before its
