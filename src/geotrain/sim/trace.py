@@ -100,6 +100,7 @@ class SimTrace(Trace):
             self._columns = columns_from_events(self._events)
         elif self._columns is None:
             self._columns = build_columns(self._prog, self._res, self._tp)
+            self._res = None   # the columns hold everything now; free the per-slot lists
         return self._columns
 
     @property  # type: ignore[override]
