@@ -17,11 +17,11 @@ import torch.distributed as dist
 from geotrain.runtime.recorder import Recorder, merge_rank_traces
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
-COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall")
+COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall", "optimizer_steps")
 
 
 def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, steps_run: int,
-                  tokens_per_step: int) -> dict[str, Any]:
+                  tokens_per_step: int, optimizer_steps: int = 0) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     trace_dir = out / "trace"
     if rank == 0:
@@ -31,7 +31,8 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
     tot = recorder.totals()
     row = torch.zeros(world, len(COLUMNS), dtype=torch.float64)
     row[rank] = torch.tensor([sum(tot.get(k, 0.0) for k in COMPUTE), tot.get("recv_wait", 0.0),
-                              tot.get("allreduce", 0.0), tot.get("optimizer", 0.0), wall], dtype=torch.float64)
+                              tot.get("allreduce", 0.0), tot.get("optimizer", 0.0), wall, optimizer_steps],
+                             dtype=torch.float64)
     dist.all_reduce(row)
     dist.barrier()
     if rank != 0:
@@ -49,7 +50,8 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
         per_stage[s]["other"] = max(0.0, 1.0 - sum(per_stage[s].values()))
     summary = {"steps": steps_run, "wall_s": wall, "tokens_per_s": tokens_per_step * steps_run / max(wall, 1e-9),
                "final_loss": losses[-1]["loss"] if losses else None,
-               "skipped_steps": sum(1 for x in losses if x.get("skipped")), "time_fractions": per_stage}
+               "skipped_steps": sum(1 for x in losses if x.get("skipped")),
+               "optimizer_steps_per_rank": [int(x) for x in row[:, 5].tolist()], "time_fractions": per_stage}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.predict:
         _write_prediction(cfg, spec, plan, out, iterations=min(3, max(1, steps_run)))

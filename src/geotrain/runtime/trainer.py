@@ -36,6 +36,11 @@ class RunConfig:
     progress: bool = True
     predict: bool = True                        # write the simulator's prediction beside the measurement
     trace: bool = True
+    # Test hooks, [[rank, step], ...] (steps 1-based); also settable by env GEOTRAIN_INJECT_INF /
+    # GEOTRAIN_FAIL_AT = "rank:step,...". inject_inf puts an inf into one gradient of that rank
+    # before the overflow check; fail_at raises on that rank at the start of that step.
+    inject_inf: list[list[int]] = field(default_factory=list)
+    fail_at: list[list[int]] = field(default_factory=list)
 
 
 def make_optimizer(params: list[torch.nn.Parameter], job, sharding: str = "replicate",
@@ -95,20 +100,23 @@ def _parse_hook(name: str) -> set[tuple[int, int]]:
 
 
 def make_source(spec, plan, data: str | None, seed: int):
+    """The batch source: "synthetic" (SyntheticTokens), else geotrain.data's corpus loader
+    (None / "stdlib": the built-in corpus; a path: the user's text)."""
     from geotrain.runtime.batches import SyntheticTokens
 
-    if data in (None, "synthetic"):
-        try:
-            from geotrain.runtime.corpus import corpus_source
-        except ImportError:
-            corpus_source = None
-        if data is None and corpus_source is not None:
-            return corpus_source(spec, plan, None, seed)
+    if data == "synthetic":
         return SyntheticTokens(spec.model.vocab, spec.model.seq_len, plan.micro_batch, plan.num_microbatches,
                                plan.dp, seed)
-    from geotrain.runtime.corpus import corpus_source
+    from geotrain.data import open_batches
 
-    return corpus_source(spec, plan, data, seed)
+    if spec.model.vocab < 256:
+        raise GeotrainError(f"model vocab={spec.model.vocab} is smaller than the byte tokenizer's 256 symbols; "
+                            "use a model with vocab >= 256 or data = \"synthetic\"")
+    try:
+        return open_batches(data, seq_len=spec.model.seq_len, global_batch=plan.global_batch, dp=plan.dp,
+                            micro_batch=plan.micro_batch, seed=seed, spec_path=spec.path)
+    except ValueError as e:
+        raise GeotrainError(f"data: {e}") from None
 
 
 def train(cfg: RunConfig) -> dict[str, Any]:
@@ -175,10 +183,11 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         save_plan(out / "plan.json", plan, spec_path=str(Path(cfg.spec).resolve()))
         _trim_losses(out / "losses.jsonl", start)
 
-    inject_inf, fail_at = _parse_hook("GEOTRAIN_INJECT_INF"), _parse_hook("GEOTRAIN_FAIL_AT")
+    inject_inf = _parse_hook("GEOTRAIN_INJECT_INF") | {tuple(x) for x in cfg.inject_inf}
+    fail_at = _parse_hook("GEOTRAIN_FAIL_AT") | {tuple(x) for x in cfg.fail_at}
     holds_data = any(v in chunks for v in (0, schedule.num_virtual - 1))
     tokens_per_step = plan.global_batch * spec.model.seq_len
-    state = {"step": start, "loss": 0.0, "skipped": False}
+    state = {"step": start, "loss": 0.0, "skipped": False, "optimizer_steps": 0}
 
     def on_optimizer(loss_local: float) -> None:
         step = state["step"]
@@ -194,6 +203,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         skipped = bool(stats[0] > 0)
         if not skipped:
             optimizer.step()
+            state["optimizer_steps"] += 1
         optimizer.zero_grad(set_to_none=True)
         scaler.update(skipped)
         recorder.add("optimizer", t2, recorder.now(), stage=min(chunks))
@@ -244,7 +254,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             losses_file.close()
     wall = time.time() - run_start
     return write_outputs(cfg, spec, plan, recorder, out, wall=wall, steps_run=steps - start,
-                         tokens_per_step=tokens_per_step)
+                         tokens_per_step=tokens_per_step, optimizer_steps=state["optimizer_steps"])
 
 
 def _trim_losses(path: Path, start: int) -> None:
