@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from geotrain.plan.plan import Plan
+from geotrain.trace.metrics import trace_columns
 from geotrain.trace.schema import COMPUTE_KINDS, Trace
 
 
@@ -48,8 +49,9 @@ def num_ranks(trace: Trace, plan: Plan | None = None) -> int:
     n = trace.num_ranks
     if plan is not None:
         n = max(n, plan.num_ranks)
-    if trace.events:
-        n = max(n, 1 + max(e.rank for e in trace.events))
+    cols = trace_columns(trace)
+    if len(cols):
+        n = max(n, 1 + int(cols.rank.max()))
     return n
 
 
@@ -68,10 +70,11 @@ def rank_layout(trace: Trace, plan: Plan | None = None) -> list[RankInfo]:
         return out
     stage: dict[int, int] = {}
     pp = trace.meta.get("pp") if isinstance(trace.meta, dict) else None
-    for e in trace.events:
-        if e.kind in COMPUTE_KINDS and e.stage >= 0:
-            s = e.stage % pp if isinstance(pp, int) and pp > 0 else e.stage
-            stage[e.rank] = min(stage.get(e.rank, s), s)
+    cols = trace_columns(trace)
+    m = cols.kind_mask(COMPUTE_KINDS) & (cols.stage >= 0)
+    for r, v in zip(cols.rank[m].tolist(), cols.stage[m].tolist()):
+        s = v % pp if isinstance(pp, int) and pp > 0 else v
+        stage[r] = min(stage.get(r, s), s)
     rank_dc = trace.meta.get("rank_dc", {}) if isinstance(trace.meta, dict) else {}
     return [RankInfo(r, stage.get(r, -1), -1, str(rank_dc.get(str(r), rank_dc.get(r, "?")))) for r in range(n)]
 

@@ -15,51 +15,73 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from geotrain.plan.plan import Plan
-from geotrain.trace.schema import Event, Trace
+from geotrain.trace.metrics import trace_columns
+from geotrain.trace.schema import Trace
 
 US = 1e6
 LINK_PID_OFFSET = 1000         # the links process sorts after every DC
 LANE_TID_STRIDE = 1_000_000    # overlap lane k of rank r: tid = r + k * stride
 
 
-def _lanes(events: list[Event]) -> list[int]:
-    """Lane index of each event (same order as `events`) so that no two events of a lane overlap.
-    Classic interval partitioning: sort by start, reuse the lane that frees earliest."""
-    order = sorted(range(len(events)), key=lambda i: (events[i].start, events[i].end))
-    free: list[tuple[float, int]] = []   # (end time, lane)
-    n_lanes = 0
-    lane = [0] * len(events)
-    for i in order:
-        e = events[i]
-        if free and free[0][0] <= e.start:
+def _lanes(start: np.ndarray, end: np.ndarray) -> list[int]:
+    """Lane of each interval (given sorted by start) so that no two intervals of a lane overlap.
+    The common case -- no overlap at all -- is checked with numpy; otherwise classic interval
+    partitioning: reuse the lane that frees earliest (the fewest lanes possible)."""
+    n = len(start)
+    if n <= 1 or bool(np.all(start[1:] >= np.maximum.accumulate(end)[:-1])):
+        return [0] * n
+    free: list[tuple[float, int]] = []   # (end time, lane) of every lane
+    lanes = []
+    for a, b in zip(start.tolist(), end.tolist()):
+        if free and free[0][0] <= a:
             _, k = heapq.heappop(free)
         else:
-            k = n_lanes
-            n_lanes += 1
-        lane[i] = k
-        heapq.heappush(free, (e.end, k))
-    # Stable and readable: lane 0 is the one the earliest event took.
-    return lane
+            k = len(free)                # every lane is busy: open a new one
+        lanes.append(k)
+        heapq.heappush(free, (b, k))
+    return lanes
 
 
-def _args(e: Event) -> dict[str, Any]:
-    a: dict[str, Any] = {"stage": e.stage, "mb": e.mb, "iteration": e.iteration}
-    if e.bytes:
-        a["bytes"] = e.bytes
-    if e.link:
-        a["link"] = e.link
-    if e.peer >= 0:
-        a["peer"] = e.peer
-    return a
+class _Cols:
+    """Plain-list view of the trace columns (list indexing is much faster than numpy scalars)."""
+
+    def __init__(self, trace: Trace):
+        c = trace_columns(trace)
+        self.arrays = c
+        self.rank, self.stage, self.mb = c.rank.tolist(), c.stage.tolist(), c.mb.tolist()
+        self.it, self.peer, self.bytes = c.iteration.tolist(), c.peer.tolist(), c.bytes.tolist()
+        self.start, self.end = c.start.tolist(), c.end.tolist()
+        self.kind = [c.kind_names[k] for k in c.kind.tolist()]
+        self.link = [c.link_names[k] if k >= 0 else "" for k in c.link.tolist()]
+
+    def x_event(self, i: int, pid: int, tid: int) -> dict[str, Any]:
+        kind, mb = self.kind[i], self.mb[i]
+        args: dict[str, Any] = {"stage": self.stage[i], "mb": mb, "iteration": self.it[i]}
+        if self.bytes[i]:
+            args["bytes"] = self.bytes[i]
+        if self.link[i]:
+            args["link"] = self.link[i]
+        if self.peer[i] >= 0:
+            args["peer"] = self.peer[i]
+        if kind == "transfer":
+            name = f"mb{mb} s{self.stage[i]} r{self.rank[i]}->r{self.peer[i]}"
+        else:
+            name = f"{kind} mb{mb}" if mb >= 0 else kind
+        return {"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": tid, "ts": self.start[i] * US,
+                "dur": max(0.0, self.end[i] - self.start[i]) * US, "args": args}
 
 
-def _name(e: Event) -> str:
-    if e.kind == "transfer":
-        return f"mb{e.mb} s{e.stage} r{e.rank}->r{e.peer}" if e.peer >= 0 else f"mb{e.mb} s{e.stage}"
-    if e.mb >= 0:
-        return f"{e.kind} mb{e.mb}"
-    return e.kind
+def _groups(keys: np.ndarray, start: np.ndarray, end: np.ndarray, idx: np.ndarray) -> list[np.ndarray]:
+    """Indices `idx` grouped by key, each group sorted by (start, end)."""
+    if len(idx) == 0:
+        return []
+    order = idx[np.lexsort((end[idx], start[idx], keys[idx]))]
+    k = keys[order]
+    cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
+    return np.split(order, cuts)
 
 
 def _meta(ph_name: str, pid: int, tid: int | None, value: Any, key: str = "name") -> dict[str, Any]:
@@ -81,13 +103,9 @@ def to_chrome(trace: Trace, plan: Plan | None = None) -> dict[str, Any]:
         out.append(_meta("process_name", pid, None, f"DC {dc}"))
         out.append(_meta("process_sort_index", pid, None, pid, "sort_index"))
 
-    by_rank: dict[int, list[Event]] = {}
-    by_link: dict[str, list[Event]] = {}
-    for e in trace.events:
-        if e.kind == "transfer":
-            by_link.setdefault(e.link or "?", []).append(e)
-        else:
-            by_rank.setdefault(e.rank, []).append(e)
+    cols = _Cols(trace)
+    c = cols.arrays
+    is_xfer = c.kind_mask({"transfer"})
 
     named: set[tuple[int, int]] = set()
     for info in layout:
@@ -97,31 +115,32 @@ def to_chrome(trace: Trace, plan: Plan | None = None) -> dict[str, Any]:
             f" dp {info.replica}" if info.replica >= 0 else "")
         out.append(_meta("thread_name", pid, info.rank, name))
         out.append(_meta("thread_sort_index", pid, info.rank, info.rank, "sort_index"))
-    for rank, evs in sorted(by_rank.items()):
+    for g in _groups(c.rank, c.start, c.end, np.flatnonzero(~is_xfer)):
+        rank = cols.rank[int(g[0])]
         pid = pid_of_dc[layout[rank].dc]    # layout covers every rank that has events
-        for e, k in zip(evs, _lanes(evs)):
+        for i, k in zip(g.tolist(), _lanes(c.start[g], c.end[g])):
             tid = rank + k * LANE_TID_STRIDE
             if (pid, tid) not in named:
                 named.add((pid, tid))
                 out.append(_meta("thread_name", pid, tid, f"rank {rank} (overlap {k})"))
                 out.append(_meta("thread_sort_index", pid, tid, tid, "sort_index"))
-            out.append({"ph": "X", "name": _name(e), "cat": e.kind, "pid": pid, "tid": tid,
-                        "ts": e.start * US, "dur": max(0.0, e.end - e.start) * US, "args": _args(e)})
+            out.append(cols.x_event(i, pid, tid))
 
-    if by_link:
+    link_groups = _groups(c.link, c.start, c.end, np.flatnonzero(is_xfer))
+    if link_groups:
         lpid = LINK_PID_OFFSET
         out.append(_meta("process_name", lpid, None, "WAN / links"))
         out.append(_meta("process_sort_index", lpid, None, lpid, "sort_index"))
         tid_base = 0
-        for link, evs in sorted(by_link.items(), key=lambda kv: ("->" not in kv[0], kv[0])):
-            lanes = _lanes(evs)
+        for g in sorted(link_groups, key=lambda g: ("->" not in cols.link[int(g[0])], cols.link[int(g[0])])):
+            link = cols.link[int(g[0])] or "?"
+            lanes = _lanes(c.start[g], c.end[g])
             for k in range(max(lanes) + 1):
                 label = f"{link}" if k == 0 else f"{link} #{k + 1}"
                 out.append(_meta("thread_name", lpid, tid_base + k, label))
                 out.append(_meta("thread_sort_index", lpid, tid_base + k, tid_base + k, "sort_index"))
-            for e, k in zip(evs, lanes):
-                out.append({"ph": "X", "name": _name(e), "cat": "transfer", "pid": lpid, "tid": tid_base + k,
-                            "ts": e.start * US, "dur": max(0.0, e.end - e.start) * US, "args": _args(e)})
+            for i, k in zip(g.tolist(), lanes):
+                out.append(cols.x_event(i, lpid, tid_base + k))
             tid_base += max(lanes) + 1
 
     return {"traceEvents": out, "displayTimeUnit": "ms",
@@ -132,5 +151,5 @@ def write_chrome(trace: Trace, path: str | Path, plan: Plan | None = None) -> in
     """Write the Chrome/Perfetto JSON; returns the number of "X" events written."""
     doc = to_chrome(trace, plan)
     with open(path, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
+        f.write(json.dumps(doc, separators=(",", ":")))
     return sum(1 for ev in doc["traceEvents"] if ev["ph"] == "X")
