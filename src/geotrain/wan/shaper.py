@@ -1,0 +1,85 @@
+"""User-space WAN shaping inside the project's own transport: the fallback where the kernel
+emulation is impossible (not root), and a deterministic tool for unit tests.
+
+Pacing is a virtual clock per connection and one shared by all connections of a shaper (the
+aggregate): a block of B bytes may leave at max(now, conn_next, agg_next), which then advance by
+B / rate. So K connections reach min(K * per_connection, aggregate), like K window-limited TCP
+connections on a link of that capacity. The one-way delay is applied by the receiver: each chunk
+carries its delay and completes that long after its last byte arrived (transit on loopback ~ 0).
+
+Limits: the aggregate is per sending process (ranks of one DC do not coordinate), and only traffic
+through StripedTransport is shaped -- gloo collectives are not.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+BLOCK = 64 << 10            # pacing granularity (bytes)
+
+
+@dataclass(frozen=True)
+class ShaperConfig:
+    per_connection_gbps: float | None = None
+    aggregate_gbps: float | None = None
+    delay_ms: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.per_connection_gbps or self.aggregate_gbps or self.delay_ms)
+
+
+def shaper_for_link(link, rate_scale: float = 1.0) -> ShaperConfig:
+    """The fallback shaping for one WanLink (geotrain.config.WanLink)."""
+    return ShaperConfig(per_connection_gbps=link.per_connection_gbps * rate_scale,
+                        aggregate_gbps=link.capacity_gbps * rate_scale, delay_ms=link.latency_ms)
+
+
+class Pacer:
+    """A virtual-clock rate limit with a small burst allowance; thread-safe."""
+
+    def __init__(self, gbps: float, burst_bytes: int = 2 * BLOCK):
+        self.bytes_per_s = gbps * 1e9 / 8
+        self.burst_s = burst_bytes / self.bytes_per_s
+        self.next = 0.0
+        self.lock = threading.Lock()
+
+    def reserve(self, nbytes: int, not_before: float) -> float:
+        """Book `nbytes` no earlier than `not_before`; returns when they may start."""
+        with self.lock:      # GCRA: `next` is the theoretical arrival time of the next byte
+            tat = max(self.next, not_before)
+            self.next = tat + nbytes / self.bytes_per_s
+            return max(not_before, tat - self.burst_s)
+
+
+class ConnectionShaper:
+    """Paces one connection under its own cap and its shaper's shared aggregate cap."""
+
+    def __init__(self, config: ShaperConfig, aggregate: Pacer | None):
+        self.config = config
+        self.own = Pacer(config.per_connection_gbps) if config.per_connection_gbps else None
+        self.aggregate = aggregate
+
+    def wait_for(self, nbytes: int) -> None:
+        now = time.monotonic()
+        start = now
+        if self.own is not None:
+            start = self.own.reserve(nbytes, start)
+        if self.aggregate is not None:
+            start = self.aggregate.reserve(nbytes, start)
+        delay = start - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class Shaper:
+    """One per (sender, destination): hands out paced connections sharing the aggregate cap."""
+
+    def __init__(self, config: ShaperConfig):
+        self.config = config
+        self.aggregate = Pacer(config.aggregate_gbps) if config.aggregate_gbps else None
+
+    def connection(self) -> ConnectionShaper:
+        return ConnectionShaper(self.config, self.aggregate)
