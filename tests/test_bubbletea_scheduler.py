@@ -92,3 +92,28 @@ def test_flops_cost_scales_with_model_size():
     big = PrefillCost.from_flops(PRESETS["llama2-13b"], gpu)
     assert big.b > small.b and big.c > small.c
     assert isinstance(PRESETS["tiny"], ModelSpec)
+
+
+def test_bubbletea_on_a_simulated_plan_fills_bubbles_and_leaves_training_alone():
+    from geotrain.bubbletea.simulate import bubbletea_for_plan, parse_workload
+    from geotrain.config import load_spec
+    from geotrain.plan.manual import plan_from_job
+    from geotrain.sim import simulate
+
+    spec = load_spec("examples/tiny_2dc.toml")
+    sim = simulate(spec, plan_from_job(spec))
+    bt = bubbletea_for_plan(spec, sim, parse_workload("inference_model=tiny,iterations=20,mean_prompt=64,min_chunk=4"))
+    check_no_overlap(sim.trace, bt.result)
+    assert bt.result.utilization_without == pytest.approx(sim.metrics.mean_utilization, rel=1e-6)
+    assert bt.result.utilization_with > 0.9
+    assert bt.inference_model == "tiny" and "tiny" in bt.models_that_fit
+
+
+def test_workload_parsing_errors_are_one_line_spec_errors():
+    from geotrain.bubbletea.simulate import parse_workload
+    from geotrain.errors import SpecError
+
+    assert parse_workload("load=0.5,seed=3").load == 0.5
+    for bad in ("load", "bogus=1", "load=fast", "inference_model=nope"):
+        with pytest.raises(SpecError):
+            parse_workload(bad)

@@ -12,6 +12,7 @@ always among them, and placement stays O(log R) per request.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Iterator
@@ -65,21 +66,23 @@ class BubbleScheduler:
         self.windows = {r: sorted((w for w in ws if w.length >= usable), key=lambda w: w.offset)
                         for r, ws in windows.items()}
         self.windows = {r: ws for r, ws in self.windows.items() if ws}
+        # Per rank: window starts and usable ends (end - margin) within a period, for bisection.
+        self._starts = {r: [w.offset for w in ws] for r, ws in self.windows.items()}
+        self._ends = {r: [w.end - margin for w in ws] for r, ws in self.windows.items()}
         self.free_at = {r: 0.0 for r in self.windows}
         self._heap = [(self._next_start(r, 0.0), r) for r in self.windows]
         heapq.heapify(self._heap)
 
     def _iter_windows(self, rank: int, t: float) -> Iterator[tuple[float, float]]:
         """Absolute (start, usable end) of the rank's windows that end after t, in time order."""
-        ws, T = self.windows[rank], self.period
-        k = max(0, int(t // T) - 1)
+        starts, ends, T = self._starts[rank], self._ends[rank], self.period
+        k = max(0, int(t // T))
+        i = bisect.bisect_right(ends, t - k * T)
         while True:
             base = k * T
-            for w in ws:
-                end = base + w.end - self.margin
-                if end > t:
-                    yield max(base + w.offset, t), end
-            k += 1
+            for j in range(i, len(ends)):
+                yield max(base + starts[j], t), base + ends[j]
+            k, i = k + 1, 0
 
     def _next_start(self, rank: int, t: float) -> float:
         return next(self._iter_windows(rank, t))[0]

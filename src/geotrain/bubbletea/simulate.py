@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from geotrain.bubbletea.bubbles import Window, bubble_windows
-from geotrain.bubbletea.prefill_cost import PrefillCost
+from geotrain.bubbletea.prefill_cost import PrefillCost, inference_memory_bytes, models_that_fit
 from geotrain.bubbletea.scheduler import BubbleScheduler, Placement, Request
+from geotrain.bubbletea.workload import Workload
 from geotrain.trace.schema import TRAINING_COMPUTE_KINDS, Event, Trace
 
 
@@ -45,11 +46,21 @@ class BubbleTeaResult:
 def run_bubbletea(trace: Trace, requests: list[Request], cost: PrefillCost, *, margin: float = 0.0,
                   min_chunk: int = 16, max_wait: float = float("inf"), period: float | None = None,
                   horizon: float | None = None) -> BubbleTeaResult:
+    """Serve `requests` from the bubbles of every rank of `trace`."""
     windows, period = bubble_windows(trace, period=period)
+    return run_windows(windows, period, requests, cost, margin=margin, min_chunk=min_chunk,
+                       max_wait=max_wait, horizon=horizon)
+
+
+def run_windows(windows: dict[int, list[Window]], period: float, requests: list[Request], cost: PrefillCost, *,
+                margin: float = 0.0, min_chunk: int = 16, max_wait: float = float("inf"),
+                horizon: float | None = None) -> BubbleTeaResult:
+    """Serve `requests` from given per-rank windows repeating every `period`."""
     if horizon is None:
         horizon = max((r.arrival for r in requests), default=0.0) + period
-    busy = period - sum(w.length for ws in windows.values() for w in ws) / max(1, len(windows))
-    util_without = busy / period if period > 0 else 0.0
+    ranks = max(1, len(windows))
+    idle = sum(w.length for ws in windows.values() for w in ws) / ranks
+    util_without = (period - idle) / period if period > 0 else 0.0
     sched = BubbleScheduler(windows, period, cost, margin=margin, min_chunk=min_chunk, max_wait=max_wait)
     placements: list[Placement] = []
     refused = 0
@@ -60,7 +71,6 @@ def run_bubbletea(trace: Trace, requests: list[Request], cost: PrefillCost, *, m
         else:
             placements.append(p)
     # Utilization over [0, horizon): training busy time + prefill inside the horizon.
-    ranks = max(1, len(windows))
     prefill_in = sum(max(0.0, min(c.end, horizon) - c.start) for p in placements for c in p.chunks
                      if c.start < horizon)
     util_with = util_without + prefill_in / (ranks * horizon) if horizon > 0 else util_without
@@ -90,12 +100,18 @@ def prefill_events(result: BubbleTeaResult, iteration_start: float = 0.0,
 
 def check_no_overlap(trace: Trace, result: BubbleTeaResult) -> None:
     """Raise if any prefill chunk overlaps a training compute action of the same rank, with the
-    training timeline repeated every period."""
-    t0 = min((e.start for e in trace.events if e.iteration == 0), default=0.0)
+    training timeline of iteration 0 repeated every period."""
+    from geotrain.trace.metrics import trace_columns
+
+    cols = trace_columns(trace)
+    sel = cols.iteration == 0
+    t0 = float(cols.start[sel].min()) if sel.any() else 0.0
+    comp = sel & cols.kind_mask(TRAINING_COMPUTE_KINDS)
+    used = {c.rank for p in result.placements for c in p.chunks}
     busy: dict[int, list[tuple[float, float]]] = {}
-    for e in trace.events:
-        if e.iteration == 0 and e.kind in TRAINING_COMPUTE_KINDS:
-            busy.setdefault(e.rank, []).append((e.start - t0, e.end - t0))
+    for r, s, e in zip(cols.rank[comp].tolist(), cols.start[comp].tolist(), cols.end[comp].tolist()):
+        if r in used:
+            busy.setdefault(r, []).append((s - t0, e - t0))
     T = result.period
     for p in result.placements:
         for c in p.chunks:
@@ -106,3 +122,140 @@ def check_no_overlap(trace: Trace, result: BubbleTeaResult) -> None:
                         raise AssertionError(f"prefill of request {p.request.id} on rank {c.rank} "
                                              f"[{c.start:.6f}, {c.end:.6f}) overlaps training [{base + s:.6f}, "
                                              f"{base + e:.6f})")
+
+
+# -- BubbleTea for a simulated plan ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """What `--bubbletea` takes: the request stream and how it is served.
+
+    inference_model: a preset, or "auto" for the largest of INFERENCE_CHOICES that fits beside
+    training on every rank; load: offered prefill work as a fraction of the bubbles' capacity
+    (used when rate_per_s is not given); iterations: how long the stream lasts; max_wait_periods:
+    admission control -- a request that cannot start within this many iterations is refused
+    (the service's 429), which keeps TTFT bounded under overload."""
+
+    inference_model: str = "auto"
+    rate_per_s: float | None = None
+    load: float = 1.0
+    mean_prompt: int = 1024
+    sigma: float = 0.6
+    max_prompt: int = 4096
+    seed: int = 0
+    iterations: int = 5
+    margin_frac: float = 0.02
+    min_chunk: int = 32
+    max_wait_periods: float = 1.0
+    representative_replicas: int = 4
+
+
+INFERENCE_CHOICES = ("llama2-13b", "llama2-7b", "small", "tiny")
+def parse_workload(arg: str | None, spec_table: dict | None = None) -> WorkloadConfig:
+    """`--bubbletea` accepts a TOML file, "key=value,key=value", or "spec" (the experiment's
+    [bubbletea] table). Unknown keys are errors."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    import tomllib
+
+    from geotrain.errors import SpecError
+
+    known = {f.name: f.type for f in fields(WorkloadConfig)}
+    where = arg or "spec"
+    if arg in (None, "", "spec"):
+        raw = dict(spec_table or {})
+    elif Path(arg).is_file():
+        try:
+            raw = tomllib.loads(Path(arg).read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise SpecError(arg, "", f"not valid TOML ({e})") from None
+        raw = raw.get("bubbletea", raw)
+    else:
+        raw = {}
+        for part in arg.split(","):
+            key, sep, val = part.partition("=")
+            if not sep:
+                raise SpecError("--bubbletea", part, "expected key=value (or a TOML file)")
+            raw[key.strip()] = val.strip()
+    out = {}
+    for key, val in raw.items():
+        if key not in known:
+            raise SpecError(where, key, f"unknown key (known: {', '.join(known)})")
+        typ = str(known[key])
+        try:
+            if "float" in typ:
+                out[key] = float(val)
+            elif "int" in typ:
+                out[key] = int(val)
+            else:
+                out[key] = str(val)
+        except ValueError:
+            raise SpecError(where, key, f"not a number: {val!r}") from None
+    cfg = WorkloadConfig(**out)
+    from geotrain.models.presets import PRESETS
+
+    if cfg.inference_model != "auto" and cfg.inference_model not in PRESETS:
+        raise SpecError(where, "inference_model", f"unknown preset {cfg.inference_model!r}")
+    return cfg
+
+
+@dataclass
+class PlanBubbleTea:
+    result: BubbleTeaResult
+    config: WorkloadConfig
+    inference_model: str
+    ranks_simulated: list[int]
+    ranks_without_room: list[int]          # inference model + KV cache do not fit beside training
+    headroom_bytes: dict[int, float]
+    models_that_fit: list[str]
+
+
+def bubbletea_for_plan(spec, sim_result, cfg: WorkloadConfig) -> PlanBubbleTea:
+    """Serve `cfg`'s request stream from the bubbles of a simulated plan.
+
+    A tensor-parallel group serves as one prefill unit (the inference model split the same way,
+    so prefill runs tp times faster). Replicas of a stage see the same bubbles (up to the
+    temporal-sharing stagger), so the stream is served by `representative_replicas` replicas of
+    every stage, with the arrival rate scaled to their share: utilization and TTFT are per-GPU
+    quantities and carry over, while the scheduler's cost stays independent of cluster size."""
+    from geotrain.models.presets import PRESETS
+
+    plan, trace, metrics = sim_result.plan, sim_result.trace, sim_result.metrics
+    period = metrics.iteration_time
+    windows, _ = bubble_windows(trace, period=period)
+    reps = min(plan.dp, cfg.representative_replicas)
+    chosen = [plan.rank(s, d, 0) for s in range(plan.pp) for d in range(reps)]
+    headroom = {}
+    for r in chosen:
+        gpu = spec.cluster.gpu(spec.cluster.dc(plan.stages[plan.coords(r)[0]].dc).gpu_type)
+        headroom[r] = (gpu.memory_bytes - metrics.peak_memory.get(r, 0.0)) * plan.tp
+    fit = models_that_fit(min(headroom.values()), cfg.max_prompt, PRESETS)
+    if cfg.inference_model == "auto":
+        name = next((m for m in INFERENCE_CHOICES if m in fit), INFERENCE_CHOICES[-1])
+    else:
+        name = cfg.inference_model
+    infer = PRESETS[name]
+    need = inference_memory_bytes(infer, cfg.max_prompt, "bf16")
+    no_room = [r for r in chosen if headroom[r] < need]
+    serving = {r: windows.get(r, []) for r in chosen if r not in no_room}
+    gpu0 = spec.cluster.gpu(spec.cluster.dc(plan.stages[0].dc).gpu_type)
+    base = PrefillCost.from_flops(infer, gpu0)
+    cost = PrefillCost(base.a, base.b / plan.tp, base.c / plan.tp)
+    horizon = cfg.iterations * period
+    if cfg.rate_per_s is not None:
+        rate = cfg.rate_per_s * len(serving) * plan.tp / max(1, plan.num_ranks)
+    else:
+        idle = sum(w.length for ws in serving.values() for w in ws) / period  # unit-seconds per second
+        mean_time = cost.prompt_time([cfg.mean_prompt])
+        rate = cfg.load * idle / mean_time if mean_time > 0 else 0.0
+    wl = Workload(rate_per_s=rate, mean_prompt=cfg.mean_prompt, sigma=cfg.sigma, max_prompt=cfg.max_prompt,
+                  seed=cfg.seed)
+    margin = cfg.margin_frac * period / max(1, plan.num_microbatches)
+    res = run_windows(serving, period, wl.requests(horizon), cost, margin=margin, min_chunk=cfg.min_chunk,
+                      max_wait=cfg.max_wait_periods * period, horizon=horizon)
+    if no_room:  # ranks that cannot host the inference model keep their training utilization only
+        n, busy_np = len(chosen), sum(period - sum(w.length for w in windows.get(r, [])) for r in no_room) / period
+        res.utilization_without = (res.utilization_without * len(serving) + busy_np) / n
+        res.utilization_with = (res.utilization_with * len(serving) + busy_np) / n
+    return PlanBubbleTea(res, cfg, name, sorted(serving), no_room, headroom, fit)
