@@ -53,6 +53,8 @@ class PlanningContext:
         self._tables: dict[tuple[str, int, str], UnitTable] = {}
         self._memo: dict[tuple, float] = {}
         self.memory_calls = 0
+        self._dcs = {d.name: d for d in spec.cluster.datacenters}
+        self._gpus = {d.name: spec.cluster.gpu(d.gpu_type) for d in spec.cluster.datacenters}
 
     # -- choices the job leaves open ---------------------------------------------------------
     def checkpointing_options(self) -> tuple[str, ...]:
@@ -73,10 +75,10 @@ class PlanningContext:
 
     # -- cluster -----------------------------------------------------------------------------
     def dc(self, name: str) -> Datacenter:
-        return self.cluster.dc(name)
+        return self._dcs[name]
 
     def gpu(self, dc_name: str) -> GPUType:
-        return self.cluster.gpu(self.cluster.dc(dc_name).gpu_type)
+        return self._gpus[dc_name]
 
     def link(self, a: str, b: str) -> WanLink | None:
         return self.cluster.link(a, b)
@@ -99,15 +101,25 @@ class PlanningContext:
             self._tables[key] = t
         return t
 
+    def shape(self, chunks: tuple[tuple[int, int], ...]) -> tuple[int, int, int]:
+        """(has embedding, blocks, has head): all the cost model distinguishes between stages."""
+        last = self.num_units
+        e = h = n = 0
+        for a, b in chunks:
+            e += a == 0
+            h += b == last
+            n += b - a
+        return e, n - e - h, h
+
     def stage_fits(self, chunks: tuple[tuple[int, int], ...], dc_name: str, micro_batch: int, inflight: float,
                    sharding: str, dp: int, checkpointing: str) -> bool:
         """Does this stage's memory per GPU fit the DC's GPU? (memoised)"""
-        key = ("mem", chunks, dc_name, micro_batch, round(inflight, 3), sharding, dp, checkpointing)
+        key = ("mem", self.shape(chunks), dc_name, micro_batch, round(inflight, 3), sharding, dp, checkpointing)
         v = self._memo.get(key)
         if v is None:
             self.memory_calls += 1
             gpu = self.gpu(dc_name)
-            units = [u for a, b in chunks for u in range(a, b)]
+            units = _units(chunks)
             need = self.cost(checkpointing).stage_memory(
                 units, gpu, micro_batch, max(1, ceil_inflight(inflight)), sharding, dp, self.tp).total
             v = need / gpu.memory_bytes
@@ -116,27 +128,28 @@ class PlanningContext:
 
     def stage_memory_fraction(self, chunks, dc_name, micro_batch, inflight, sharding, dp, checkpointing) -> float:
         self.stage_fits(chunks, dc_name, micro_batch, inflight, sharding, dp, checkpointing)
-        return self._memo[("mem", chunks, dc_name, micro_batch, round(inflight, 3), sharding, dp, checkpointing)]
+        key = ("mem", self.shape(chunks), dc_name, micro_batch, round(inflight, 3), sharding, dp, checkpointing)
+        return self._memo[key]
 
     def allreduce(self, chunks: tuple[tuple[int, int], ...], dp: int, dc_name: str, sharding: str) -> float:
         if dp <= 1:
             return 0.0
-        key = ("ar", chunks, dp, dc_name, sharding)
+        key = ("ar", self.shape(chunks), dp, dc_name, sharding)
         v = self._memo.get(key)
         if v is None:
             cm = self.cost("none")
-            units = [u for a, b in chunks for u in range(a, b)]
+            units = _units(chunks)
             nbytes = cm.grad_bytes(units, self.tp)
             v = cm.allreduce_time(nbytes, dp, self.dc(dc_name), sharding, self.tp)
             self._memo[key] = v
         return v
 
     def optimizer(self, chunks: tuple[tuple[int, int], ...], dc_name: str, sharding: str, dp: int) -> float:
-        key = ("opt", chunks, self.dc(dc_name).gpu_type, sharding, dp)
+        key = ("opt", self.shape(chunks), self.dc(dc_name).gpu_type, sharding, dp)
         v = self._memo.get(key)
         if v is None:
             cm = self.cost("none")
-            units = [u for a, b in chunks for u in range(a, b)]
+            units = _units(chunks)
             v = cm.optimizer_time(units, self.gpu(dc_name), sharding, dp, self.tp)
             self._memo[key] = v
         return v
@@ -148,11 +161,11 @@ class PlanningContext:
     def tp_comm(self, chunks: tuple[tuple[int, int], ...], micro_batch: int, dc_name: str) -> float:
         if self.tp <= 1:
             return 0.0
-        key = ("tp", chunks, micro_batch, dc_name)
+        key = ("tp", self.shape(chunks), micro_batch, dc_name)
         v = self._memo.get(key)
         if v is None:
             cm = self.cost("none")
-            units = [u for a, b in chunks for u in range(a, b)]
+            units = _units(chunks)
             v = cm.tp_comm_time(units, micro_batch, self.tp, self.dc(dc_name))
             self._memo[key] = v
         return v
@@ -160,6 +173,13 @@ class PlanningContext:
     def intra_dc_transfer(self, dc_name: str, nbytes: int) -> float:
         d = self.dc(dc_name)
         return d.intra_dc_latency_us * 1e-6 + nbytes / (d.intra_dc_gbps * GBIT)
+
+
+def _units(chunks: tuple[tuple[int, int], ...]):
+    """The units of a stage; a range when contiguous (the cost model counts those without a loop)."""
+    if len(chunks) == 1:
+        return range(chunks[0][0], chunks[0][1])
+    return [u for a, b in chunks for u in range(a, b)]
 
 
 def ceil_inflight(x: float) -> int:

@@ -28,7 +28,7 @@ from geotrain.plan.plan import LinkPlan, Plan, StagePlan
 from geotrain.plan.split import balanced_split
 from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, pipeline_offsets
 
-MICRO_BATCHES = (1, 2, 4, 8, 16)
+MICRO_BATCHES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,7 @@ class Scorer:
         self.kinds = kinds
         self.even_split = even_split
         self._splits: dict[tuple, tuple[tuple[tuple[int, int], ...], ...]] = {}
+        self._compute: dict[tuple, list] = {}
         self.scored = 0
         self.tightest: tuple[float, str, str] | None = None  # (memory fraction, DC, layout) nearest to fitting
 
@@ -149,19 +150,8 @@ class Scorer:
 
     def stage_costs(self, dcs: list[str], chunks, mb: int, ckpt: str, sharding: str, dp: int) -> list[StageCosts]:
         ctx = self.ctx
-        out = []
-        for dc, ch in zip(dcs, chunks, strict=True):
-            tab = ctx.table(ctx.dc(dc).gpu_type, mb, ckpt)
-            f = b = bi = bw = 0.0
-            for a, e in ch:
-                tf, tb, tbi, tbw = tab.times(a, e)
-                f, b, bi, bw = f + tf, b + tb, bi + tbi, bw + tbw
-            if ctx.tp > 1:
-                c = ctx.tp_comm(ch, mb, dc) / 2
-                f, b, bi = f + c, b + c, bi + c
-            out.append(StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding),
-                                  ctx.optimizer(ch, dc, sharding, dp)))
-        return out
+        return [StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
+                for (f, b, bi, bw), ch, dc in zip(self._compute_only(dcs, chunks, mb, ckpt), chunks, dcs, strict=True)]
 
     def connections(self, a: str, b: str, dp: int, sharing: str) -> int:
         link = self.ctx.link(a, b)
@@ -203,56 +193,88 @@ class Scorer:
 
     # -- a layout ------------------------------------------------------------------------------
     def score(self, lay: Layout, kinds: tuple[str, ...] | None = None) -> Candidate | None:
+        """The best (schedule kind, checkpointing, sharding, WAN sharing) for a layout, or None
+        if nothing fits. Heavier checkpointing is tried only when no kind fits with a lighter one."""
         ctx = self.ctx
         dcs = lay.stage_dcs
-        pp, m, mb, dp = lay.pp, lay.m, lay.micro_batch, lay.dp
+        pp, m, dp = lay.pp, lay.m, lay.dp
         kinds = kinds or self.kinds or schedule_kinds(ctx, len(lay.chain))
         wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(lay.chain, lay.chain[1:]))
+        sharings = self.sharing if len(lay.chain) > 1 and dp > 1 else ("fair",)
+        variants = []
+        for sharing in sharings:
+            conns = tuple(self.connections(a, b, dp, sharing) for a, b in zip(lay.chain, lay.chain[1:]))
+            bounds, stagger = self.boundaries(lay, sharing, conns, 1)
+            variants.append((sharing, conns, bounds, stagger))
         best: Candidate | None = None
         for ckpt in ctx.checkpointing_options():
-            fitted_any = False
             for kind in kinds:
                 v = 2 if kind == "interleaved" else 1
                 if v > 1 and (pp < 2 or m % pp or ctx.num_units < pp * v):
                     continue
                 if kind == "wan-1f1b" and len(lay.chain) < 2:
                     continue
-                chunks = self.split(dcs, mb, ckpt, v)
-                for sharing in (self.sharing if len(lay.chain) > 1 and dp > 1 else ("fair",)):
-                    conns = tuple(self.connections(a, b, dp, sharing) for a, b in zip(lay.chain, lay.chain[1:]))
-                    bounds, stagger = self.boundaries(lay, sharing, conns, v)
-                    cand = self._fit_and_estimate(lay, kind, v, ckpt, chunks, bounds, stagger, sharing, conns,
-                                                  wan_lat)
-                    if cand is None:
-                        continue
-                    fitted_any = True
-                    if best is None or cand.est.total < best.est.total:
+                chunks = self.split(dcs, lay.micro_batch, ckpt, v)
+                compute = self.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
+                for sharing, conns, bounds, stagger in variants:
+                    cand = self._fit_and_estimate(lay, kind, v, ckpt, chunks, compute, bounds, stagger, sharing,
+                                                  conns, wan_lat)
+                    if cand is not None and (best is None or cand.est.total < best.est.total):
                         best = cand
-            if fitted_any:
+            if best is not None:
                 break  # heavier checkpointing only adds recompute
         return best
 
-    def _fit_and_estimate(self, lay, kind, v, ckpt, chunks, bounds, stagger, sharing, conns, wan_lat):
+    def compute_costs(self, dcs, chunks, mb: int, ckpt: str) -> list[tuple[float, float, float, float]]:
+        key = (tuple(dcs), chunks, mb, ckpt)
+        hit = self._compute.get(key)
+        if hit is None:
+            hit = [c[:4] for c in self._compute_only(dcs, chunks, mb, ckpt)]
+            self._compute[key] = hit
+        return hit
+
+    def _compute_only(self, dcs, chunks, mb, ckpt):
+        ctx = self.ctx
+        out = []
+        for dc, ch in zip(dcs, chunks, strict=True):
+            tab = ctx.table(ctx.dc(dc).gpu_type, mb, ckpt)
+            f = b = bi = bw = 0.0
+            for a, e in ch:
+                tf, tb, tbi, tbw = tab.times(a, e)
+                f, b, bi, bw = f + tf, b + tb, bi + tbi, bw + tbw
+            if ctx.tp > 1:
+                c = ctx.tp_comm(ch, mb, dc) / 2
+                f, b, bi = f + c, b + c, bi + c
+            out.append((f, b, bi, bw))
+        return out
+
+    def _fit_and_estimate(self, lay, kind, v, ckpt, chunks, compute, bounds, stagger, sharing, conns, wan_lat):
         ctx = self.ctx
         dcs = lay.stage_dcs
         pp, m, mb, dp = lay.pp, lay.m, lay.micro_batch, lay.dp
         extra: tuple[int, ...] = ()
+        if kind == "wan-1f1b":
+            extra = self._wanted_warmup(compute, bounds, m)
+            if not any(extra):
+                return None  # identical to 1f1b
         for sharding in ctx.sharding_options():
-            costs = self.stage_costs(dcs, chunks, mb, ckpt, sharding, dp)
             if kind == "wan-1f1b":
-                extra = self._extra_warmup(lay, costs, bounds, chunks, sharding, ckpt)
+                extra = self._fit_warmup(lay, chunks, extra, sharding, ckpt)
                 if not any(extra):
-                    return None  # identical to 1f1b
+                    return None
             if not all(ctx.stage_fits(chunks[s], dcs[s], mb, inflight(kind, pp, m, s, extra, v), sharding, dp, ckpt)
                        for s in range(pp)):
                 continue
             self.scored += 1
+            costs = [StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
+                     for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)]
             est = estimate(costs, bounds, m, kind, v, extra, 0.0, wan_lat)
             if sharing == "temporal":
                 span = offsets_span(dp, stagger, est.period)
                 est = estimate(costs, bounds, m, kind, v, extra, span, wan_lat)
             return Candidate(lay, kind, v, ckpt, sharding, chunks, extra, sharing, conns, est)
-        self._record_miss(lay, kind, v, ckpt, chunks, extra)
+        if self.scored == 0:
+            self._record_miss(lay, kind, v, ckpt, chunks, extra)
         return None
 
     def _record_miss(self, lay, kind, v, ckpt, chunks, extra) -> None:
@@ -267,28 +289,39 @@ class Scorer:
                     f"checkpointing {ckpt}, sharding {sharding}")
             self.tightest = (frac, dc, desc)
 
-    def _extra_warmup(self, lay, costs, bounds, chunks, sharding, ckpt) -> tuple[int, ...]:
+    def _wanted_warmup(self, compute, bounds, m: int) -> tuple[int, ...]:
+        """Extra warm-up forwards the WAN round trips call for (memory not yet considered)."""
         from geotrain.schedule.wan import wan_extra_warmup
 
+        pp = len(compute)
+        delays = [b.delay if b.wan else 0.0 for b in bounds]
+        cap = [min(m, 4 * pp + 64)] * pp
+        return tuple(wan_extra_warmup(pp, [c[0] for c in compute], [c[1] for c in compute], delays, cap))
+
+    def _fit_warmup(self, lay, chunks, wanted, sharding, ckpt) -> tuple[int, ...]:
+        """Lower each stage's extra warm-up until its activations fit (memory is monotone in it),
+        keeping the warm-up non-increasing along the pipeline as the builder requires."""
         ctx = self.ctx
         dcs = lay.stage_dcs
         pp = lay.pp
-        cap = []
+        extra = list(wanted)
         for s in range(pp):
-            # Largest in-flight count that fits (memory is monotone in it): bisect a small range.
-            lo, hi = pp - s, min(lay.m, 4 * pp + 8)
-            if not ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, lo, sharding, lay.dp, ckpt):
-                cap.append(lo)
-                continue
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, mid, sharding, lay.dp, ckpt):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            cap.append(lo)
-        delays = [b.delay if b.wan else 0.0 for b in bounds]
-        return tuple(wan_extra_warmup(pp, [c.forward for c in costs], [c.backward for c in costs], delays, cap))
+            base = pp - s
+            lo, hi = 0, extra[s]
+            if hi and not ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, min(lay.m, base + hi), sharding,
+                                         lay.dp, ckpt):
+                hi -= 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, min(lay.m, base + mid), sharding,
+                                      lay.dp, ckpt):
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                extra[s] = lo
+        for s in range(pp - 1):
+            extra[s + 1] = min(extra[s + 1], extra[s] + 1)
+        return tuple(extra)
 
 
 # -- layout enumeration --------------------------------------------------------------------------
@@ -305,10 +338,22 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
         types = [cluster.dc(d).gpu_type for d in chain]
         if job.pp is not None and job.pp < len(chain):
             continue
+        kinds = schedule_kinds(ctx, len(chain))
         for mb in mbs:
-            # Ideal per-micro-batch work of the whole model on each DC's GPU type.
-            work = [ctx.table(t, mb, ctx.checkpointing_options()[0]).step[-1] for t in types]
+            # Ideal per-micro-batch work of the whole model on each DC's GPU type, and the least
+            # fill/drain any allowed schedule can have (both split-independent sums over units).
+            tabs = [ctx.table(t, mb, ctx.checkpointing_options()[0]) for t in types]
+            work = [tab.step[-1] for tab in tabs]
             speeds = [1.0 / w for w in work]
+            fills = []
+            for kind in kinds:
+                if kind == "zb-h1":
+                    fills.append(min(t.forward[-1] + t.backward_input[-1] - t.backward_weight[-1] for t in tabs))
+                elif kind == "interleaved":
+                    fills.append(min(work) / 2)
+                else:
+                    fills.append(min(work))
+            fill = min(fills, default=0.0)
             nbytes = ctx.boundary_bytes(mb)
             caps_bw = [ctx.link(a, b).capacity_gbps * GBIT for a, b in zip(chain, chain[1:])]
             lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
@@ -317,17 +362,18 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
                     continue
                 caps = [g // (dp * tp) for g in gpus]
                 m = gb // (dp * mb)
-                hi = min(sum(caps), ctx.model.layers, m)  # PyTorch's pipeline schedules want m >= pp
+                hi = min(sum(caps), ctx.model.layers)
                 pps = [job.pp] if job.pp is not None else pp_candidates(len(chain), hi)
                 for pp in pps:
                     counts = distribute_stages(pp, caps, speeds)
                     if counts is None:
                         continue
-                    rate = sum(c * sp for c, sp in zip(counts, speeds, strict=True))
-                    bound = m / rate
+                    period = 1.0 / sum(c * sp for c, sp in zip(counts, speeds, strict=True))
+                    extra = 0.0
                     if wan_aware and caps_bw:
-                        bound = max(bound, m * dp * nbytes / min(caps_bw)) + 2 * lat
-                    out.append(Layout(chain, counts, dp, mb, m, bound))
+                        period = max(period, dp * nbytes / min(caps_bw))
+                        extra = 2 * lat
+                    out.append(Layout(chain, counts, dp, mb, m, (m - 1) * period + fill + extra))
     return out
 
 

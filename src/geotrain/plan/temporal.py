@@ -35,7 +35,10 @@ def pipeline_offsets(dp: int, stagger: float, period: float) -> tuple[float, ...
 
 
 def offsets_span(dp: int, stagger: float, period: float) -> float:
-    return max(pipeline_offsets(dp, stagger, period), default=0.0)
+    """The largest offset (without building the list): (dp - 1) stagger, at most one period."""
+    if dp <= 1 or stagger <= 0:
+        return 0.0
+    return min((dp - 1) * stagger, max(period, stagger))
 
 
 def apply_temporal(plan: Plan, cluster: Cluster, boundary_bytes: int, period: float) -> Plan:
