@@ -37,13 +37,15 @@ def test_stacked_timelines_are_taller(tmp_path):
     assert two.shape[0] > 1.5 * one.shape[0]
 
 
-def test_many_ranks_draw_replica_zero_of_each_stage(tmp_path):
+def test_many_ranks_draw_a_few_replicas_of_each_stage(tmp_path):
     plan = two_dc_plan(pp=8, dp=64, m=8)      # 512 ranks
     trace = gpipe_trace(plan)
     rows = select_rows(trace, plan, max_rows=256)
-    assert rows.ranks == [plan.rank(s, 0) for s in range(8)]
-    assert "512" in rows.note and "replica 0" in rows.note
+    assert rows.ranks == [plan.rank(s, d) for s in range(8) for d in (0, 21, 42, 63)]
+    assert "512" in rows.note and "replicas 0, 21, 42, 63" in rows.note
+    rows = select_rows(trace, plan, max_rows=8)
+    assert rows.ranks == [plan.rank(s, 0) for s in range(8)] and "replica 0 of each" in rows.note
     img = mpimg.imread(draw_timeline(trace, tmp_path / "big.png", plan))
-    assert img.shape[0] < 1500                 # 8 rows + links, not 512
+    assert img.shape[0] < 1500                 # 32 rows + links, not 512
     rows = select_rows(trace, plan, max_rows=1000)
     assert len(rows.ranks) == 512 and rows.note == ""

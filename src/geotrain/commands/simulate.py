@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
              f"{r.iteration_time / best:.2f}x" if r.iteration_time and best else "-",
              f"{100 * r.mean_utilization:.1f}%" if r.mean_utilization is not None else "-",
              f"{100 * r.bubble_fraction:.1f}%" if r.bubble_fraction is not None else "-",
-             r.note] for r in schedules]))
+             r.note if len(r.note) <= 90 else r.note[:87] + "..."] for r in schedules]))
     print()
     print("wrote:")
     for name in ("trace.jsonl", "trace.chrome.json", "plan.json", "metrics.json"):

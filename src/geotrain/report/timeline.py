@@ -43,6 +43,7 @@ KIND_STYLE: dict[str, tuple[str, str]] = {
 IDLE_COLOUR = "#eeeeee"
 LABELLED_KINDS = frozenset({"forward", "backward", "backward_input", "backward_weight", "prefill"})
 BAR_HEIGHT = 0.8
+REPLICAS_SHOWN = 4       # DP replicas drawn per stage when there are too many ranks to draw all
 
 
 @dataclass
@@ -68,8 +69,14 @@ def select_rows(trace: Trace, plan: Plan | None = None, max_rows: int = 256, sho
         if len(stages) > max_rows:
             step = math.ceil(len(stages) / max_rows)
             stages = stages[::step]
-        ranks = [plan.rank(s, 0, 0) for s in stages]
-        note = f"replica 0 of {len(stages)} of {plan.pp} stages shown ({n:,} GPUs in all)"
+        # A few DP replicas per stage, evenly spaced (they differ when pipelines share a WAN link
+        # in turns); replica 0 always.
+        k = max(1, min(REPLICAS_SHOWN, plan.dp, max_rows // len(stages)))
+        reps = sorted({round(i * (plan.dp - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
+        ranks = [plan.rank(s, d, 0) for s in stages for d in reps]
+        which = "replica 0 of each" if reps == [0] else f"replicas {', '.join(map(str, reps))} of each"
+        of = f"of the {plan.pp} stages" if len(stages) == plan.pp else f"of {len(stages)} of the {plan.pp} stages"
+        note = f"{which} {of}{' (tp rank 0)' if plan.tp > 1 else ''} shown, {n:,} GPUs in all"
     else:
         step = math.ceil(n / max_rows)
         ranks = list(range(0, n, step))
@@ -181,8 +188,10 @@ def draw_on_axes(ax: plt.Axes, trace: Trace, rows: Rows, t_end: float, scale: fl
             if i < len(rows.infos):
                 ax.axhline(i - 0.5, color="#444444", lw=0.8)
             if rows.infos[start].dc != "?":
+                # Vertical when the DC's block is tall enough for it, else horizontal.
+                tall = (i - start) >= 0.3 * len(rows.infos[start].dc)
                 ax.annotate(rows.infos[start].dc, xy=(1.003, (start + i - 1) / 2), xycoords=("axes fraction", "data"),
-                            va="center", ha="left", fontsize=9, fontweight="bold", rotation=90)
+                            va="center", ha="left", fontsize=9, fontweight="bold", rotation=90 if tall else 0)
             start = i
 
     # Iteration boundaries when the trace holds several iterations.
