@@ -1,0 +1,132 @@
+"""geotrain plan SPEC: where and how to train across these DCs, and how fast it will go."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+HELP = "choose DCs, stages, dp/pp, WAN use and schedule for an experiment (Atlas planner)"
+ORDER = 20
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="experiment TOML file")
+    p.add_argument("--out", metavar="PLAN.json", help="write the chosen plan file")
+    p.add_argument("--compare", action="store_true", help="also run the baselines and print a comparison")
+    p.add_argument("--sweep", metavar="KEY=V1,V2,...",
+                   help="re-plan for each value: wan.latency_ms, wan.capacity_gbps, wan.per_connection_gbps, "
+                        "dc.<name>.gpus, model")
+    p.add_argument("--plot", metavar="PNG", help="sweep plot file (default: sweep-<key>.png)")
+    p.add_argument("--top-k", type=int, default=3, metavar="K", help="plans confirmed by simulation (default 3)")
+
+
+def _fmt_gpus(d: dict[str, int]) -> str:
+    return ", ".join(f"{k}:{v}" for k, v in d.items()) or "-"
+
+
+def _t(x: float) -> str:
+    return f"{x:.3f} s" if math.isfinite(x) else "n/a"
+
+
+def run(args: argparse.Namespace) -> int:
+    from geotrain.config.load import load_spec
+    from geotrain.errors import GeotrainError
+
+    if args.top_k < 1:
+        raise GeotrainError("--top-k must be >= 1")
+    spec = load_spec(args.spec)
+    if args.sweep:
+        return _run_sweep(spec, args)
+    from geotrain.plan.plan import save_plan
+    from geotrain.plan.search import make_plan
+
+    res = make_plan(spec, top_k=args.top_k)
+    _print_plan(spec, res)
+    if args.compare:
+        _print_compare(spec, res)
+    if args.out:
+        extra = {"estimate_s": res.estimate_s, "simulated_s": res.iteration_s, "lower_bound_s": res.lower_bound_s,
+                 "bottleneck": res.bottleneck, "explanation": res.explanation,
+                 "gpus_per_dc": res.plan.gpus_per_dc()}
+        save_plan(args.out, res.plan, spec_path=str(args.spec), extra=extra)
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+def _print_plan(spec, res) -> None:
+    p = res.plan
+    cl = spec.cluster
+    print(f"plan for {spec.name}: {spec.model.name} on {cl.name} ({len(cl.datacenters)} DCs, {cl.total_gpus} GPUs)")
+    print(f"  dp {p.dp}  pp {p.pp}  tp {p.tp}  micro-batch {p.micro_batch} x {p.num_microbatches}  "
+          f"schedule {p.schedule}" + (f" extra warm-up {list(p.extra_warmup)}" if p.extra_warmup else ""))
+    print(f"  precision {p.precision}  checkpointing {p.checkpointing}  sharding {p.sharding}")
+    print("  stages:")
+    for s, st in enumerate(p.stages):
+        gpu = cl.dc(st.dc).gpu_type
+        ranges = " ".join(f"{a}-{b - 1}" for a, b in st.chunks)
+        print(f"    {s:3d}  {st.dc:<14} {gpu:<14} units {ranges:<12} ({len(st.units)} units)")
+    for lp in p.links:
+        extra = ""
+        if lp.sharing == "temporal":
+            extra = f", order over {len(lp.order)} pipelines, stagger {lp.stagger_s * 1e3:.2f} ms"
+        print(f"  link {lp.src_dc} <-> {lp.dst_dc}: {lp.connections} connections, {lp.sharing} sharing{extra}")
+    used = p.gpus_per_dc()
+    print("  GPUs used: " + ", ".join(f"{d.name} {used.get(d.name, 0)}/{d.gpus}" for d in cl.datacenters))
+    m = res.sim.metrics if res.sim is not None else None
+    print(f"  iteration time: estimate {_t(res.estimate_s)}, simulated {_t(res.iteration_s)}")
+    if m is not None:
+        print(f"  tokens/s {m.tokens_per_s:,.0f}  GPU utilization {m.mean_utilization:.1%}  "
+              f"WAN bytes/iteration {m.wan_bytes / 2**30:.2f} GiB")
+    lb = res.lower_bound_s
+    print(f"  lower bound {_t(lb)} (compute {_t(res.lower_bound_parts.get('compute', math.nan))}, "
+          f"WAN {_t(res.lower_bound_parts.get('wan', math.nan))}); ratio {res.iteration_s / lb:.2f}x")
+    print(f"  bottleneck: {res.bottleneck}")
+    print(f"  searched: {res.candidates_scored} candidates scored in {res.search_s:.2f} s, "
+          f"{len(res.finalists)} simulated in {res.simulate_s:.2f} s")
+    print("why:")
+    for line in res.explanation:
+        print(f"  - {line}")
+
+
+def _print_compare(spec, res) -> None:
+    from geotrain.plan.baselines import evaluate_baselines
+
+    rows = [("geotrain", res.plan.gpus_per_dc(), res.iteration_s,
+             res.sim.metrics.tokens_per_s if res.sim else math.nan,
+             res.sim.metrics.mean_utilization if res.sim else math.nan,
+             res.sim.metrics.wan_bytes if res.sim else math.nan, "")]
+    for b in evaluate_baselines(spec):
+        rows.append((b.name, b.gpus_per_dc, b.iteration_s, b.tokens_per_s, b.utilization, b.wan_bytes, b.note))
+    print("\ncompare (simulated; dp-across-dcs analytical):")
+    print(f"  {'plan':<14} {'iteration':>10} {'tokens/s':>12} {'util':>6} {'WAN GiB':>9} {'ours x':>7}  GPUs per DC")
+    ours = res.iteration_s
+    for name, gpus, t, tok, util, wan, note in rows:
+        if math.isfinite(t):
+            sp = f"{t / ours:.2f}" if name != "geotrain" else "1.00"
+            print(f"  {name:<14} {t:>8.3f} s {tok:>12,.0f} {util:>6.1%} {wan / 2**30:>9.2f} {sp:>7}  {_fmt_gpus(gpus)}"
+                  + (f"  ({note})" if note else ""))
+        else:
+            print(f"  {name:<14} {'n/a':>10} {'':>12} {'':>6} {'':>9} {'':>7}  {note}")
+
+
+def _run_sweep(spec, args) -> int:
+    from geotrain.plan.whatif import parse_sweep, plot, sweep
+
+    key, values = parse_sweep(args.sweep)
+    rows = sweep(spec, key, values, top_k=min(args.top_k, 2))
+    names = sorted({n for r in rows for n in r.baselines})
+    print(f"what-if {key} for {spec.name}:")
+    head = f"  {key:>22} {'plan':>10} " + " ".join(f"{n:>14}" for n in names) + "  chosen layout"
+    print(head)
+    for r in rows:
+        cells = []
+        for n in names:
+            t = r.baselines.get(n, math.inf)
+            cells.append(f"{t:>7.2f}s {r.speedup(n):>4.1f}x" if math.isfinite(t) else f"{'n/a':>14}")
+        plan_t = f"{r.iteration_s:>8.3f}s" if math.isfinite(r.iteration_s) else f"{'n/a':>9}"
+        print(f"  {r.value:>22} {plan_t:>10} " + " ".join(f"{c:>14}" for c in cells) + f"  {r.plan_summary}"
+              + (f"  ({r.note})" if r.note else ""))
+    path = args.plot or f"sweep-{key.replace('.', '_')}.png"
+    plot(rows, key, path)
+    print(f"plot: {path}")
+    return 0

@@ -1,0 +1,144 @@
+"""What-if sweeps: re-plan with one knob changed, and compare with the baselines at each value.
+
+Keys: wan.latency_ms, wan.capacity_gbps, wan.per_connection_gbps (applied to every WAN link),
+dc.<name>.gpus, model (a preset name).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from geotrain.config.load import Spec
+from geotrain.errors import GeotrainError
+
+WAN_KEYS = ("latency_ms", "capacity_gbps", "per_connection_gbps")
+
+
+@dataclass
+class SweepRow:
+    value: str
+    iteration_s: float
+    tokens_per_s: float
+    plan_summary: str
+    baselines: dict[str, float] = field(default_factory=dict)   # name -> iteration time (inf: n/a)
+    note: str = ""
+
+    def speedup(self, name: str) -> float:
+        b = self.baselines.get(name, math.inf)
+        return b / self.iteration_s if math.isfinite(b) and self.iteration_s > 0 else math.nan
+
+
+def parse_sweep(text: str) -> tuple[str, list[str]]:
+    key, sep, vals = text.partition("=")
+    values = [v.strip() for v in vals.split(",") if v.strip()]
+    if not sep or not values:
+        raise GeotrainError(f"--sweep expects KEY=V1,V2,... (got {text!r})")
+    return key.strip(), values
+
+
+def apply_value(spec: Spec, key: str, value: str) -> Spec:
+    """The spec with `key` set to `value` (validated through the same pydantic models)."""
+    cl = spec.cluster
+    if key.startswith("wan."):
+        field_name = key[4:]
+        if field_name not in WAN_KEYS:
+            raise GeotrainError(f"unknown sweep key {key!r} (wan keys: {', '.join('wan.' + k for k in WAN_KEYS)})")
+        if not cl.wan_links:
+            raise GeotrainError(f"cannot sweep {key}: the cluster has no WAN links")
+        v = _number(key, value)
+        links = [link.model_validate({**link.model_dump(), field_name: v}) for link in cl.wan_links]
+        dumped = [x.model_dump() for x in links]
+        return replace(spec, cluster=cl.model_validate({**cl.model_dump(), "wan_links": dumped}))
+    if key.startswith("dc.") and key.endswith(".gpus"):
+        name = key[3:-5]
+        names = [d.name for d in cl.datacenters]
+        if name not in names:
+            raise GeotrainError(f"unknown datacenter {name!r} in {key} (known: {', '.join(names)})")
+        n = int(_number(key, value))
+        dcs = [{**d.model_dump(), "gpus": n} if d.name == name else d.model_dump() for d in cl.datacenters]
+        return replace(spec, cluster=cl.model_validate({**cl.model_dump(), "datacenters": dcs}))
+    if key == "model":
+        from geotrain.models.presets import PRESETS
+
+        if value not in PRESETS:
+            raise GeotrainError(f"unknown model preset {value!r} (known: {', '.join(PRESETS)})")
+        return replace(spec, model=PRESETS[value])
+    raise GeotrainError(f"unknown sweep key {key!r} (use wan.latency_ms, wan.capacity_gbps, "
+                        f"wan.per_connection_gbps, dc.<name>.gpus or model)")
+
+
+def _number(key: str, value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise GeotrainError(f"{key}: {value!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise GeotrainError(f"{key}: {value!r} must be a finite number >= 0")
+    return int(v) if v.is_integer() else v
+
+
+def sweep(spec: Spec, key: str, values: list[str], top_k: int = 2, log=None) -> list[SweepRow]:
+    from pydantic import ValidationError
+
+    from geotrain.plan.baselines import evaluate_baselines
+    from geotrain.plan.context import PlanningContext
+    from geotrain.plan.search import make_plan
+
+    rows = []
+    for value in values:
+        try:
+            s = apply_value(spec, key, value)
+        except ValidationError as e:
+            raise GeotrainError(f"{key}={value}: {e.errors()[0]['msg']}") from None
+        try:
+            res = make_plan(s, top_k=top_k)
+        except GeotrainError as e:
+            rows.append(SweepRow(value, math.inf, 0.0, "-", note=str(e)))
+            continue
+        p = res.plan
+        summary = f"{'>'.join(_chain(p))} pp{p.pp} dp{p.dp} mb{p.micro_batch} {p.schedule}"
+        base = {b.name: b.iteration_s for b in evaluate_baselines(s, PlanningContext(s))}
+        rows.append(SweepRow(value, res.iteration_s, res.sim.metrics.tokens_per_s if res.sim else 0.0, summary, base))
+        if log:
+            log(f"{key}={value}: {res.iteration_s:.3f} s ({summary})")
+    return rows
+
+
+def _chain(plan) -> list[str]:
+    out: list[str] = []
+    for st in plan.stages:
+        if not out or out[-1] != st.dc:
+            out.append(st.dc)
+    return out
+
+
+def plot(rows: list[SweepRow], key: str, path: str) -> None:
+    """Iteration time of the plan and of each baseline vs the swept value, and our speedup."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = list(range(len(rows)))
+    labels = [r.value for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.plot(xs, [r.iteration_s for r in rows], "o-", label="geotrain plan", linewidth=2)
+    names = sorted({n for r in rows for n in r.baselines})
+    for n in names:
+        ys = [r.baselines.get(n, math.inf) for r in rows]
+        ax1.plot(xs, [y if math.isfinite(y) else math.nan for y in ys], "s--", label=n)
+        ax2.plot(xs, [r.speedup(n) for r in rows], "o-", label=f"vs {n}")
+    ax1.set_ylabel("iteration time (s)")
+    ax2.set_ylabel("speedup of the plan (x)")
+    ax2.axhline(1.0, color="grey", linewidth=0.8)
+    for ax in (ax1, ax2):
+        ax.set_xticks(xs, labels)
+        ax.set_xlabel(key)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    ax1.set_yscale("log")
+    fig.suptitle(f"what-if: {key}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
