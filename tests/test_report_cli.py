@@ -96,3 +96,26 @@ def test_bad_input_is_one_line_exit_2(argv, tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"geotrain {argv[0]}: error:") and "\n" not in err
+
+
+def test_plan_file_for_another_cluster_or_model_is_refused(tmp_path, capsys):
+    from conftest import EXAMPLES
+
+    from geotrain.config import load_spec
+    from geotrain.plan.manual import plan_from_job
+    from geotrain.plan.plan import StagePlan, save_plan
+
+    spec = load_spec(EXAMPLES / "tiny_2dc.toml")
+    plan = plan_from_job(spec)
+    save_plan(tmp_path / "ok.json", plan)
+    assert main(["simulate", str(EXAMPLES / "tiny_2dc.toml"), "--out", str(tmp_path / "o"), "--plan",
+                 str(tmp_path / "ok.json"), "--no-compare"]) == 0
+    bad_dc = plan.with_(stages=(StagePlan("mars", plan.stages[0].chunks),) + plan.stages[1:])
+    short = plan.with_(stages=(plan.stages[0], StagePlan(plan.stages[1].dc, ((3, 4),))))
+    for name, p, words in (("dc", bad_dc, "'mars'"), ("units", short, "units")):
+        save_plan(tmp_path / f"{name}.json", p)
+        capsys.readouterr()
+        assert main(["simulate", str(EXAMPLES / "tiny_2dc.toml"), "--out", str(tmp_path / "o"), "--plan",
+                     str(tmp_path / f"{name}.json"), "--no-compare"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "\n" not in err

@@ -25,6 +25,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="never show progress bars")
 
 
+def check_plan_for_spec(spec, plan) -> None:
+    """Refuse, in one line, a plan file that does not fit the spec's cluster or model (a plan
+    made for another experiment), before the simulator trips over it."""
+    from geotrain.errors import GeotrainError
+
+    where = f"plan {plan.name}"
+    if min(plan.pp, plan.dp, plan.tp, plan.micro_batch, plan.num_microbatches) < 1:
+        raise GeotrainError(f"{where}: pp, dp, tp, micro_batch and num_microbatches must all be >= 1")
+    names = [d.name for d in spec.cluster.datacenters]
+    for s, st in enumerate(plan.stages):
+        if st.dc not in names:
+            raise GeotrainError(f"{where}: stage {s} sits in {st.dc!r}, which is not a datacenter of cluster "
+                                f"{spec.cluster.name} ({', '.join(names)})")
+        if len(st.chunks) != plan.virtual_per_stage:
+            raise GeotrainError(f"{where}: every stage must hold the same number of model chunks")
+    for s in range(plan.pp - 1):
+        a, b = plan.stages[s].dc, plan.stages[s + 1].dc
+        if a != b and spec.cluster.link(a, b) is None:
+            raise GeotrainError(f"{where}: stages {s} and {s + 1} sit in {a} and {b}, which no WAN link joins")
+    units = [u for a, b in plan.virtual_units() for u in range(a, b)]
+    if units != list(range(spec.model.num_units)):
+        raise GeotrainError(f"{where}: its stages do not cut the model's {spec.model.num_units} units "
+                            f"(0..{spec.model.num_units - 1}) into consecutive pieces; made for another model?")
+    for dc, n in plan.gpus_per_dc().items():
+        have = spec.cluster.dc(dc).gpus
+        if n > have:
+            raise GeotrainError(f"{where}: needs {n} GPUs in {dc}, which has {have}")
+
+
 def run(args: argparse.Namespace) -> int:
     import json
     import sys
@@ -55,9 +84,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         plan = plan_from_job(spec, schedule=args.schedule,
                              virtual_per_stage=2 if (args.schedule or spec.job.schedule) == "interleaved" else 1)
-    if plan.num_ranks > spec.cluster.total_gpus:
-        raise GeotrainError(f"plan {plan.name} needs {plan.num_ranks} GPUs but the cluster has "
-                            f"{spec.cluster.total_gpus}")
+    check_plan_for_spec(spec, plan)
     show = False if args.no_progress else None
     try:
         res = simulate(spec, plan, iterations=args.iterations, progress=bool(show is None and sys.stderr.isatty()))
