@@ -17,11 +17,13 @@ import torch.distributed as dist
 from geotrain.runtime.recorder import Recorder, merge_rank_traces
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
-COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall", "optimizer_steps")
+COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall", "optimizer_steps",
+           "params_bytes", "grads_bytes", "optimizer_bytes", "max_rss_bytes")
 
 
 def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, steps_run: int,
-                  tokens_per_step: int, optimizer_steps: int = 0) -> dict[str, Any]:
+                  tokens_per_step: int, optimizer_steps: int = 0,
+                  memory: dict[str, int] | None = None) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     trace_dir = out / "trace"
     if rank == 0:
@@ -31,7 +33,9 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
     tot = recorder.totals()
     row = torch.zeros(world, len(COLUMNS), dtype=torch.float64)
     row[rank] = torch.tensor([sum(tot.get(k, 0.0) for k in COMPUTE), tot.get("recv_wait", 0.0),
-                              tot.get("allreduce", 0.0), tot.get("optimizer", 0.0), wall, optimizer_steps],
+                              tot.get("allreduce", 0.0), tot.get("optimizer", 0.0), wall, optimizer_steps,
+                              *(float((memory or {}).get(k, 0)) for k in ("params", "grads", "optimizer")),
+                              _max_rss()],
                              dtype=torch.float64)
     dist.all_reduce(row)
     dist.barrier()
@@ -51,13 +55,23 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
     summary = {"steps": steps_run, "wall_s": wall, "tokens_per_s": tokens_per_step * steps_run / max(wall, 1e-9),
                "final_loss": losses[-1]["loss"] if losses else None,
                "skipped_steps": sum(1 for x in losses if x.get("skipped")),
-               "optimizer_steps_per_rank": [int(x) for x in row[:, 5].tolist()], "time_fractions": per_stage}
+               "optimizer_steps_per_rank": [int(x) for x in row[:, 5].tolist()],
+               "memory_per_rank": [{"params": int(r[6]), "grads": int(r[7]), "optimizer": int(r[8]),
+                                    "max_rss": int(r[9])} for r in row.tolist()],
+               "time_fractions": per_stage}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.predict:
         _write_prediction(cfg, spec, plan, out, iterations=min(3, max(1, steps_run)))
     if cfg.progress:
         print(format_summary(summary, out), file=sys.stdout, flush=True)
     return {"losses": losses, "summary": summary}
+
+
+def _max_rss() -> float:
+    """Peak resident memory of this process (bytes; Linux reports KiB)."""
+    import resource
+
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def format_summary(summary: dict[str, Any], out: Path) -> str:

@@ -54,6 +54,21 @@ def make_optimizer(params: list[torch.nn.Parameter], job, sharding: str = "repli
     return cls(params, lr=job.lr)
 
 
+def state_bytes(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state (local shards only)."""
+    from geotrain.runtime.scaler import _local
+
+    def nbytes(t) -> int:
+        t = _local(t)
+        return t.numel() * t.element_size()
+
+    opt = getattr(optimizer, "optim", optimizer)  # ZeRO-1: the local partition's optimizer
+    ostate = sum(nbytes(v) for st in opt.state.values() for v in st.values()
+                 if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {"params": sum(nbytes(p) for p in params),
+            "grads": sum(nbytes(p.grad) for p in params if p.grad is not None), "optimizer": ostate}
+
+
 def resolve(cfg: RunConfig):
     """(spec, plan) for a run config, with user errors as GeotrainError."""
     from geotrain.config.load import load_spec
@@ -204,6 +219,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         if not skipped:
             optimizer.step()
             state["optimizer_steps"] += 1
+            if state["optimizer_steps"] == 1:
+                state["memory"] = state_bytes(params, optimizer)
         optimizer.zero_grad(set_to_none=True)
         scaler.update(skipped)
         recorder.add("optimizer", t2, recorder.now(), stage=min(chunks))
@@ -254,7 +271,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             losses_file.close()
     wall = time.time() - run_start
     return write_outputs(cfg, spec, plan, recorder, out, wall=wall, steps_run=steps - start,
-                         tokens_per_step=tokens_per_step, optimizer_steps=state["optimizer_steps"])
+                         tokens_per_step=tokens_per_step, optimizer_steps=state["optimizer_steps"],
+                         memory=state.get("memory"))
 
 
 def _trim_losses(path: Path, start: int) -> None:
