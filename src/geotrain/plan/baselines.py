@@ -150,6 +150,8 @@ def dp_across_dcs(spec: Spec, ctx: PlanningContext | None = None) -> BaselineRes
     Sharding inside each DC (HSDP) is the cheapest that fits."""
     ctx = ctx or PlanningContext(spec)
     cluster, job = spec.cluster, spec.job
+    if job.pp is not None and job.pp > 1:
+        return BaselineResult("dp-across-dcs", None, note=f"not applicable: the job pins pp={job.pp}")
     mb = _mb(spec)
     gb = job.global_batch
     tp = ctx.tp
