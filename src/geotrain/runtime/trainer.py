@@ -83,6 +83,7 @@ def resolve(cfg: RunConfig):
         raise GeotrainError(f"plan {plan.name!r} asks for tp={plan.tp}; the runtime supports tp=1 only so far")
     if plan.num_microbatches < 1 or plan.micro_batch < 1:
         raise GeotrainError("the plan needs at least one micro-batch of at least one sequence")
+    _build_schedule(plan)  # a schedule the builders refuse is a user error, found before any rank starts
     return spec, plan
 
 
