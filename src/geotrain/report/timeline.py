@@ -3,8 +3,9 @@
 Why it is drawn this way: a pipeline's bubbles are what the picture is for, so idle time is the
 row's light background and every kind of work is a solid colour on top of it. Each kind is a
 single PolyCollection over all rows (a few draw calls whatever the rank count), and above
-`max_rows` ranks only replica 0 of each stage is drawn -- DP replicas of a stage run the same list,
-so that subset shows the pipeline's shape; the title says so.
+`max_rows` ranks only a few DP replicas of each stage are drawn (replica 0 and up to three more,
+evenly spaced) -- replicas of a stage run the same list and differ only in when they get a shared
+WAN link, so that subset shows the pipeline's shape; the panel title says so.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ KIND_STYLE: dict[str, tuple[str, str]] = {
 IDLE_COLOUR = "#eeeeee"
 LABELLED_KINDS = frozenset({"forward", "backward", "backward_input", "backward_weight", "prefill"})
 BAR_HEIGHT = 0.8
+MAX_ROWS = 64           # above this many ranks, draw a subset (rows of one stage's replicas look alike)
 REPLICAS_SHOWN = 4       # DP replicas drawn per stage when there are too many ranks to draw all
 
 
@@ -57,7 +59,7 @@ class Rows:
     total_ranks: int
 
 
-def select_rows(trace: Trace, plan: Plan | None = None, max_rows: int = 256, show_links: bool = True) -> Rows:
+def select_rows(trace: Trace, plan: Plan | None = None, max_rows: int = MAX_ROWS, show_links: bool = True) -> Rows:
     layout = rank_layout(trace, plan)
     plan = plan_of(trace, plan)
     n = len(layout)
@@ -240,7 +242,7 @@ def _trace_end(trace: Trace) -> float:
 
 
 def draw_timelines(panels: Sequence[tuple[str, Trace]], path: str | Path, plan: Plan | None = None,
-                   title: str | None = None, max_rows: int = 256, show_links: bool = True,
+                   title: str | None = None, max_rows: int = MAX_ROWS, show_links: bool = True,
                    dpi: int = 110) -> Path:
     """Draw one or more traces stacked, sharing the time axis (e.g. predicted over measured).
     Each panel is a GPU axes plus, when the trace has transfers, a link axes below it."""
@@ -287,7 +289,7 @@ def draw_timelines(panels: Sequence[tuple[str, Trace]], path: str | Path, plan: 
 
 
 def draw_timeline(trace: Trace, path: str | Path, plan: Plan | None = None, title: str | None = None,
-                  max_rows: int = 256, show_links: bool = True, dpi: int = 110) -> Path:
+                  max_rows: int = MAX_ROWS, show_links: bool = True, dpi: int = 110) -> Path:
     """One trace's timeline as a PNG: a row per GPU (rank / stage / DC), link rows below."""
     label = "measured" if trace.source == "measured" else "simulated"
     return draw_timelines([(label, trace)], path, plan, title, max_rows, show_links, dpi)
