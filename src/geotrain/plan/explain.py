@@ -133,9 +133,10 @@ def gap_reason(plan: Plan, cand, t: float, lb: float) -> str:
     if est is None:
         return "unknown (no estimate)"
     why = []
-    if est.fill > 0.1 * t:
-        why.append(f"pipeline fill/drain {est.fill:.3f} s ({plan.pp} stages, only {plan.num_microbatches} "
-                   f"micro-batches per pipeline: the batch is too small for more)")
+    bubble = est.fill - est.compute_period  # fill/drain beyond one micro-batch slot
+    if plan.pp > 1 and bubble > 0.1 * t:
+        why.append(f"pipeline fill/drain {bubble:.3f} s ({plan.pp} stages over {plan.num_microbatches} "
+                   f"micro-batches per pipeline; more micro-batches would need a larger global batch)")
     if est.latency_period > est.compute_period * 1.01:
         why.append(f"WAN round trips stretch each micro-batch slot to {est.latency_period * 1e3:.1f} ms "
                    f"(compute {est.compute_period * 1e3:.1f} ms)")
