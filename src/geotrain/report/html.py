@@ -134,7 +134,7 @@ def metrics_section(metrics: Metrics, layout: list[RankInfo], gpu_memory: dict[s
         lrows = []
         for name, u in sorted(metrics.link_utilization.items(), key=lambda kv: ("->" not in kv[0], kv[0])):
             info = (link_meta or {}).get(name, {})
-            cap = info.get("capacity_Bps") if isinstance(info, dict) else None
+            cap = (info.get("capacity_Bps") or info.get("bandwidth_Bps")) if isinstance(info, dict) else None
             lrows.append((name, "WAN" if "->" in name else "intra-DC", _pct(u),
                           _opt(cap, lambda c: human_rate(c * 8, "bit/s"))))
         out.append("<h3>Links</h3>")
