@@ -88,14 +88,15 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
             "GEOTRAIN_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
     procs: list[subprocess.Popen] = []
     files = []
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def on_term(signum, frame):  # noqa: ARG001
         raise KeyboardInterrupt
 
     in_main = _is_main_thread()
-    if in_main:
-        signal.signal(signal.SIGTERM, on_term)
+    if in_main:  # Ctrl-C and SIGTERM both end the run cleanly (also if SIGINT was inherited as ignored)
+        for sig in previous:
+            signal.signal(sig, on_term)
     try:
         for r in range(world_size):
             log = open(logs / f"rank{r}.log", "w")  # noqa: SIM115 -- closed in finally
@@ -121,7 +122,8 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
         for f in files:
             f.close()
         if in_main:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _is_main_thread() -> bool:
