@@ -1,0 +1,18 @@
+"""Calibrate the simulator against the real runtime, and measure how well it predicts.
+
+profile.py   -- `measure_profile(spec)`: per-unit compute times measured the way the runtime runs
+                them, the DP all-reduce, the optimizer step, CPU contention between ranks, per-action
+                interpreter overhead, process start-up and the achieved WAN rate with n connections.
+                Written as the cost model's profile format plus one extra key, "runtime".
+costs.py     -- `calibrated_costs(spec, plan, profile)`: the StageCosts, all-reduce and optimizer
+                times that `geotrain.sim.simulate_costs` takes, with the measured effects modelled;
+                `predict(spec, plan, profile)` simulates with them.
+wanrun.py    -- run a plan for real with the user-space WAN (delay, per-connection and aggregate
+                rate, n connections, fair or temporal sharing) on the cross-DC pairs.
+compare.py   -- predicted vs measured rows (iteration time, busy fraction, bubble time) and errors.
+cases.py     -- the validation set; validate.py runs it and writes the markdown table.
+"""
+
+from geotrain.calibrate.profile import load_profile, measure_profile, save_profile
+
+__all__ = ["load_profile", "measure_profile", "save_profile"]

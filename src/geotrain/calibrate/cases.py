@@ -1,0 +1,144 @@
+"""The validation set: small plans of the tiny model, each run for real and simulated.
+
+Each case is a two-DC cluster ("east", "west") written as TOML into its run directory (the
+runtime loads its spec from a file), a plan pinned by the case (stages split evenly, the first
+half of the stages in east), and WAN settings that the user-space WAN of wanrun.py applies.
+The set spans latency (2-40 ms), bandwidth per connection (5-200 Mbit/s), schedule kinds,
+pp x dp shapes (2x1, 2x2, 4x1), fair and temporal sharing, and 1 vs 4 connections.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    pp: int = 2
+    dp: int = 1
+    schedule: str = "1f1b"
+    num_microbatches: int = 4
+    micro_batch: int = 2
+    latency_ms: float = 10.0
+    per_connection_mbps: float = 50.0
+    capacity_mbps: float = 1000.0
+    connections: int = 1
+    sharing: str = "fair"
+
+    @property
+    def description(self) -> str:
+        return (f"pp{self.pp}x dp{self.dp}, {self.schedule}, m={self.num_microbatches}, {self.latency_ms:g} ms, "
+                f"{self.per_connection_mbps:g} Mb/s x{self.connections} conn, {self.sharing}")
+
+
+CASES: list[Case] = [
+    Case("base", latency_ms=10, per_connection_mbps=50),
+    Case("low-latency", latency_ms=2, per_connection_mbps=200),
+    Case("high-latency", latency_ms=40, per_connection_mbps=50),
+    Case("narrow", latency_ms=10, per_connection_mbps=5),
+    Case("narrow-4conn", latency_ms=10, per_connection_mbps=5, connections=4),
+    Case("gpipe", schedule="gpipe", latency_ms=20, per_connection_mbps=20),
+    Case("zb-h1", schedule="zb-h1", latency_ms=10, per_connection_mbps=50),
+    Case("wan-1f1b", schedule="wan-1f1b", latency_ms=40, per_connection_mbps=20),
+    Case("dp2-fair", dp=2, latency_ms=10, per_connection_mbps=10),
+    Case("dp2-temporal", dp=2, latency_ms=10, per_connection_mbps=10, sharing="temporal"),
+    Case("pp4", pp=4, num_microbatches=4, latency_ms=10, per_connection_mbps=20),
+]
+QUICK = ["base", "narrow-4conn", "dp2-temporal", "pp4"]
+
+
+def cluster_toml(case: Case) -> str:
+    gpus = max(1, case.pp // 2) * case.dp
+    dcs = "".join(f'''
+[[datacenters]]
+name = "{n}"
+gpu_type = "cpu"
+gpus = {gpus}
+gpus_per_node = {gpus}
+intra_node_gbps = 40
+intra_dc_gbps = 40
+intra_dc_latency_us = 50
+''' for n in ("east", "west"))
+    return f'''name = "validate-{case.name}"
+{dcs}
+[[wan_links]]
+between = ["east", "west"]
+latency_ms = {case.latency_ms}
+capacity_gbps = {case.capacity_mbps / 1000}
+per_connection_gbps = {case.per_connection_mbps / 1000}
+max_connections = 8
+'''
+
+
+def spec_toml(case: Case) -> str:
+    return f'''name = "validate-{case.name}"
+cluster = "cluster.toml"
+model = "tiny"
+
+[job]
+global_batch = {case.dp * case.micro_batch * case.num_microbatches}
+micro_batch = {case.micro_batch}
+precision = "bf16"
+checkpointing = "none"
+sharding = "replicate"
+schedule = "{case.schedule}"
+pp = {case.pp}
+dp = {case.dp}
+steps = 10
+'''
+
+
+def write_spec(case: Case, directory: Path):
+    """Write the case's cluster and experiment TOML into `directory`; returns the loaded Spec."""
+    from geotrain.config.load import load_spec
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cluster.toml").write_text(cluster_toml(case))
+    path = directory / "spec.toml"
+    path.write_text(spec_toml(case))
+    return load_spec(path)
+
+
+def case_plan(spec, case: Case):
+    """The plan the case pins: the job's layout with its WAN link settings (and wan-1f1b warm-up)."""
+    from geotrain.plan.manual import plan_from_job
+    from geotrain.plan.plan import LinkPlan
+    from geotrain.report.compare import wan_warmup_for
+
+    plan = plan_from_job(spec)
+    link = LinkPlan(src_dc="east", dst_dc="west", connections=case.connections, sharing=case.sharing,
+                    order=tuple(range(case.dp)))
+    plan = plan.with_(links=(link,), name=f"validate-{case.name}", pipeline_offsets=())
+    if case.schedule == "wan-1f1b":
+        base = plan.with_(schedule="1f1b")
+        plan = plan.with_(extra_warmup=wan_warmup_for(spec, base))
+    return plan
+
+
+def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup: int = 2):
+    """Run `case` for real (steps iterations, the first `warmup` discarded), simulate it with the
+    profile, and return (CaseRow, details)."""
+    from geotrain.calibrate.compare import compare_case, measured_metrics
+    from geotrain.calibrate.costs import predict
+    from geotrain.calibrate.wanrun import launch_with_wan
+    from geotrain.trace.schema import Trace
+
+    if steps <= warmup:
+        raise ValueError(f"steps ({steps}) must exceed warm-up ({warmup})")
+    directory = Path(directory)
+    spec = write_spec(case, directory)
+    plan = case_plan(spec, case)
+    t0 = time.time()
+    trace_path = launch_with_wan(spec, plan, directory / "run", steps=steps)
+    wall = time.time() - t0
+    measured = Trace.read_jsonl(trace_path)
+    tokens = plan.global_batch * spec.model.seq_len
+    mm = measured_metrics(measured, warmup, tokens)
+    sim, details = predict(spec, plan, profile, iterations=steps - warmup)
+    sim.trace.write_jsonl(directory / "predicted_trace.jsonl")
+    row = compare_case(case.name, case.description, sim.metrics, mm)
+    details.update(run_wall_s=wall)
+    return row, details

@@ -1,0 +1,168 @@
+"""Calibrated simulation: the simulator's inputs built from a measured profile, with the effects the
+plain cost model leaves out modelled explicitly.
+
+What is modelled (each from a number in the profile's "runtime" part, see profile.py):
+  * compute per virtual stage: the sum of its units' measured forward/backward (CostModel with the
+    profile), plus the interpreter's own time around each compute action (`per_action_s` for the
+    compute action and the receive/send actions that come with it);
+  * the DP reduction: the measured gloo all-reduce fit alpha + bytes x per_byte at that dp, on the
+    fp32 gradients the runtime reduces (replicated DP);
+  * the optimizer step: measured fixed + per-parameter cost;
+  * intra-DC point-to-point: the cluster's intra-DC latency and bandwidth replaced by the measured
+    gloo isend/irecv fit;
+  * CPU contention: when more ranks compute at once than the machine has cores -- or just when two
+    share a pair of hyper-threads -- each is slower. The profile has the measured slow-down f(k)
+    with k ranks computing at once. The simulator has no notion of shared cores, so this is a fixed
+    point: simulate, measure per physical stage the time-averaged number of ranks computing while
+    it computes, scale its compute by f(that), simulate again (3 rounds; it settles in 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+CONTENTION_ROUNDS = 3
+
+
+@dataclass
+class CalibratedInputs:
+    cluster: Any
+    stage_costs: list            # geotrain.sim.StageCost per virtual stage
+    allreduce: list[float]       # per physical stage
+    optimizer: list[float]       # per physical stage
+    tokens: int
+
+
+def _contention(profile_rt: dict, k: float) -> float:
+    """Slow-down with k ranks computing at once (linear between measured k; beyond: cores-bound growth)."""
+    table = {int(a): float(b) for a, b in profile_rt.get("contention", {}).items()}
+    if not table:
+        return 1.0
+    ks = sorted(table)
+    if k <= ks[0]:
+        return table[ks[0]]
+    if k >= ks[-1]:
+        return table[ks[-1]] * k / ks[-1]
+    return float(np.interp(k, ks, [table[x] for x in ks]))
+
+
+def calibrated_cluster(spec, profile: dict):
+    """The spec's cluster with intra-DC latency/bandwidth replaced by the measured gloo p2p."""
+    rt = profile.get("runtime", {})
+    p2p = rt.get("p2p")
+    if not p2p:
+        return spec.cluster
+    dcs = []
+    for dc in spec.cluster.datacenters:
+        upd = {"intra_dc_latency_us": p2p["alpha_s"] * 1e6}
+        if p2p["per_byte_s"] > 0:
+            upd["intra_dc_gbps"] = 8 / p2p["per_byte_s"] / 1e9
+        dcs.append(dc.model_copy(update=upd))
+    return spec.cluster.model_copy(update={"datacenters": dcs})
+
+
+def calibrated_inputs(spec, plan, profile: dict) -> CalibratedInputs:
+    """Per-stage costs for `geotrain.sim.simulate_costs`, before contention (see module docstring)."""
+    from geotrain.calibrate.profile import cost_profile
+    from geotrain.cost import CostModel
+    from geotrain.schedule.actions import Op
+    from geotrain.sim import StageCost
+    from geotrain.sim.simulate import plan_schedule
+
+    rt = profile.get("runtime", {})
+    cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
+                     optimizer=spec.job.optimizer, profile=cost_profile(profile))
+    cluster = calibrated_cluster(spec, profile)
+    sched = plan_schedule(plan)
+    per_action = float(rt.get("per_action_s", 0.0))
+    # Interpreter time per compute action: its own plus its share of the stage's non-compute actions.
+    compute_ops = {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT}
+    share = []
+    for acts in sched.actions:
+        n_comp = sum(1 for a in acts if a.op in compute_ops)
+        share.append(per_action * len(acts) / max(1, n_comp))
+    last = plan.pp * plan.virtual_per_stage - 1
+    stage_costs = []
+    for v, (a, b) in enumerate(plan.virtual_units()):
+        dc = cluster.dc(plan.stages[v % plan.pp].dc)
+        t = cost.stage_times(range(a, b), cluster.gpu(dc.gpu_type), plan.micro_batch)
+        o = share[v % plan.pp]
+        stage_costs.append(StageCost(forward=t.forward + o, backward=t.backward + o,
+                                     backward_input=t.backward_input + o / 2, backward_weight=t.backward_weight + o / 2,
+                                     send_bytes=4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden
+                                     if v < last else 0))
+    allreduce, optimizer = [], []
+    ar = rt.get("allreduce", {})
+    opt = rt.get("optimizer")
+    for st in plan.stages:
+        dc = cluster.dc(st.dc)
+        params = cost.stage_params(st.units)
+        if plan.dp <= 1:
+            allreduce.append(0.0)
+        elif str(plan.dp) in ar:
+            fit = ar[str(plan.dp)]
+            allreduce.append(fit["alpha_s"] + 4 * params * fit["per_byte_s"])
+        else:
+            allreduce.append(cost.allreduce_time(cost.grad_bytes(st.units), plan.dp, dc, plan.sharding))
+        if opt:
+            optimizer.append(opt["fixed_s"] + params * opt["per_param_s"])
+        else:
+            optimizer.append(cost.optimizer_time(st.units, cluster.gpu(dc.gpu_type), plan.sharding, plan.dp))
+    return CalibratedInputs(cluster, stage_costs, allreduce, optimizer, plan.global_batch * spec.model.seq_len)
+
+
+def compute_concurrency(result, plan) -> list[float]:
+    """Per physical stage: the time-averaged number of ranks computing while its ranks compute."""
+    from geotrain.trace.metrics import trace_columns
+    from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
+
+    cols = trace_columns(result.trace)
+    m = cols.kind_mask(TRAINING_COMPUTE_KINDS)
+    rank, s, e = cols.rank[m], cols.start[m], cols.end[m]
+    # Sweep: +1 at each start, -1 at each end; level between consecutive points.
+    pts = np.concatenate([s, e])
+    delta = np.concatenate([np.ones(len(s)), -np.ones(len(e))])
+    order = np.lexsort((delta, pts))        # ends before starts at equal times
+    pts, level = pts[order], np.cumsum(delta[order])
+    out = []
+    for stage in range(plan.pp):
+        ranks = [plan.rank(stage, d) for d in range(plan.dp)]
+        sel = np.isin(rank, ranks)
+        total, weighted = 0.0, 0.0
+        for a, b in zip(s[sel], e[sel]):
+            if b <= a:
+                continue
+            i0, i1 = np.searchsorted(pts, a, "right"), np.searchsorted(pts, b, "left")
+            edges = np.concatenate([[a], pts[i0:i1], [b]])
+            lv = np.concatenate([[level[i0 - 1]], level[i0:i1]])
+            weighted += float(np.sum(np.diff(edges) * lv))
+            total += b - a
+        out.append(weighted / total if total > 0 else 1.0)
+    return out
+
+
+def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = True):
+    """Simulate `plan` with the calibrated inputs; returns (SimResult, details dict)."""
+    from dataclasses import replace
+
+    from geotrain.sim import simulate_costs
+
+    inp = calibrated_inputs(spec, plan, profile)
+    rt = profile.get("runtime", {})
+    factors = [1.0] * plan.pp
+    res = None
+    for _ in range(CONTENTION_ROUNDS if contention else 1):
+        costs = [replace(c, forward=c.forward * factors[v % plan.pp], backward=c.backward * factors[v % plan.pp],
+                         backward_input=c.backward_input * factors[v % plan.pp],
+                         backward_weight=c.backward_weight * factors[v % plan.pp])
+                 for v, c in enumerate(inp.stage_costs)]
+        opt = [t * f for t, f in zip(inp.optimizer, factors)]
+        res = simulate_costs(plan, inp.cluster, costs, inp.allreduce, opt, inp.tokens, iterations=iterations)
+        if not contention:
+            break
+        conc = compute_concurrency(res, plan)
+        factors = [_contention(rt, k) for k in conc]
+    return res, {"contention_factors": factors, "allreduce_s": inp.allreduce, "optimizer_s": inp.optimizer}

@@ -1,0 +1,448 @@
+"""`geotrain profile`: measure on this machine what the simulator needs, the way the runtime runs it.
+
+The file is the cost model's profile format (geotrain.cost.profile: per-unit-kind forward and
+backward seconds per micro-batch, `memory_bytes_per_s`) plus one extra key, "runtime", with what
+the cost model has no field for but the calibrated simulation (costs.py) uses:
+
+    "runtime": {
+      "precision", "threads", "cores", "model", "micro_batches",
+      "optimizer":  {"fixed_s", "per_param_s"},           # one optimizer step of a stage (fit)
+      "allreduce":  {"2": {"alpha_s", "per_byte_s"}, ...}, # gloo all-reduce of dp ranks (fit)
+      "p2p":        {"alpha_s", "per_byte_s"},             # gloo isend/irecv between two ranks
+      "contention": {"1": 1.0, "2": f2, ...},              # compute slow-down when k ranks compute at once
+      "per_action_s", "forward_call_s", "backward_call_s", # interpreter overheads (see _interpreter)
+      "startup_s",                                         # one rank's process start-up (import torch ...)
+      "wan": {"per_connection_gbps", "aggregate_gbps", "latency_ms", "achieved_gbps": {"1": .., "4": ..}}
+    }
+
+Why measure this way: each unit is timed as `geotrain.runtime` executes it -- a `UnitStack` of the
+unit, fp32 weights under the precision's autocast, one CPU thread, float32 boundary tensors, the
+last unit's loss through the runtime's own `lm_loss` -- so the numbers are the runtime's, not a
+kernel benchmark's. Multi-process measurements run in one pool of spawned worker processes (one
+start-up paid once); the pool is started only after the single-process timings, so nothing else
+competes for the cores while those run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RUNTIME_KEY = "runtime"
+
+
+# -- file ------------------------------------------------------------------------------------
+
+def save_profile(profile: dict[str, Any], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile, indent=1) + "\n")
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    from geotrain.errors import GeotrainError
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise GeotrainError(f"{path}: profile file not found") from None
+    except json.JSONDecodeError as e:
+        raise GeotrainError(f"{path}: not a JSON profile ({e})") from None
+    if not isinstance(doc, dict) or "block" not in doc:
+        raise GeotrainError(f"{path}: not a geotrain profile (no 'block' table; make one with `geotrain profile`)")
+    return doc
+
+
+def cost_profile(profile: dict[str, Any]) -> dict[str, Any]:
+    """The part `CostModel(profile=...)` accepts (its format has no 'runtime' key)."""
+    from geotrain.cost.profile import PROFILE_KEYS
+
+    return {k: v for k, v in profile.items() if k in PROFILE_KEYS}
+
+
+def runtime_part(profile: dict[str, Any]) -> dict[str, Any]:
+    return profile.get(RUNTIME_KEY, {})
+
+
+# -- single-process timings ----------------------------------------------------------------------
+
+def _median_times(fn, repeats: int, warmup: int = 2) -> tuple[float, float]:
+    fwd, bwd = [], []
+    for i in range(repeats + warmup):
+        a, b = fn()
+        if i >= warmup:
+            fwd.append(a)
+            bwd.append(b)
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+def time_unit(spec, index: int, micro_batch: int, precision: str, repeats: int = 10) -> tuple[float, float]:
+    """(forward_s, backward_s) of model unit `index` at `micro_batch`, executed as the runtime does."""
+    return _median_times(unit_runner(spec, index, micro_batch, precision), repeats)
+
+
+def unit_runner(spec, index: int, micro_batch: int, precision: str):
+    """A function that runs unit `index` forward and backward once and returns (forward_s, backward_s)."""
+    import torch
+
+    from geotrain.models.llama import build_units
+    from geotrain.runtime.parallelize import autocast_context
+    from geotrain.runtime.pipeline import lm_loss
+
+    m = spec
+    stack = build_units(m, index, index + 1)
+    autocast = autocast_context(precision, torch.device("cpu"))
+    g = torch.Generator().manual_seed(index)
+    tokens = torch.randint(0, m.vocab, (micro_batch, m.seq_len), generator=g)
+    x0 = torch.randn(micro_batch, m.seq_len, m.hidden, generator=g)
+    grad = torch.randn(micro_batch, m.seq_len, m.hidden, generator=g)
+
+    def once() -> tuple[float, float]:
+        stack.zero_grad(set_to_none=True)
+        inp = tokens if index == 0 else x0.detach().clone().requires_grad_(True)
+        t0 = time.perf_counter()
+        with autocast():
+            out = stack(inp)
+        if stack.has_head:
+            out = lm_loss(out, tokens)
+        t1 = time.perf_counter()
+        torch.autograd.backward(out, None if stack.has_head else grad)
+        t2 = time.perf_counter()
+        return t1 - t0, t2 - t1
+
+    return once
+
+
+def time_optimizer(spec, units: range, job, repeats: int = 8) -> tuple[int, float]:
+    """(parameters, seconds) of one optimizer step (+ zero_grad) over `units`, as the runtime steps it."""
+    import torch
+
+    from geotrain.models.llama import build_units
+    from geotrain.runtime.trainer import make_optimizer
+
+    stack = build_units(spec, units.start, units.stop)
+    params = list(stack.parameters())
+    opt = make_optimizer(params, job)
+    times = []
+    for i in range(repeats + 2):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        t0 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return sum(p.numel() for p in params), statistics.median(times)
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope), both clamped at >= 0 (a cost never falls with size)."""
+    n = len(xs)
+    if n == 1 or max(xs) == min(xs):
+        return max(0.0, statistics.mean(ys)), 0.0
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, slope)
+    return max(0.0, my - slope * mx), slope
+
+
+def measure_startup(repeats: int = 2) -> float:
+    """Seconds for one rank's process to start and import what the runtime worker imports."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import geotrain.runtime.worker"], check=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _interpreter(spec_path: str, micro_batch: int, num_microbatches: int, steps: int = 4) -> dict[str, float]:
+    """Run the real runtime on one rank (pp=1, dp=1) and read its measured trace: the time in an
+    iteration window that no event accounts for, per action, is the interpreter's own cost; the
+    recorded forward/backward of the whole model minus the sum of its isolated units' times is the
+    cost of one stage call beyond its units (returned per call, so costs.py can add it)."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    from geotrain.config.load import load_spec
+    from geotrain.plan.manual import plan_from_job
+    from geotrain.plan.plan import StagePlan
+    from geotrain.runtime.launch import free_port
+    from geotrain.runtime.trainer import RunConfig, train
+    from geotrain.trace.schema import Trace
+
+    spec = load_spec(spec_path)
+    base = plan_from_job(spec)
+    plan = base.with_(stages=(StagePlan(dc=base.stages[0].dc, chunks=((0, spec.model.num_units),)),), dp=1,
+                      micro_batch=micro_batch, num_microbatches=num_microbatches, schedule="1f1b",
+                      sharding="replicate", links=(), extra_warmup=(), pipeline_offsets=(), name="profile-1rank")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        try:
+            train(RunConfig(spec=spec_path, out=tmp, plan=plan.to_dict(), steps=steps, progress=False,
+                            predict=False, data="synthetic", checkpoint_every=0))
+        finally:
+            dist.destroy_process_group()
+        trace = Trace.read_jsonl(Path(tmp) / "measured_trace.jsonl")
+    gaps, n_actions, fwd, bwd = [], 0, [], []
+    actions_per_iteration = 2 * num_microbatches + 1      # F and B per micro-batch, optimizer
+    for it in range(2, steps + 1):                        # iteration 1 warms up
+        evs = [e for e in trace.events if e.iteration == it and e.kind != "recv_wait"]
+        comp = [e for e in evs if e.kind in ("forward", "backward", "optimizer")]
+        w0, w1 = min(e.start for e in comp), max(e.end for e in comp)
+        gaps.append(w1 - w0 - sum(e.duration for e in evs))
+        n_actions += actions_per_iteration
+        fwd += [e.duration for e in evs if e.kind == "forward"]
+        bwd += [e.duration for e in evs if e.kind == "backward"]
+    return {"per_action_s": max(0.0, sum(gaps) / n_actions), "stage_forward_s": statistics.median(fwd),
+            "stage_backward_s": statistics.median(bwd)}
+
+
+# -- the pool: contention, collectives, transfers ----------------------------------------------
+
+def pool_worker_main(argv: list[str]) -> int:
+    """Entry of one pool process: `python -m geotrain.calibrate.profile TASK.json OUT_DIR` with
+    RANK, WORLD_SIZE, MASTER_ADDR/PORT set; writes OUT_DIR/rank<R>.json."""
+    import torch
+    import torch.distributed as dist
+
+    task = json.loads(Path(argv[0]).read_text())
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        out: dict[str, Any] = {}
+        out["contention"] = _contention(rank, world, task)
+        out["allreduce"] = _allreduce(rank, world, task)
+        out["p2p"] = _p2p(rank, task)
+        if task.get("wan"):
+            out["wan"] = _wan_rates(rank, task["wan"])
+        (Path(argv[1]) / f"rank{rank}.json").write_text(json.dumps(out))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _contention(rank: int, world: int, task: dict) -> dict[str, float]:
+    """Per k = 1..world: median seconds of one block forward+backward while k ranks compute at once."""
+    import torch.distributed as dist
+
+    from geotrain.config.model import ModelSpec
+
+    once = unit_runner(ModelSpec(**task["model"]), 1, task["micro_batch"], task["precision"])
+    once()
+    out = {}
+    for k in range(1, world + 1):
+        dist.barrier()
+        if rank < k:
+            t0 = time.perf_counter()
+            n = 0
+            while time.perf_counter() - t0 < task["contention_s"]:
+                once()
+                n += 1
+            out[str(k)] = (time.perf_counter() - t0) / n
+        dist.barrier()
+    return out
+
+
+def _allreduce(rank: int, world: int, task: dict) -> dict[str, list[tuple[int, float]]]:
+    import torch
+    import torch.distributed as dist
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for n in task["dp_sizes"]:
+        if n > world:
+            continue
+        group = dist.new_group(list(range(n)))
+        rows = []
+        for nbytes in task["allreduce_bytes"]:
+            t = torch.ones(max(1, nbytes // 4))
+            times = []
+            for i in range(7):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if rank < n:
+                    dist.all_reduce(t, group=group)
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            rows.append((nbytes, statistics.median(times)))
+        out[str(n)] = rows
+    return out
+
+
+def _p2p(rank: int, task: dict) -> list[tuple[int, float]]:
+    """One-way isend/irecv time between ranks 0 and 1 (half a ping-pong)."""
+    import torch
+    import torch.distributed as dist
+
+    rows = []
+    for nbytes in task["p2p_bytes"]:
+        t = torch.ones(max(1, nbytes // 4))
+        times = []
+        for i in range(12):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(t, 1)
+                dist.recv(t, 1)
+            elif rank == 1:
+                dist.recv(t, 0)
+                dist.send(t, 0)
+            if i >= 2:
+                times.append((time.perf_counter() - t0) / 2)
+        rows.append((nbytes, statistics.median(times)))
+    return rows
+
+
+def _wan_rates(rank: int, wan: dict) -> dict[str, float]:
+    """Achieved Gbit/s of one transfer over the user-space WAN with n connections (ranks 0 -> 1)."""
+    import torch
+    import torch.distributed as dist
+
+    from geotrain.wan.shaper import ShaperConfig
+    from geotrain.wan.striped import StripedTransport
+
+    store = dist.distributed_c10d._get_default_store()
+    out = {}
+    for n in wan["connections"]:
+        cfg = ShaperConfig(per_connection_gbps=wan["per_connection_gbps"], aggregate_gbps=wan["aggregate_gbps"],
+                           delay_ms=wan["latency_ms"])
+        rate = min(n * wan["per_connection_gbps"], wan["aggregate_gbps"])
+        nbytes = int(max(256 << 10, rate * 1e9 / 8 * wan["seconds"]))
+        tr = StripedTransport(rank, store, connections=n, shaper=cfg, prefix=f"profile/wan{n}")
+        dist.barrier()
+        t = torch.ones(nbytes // 4)
+        times = []
+        for i in range(3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                tr.send(t, 1, tag=i).wait()
+            elif rank == 1:
+                tr.recv(t, 0, tag=i).wait()
+            dt = time.perf_counter() - t0 - wan["latency_ms"] * 1e-3
+            if i >= 1:
+                times.append(dt)
+        dist.barrier()
+        tr.close()
+        out[str(n)] = nbytes * 8 / 1e9 / max(statistics.median(times), 1e-9)
+    return out
+
+
+def run_pool(world: int, task: dict, timeout_s: float = 180.0) -> list[dict]:
+    """Run the multi-process measurements on `world` fresh processes (one CPU thread each)."""
+    import tempfile
+
+    from geotrain.runtime.launch import _kill_all, free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        task_path = Path(tmp) / "task.json"
+        task_path.write_text(json.dumps(task))
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+               "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([sys.executable, "-m", "geotrain.calibrate.profile", str(task_path), tmp],
+                                  env={**env, "RANK": str(r)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  start_new_session=True) for r in range(world)]
+        try:
+            deadline = time.time() + timeout_s
+            while any(p.poll() is None for p in procs):
+                if time.time() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                    bad = next((p for p in procs if p.poll() not in (None, 0)), None)
+                    why = bad.stderr.read().decode(errors="replace").strip().splitlines()[-1:] if bad else ["timeout"]
+                    raise RuntimeError(f"a profiling process failed: {why[0] if why else '?'}")
+                time.sleep(0.1)
+            return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(world)]
+        finally:
+            _kill_all(procs)
+            for p in procs:
+                p.stderr.close()
+
+
+# -- the whole profile ---------------------------------------------------------------------------
+
+def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | None = None,
+                    precision: str | None = None, progress=None) -> dict[str, Any]:
+    """Measure a profile for `spec` (a loaded Spec) on this machine. quick: fewer repeats, dp=2 only."""
+    import torch
+
+    from geotrain.cost import CostModel
+    from geotrain.cost.memory import optimizer_step_bytes_per_param
+    from geotrain.plan.manual import plan_from_job
+
+    say = progress or (lambda msg: None)
+    torch.set_num_threads(1)
+    m, job = spec.model, spec.job
+    plan = plan_from_job(spec)
+    precision = precision or plan.precision
+    mbs = sorted(set(micro_batches or [plan.micro_batch]))
+    reps = 5 if quick else 10
+    prof: dict[str, Any] = {"embedding": {}, "block": {}, "head": {}}
+    say("units")
+    for mb in mbs:
+        for kind, index in (("embedding", 0), ("block", 1), ("head", m.layers + 1)):
+            prof[kind][str(mb)] = list(time_unit(m, index, mb, precision, repeats=reps))
+
+    say("optimizer")
+    sizes = [range(1, 2), range(1, min(m.layers, 3) + 1), range(0, m.num_units)]
+    opt = [time_optimizer(m, u, job) for u in sizes]
+    fixed, per_param = fit_line([p for p, _ in opt], [t for _, t in opt])
+    step_bytes = optimizer_step_bytes_per_param(precision, job.optimizer)
+    prof["memory_bytes_per_s"] = step_bytes / per_param if per_param > 0 else 1e12
+
+    say("interpreter")
+    spec_path = str(spec.path)
+    interp = _interpreter(spec_path, mbs[0], max(2, plan.num_microbatches))
+    units_fwd = prof["embedding"][str(mbs[0])][0] + m.layers * prof["block"][str(mbs[0])][0] + \
+        prof["head"][str(mbs[0])][0]
+    units_bwd = prof["embedding"][str(mbs[0])][1] + m.layers * prof["block"][str(mbs[0])][1] + \
+        prof["head"][str(mbs[0])][1]
+
+    cost = CostModel(m, precision=precision, checkpointing="none", optimizer=job.optimizer)
+    stage_grad = cost.grad_bytes(plan.stages[0].units)
+    grad_fp32 = stage_grad * 4 // cost.dtype_bytes            # the runtime reduces fp32 gradients
+    boundary = m.seq_len * m.hidden * 4 * mbs[0]              # float32 boundary tensors
+    link = next(iter(spec.cluster.wan_links), None)
+    world = 4 if not quick else 2
+    task = {"model": m.model_dump(), "micro_batch": mbs[0], "precision": precision,
+            "contention_s": 0.6 if quick else 1.2, "dp_sizes": [2] if quick else [2, 4],
+            "allreduce_bytes": sorted({4096, grad_fp32 // 4, grad_fp32, 4 * grad_fp32}),
+            "p2p_bytes": sorted({4096, boundary, 8 * boundary}),
+            "wan": None if link is None else {
+                "per_connection_gbps": link.per_connection_gbps, "aggregate_gbps": link.capacity_gbps,
+                "latency_ms": link.latency_ms, "connections": [1, 2, 4], "seconds": 0.15 if quick else 0.3}}
+    say(f"{world} processes: contention, all-reduce, p2p, WAN")
+    pool = run_pool(world, task)
+    contention = {k: statistics.mean(r["contention"][k] for r in pool[:int(k)]) for k in pool[0]["contention"]}
+    base = contention["1"]
+    allreduce = {}
+    for n, rows in pool[0]["allreduce"].items():
+        a, b = fit_line([x for x, _ in rows], [y for _, y in rows])
+        allreduce[n] = {"alpha_s": a, "per_byte_s": b}
+    p2a, p2b = fit_line([x for x, _ in pool[0]["p2p"]], [y for _, y in pool[0]["p2p"]])
+    runtime: dict[str, Any] = {
+        "precision": precision, "threads": 1, "cores": os.cpu_count() or 1, "model": m.name,
+        "micro_batches": mbs, "optimizer": {"fixed_s": fixed, "per_param_s": per_param},
+        "allreduce": allreduce, "p2p": {"alpha_s": p2a, "per_byte_s": p2b},
+        "contention": {k: v / base for k, v in contention.items()},
+        "per_action_s": interp["per_action_s"],
+        "forward_call_s": interp["stage_forward_s"] - units_fwd,
+        "backward_call_s": interp["stage_backward_s"] - units_bwd,
+    }
+    if link is not None and "wan" in pool[1]:
+        runtime["wan"] = {**{k: task["wan"][k] for k in ("per_connection_gbps", "aggregate_gbps", "latency_ms")},
+                          "achieved_gbps": pool[1]["wan"]}
+    say("process start-up")
+    runtime["startup_s"] = measure_startup(1 if quick else 2)
+    prof[RUNTIME_KEY] = runtime
+    return prof
+
+
+if __name__ == "__main__":
+    sys.exit(pool_worker_main(sys.argv[1:]))
