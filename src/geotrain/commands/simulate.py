@@ -23,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=1, metavar="N", help="iterations to simulate (default 1)")
     p.add_argument("--no-compare", action="store_true", help="skip simulating the other schedule kinds")
     p.add_argument("--no-progress", action="store_true", help="never show progress bars")
+    p.add_argument("--bubbletea", metavar="WORKLOAD", nargs="?", const="spec",
+                   help="also serve prefill requests from the bubbles: a TOML file, key=value pairs "
+                        "(e.g. load=0.8,mean_prompt=512,inference_model=llama2-7b) or nothing for the "
+                        "spec's [bubbletea] table / defaults")
 
 
 def check_plan_for_spec(spec, plan) -> None:
@@ -81,6 +85,13 @@ def run(args: argparse.Namespace) -> int:
         plan, _ = load_plan(args.plan)
         if args.schedule:
             plan, _ = schedule_variant(plan, args.schedule, spec.model.num_units, spec)
+    elif spec.job.pp is None and spec.job.dp is None:
+        from geotrain.plan.search import make_plan
+
+        print(f"planning {spec.name} (the job pins no layout; pass --plan to simulate another)", flush=True)
+        plan = make_plan(spec, top_k=1, simulate=False).plan
+        if args.schedule:
+            plan, _ = schedule_variant(plan, args.schedule, spec.model.num_units, spec)
     else:
         plan = plan_from_job(spec, schedule=args.schedule,
                              virtual_per_stage=2 if (args.schedule or spec.job.schedule) == "interleaved" else 1)
@@ -137,10 +148,56 @@ def run(args: argparse.Namespace) -> int:
              f"{100 * r.mean_utilization:.1f}%" if r.mean_utilization is not None else "-",
              f"{100 * r.bubble_fraction:.1f}%" if r.bubble_fraction is not None else "-",
              r.note if len(r.note) <= 90 else r.note[:87] + "..."] for r in schedules]))
+    bt_files = _bubbletea(args, spec, res, out) if args.bubbletea else []
     print()
     print("wrote:")
     for name in ("trace.jsonl", "trace.chrome.json", "plan.json", "metrics.json"):
         print(f"  {out / name}")
     print(f"  {files.timeline}")
     print(f"  {files.html}")
+    for f in bt_files:
+        print(f"  {f}")
     return 0
+
+
+def _bubbletea(args: argparse.Namespace, spec, res, out) -> list:
+    """Serve the workload from the simulated bubbles; print the table, draw the filled timeline."""
+    import json
+    from dataclasses import asdict
+
+    from geotrain.bubbletea.simulate import bubbletea_for_plan, check_no_overlap, parse_workload, prefill_events
+    from geotrain.console import format_table
+    from geotrain.report.timeline import draw_timeline
+    from geotrain.trace.metrics import trace_columns
+    from geotrain.trace.schema import Trace
+
+    cfg = parse_workload(args.bubbletea, spec.bubbletea)
+    bt = bubbletea_for_plan(spec, res, cfg)
+    check_no_overlap(res.trace, bt.result)   # prefill only inside bubbles: training unchanged
+    r = bt.result
+    print()
+    print(f"BubbleTea: prefill of {bt.inference_model} in the bubbles "
+          f"({len(bt.ranks_simulated)} representative GPUs serve a proportional share of the stream)")
+    rows = [list(x) for x in r.summary_rows()]
+    rows.append(["training actions moved", "none (prefill only inside predicted bubbles)"])
+    rows.append(["inference models that fit beside training", ", ".join(bt.models_that_fit) or "none"])
+    if bt.ranks_without_room:
+        rows.append(["GPUs without room for the inference model", str(len(bt.ranks_without_room))])
+    print(format_table(["BubbleTea", "value"], rows))
+    # The filled timeline: iteration 0 of the serving ranks, with their prefill chunks.
+    cols = trace_columns(res.trace)
+    keep = set(bt.ranks_simulated)
+    # Waits are left out: prefill is what the GPU computes while it waits.
+    events = [e for e in cols.to_events() if e.rank in keep and e.iteration == 0 and e.kind != "recv_wait"]
+    t0 = min((e.start for e in events), default=0.0)
+    filled = Trace(events + prefill_events(r, iteration_start=t0, until=r.period), num_ranks=res.trace.num_ranks,
+                   source="sim", meta=dict(res.trace.meta))
+    png = out / "bubbletea_timeline.png"
+    draw_timeline(filled, png, res.plan, title=f"BubbleTea: {spec.name}, prefill in the bubbles (iteration 0)")
+    doc = {"config": asdict(cfg), "inference_model": bt.inference_model,
+           "summary": dict(r.summary_rows()), "utilization_without": r.utilization_without,
+           "utilization_with": r.utilization_with, "ttft_p50_s": r.ttft_p50, "ttft_p99_s": r.ttft_p99,
+           "prefill_tokens_per_s_simulated_gpus": r.prefill_tokens_per_s, "served": r.served, "refused": r.refused,
+           "ranks_simulated": bt.ranks_simulated, "models_that_fit": bt.models_that_fit}
+    (out / "bubbletea.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return [png, out / "bubbletea.json"]

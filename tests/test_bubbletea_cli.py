@@ -1,0 +1,22 @@
+import json
+
+from geotrain.cli import main
+
+
+def test_simulate_with_bubbletea_reports_and_draws(tmp_path, capsys):
+    out = tmp_path / "sim"
+    rc = main(["simulate", "examples/tiny_2dc.toml", "--out", str(out), "--no-compare", "--no-progress",
+               "--bubbletea", "inference_model=tiny,mean_prompt=64,min_chunk=4,iterations=10"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "GPU utilization with BubbleTea" in text and "training actions moved" in text
+    doc = json.loads((out / "bubbletea.json").read_text())
+    assert doc["utilization_with"] > doc["utilization_without"]
+    assert (out / "bubbletea_timeline.png").stat().st_size > 10_000
+
+
+def test_bad_workload_is_one_line_exit_2(tmp_path, capsys):
+    rc = main(["simulate", "examples/tiny_2dc.toml", "--out", str(tmp_path), "--no-compare",
+               "--bubbletea", "rate=fast"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "rate" in err
