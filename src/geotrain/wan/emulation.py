@@ -214,6 +214,9 @@ class WanEmulation:
         N.run_ip("tuntap", "add", "dev", N.TUN_IFNAME, "mode", "tun", ns=st.router)
         N.run_ip("link", "set", N.TUN_IFNAME, "mtu", str(N.MTU), "txqueuelen", "2000", "up", ns=st.router)
         N.run_ip("route", "add", "default", "dev", N.TUN_IFNAME, "table", ROUTE_TABLE, ns=st.router)
+        hosts = {N.hostname(dc): N.dc_address(i) for i, dc in enumerate(self.dcs)}
+        for ns in st.all_namespaces():
+            N.write_name_files(ns, hosts)
         for i, ns in enumerate(st.namespaces):
             N.run_ip("netns", "add", ns)
             N.run_ip("link", "set", "lo", "up", ns=ns)

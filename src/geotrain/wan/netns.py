@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -23,6 +24,24 @@ DC_IFNAME = "gt0"          # the DC side of each veth (same name in every DC nam
 TUN_IFNAME = "gttun"       # the router's TUN device the delayer reads and writes
 SUBNET = "10.77"           # DC i (0-based) lives in 10.77.(i+1).0/24: router .1, DC .2
 MTU = 65000                # few, large packets: the Python delayer handles ~2k packets/s per Gbit/s
+
+
+ETC_NETNS = Path("/etc/netns")    # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
+
+
+def write_name_files(ns: str, hosts: dict[str, str]) -> None:
+    """Give a namespace its own /etc/hosts (DC names) and a resolver that fails at once: without
+    them a reverse lookup of a 10.77.x.y address (TCPStore, gloo) waits ~10 s for an unreachable DNS."""
+    d = ETC_NETNS / ns
+    d.mkdir(parents=True, exist_ok=True)
+    lines = ["127.0.0.1 localhost", *(f"{addr} {name}" for name, addr in hosts.items())]
+    (d / "hosts").write_text("\n".join(lines) + "\n")
+    (d / "resolv.conf").write_text("# geotrain WAN emulation: no DNS inside the emulated datacenters\n"
+                                   "options timeout:1 attempts:1\n")
+
+
+def hostname(dc: str) -> str:
+    return re.sub(r"[^a-z0-9-]", "-", dc.lower()).strip("-") or "dc"
 
 
 def state_dir() -> Path:
@@ -164,7 +183,7 @@ def kill_pids(pids: list[int], grace_s: float = 2.0) -> None:
             pass
     deadline = time.monotonic() + grace_s
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if process_start_time(p) is not None and not _is_zombie(p)]
+        pids = [p for p in pids if process_alive(p)]
         if pids:
             time.sleep(0.05)
     for p in pids:
@@ -172,6 +191,11 @@ def kill_pids(pids: list[int], grace_s: float = 2.0) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie waiting to be reaped counts as gone)."""
+    return process_start_time(pid) is not None and not _is_zombie(pid)
 
 
 def _is_zombie(pid: int) -> bool:
@@ -195,6 +219,7 @@ def teardown(st: WanState, *, kill_delayer: bool = True) -> None:
     for ns in st.all_namespaces():
         if ns in present:
             run_ip("netns", "del", ns, check=False)
+        shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
     try:
         st.path.unlink()
     except FileNotFoundError:
