@@ -1,0 +1,135 @@
+"""StripedTransport over loopback (no root): exact reassembly, ordering, verification, and the
+user-space shaper's caps and delay (the no-root fallback)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+import zlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from geotrain.wan.shaper import ShaperConfig
+from geotrain.wan.striped import HEADER, HELLO, MAGIC, TRAILER, StripedTransport, TransportError
+
+
+@pytest.fixture
+def pair():
+    store = dist.HashStore()
+    a = StripedTransport(0, store, connections=4, min_chunk_bytes=256, timeout_s=20)
+    b = StripedTransport(1, store, connections=4, min_chunk_bytes=256, timeout_s=20)
+    yield a, b, store
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8])
+def test_random_tensors_of_odd_sizes_arrive_exactly(pair, dtype):
+    a, b, _ = pair
+    gen = torch.Generator().manual_seed(1)
+    for shape in [(0,), (1,), (7,), (3, 5, 7), (1001,), (65_537,), (123, 4567)]:
+        x = (torch.randn(shape, generator=gen) * 1000).to(dtype)
+        y = torch.full_like(x, 3)
+        ws, wr = a.send(x, 1, tag=11), b.recv(y, 0, tag=11)
+        ws.wait()
+        wr.wait()
+        assert torch.equal(x, y), shape
+
+
+def test_recv_posted_late_and_noncontiguous_target(pair):
+    a, b, _ = pair
+    x = torch.randn(40, 30)
+    a.send(x, 1, tag=2).wait()
+    time.sleep(0.05)                                       # the bytes wait in a buffer for the recv
+    y = torch.empty(30, 40).t()
+    b.recv(y, 0, tag=2).wait()
+    assert torch.equal(x, y)
+
+
+def test_messages_of_one_tag_keep_order_and_tags_are_independent(pair):
+    a, b, _ = pair
+    xs = [torch.full((5000,), float(i)) for i in range(6)]
+    ys = [torch.empty(5000) for _ in range(6)]
+    # receive tag 1 before tag 0 is even sent
+    recvs = [b.recv(ys[i], 0, tag=i % 2) for i in (1, 3, 5, 0, 2, 4)]
+    sends = [a.send(x, 1, tag=i % 2) for i, x in enumerate(xs)]
+    for w in sends + recvs:
+        w.wait()
+    assert all(torch.equal(x, y) for x, y in zip(xs, ys))
+
+
+def test_both_directions_at_once(pair):
+    a, b, _ = pair
+    x, y = torch.randn(100_000), torch.randn(77_777)
+    gx, gy = torch.empty_like(x), torch.empty_like(y)
+    ws = [a.send(x, 1, 0), b.send(y, 0, 0), b.recv(gx, 0, 0), a.recv(gy, 1, 0)]
+    for w in ws:
+        w.wait()
+    assert torch.equal(x, gx) and torch.equal(y, gy)
+
+
+def test_size_mismatch_is_an_error(pair):
+    a, b, _ = pair
+    a.send(torch.zeros(10), 1, tag=4)
+    with pytest.raises(TransportError, match="size mismatch"):
+        b.recv(torch.zeros(11), 0, tag=4).wait(timeout=10)
+
+
+def test_corrupt_chunk_is_detected():
+    """A peer that sends a wrong crc32: the recv fails instead of returning bad data."""
+    store = dist.HashStore()
+    b = StripedTransport(1, store, timeout_s=10)
+    try:
+        payload = torch.arange(16, dtype=torch.float32).numpy().tobytes()
+        s = socket.create_connection(("127.0.0.1", b.port))
+        s.sendall(HELLO.pack(MAGIC, 0, 0))
+        s.sendall(HEADER.pack(MAGIC, 9, 0, 0, 1, len(payload), 0, len(payload), 0))
+        s.sendall(payload + TRAILER.pack(zlib.crc32(payload) ^ 1))
+        with pytest.raises(TransportError, match="crc32"):
+            b.recv(torch.empty(16), 0, tag=9).wait(timeout=10)
+        s.close()
+    finally:
+        b.close()
+
+
+def test_no_pickle_on_the_wire():
+    assert HEADER.size == struct.calcsize("!IqQHHQQQI")
+
+
+def _timed_transfer(k: int, shaper: ShaperConfig, nbytes: int, base: int) -> float:
+    store = dist.HashStore()
+    a = StripedTransport(base, store, connections=k, shaper=shaper)
+    b = StripedTransport(base + 1, store)
+    try:
+        warm = torch.zeros(1)
+        wr = b.recv(torch.empty(1), base, 0)
+        a.send(warm, base + 1, 0).wait()
+        wr.wait()                                           # connections are up: time only the transfer
+        x = torch.randn(nbytes // 4)
+        y = torch.empty_like(x)
+        t = time.monotonic()
+        wr = b.recv(y, base, 1)
+        a.send(x, base + 1, 1).wait()
+        wr.wait()
+        dt = time.monotonic() - t
+        assert torch.equal(x, y)
+        return dt
+    finally:
+        a.close()
+        b.close()
+
+
+def test_shaper_caps_each_connection_and_the_aggregate():
+    cfg = ShaperConfig(per_connection_gbps=0.08, aggregate_gbps=0.2)
+    nbytes = 3_000_000                                     # 24 Mbit
+    for k, expect_gbps in [(1, 0.08), (4, 0.2)]:
+        gbps = nbytes * 8 / _timed_transfer(k, cfg, nbytes, base=10 * k) / 1e9
+        assert abs(gbps - expect_gbps) <= 0.15 * expect_gbps, (k, gbps)
+
+
+def test_shaper_adds_one_way_delay():
+    dt = _timed_transfer(2, ShaperConfig(delay_ms=60), 4000, base=50)
+    assert 0.055 <= dt <= 0.09, dt

@@ -1,0 +1,119 @@
+"""Temporal link sharing: pipelines take turns in the plan's order, one transfer at a time;
+over TCP (arbiter service) and inside StripedTransport; fair sharing as the no-op baseline."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from geotrain.wan.shaper import ShaperConfig
+from geotrain.wan.striped import StripedTransport
+from geotrain.wan.temporal import FairSharing, LocalTurns, TurnArbiter, TurnTimeout, turns_via_store
+
+
+def _run_pipelines(make_turns, order, sends_each=4, hold_s=0.01):
+    """Each pipeline thread does `sends_each` transfers, holding the link `hold_s` per transfer;
+    returns the (pipeline, start, end) intervals."""
+    log, lock = [], threading.Lock()
+
+    def pipeline(key):
+        t = make_turns(key)
+        for _ in range(sends_each):
+            t.acquire()
+            start = time.monotonic()
+            time.sleep(hold_s)
+            with lock:
+                log.append((key, start, time.monotonic()))
+            t.release()
+
+    threads = [threading.Thread(target=pipeline, args=(k,)) for k in reversed(order)]   # start out of order
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(20)
+    return sorted(log, key=lambda x: x[1])
+
+
+def _no_overlap(log) -> bool:
+    return all(a[2] <= b[1] + 1e-4 for a, b in zip(log, log[1:]))
+
+
+def test_in_process_turns_follow_the_order_one_at_a_time():
+    arb = TurnArbiter([2, 0, 1])
+    log = _run_pipelines(lambda k: LocalTurns(arb, k), [2, 0, 1])
+    assert [k for k, _, _ in log] == [2, 0, 1] * 4
+    assert _no_overlap(log)
+
+
+def test_remote_turns_over_tcp():
+    store = dist.HashStore()
+    arbiters = []
+
+    def make(key):
+        client, arb = turns_via_store(store, "east->west", key, [0, 1, 2], host="127.0.0.1", is_host=key == 0)
+        if arb is not None:
+            arbiters.append(arb)
+        return client
+
+    log = _run_pipelines(make, [0, 1, 2], sends_each=3)
+    assert [k for k, _, _ in log] == [0, 1, 2] * 3
+    assert _no_overlap(log)
+    arbiters[0].close()
+
+
+def test_leave_lets_the_others_continue_and_timeouts_name_the_holder():
+    arb = TurnArbiter([0, 1], timeout_s=0.3)
+    arb.acquire(0)
+    arb.release(0)
+    with pytest.raises(TurnTimeout, match="pipeline 1's turn"):
+        arb.acquire(0)
+    arb.leave(1)
+    arb.acquire(0)
+    arb.release(0)
+    arb.acquire(0)
+    arb.release(0)
+
+
+def test_fair_sharing_overlaps():
+    log = _run_pipelines(lambda k: FairSharing(), [0, 1, 2], sends_each=2, hold_s=0.05)
+    assert not _no_overlap(log)
+
+
+def test_striped_transport_consults_turns_around_each_send():
+    """Two senders to one receiver: with turns their transfers never overlap and alternate in order."""
+    store = dist.HashStore()
+    arb = TurnArbiter([1, 0])
+    intervals, lock = [], threading.Lock()
+
+    class Recording(LocalTurns):
+        def acquire(self):
+            super().acquire()
+            self.t = time.monotonic()
+
+        def release(self):
+            with lock:
+                intervals.append((self.key, self.t, time.monotonic()))
+            super().release()
+
+    shaper = ShaperConfig(per_connection_gbps=0.2)
+    senders = [StripedTransport(r, store, connections=2, shaper=shaper, turns=lambda dst, r=r: Recording(arb, r))
+               for r in (0, 1)]
+    recv = StripedTransport(2, store)
+    try:
+        x = torch.randn(3, 50_000)                      # 600 kB: ~12 ms at 0.4 Gbit/s
+        outs = {(r, i): torch.empty(50_000) for r in (0, 1) for i in range(3)}
+        works = [recv.recv(o, r, i) for (r, i), o in outs.items()]
+        works += [s.send(x[i], 2, i) for i in range(3) for s in senders]
+        for w in works:
+            w.wait()
+        assert all(torch.equal(outs[(r, i)], x[i]) for r, i in outs)
+        intervals.sort(key=lambda v: v[1])
+        assert [k for k, _, _ in intervals] == [1, 0] * 3
+        assert _no_overlap(intervals)
+    finally:
+        for s in [*senders, recv]:
+            s.close()
