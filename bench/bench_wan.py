@@ -1,0 +1,136 @@
+"""Benchmark: one cross-DC transfer over the emulated WAN with 1, 2, 4, 8 TCP connections,
+measured side by side in one run, each beside the model's prediction (WanLink.rate_gbps(n) and
+the one-way latency).
+
+    sudo .venv/bin/python bench/bench_wan.py [--latency-ms 20] [--capacity-gbps 0.4] [--mib 16]
+
+Two measurements per connection count:
+  * raw TCP (the probe): steady-state receiver throughput of n parallel streams;
+  * StripedTransport: wall time of one tensor striped over n connections, from `send` until the
+    receiver has it all (the receiver acks with a 1-element tensor; the ack's one-way latency is
+    subtracted), against latency + bytes / rate_gbps(n). Fresh connections per n, so TCP slow
+    start is included, as it would be for the first transfer of a training step after idling.
+The per-connection cap defaults to a quarter of the capacity, so 4 connections fill the link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+COUNTS = (1, 2, 4, 8)
+PY = sys.executable
+
+
+def _peer(a: argparse.Namespace) -> int:
+    """Runs inside a DC namespace: rank 0 (east) sends, rank 1 (west) receives and acks."""
+    import torch
+    import torch.distributed as dist
+
+    from geotrain.wan.striped import StripedTransport
+
+    store = dist.TCPStore(a.store_host, a.store_port, 2, is_master=a.role == "send",
+                          timeout=datetime.timedelta(seconds=60))
+    numel = a.mib * 2**20 // 4
+    results = []
+    for k in COUNTS:
+        me, peer = (100 * k, 100 * k + 1) if a.role == "send" else (100 * k + 1, 100 * k)
+        tr = StripedTransport(me, store, host=a.host, connections=k, prefix=f"bench/{k}")
+        for rep in range(a.reps):
+            if a.role == "send":
+                x = torch.randn(numel)
+                ack = torch.empty(1)
+                t = time.monotonic()
+                w = tr.recv(ack, peer, tag=rep)
+                tr.send(x, peer, tag=rep).wait()
+                w.wait()
+                results.append({"k": k, "rep": rep, "seconds": time.monotonic() - t})
+            else:
+                y = torch.empty(numel)
+                tr.recv(y, peer, tag=rep).wait()
+                tr.send(torch.ones(1), peer, tag=rep).wait()
+        store.set(f"bench/done/{k}/{a.role}", "1")
+        store.get(f"bench/done/{k}/{'recv' if a.role == 'send' else 'send'}")
+        tr.close()
+    print(json.dumps(results))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--latency-ms", type=float, default=20.0)
+    ap.add_argument("--capacity-gbps", type=float, default=0.4)
+    ap.add_argument("--per-connection-gbps", type=float, default=None, help="default: capacity / 4")
+    ap.add_argument("--mib", type=int, default=16, help="tensor size for the striped transfer")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=2.0, help="raw TCP measurement window")
+    ap.add_argument("--role", choices=["send", "recv"], help=argparse.SUPPRESS)
+    ap.add_argument("--store-host", help=argparse.SUPPRESS)
+    ap.add_argument("--store-port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--host", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.role:
+        return _peer(a)
+
+    from geotrain.config import Cluster
+    from geotrain.wan import WanEmulation, emulation_available
+
+    ok, why = emulation_available()
+    if not ok:
+        print(f"bench_wan: needs the kernel WAN emulation ({why}); run as root", file=sys.stderr)
+        return 2
+    per_conn = a.per_connection_gbps or a.capacity_gbps / 4
+    cluster = Cluster.model_validate({
+        "name": "bench-wan",
+        "datacenters": [{"name": "east", "gpu_type": "cpu", "gpus": 1}, {"name": "west", "gpu_type": "cpu", "gpus": 1}],
+        "wan_links": [{"between": ["east", "west"], "latency_ms": a.latency_ms, "capacity_gbps": a.capacity_gbps,
+                       "per_connection_gbps": per_conn}],
+    })
+    link = cluster.wan_links[0]
+    with WanEmulation(cluster) as wan:
+        east, west = wan.address("east"), wan.address("west")
+        srv = wan.popen("west", [PY, "-m", "geotrain.wan.probe", "serve", "--host", west], stdout=subprocess.PIPE,
+                        text=True)
+        port = srv.stdout.readline().split()[1]
+        rtt = json.loads(wan.exec_in("east", [PY, "-m", "geotrain.wan.probe", "ping", "--host", west, "--port", port])
+                         .stdout)["rtt_ms"]
+        raw = {}
+        for k in COUNTS:
+            r = wan.exec_in("east", [PY, "-m", "geotrain.wan.probe", "send", "--host", west, "--port", port,
+                                     "--connections", str(k), "--seconds", str(a.seconds)])
+            raw[k] = json.loads(r.stdout)["gbps"]
+        common = [PY, os.path.abspath(__file__), "--store-host", east, "--store-port", "29655",
+                  "--mib", str(a.mib), "--reps", str(a.reps)]
+        recv = wan.popen("west", [*common, "--role", "recv", "--host", west], stdout=subprocess.PIPE, text=True)
+        send = wan.popen("east", [*common, "--role", "send", "--host", east], stdout=subprocess.PIPE, text=True)
+        out, _ = send.communicate(timeout=600)
+        recv.communicate(timeout=60)
+        if send.returncode != 0:
+            print("bench_wan: striped transfer failed", file=sys.stderr)
+            return 1
+        striped = json.loads(out.strip().splitlines()[-1])
+
+    nbytes = a.mib * 2**20
+    print(f"emulated WAN: {a.latency_ms:g} ms one-way (measured RTT {rtt:.1f} ms), capacity {a.capacity_gbps:g} "
+          f"Gbit/s, {per_conn:g} Gbit/s per connection; striped tensor {a.mib} MiB, best of {a.reps}")
+    print(f"{'conns':>5} | {'TCP Gbit/s':>10} {'predicted':>9} {'ratio':>5} | {'striped s':>9} {'predicted':>9} "
+          f"{'ratio':>5} {'Gbit/s':>7} | {'speed-up vs 1 (meas / pred)':>27}")
+    base_meas = base_pred = None
+    for k in COUNTS:
+        pred_rate = link.rate_gbps(k)
+        pred_s = a.latency_ms / 1e3 + nbytes * 8 / (pred_rate * 1e9)
+        meas_s = min(r["seconds"] for r in striped if r["k"] == k) - a.latency_ms / 1e3     # minus the ack
+        base_meas, base_pred = base_meas or meas_s, base_pred or pred_s
+        print(f"{k:>5} | {raw[k]:>10.3f} {pred_rate:>9.3f} {raw[k] / pred_rate:>5.2f} | {meas_s:>9.3f} "
+              f"{pred_s:>9.3f} {meas_s / pred_s:>5.2f} {nbytes * 8 / meas_s / 1e9:>7.3f} | "
+              f"{base_meas / meas_s:>12.2f} / {base_pred / pred_s:<12.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
