@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from geotrain.bubbletea.bubbles import Window, bubble_windows
+from geotrain.bubbletea.bubbles import NOT_FILLABLE, Window, bubble_windows
 from geotrain.bubbletea.prefill_cost import PrefillCost, inference_memory_bytes, models_that_fit
 from geotrain.bubbletea.scheduler import BubbleScheduler, Placement, Request
 from geotrain.bubbletea.workload import Workload
@@ -47,20 +47,29 @@ def run_bubbletea(trace: Trace, requests: list[Request], cost: PrefillCost, *, m
                   min_chunk: int = 16, max_wait: float = float("inf"), period: float | None = None,
                   horizon: float | None = None) -> BubbleTeaResult:
     """Serve `requests` from the bubbles of every rank of `trace`."""
+    from geotrain.trace.metrics import compute_metrics
+
     windows, period = bubble_windows(trace, period=period)
+    busy = compute_metrics(trace, 0).mean_utilization
     return run_windows(windows, period, requests, cost, margin=margin, min_chunk=min_chunk,
-                       max_wait=max_wait, horizon=horizon)
+                       max_wait=max_wait, horizon=horizon, busy_fraction=busy)
 
 
 def run_windows(windows: dict[int, list[Window]], period: float, requests: list[Request], cost: PrefillCost, *,
                 margin: float = 0.0, min_chunk: int = 16, max_wait: float = float("inf"),
-                horizon: float | None = None) -> BubbleTeaResult:
-    """Serve `requests` from given per-rank windows repeating every `period`."""
+                horizon: float | None = None, busy_fraction: float | None = None) -> BubbleTeaResult:
+    """Serve `requests` from given per-rank windows repeating every `period`.
+
+    busy_fraction: the ranks' training-compute utilization; by default everything outside the
+    windows counts as training compute."""
     if horizon is None:
         horizon = max((r.arrival for r in requests), default=0.0) + period
     ranks = max(1, len(windows))
     idle = sum(w.length for ws in windows.values() for w in ws) / ranks
-    util_without = (period - idle) / period if period > 0 else 0.0
+    if busy_fraction is not None:
+        util_without = busy_fraction
+    else:
+        util_without = (period - idle) / period if period > 0 else 0.0
     sched = BubbleScheduler(windows, period, cost, margin=margin, min_chunk=min_chunk, max_wait=max_wait)
     placements: list[Placement] = []
     refused = 0
@@ -98,15 +107,15 @@ def prefill_events(result: BubbleTeaResult, iteration_start: float = 0.0,
     return out
 
 
-def check_no_overlap(trace: Trace, result: BubbleTeaResult) -> None:
-    """Raise if any prefill chunk overlaps a training compute action of the same rank, with the
-    training timeline of iteration 0 repeated every period."""
+def check_no_overlap(trace: Trace, result: BubbleTeaResult, fill_dp_reduction: bool = False) -> None:
+    """Raise if any prefill chunk overlaps a training compute action (or, unless it may be
+    filled, the DP reduction) of the same rank, with iteration 0 repeated every period."""
     from geotrain.trace.metrics import trace_columns
 
     cols = trace_columns(trace)
     sel = cols.iteration == 0
     t0 = float(cols.start[sel].min()) if sel.any() else 0.0
-    comp = sel & cols.kind_mask(TRAINING_COMPUTE_KINDS)
+    comp = sel & cols.kind_mask(TRAINING_COMPUTE_KINDS if fill_dp_reduction else NOT_FILLABLE)
     used = {c.rank for p in result.placements for c in p.chunks}
     busy: dict[int, list[tuple[float, float]]] = {}
     for r, s, e in zip(cols.rank[comp].tolist(), cols.start[comp].tolist(), cols.end[comp].tolist()):
@@ -148,6 +157,7 @@ class WorkloadConfig:
     min_chunk: int = 32
     max_wait_periods: float = 1.0
     representative_replicas: int = 4
+    fill_dp_reduction: bool = False
 
 
 INFERENCE_CHOICES = ("llama2-13b", "llama2-7b", "small", "tiny")
@@ -184,14 +194,18 @@ def parse_workload(arg: str | None, spec_table: dict | None = None) -> WorkloadC
             raise SpecError(where, key, f"unknown key (known: {', '.join(known)})")
         typ = str(known[key])
         try:
-            if "float" in typ:
+            if "bool" in typ:
+                if str(val).lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                out[key] = str(val).lower() in ("true", "1")
+            elif "float" in typ:
                 out[key] = float(val)
             elif "int" in typ:
                 out[key] = int(val)
             else:
                 out[key] = str(val)
         except ValueError:
-            raise SpecError(where, key, f"not a number: {val!r}") from None
+            raise SpecError(where, key, f"not a valid {typ}: {val!r}") from None
     cfg = WorkloadConfig(**out)
     from geotrain.models.presets import PRESETS
 
@@ -223,7 +237,7 @@ def bubbletea_for_plan(spec, sim_result, cfg: WorkloadConfig) -> PlanBubbleTea:
 
     plan, trace, metrics = sim_result.plan, sim_result.trace, sim_result.metrics
     period = metrics.iteration_time
-    windows, _ = bubble_windows(trace, period=period)
+    windows, _ = bubble_windows(trace, period=period, fill_dp_reduction=cfg.fill_dp_reduction)
     reps = min(plan.dp, cfg.representative_replicas)
     chosen = [plan.rank(s, d, 0) for s in range(plan.pp) for d in range(reps)]
     headroom = {}
@@ -252,10 +266,12 @@ def bubbletea_for_plan(spec, sim_result, cfg: WorkloadConfig) -> PlanBubbleTea:
     wl = Workload(rate_per_s=rate, mean_prompt=cfg.mean_prompt, sigma=cfg.sigma, max_prompt=cfg.max_prompt,
                   seed=cfg.seed)
     margin = cfg.margin_frac * period / max(1, plan.num_microbatches)
+    busy = metrics.busy_fraction
     res = run_windows(serving, period, wl.requests(horizon), cost, margin=margin, min_chunk=cfg.min_chunk,
-                      max_wait=cfg.max_wait_periods * period, horizon=horizon)
+                      max_wait=cfg.max_wait_periods * period, horizon=horizon,
+                      busy_fraction=sum(busy[r] for r in serving) / max(1, len(serving)))
     if no_room:  # ranks that cannot host the inference model keep their training utilization only
-        n, busy_np = len(chosen), sum(period - sum(w.length for w in windows.get(r, [])) for r in no_room) / period
+        n, busy_np = len(chosen), sum(busy[r] for r in no_room)
         res.utilization_without = (res.utilization_without * len(serving) + busy_np) / n
         res.utilization_with = (res.utilization_with * len(serving) + busy_np) / n
     return PlanBubbleTea(res, cfg, name, sorted(serving), no_room, headroom, fit)

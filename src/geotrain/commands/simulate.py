@@ -173,7 +173,7 @@ def _bubbletea(args: argparse.Namespace, spec, res, out) -> list:
 
     cfg = parse_workload(args.bubbletea, spec.bubbletea)
     bt = bubbletea_for_plan(spec, res, cfg)
-    check_no_overlap(res.trace, bt.result)   # prefill only inside bubbles: training unchanged
+    check_no_overlap(res.trace, bt.result, cfg.fill_dp_reduction)   # prefill only in bubbles: training unchanged
     r = bt.result
     print()
     print(f"BubbleTea: prefill of {bt.inference_model} in the bubbles "
@@ -193,7 +193,8 @@ def _bubbletea(args: argparse.Namespace, spec, res, out) -> list:
     filled = Trace(events + prefill_events(r, iteration_start=t0, until=r.period), num_ranks=res.trace.num_ranks,
                    source="sim", meta=dict(res.trace.meta))
     png = out / "bubbletea_timeline.png"
-    draw_timeline(filled, png, res.plan, title=f"BubbleTea: {spec.name}, prefill in the bubbles (iteration 0)")
+    draw_timeline(filled, png, res.plan, title=f"BubbleTea: {spec.name}, prefill in the bubbles (iteration 0)",
+                  only=bt.ranks_simulated)
     doc = {"config": asdict(cfg), "inference_model": bt.inference_model,
            "summary": dict(r.summary_rows()), "utilization_without": r.utilization_without,
            "utilization_with": r.utilization_with, "ttft_p50_s": r.ttft_p50, "ttft_p99_s": r.ttft_p99,

@@ -59,12 +59,18 @@ class Rows:
     total_ranks: int
 
 
-def select_rows(trace: Trace, plan: Plan | None = None, max_rows: int = MAX_ROWS, show_links: bool = True) -> Rows:
+def select_rows(trace: Trace, plan: Plan | None = None, max_rows: int = MAX_ROWS, show_links: bool = True,
+                only: Sequence[int] | None = None) -> Rows:
+    """`only`: draw exactly these ranks (e.g. the ones a BubbleTea study served from)."""
     layout = rank_layout(trace, plan)
     plan = plan_of(trace, plan)
     n = len(layout)
     note = ""
-    if n <= max_rows:
+    if only is not None:
+        ranks = list(only)
+        if len(ranks) < n:
+            note = f"{len(ranks)} of {n:,} GPUs shown"
+    elif n <= max_rows:
         ranks = list(range(n))
     elif plan is not None:
         stages = list(range(plan.pp))
@@ -243,13 +249,13 @@ def _trace_end(trace: Trace) -> float:
 
 def draw_timelines(panels: Sequence[tuple[str, Trace]], path: str | Path, plan: Plan | None = None,
                    title: str | None = None, max_rows: int = MAX_ROWS, show_links: bool = True,
-                   dpi: int = 110) -> Path:
+                   dpi: int = 110, only: Sequence[int] | None = None) -> Path:
     """Draw one or more traces stacked, sharing the time axis (e.g. predicted over measured).
     Each panel is a GPU axes plus, when the trace has transfers, a link axes below it."""
     panels = list(panels)
     if not panels:
         raise ValueError("nothing to draw")
-    rows = [select_rows(t, plan, max_rows, show_links) for _, t in panels]
+    rows = [select_rows(t, plan, max_rows, show_links, only) for _, t in panels]
     t_end = max(_trace_end(t) for _, t in panels)
     scale, unit = _time_unit(t_end)
     most = max(len(r.ranks) for r in rows)
@@ -289,7 +295,8 @@ def draw_timelines(panels: Sequence[tuple[str, Trace]], path: str | Path, plan: 
 
 
 def draw_timeline(trace: Trace, path: str | Path, plan: Plan | None = None, title: str | None = None,
-                  max_rows: int = MAX_ROWS, show_links: bool = True, dpi: int = 110) -> Path:
+                  max_rows: int = MAX_ROWS, show_links: bool = True, dpi: int = 110,
+                  only: Sequence[int] | None = None) -> Path:
     """One trace's timeline as a PNG: a row per GPU (rank / stage / DC), link rows below."""
     label = "measured" if trace.source == "measured" else "simulated"
-    return draw_timelines([(label, trace)], path, plan, title, max_rows, show_links, dpi)
+    return draw_timelines([(label, trace)], path, plan, title, max_rows, show_links, dpi, only)
