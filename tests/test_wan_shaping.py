@@ -1,0 +1,69 @@
+"""Pieces of the WAN emulation that need no root: htb layout, source-port buckets, names,
+and the non-root fallback decision."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from geotrain.config import Cluster
+from geotrain.wan import netns as N
+from geotrain.wan.shaping import BUCKETS, bucket_of_port, htb_commands
+from geotrain.wan.sockets import open_connections
+
+
+def _cluster():
+    return Cluster.model_validate({
+        "datacenters": [{"name": "East Coast", "gpu_type": "cpu", "gpus": 1},
+                        {"name": "west", "gpu_type": "cpu", "gpus": 1},
+                        {"name": "eu", "gpu_type": "cpu", "gpus": 1}],
+        "wan_links": [{"between": ["East Coast", "west"], "latency_ms": 30, "capacity_gbps": 0.4,
+                       "per_connection_gbps": 0.1},
+                      {"between": ["west", "eu"], "latency_ms": 70, "capacity_gbps": 0.2, "per_connection_gbps": 0.05}],
+    })
+
+
+def test_htb_layout_has_distinct_classes_and_one_filter_per_bucket():
+    cmds = htb_commands("gtd1", [(0, "10.77.1.0/24", 0.4, 0.1), (2, "10.77.3.0/24", 0.2, 0.05)], mtu=65000)
+    classids = [c[c.index("classid") + 1] for c in cmds if c[0] == "class"]
+    assert len(classids) == len(set(classids)) == 2 * (1 + BUCKETS + 1)
+    tcp_filters = [c for c in cmds if c[0] == "filter" and "sport" in c]
+    assert len(tcp_filters) == 2 * BUCKETS
+    parents = [c for c in cmds if c[0] == "class" and c[5] == "1:"]
+    assert [p[p.index("ceil") + 1] for p in parents] == ["400000000bit", "200000000bit"]
+
+
+def test_striped_connections_land_in_distinct_port_buckets():
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(16)
+    socks = open_connections("127.0.0.1", ls.getsockname()[1], 8)
+    buckets = {bucket_of_port(s.getsockname()[1]) for s in socks}
+    assert len(buckets) == 8
+    for s in socks:
+        s.close()
+    ls.close()
+
+
+def test_namespace_and_interface_names_fit_linux_limits():
+    tag = "abc123"
+    for i, dc in enumerate(["East Coast", "a" * 80, "ü"]):
+        ns = N.dc_ns(tag, i, dc)
+        assert ns.startswith(f"gt-{tag}-") and len(ns) <= 32 and "/" not in ns
+    assert len(N.router_ifname(254)) <= 15 and len(N.TUN_IFNAME) <= 15
+
+
+def test_not_root_falls_back_and_says_so(monkeypatch, capsys):
+    from geotrain.wan import emulation, fallback
+
+    monkeypatch.setattr(emulation.os, "geteuid", lambda: 1000)
+    assert emulation.emulation_available() == (False, "not root")
+    assert fallback.start_wan(_cluster()) is None
+    assert "emulating WAN delay and rate limits inside" in capsys.readouterr().err
+    dcs = {0: "East Coast", 1: "west", 2: "eu", 3: "eu"}
+    shaper = fallback.fallback_shaper(_cluster(), dcs.__getitem__, "west")
+    assert shaper(0).delay_ms == 30 and shaper(0).per_connection_gbps == pytest.approx(0.1)
+    assert shaper(2).aggregate_gbps == pytest.approx(0.2)
+    eu = fallback.fallback_shaper(_cluster(), dcs.__getitem__, "eu")
+    assert eu(3) is None and eu(0) is None          # same DC; no link East Coast-eu
