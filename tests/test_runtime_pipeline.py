@@ -42,7 +42,7 @@ CASES = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_losses(steps: int) -> list[float]:
     """One process, whole model, the global batch of every step, same optimizer."""
     spec = load_spec(SPEC)
