@@ -115,6 +115,28 @@ def test_teardown_leaves_nothing_and_watchdog_restarts_a_dead_delayer():
     assert not process_alive(delayer_pid)
 
 
+def test_cli_up_status_down(tmp_path):
+    spec = tmp_path / "c.toml"
+    spec.write_text('[[datacenters]]\nname = "a"\ngpu_type = "cpu"\ngpus = 1\n'
+                    '[[datacenters]]\nname = "b"\ngpu_type = "cpu"\ngpus = 1\n'
+                    '[[wan_links]]\nbetween = ["a", "b"]\nlatency_ms = 3\ncapacity_gbps = 0.1\n'
+                    'per_connection_gbps = 0.05\n')
+    cli = [PY, "-m", "geotrain", "wan"]
+    up = subprocess.run([*cli, "up", str(spec), "--lifetime", "60"], capture_output=True, text=True, timeout=60)
+    try:
+        assert up.returncode == 0, up.stderr
+        ns = up.stdout.split("namespace ")[2].split(",")[0]                # the first DC's namespace
+        st = subprocess.run([*cli, "status", str(spec)], capture_output=True, text=True, timeout=60)
+        assert ": up;" in st.stdout and "delayer running" in st.stdout, st.stdout
+        r = subprocess.run(["ip", "netns", "exec", ns, "getent", "hosts", "b"], capture_output=True, text=True)
+        assert r.stdout.split()[0] == "10.77.2.2"
+    finally:
+        down = subprocess.run([*cli, "down", str(spec)], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0 and "removed" in down.stdout, down.stderr
+    st = subprocess.run([*cli, "status", str(spec)], capture_output=True, text=True, timeout=60)
+    assert "no WAN emulation" in st.stdout
+
+
 CRASHER = """
 import sys, time
 from geotrain.config import Cluster

@@ -144,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
 
         from geotrain.wan.netns import WanState, teardown
 
-        print(f"geotrain wan delayer: {why} ended; tearing the emulation down", file=sys.stderr)
+        try:
+            print(f"geotrain wan delayer: {why} ended; tearing the emulation down", file=sys.stderr, flush=True)
+        except OSError:
+            pass                     # nobody reads our stderr any more: tear down all the same
         try:
             teardown(WanState.load(Path(a.state)), kill_delayer=False)
         except FileNotFoundError:

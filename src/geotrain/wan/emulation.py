@@ -110,12 +110,14 @@ class WanEmulation:
     """
 
     def __init__(self, cluster: Cluster, *, rate_scale: float = 1.0, lifetime_s: float = 3600.0,
-                 manual: bool = False, tag: str | None = None, verbose: bool = False):
+                 manual: bool = False, tag: str | None = None, verbose: bool = False,
+                 queue_bdp: float | None = 1.0):
         self.cluster = cluster
         self.rate_scale = rate_scale
         self.lifetime_s = lifetime_s
         self.manual = manual
         self.verbose = verbose
+        self.queue_bdp = queue_bdp
         self.tag = tag or cluster_tag(cluster, unique=not manual)
         self.dcs = [dc.name for dc in cluster.datacenters]
         self.state = N.WanState(
@@ -147,6 +149,11 @@ class WanEmulation:
         """The DC namespace's WAN-facing interface (GLOO_SOCKET_IFNAME)."""
         self._index(dc)
         return N.DC_IFNAME
+
+    def rank_env(self, dc: str, master_dc: str, master_port: int = 29500) -> dict[str, str]:
+        """Environment for a torch.distributed rank running in `dc` (gloo across namespaces)."""
+        return {"MASTER_ADDR": self.address(master_dc), "MASTER_PORT": str(master_port),
+                "GLOO_SOCKET_IFNAME": self.ifname(dc)}
 
     def netns(self, dc: str) -> str:
         return self.state.namespaces[self._index(dc)]
@@ -237,11 +244,20 @@ class WanEmulation:
                     sources.append((j, N.dc_subnet(j), link.capacity_gbps * self.rate_scale,
                                     link.per_connection_gbps * self.rate_scale))
             if sources:
-                batch = "\n".join(" ".join(c) for c in htb_commands(N.router_ifname(i), sources, N.MTU)) + "\n"
+                batch = "\n".join(" ".join(c) for c in htb_commands(N.router_ifname(i), sources, N.MTU,
+                                                                     self._queue_bytes(dc))) + "\n"
                 r = subprocess.run(["tc", "-n", st.router, "-batch", "-"], input=batch, capture_output=True,
                                    text=True)
                 if r.returncode != 0:
                     raise RuntimeError(f"tc: {r.stderr.strip()}")
+
+    def _queue_bytes(self, dc: str) -> int | None:
+        """Router buffer per leaf: `queue_bdp` bandwidth-delay products of the largest link into `dc`."""
+        if not self.queue_bdp:
+            return None
+        bdps = [ln.capacity_gbps * self.rate_scale * 1e9 / 8 * 2 * ln.latency_ms / 1e3
+                for ln in self.cluster.wan_links if dc in ln.between]
+        return int(self.queue_bdp * max(bdps, default=0))
 
     def _links_json(self) -> str:
         out = []
@@ -256,8 +272,13 @@ class WanEmulation:
                 "--lifetime", str(self.lifetime_s), "--state", str(self.state.path)]
         if self.state.owner_pid is not None:
             argv += ["--owner-pid", str(self.state.owner_pid)]
+        # A manual set-up outlives this process: its delayer must not hold our stderr (a caller
+        # capturing our output would wait for it), so it logs next to the state file.
+        log = open(self.state.path.with_suffix(".log"), "a") if self.manual else None   # noqa: SIM115
         p = subprocess.Popen(["ip", "netns", "exec", self.state.router, *argv], stdout=subprocess.PIPE,
-                             stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+                             stdin=subprocess.DEVNULL, stderr=log, start_new_session=True, text=True)
+        if log is not None:
+            log.close()
         line = p.stdout.readline() if p.stdout else ""
         if line.strip() != "ready":
             p.kill()

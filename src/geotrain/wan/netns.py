@@ -220,10 +220,11 @@ def teardown(st: WanState, *, kill_delayer: bool = True) -> None:
         if ns in present:
             run_ip("netns", "del", ns, check=False)
         shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
-    try:
-        st.path.unlink()
-    except FileNotFoundError:
-        pass
+    for path in (st.path, st.path.with_suffix(".log")):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def clean_stale(verbose: bool = True) -> list[str]:

@@ -38,11 +38,14 @@ def link_classid(src_index: int) -> int:
     return (src_index + 1) << 8
 
 
-def htb_commands(dev: str, sources: list[tuple[int, str, float, float]], mtu: int) -> list[list[str]]:
+def htb_commands(dev: str, sources: list[tuple[int, str, float, float]], mtu: int,
+                 queue_bytes: int | None = None) -> list[list[str]]:
     """`tc` argv lists (without the leading "tc") shaping `dev`, the router's port towards one DC.
 
     sources: (source DC index, source subnet CIDR, capacity Gbit/s, per-connection Gbit/s) for every
-    DC with a link to this one."""
+    DC with a link to this one. queue_bytes: a bfifo of that size under each leaf (a router buffer
+    of about one bandwidth-delay product, so queueing delay stays bounded like on a real WAN);
+    None keeps htb's default packet fifo."""
     cmds: list[list[str]] = [["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "ffff",
                               "r2q", "1"]]
     for src, cidr, cap, per_conn in sources:
@@ -65,6 +68,9 @@ def htb_commands(dev: str, sources: list[tuple[int, str, float, float]], mtu: in
                 cmds.append(["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
                              "match", "ip", "src", cidr, "match", "ip", "protocol", "6", "0xff",
                              "match", "ip", "sport", str(b << 1), hex(PORT_MASK), "flowid", f"1:{cls:x}"])
+            if queue_bytes:
+                cmds.append(["qdisc", "add", "dev", dev, "parent", f"1:{cls:x}", "handle", f"{cls:x}:", "bfifo",
+                             "limit", str(max(queue_bytes, 4 * mtu))])
         cmds.append(["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "2", "u32",
                      "match", "ip", "src", cidr, "flowid", f"1:{parent + OTHER_LEAF:x}"])
     return cmds
