@@ -80,6 +80,33 @@ class BubbleExecutor:
         self._closed = True
         self._sock.close()
 
+    def finish_locally(self, model: UnitStack, grace_s: float = 5.0) -> int:
+        """Training is over: prefill every request still queued (or orphaned by a departed
+        rank) here, so no accepted request is lost. Returns how many were finished."""
+        from geotrain.bubbletea.inference import prefill
+
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:  # let departing ranks hand back their requests
+            with self._lock:
+                if not self.ranks:
+                    break
+            time.sleep(0.05)
+        n = 0
+        while True:
+            with self._lock:
+                job = self._pending.popleft() if self._pending else None
+                if job is not None:
+                    self._jobs.pop(job.id, None)
+            if job is None:
+                return n
+            if not job.future.running() and not job.future.set_running_or_notify_cancel():
+                continue
+            t = time.perf_counter()
+            first, cache = prefill(model, job.tokens)
+            data, shape, dtype = cache.to_bytes()
+            job.future.set_result(PrefillOutput(first, data, shape, dtype, time.perf_counter() - t, where="launcher"))
+            n += 1
+
     # -- rank connections ------------------------------------------------------------------
     def _accept_loop(self) -> None:
         while not self._closed:

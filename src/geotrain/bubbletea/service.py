@@ -58,6 +58,7 @@ class PrefillService:
         self.max_queue, self.max_prompt_tokens, self.max_new_limit = max_queue, max_prompt_tokens, max_new_tokens
         self.vocab, self.token, self.timeout = vocab, token, request_timeout_s
         self.stats = Stats()
+        self.accepting = True
         self._ids = itertools.count()
         self._server: ThreadingHTTPServer | None = None
 
@@ -98,6 +99,8 @@ class PrefillService:
 
     def admit(self) -> int:
         with self.stats.lock:
+            if not self.accepting:
+                raise ServiceError(503, "shutting down, not accepting requests")
             if self.stats.in_flight >= self.max_queue:
                 raise ServiceError(429, "queue is full, retry later")
             self.stats.in_flight += 1
@@ -149,6 +152,20 @@ class PrefillService:
         threading.Thread(target=self._server.serve_forever, name="bubbletea-http", daemon=True).start()
         return self._server.server_address[:2]
 
+    def stop_accepting(self) -> None:
+        with self.stats.lock:
+            self.accepting = False
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until every accepted request has been answered."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.stats.lock:
+                if self.stats.in_flight == 0:
+                    return True
+            time.sleep(0.02)
+        return False
+
     def close(self) -> None:
         if self._server:
             self._server.shutdown()
@@ -168,7 +185,7 @@ def _make_handler(svc: PrefillService):
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
-            if status == 429:
+            if status in (429, 503):
                 self.send_header("Retry-After", "1")
             self.end_headers()
             self.wfile.write(data)

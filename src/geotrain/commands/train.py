@@ -30,6 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpointing", default=None, choices=["none", "full", "selective"])
     p.add_argument("--sharding", default=None, choices=["replicate", "zero1", "zero2", "zero3"])
     p.add_argument("--no-progress", action="store_true", help="no progress bar or summary")
+    p.add_argument("--serve-prefill", type=int, default=None, metavar="PORT",
+                   help="BubbleTea: serve prefill requests on 127.0.0.1:PORT (0: any free port) and run them "
+                        "in the ranks' pipeline bubbles while training")
+    p.add_argument("--prefill-model", default="tiny", help="inference model preset for --serve-prefill (tiny)")
+    p.add_argument("--prefill-token", default=None, help="bearer token the prefill API requires (default: none)")
 
 
 def _config(args: argparse.Namespace):
@@ -81,5 +86,22 @@ def run(args: argparse.Namespace) -> int:
         s, d, _ = plan.coords(r)
         return f"stage {s}, replica {d}, {plan.stages[s].dc}"
 
-    launch([cfg], plan.num_ranks, Path(cfg.out), describe=describe)
+    service = None
+    if args.serve_prefill is not None:
+        from dataclasses import replace
+
+        from geotrain.bubbletea.serve import start_service
+        from geotrain.models.presets import PRESETS
+
+        if args.prefill_model not in PRESETS:
+            raise GeotrainError(f"--prefill-model: unknown preset {args.prefill_model!r}")
+        service = start_service(port=args.serve_prefill, inference_model=args.prefill_model,
+                                token=args.prefill_token)
+        cfg = replace(cfg, bubbletea=service.rank_config)
+        print(f"BubbleTea: POST {service.url}/v1/completions (metrics: {service.url}/metrics)", flush=True)
+    try:
+        launch([cfg], plan.num_ranks, Path(cfg.out), describe=describe)
+    finally:
+        if service is not None:
+            service.close()
     return 0

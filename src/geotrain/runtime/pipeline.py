@@ -60,6 +60,7 @@ class PipelineRank:
     lookahead: int = 2
     boundary_dtype: torch.dtype = torch.float32
     on_optimizer: Callable[[float], None] | None = None   # gets this rank's loss sum so far
+    bubble: object | None = None   # BubbleTea hook: fill_and_wait(index, work, stage), end_iteration()
     _slots: dict[tuple[int, int], _Slot] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -128,7 +129,9 @@ class PipelineRank:
                 self._post_recv(i)
                 buf, work = self._posted.pop(i)
                 t0 = rec.now()
-                if work is not None:
+                if work is not None and self.bubble is not None:
+                    t0 = self.bubble.fill_and_wait(i, work, v)  # prefill in the predicted bubble, then wait
+                elif work is not None:
                     work.wait()
                 rec.add("recv_wait", t0, rec.now(), stage=v, mb=mb, nbytes=buf.numel() * buf.element_size(),
                         peer=self.rank_of(a.peer))
@@ -156,11 +159,13 @@ class PipelineRank:
                 if self.on_optimizer is not None:
                     self.on_optimizer(float(loss_sum))
             elif op == Op.PREFILL:
-                pass  # BubbleTea inference work is not part of training
+                pass  # BubbleTea work runs where the rank would wait (the `bubble` hook), not as an action
             else:
                 raise RuntimeError(f"unknown action {a}")
         self._wait_sends()
         self._slots.clear()
+        if self.bubble is not None:
+            self.bubble.end_iteration()
         return float(loss_sum)
 
     def _wait_sends(self) -> None:

@@ -41,6 +41,9 @@ class RunConfig:
     # before the overflow check; fail_at raises on that rank at the start of that step.
     inject_inf: list[list[int]] = field(default_factory=list)
     fail_at: list[list[int]] = field(default_factory=list)
+    # BubbleTea: prefill requests from the service at `address` run in this rank's bubbles
+    # ({"address": [host, port], "inference_model": ..., ...}; see bubbletea.runtime_hook).
+    bubbletea: dict[str, Any] | None = None
 
 
 def make_optimizer(params: list[torch.nn.Parameter], job, sharding: str = "replicate",
@@ -227,11 +230,16 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         recorder.add("optimizer", t2, recorder.now(), stage=min(chunks))
         state["loss"], state["skipped"] = float(stats[1]) / plan.dp, skipped
 
+    bubble = None
+    if cfg.bubbletea:
+        from geotrain.bubbletea.runtime_hook import make_hook
+
+        bubble = make_hook(cfg.bubbletea, rank, recorder)
     boundary = (plan.micro_batch, spec.model.seq_len, spec.model.hidden)
     runner = PipelineRank(plan=plan, schedule=schedule, stage=stage, replica=replica, chunks=chunks,
                           transport=TorchTransport(), recorder=recorder,
                           autocast=autocast_context(plan.precision, device), boundary_shape=boundary,
-                          dp_group=dp_group, on_optimizer=on_optimizer)
+                          dp_group=dp_group, on_optimizer=on_optimizer, bubble=bubble)
 
     bar = None
     if rank == 0 and cfg.progress:
@@ -266,6 +274,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                 loader_state = source.state_dict() if hasattr(source, "state_dict") else None
                 ckpt.save(step, loader_state)
     finally:
+        if bubble is not None:
+            bubble.close()
         if bar is not None:
             bar.close()
         if losses_file is not None:

@@ -1,0 +1,96 @@
+"""BubbleTea inside `geotrain train`: a rank fills its measured bubbles with prefill chunks.
+
+The pipeline interpreter calls `fill_and_wait(index, work)` where it would block on a receive.
+If the predictor gives that position a budget and the data is not there yet, the rank runs
+prefill chunks that its fitted cost model says will end within the budget, then waits. The
+predictor learns each position's idle time from what the rank measures, so the budgets follow
+the real run (and shrink where a prefill ever ended after the data had arrived).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from geotrain.bubbletea.bubble_executor import BubbleWorker
+from geotrain.bubbletea.predictor import BubblePredictor
+from geotrain.bubbletea.prefill_cost import PrefillCost
+
+log = logging.getLogger(__name__)
+
+
+def profile_prefill_cost(model, lengths: tuple[int, ...] = (8, 24, 48), repeats: int = 3) -> PrefillCost:
+    """Fit a + b*n + c*n^2 to a short profile of this process's prefill (a few ms on a tiny model)."""
+    from geotrain.bubbletea.inference import KVCache, forward_with_cache
+
+    samples = []
+    for n in lengths:
+        toks = torch.randint(0, model.spec.vocab, (1, n))
+        forward_with_cache(model, toks, KVCache())  # warm-up
+        best = min(_timed(lambda t=toks: forward_with_cache(model, t, KVCache())) for _ in range(repeats))
+        samples.append(((n,), best))
+    fit = PrefillCost.fit(samples)
+    # Never trust a fit below what was measured for the smallest chunk.
+    return PrefillCost(max(fit.a, samples[0][1] * 0.5), fit.b, fit.c)
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+class BubbleHook:
+    def __init__(self, worker: BubbleWorker, predictor: BubblePredictor, recorder):
+        self.worker, self.predictor, self.recorder = worker, predictor, recorder
+
+    def fill_and_wait(self, index: int, work, stage: int = -1) -> float:
+        """Prefill inside the predicted bubble before action `index`, then wait for `work`.
+        Returns the time the plain wait began (after any prefill)."""
+        rec = self.recorder
+        t_reach = rec.now()
+        budget = self.predictor.budget(index)
+        done = getattr(work, "is_completed", None)
+        used = 0.0
+        if budget > 0 and not (done and done()):
+            try:
+                used = self.worker.fill(budget)
+            except (ConnectionError, OSError) as e:  # the service went away: training goes on
+                log.warning("bubbletea: prefill service unreachable (%s); prefill disabled", e)
+                self.worker.close()
+            if used > 0:
+                rec.add("prefill", t_reach, t_reach + used, stage=stage)
+        arrived_during = bool(used > 0 and done and done())
+        t_wait = rec.now()
+        work.wait()
+        self.predictor.record(index, rec.now() - t_reach, data_was_waiting=arrived_during)
+        return t_wait
+
+    def end_iteration(self) -> None:
+        self.predictor.next_iteration()
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def make_hook(conf: dict[str, Any], rank: int, recorder) -> BubbleHook | None:
+    """conf: {"address": [host, port], "inference_model": preset, "margin_frac", "margin_s",
+    "warmup_iterations"}. Returns None (and logs why) when the service cannot be reached."""
+    from geotrain.models.llama import build_model
+    from geotrain.models.presets import PRESETS
+
+    model = build_model(PRESETS[conf.get("inference_model", "tiny")]).eval()
+    cost = profile_prefill_cost(model)
+    worker = BubbleWorker(tuple(conf["address"]), rank, model, cost, margin_s=float(conf.get("margin_s", 0.0)))
+    try:
+        worker.connect()
+    except OSError as e:
+        log.warning("bubbletea: cannot reach the prefill service at %s (%s)", conf["address"], e)
+        return None
+    predictor = BubblePredictor(margin_frac=float(conf.get("margin_frac", 0.3)),
+                                margin_s=float(conf.get("margin_s", 0.002)),
+                                warmup_iterations=int(conf.get("warmup_iterations", 2)))
+    return BubbleHook(worker, predictor, recorder)

@@ -1,0 +1,45 @@
+"""Start the prefill-as-a-service endpoint whose work runs in training ranks' bubbles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from geotrain.bubbletea.bubble_executor import BubbleExecutor
+from geotrain.bubbletea.executor import DecodeWorker
+from geotrain.bubbletea.service import PrefillService
+
+
+@dataclass
+class RunningService:
+    service: PrefillService
+    executor: BubbleExecutor
+    url: str
+    rank_config: dict          # what each rank needs to join (RunConfig.bubbletea)
+    model: object = None       # the inference model, for requests left when training ends
+
+    def close(self) -> int:
+        """Stop taking requests (503), prefill what is still queued here, answer everyone, then
+        shut down. Returns how many requests had to be finished after training."""
+        self.service.stop_accepting()
+        left = self.executor.finish_locally(self.model)
+        self.service.wait_idle()
+        self.service.close()
+        self.executor.close()
+        return left
+
+
+def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str = "tiny",
+                  token: str | None = None, max_queue: int = 64) -> RunningService:
+    """HTTP API on host:port; ranks connect to the executor's own local port for work. The
+    decode worker runs here, on the launcher, as a separate decode machine would."""
+    from geotrain.models.llama import build_model
+    from geotrain.models.presets import PRESETS
+
+    executor = BubbleExecutor(host="127.0.0.1")
+    model = build_model(PRESETS[inference_model]).eval()
+    svc = PrefillService(executor, DecodeWorker(model), max_queue=max_queue, token=token,
+                         vocab=PRESETS[inference_model].vocab,
+                         max_prompt_tokens=PRESETS[inference_model].seq_len - 16)
+    h, p = svc.serve(host, port)
+    conf = {"address": list(executor.address), "inference_model": inference_model}
+    return RunningService(svc, executor, f"http://{h}:{p}", conf, model)
