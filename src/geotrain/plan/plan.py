@@ -126,8 +126,14 @@ class Plan:
 def save_plan(path: str | Path, plan: Plan, spec_path: str | None = None,
               extra: dict[str, Any] | None = None) -> None:
     """Write a plan file: the plan plus the experiment spec it was made for."""
+    from geotrain.errors import GeotrainError
+
     doc = {"format": "geotrain-plan/1", "spec": spec_path, "plan": plan.to_dict(), **(extra or {})}
-    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+    except OSError as e:
+        raise GeotrainError(f"cannot write plan file {path}: {e.strerror or e}") from None
 
 
 def load_plan(path: str | Path) -> tuple[Plan, dict[str, Any]]:

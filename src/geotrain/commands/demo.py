@@ -1,0 +1,135 @@
+"""geotrain demo: the whole story on the built-in default, in a few minutes on a laptop-class CPU.
+
+1. plan the tiny Llama across two emulated datacenters (pp=2 x dp=2);
+2. simulate that plan (timeline, bubbles);
+3. train it for real -- ranks in emulated DCs joined by a WAN with latency and rate limits --
+   while a client sends prompts to the BubbleTea endpoint, whose prefill runs in the ranks'
+   bubbles; print what came back;
+4. draw the measured timeline beside the predicted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run the built-in demo: plan, simulate, train across emulated DCs with BubbleTea, report"
+ORDER = 1
+DEFAULT_SPEC = "examples/tiny_2dc.toml"
+PROMPTS = ["def fibonacci(n):\n    ", "import os\nimport sys\n", "class Stack:\n    def push(self, x):",
+           "for i in range(10):\n    print(", "# Return the sum of a list\ndef total(xs):", "with open(path) as f:\n"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", nargs="?", default=None, metavar="SPEC",
+                   help=f"experiment spec (default: the built-in {DEFAULT_SPEC})")
+    p.add_argument("--out", default="runs/demo", metavar="DIR", help="where to write everything (runs/demo)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: the spec's)")
+    p.add_argument("--requests", type=int, default=6, help="prompts to send while training (6)")
+    p.add_argument("--wan", default="auto", help="WAN emulation for training: auto, kernel, shaper, off")
+
+
+def _default_spec() -> str:
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[3] / DEFAULT_SPEC
+    if Path(DEFAULT_SPEC).exists():
+        return DEFAULT_SPEC
+    if here.exists():
+        return str(here)
+    from geotrain.errors import GeotrainError
+
+    raise GeotrainError(f"cannot find the built-in demo spec {DEFAULT_SPEC}; pass a SPEC")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _client(url: str, prompts: list[str], results: list, stop) -> None:
+    """Send prompts one after another while training runs; keep every answer."""
+    import http.client
+    import json
+    import time
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    deadline = time.time() + 120
+    while not stop.is_set() and time.time() < deadline:  # wait for the service
+        try:
+            c = http.client.HTTPConnection(u.hostname, u.port, timeout=2)
+            c.request("GET", "/healthz")
+            c.getresponse().read()
+            c.close()
+            break
+        except OSError:
+            time.sleep(0.5)
+    time.sleep(8)  # let training warm up: the ranks learn their bubbles first
+    for p in prompts:
+        if stop.is_set():
+            return
+        try:
+            c = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+            c.request("POST", "/v1/completions", json.dumps({"prompt": p, "max_new_tokens": 12}))
+            r = c.getresponse()
+            results.append((p, r.status, json.loads(r.read())))
+            c.close()
+        except (OSError, ValueError) as e:
+            results.append((p, 0, {"error": str(e)}))
+        time.sleep(1.0)
+
+
+def run(args: argparse.Namespace) -> int:
+    import threading
+    from pathlib import Path
+
+    from geotrain.cli import main as cli
+
+    spec = args.spec or _default_spec()
+    out = Path(args.out)
+    print(f"== 1/4  plan: {spec}", flush=True)
+    rc = cli(["plan", spec, "--out", str(out / "plan.json")])
+    if rc:
+        return rc
+    print(f"\n== 2/4  simulate the plan -> {out / 'sim'}", flush=True)
+    rc = cli(["simulate", spec, "--plan", str(out / "plan.json"), "--out", str(out / "sim"), "--no-compare"])
+    if rc:
+        return rc
+
+    print(f"\n== 3/4  train for real across emulated datacenters, BubbleTea prefill in the bubbles "
+          f"-> {out / 'train'}", flush=True)
+    port = _free_port()
+    results: list = []
+    stop = threading.Event()
+    client = threading.Thread(target=_client, args=(f"http://127.0.0.1:{port}",
+                                                    (PROMPTS * 10)[:args.requests], results, stop), daemon=True)
+    client.start()
+    argv = ["train", str(out / "plan.json"), "--out", str(out / "train"), "--serve-prefill", str(port)]
+    if args.steps:
+        argv += ["--steps", str(args.steps)]
+    if args.wan != "auto":
+        argv += ["--wan", args.wan]
+    try:
+        rc = cli(argv)
+    finally:
+        stop.set()
+        client.join(timeout=5)
+    if rc:
+        return rc
+    print("\nBubbleTea answers received while training (prompt -> first token + greedy completion of the "
+          "untrained tiny inference model, which is why the text is noise):")
+    for prompt, status, doc in results:
+        shown = prompt.replace("\n", "\\n")[:36]
+        if status == 200:
+            print(f"  {shown!r:40} -> TTFT {doc['ttft_ms']:7.0f} ms on {doc['prefill_on']:>8}, "
+                  f"{len(doc['tokens'])} tokens {doc['text'][:24]!r}")
+        else:
+            print(f"  {shown!r:40} -> HTTP {status} {doc.get('error', '')}")
+    if not results:
+        print("  (none: training ended before the first request; use --steps to train longer)")
+
+    print(f"\n== 4/4  report: measured vs predicted -> {out / 'train' / 'report.html'}", flush=True)
+    return cli(["report", str(out / "train")])
