@@ -132,13 +132,13 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     spec = write_spec(case, directory)
     plan = case_plan(spec, case)
     t0 = time.time()
-    trace_path = launch_with_wan(spec, plan, directory / "run", steps=steps)
+    trace_path, background = launch_with_wan(spec, plan, directory / "run", steps=steps)
     wall = time.time() - t0
     measured = Trace.read_jsonl(trace_path)
     tokens = plan.global_batch * spec.model.seq_len
     mm = measured_metrics(measured, warmup, tokens)
-    sim, details = predict(spec, plan, profile, iterations=steps - warmup)
+    sim, details = predict(spec, plan, profile, iterations=steps - warmup, background=background)
     sim.trace.write_jsonl(directory / "predicted_trace.jsonl")
     row = compare_case(case.name, case.description, sim.metrics, mm)
-    details.update(run_wall_s=wall)
+    details.update(run_wall_s=wall, background_cores=background)
     return row, details

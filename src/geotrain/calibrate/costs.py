@@ -3,18 +3,21 @@ plain cost model leaves out modelled explicitly.
 
 What is modelled (each from a number in the profile's "runtime" part, see profile.py):
   * compute per virtual stage: the sum of its units' measured forward/backward (CostModel with the
-    profile), plus the interpreter's own time around each compute action (`per_action_s` for the
-    compute action and the receive/send actions that come with it);
+    profile) times the runtime factor of that kind (`compute_factor`, from the profile's real
+    2-stage calibration run: what running inside the runtime beside another rank adds), plus the
+    interpreter's own time around each compute action (`per_action_s` for the compute action and
+    the receive/send actions that come with it);
   * the DP reduction: the measured gloo all-reduce fit alpha + bytes x per_byte at that dp, on the
     fp32 gradients the runtime reduces (replicated DP);
   * the optimizer step: measured fixed + per-parameter cost;
   * intra-DC point-to-point: the cluster's intra-DC latency and bandwidth replaced by the measured
     gloo isend/irecv fit;
-  * CPU contention: when more ranks compute at once than the machine has cores -- or just when two
-    share a pair of hyper-threads -- each is slower. The profile has the measured slow-down f(k)
-    with k ranks computing at once. The simulator has no notion of shared cores, so this is a fixed
+  * CPU contention: when more ranks compute at once than the machine has free cores, each is
+    slower: processor sharing, k ranks computing beside b cores of other work (measured while the
+    plan ran, cpuload.py) get cores / (k + b) of a core each. The profile's measured slow-down
+    table f(k) checks this model. The simulator has no notion of shared cores, so this is a fixed
     point: simulate, measure per physical stage the time-averaged number of ranks computing while
-    it computes, scale its compute by f(that), simulate again (3 rounds; it settles in 2).
+    it computes, scale its compute by the slow-down, simulate again (3 rounds; it settles in 2).
 """
 
 from __future__ import annotations
@@ -36,17 +39,10 @@ class CalibratedInputs:
     tokens: int
 
 
-def _contention(profile_rt: dict, k: float) -> float:
-    """Slow-down with k ranks computing at once (linear between measured k; beyond: cores-bound growth)."""
-    table = {int(a): float(b) for a, b in profile_rt.get("contention", {}).items()}
-    if not table:
-        return 1.0
-    ks = sorted(table)
-    if k <= ks[0]:
-        return table[ks[0]]
-    if k >= ks[-1]:
-        return table[ks[-1]] * k / ks[-1]
-    return float(np.interp(k, ks, [table[x] for x in ks]))
+def slowdown(concurrent: float, background: float, cores: int) -> float:
+    """Processor sharing: `concurrent` of our ranks computing at once beside `background` cores of
+    other work on `cores` cores each get cores / (concurrent + background) of a core, at most one."""
+    return max(1.0, (concurrent + background) / max(1, cores))
 
 
 def calibrated_cluster(spec, profile: dict):
@@ -78,6 +74,7 @@ def calibrated_inputs(spec, plan, profile: dict) -> CalibratedInputs:
     cluster = calibrated_cluster(spec, profile)
     sched = plan_schedule(plan)
     per_action = float(rt.get("per_action_s", 0.0))
+    factor = rt.get("compute_factor", {})
     # Interpreter time per compute action: its own plus its share of the stage's non-compute actions.
     compute_ops = {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT}
     share = []
@@ -90,8 +87,10 @@ def calibrated_inputs(spec, plan, profile: dict) -> CalibratedInputs:
         dc = cluster.dc(plan.stages[v % plan.pp].dc)
         t = cost.stage_times(range(a, b), cluster.gpu(dc.gpu_type), plan.micro_batch)
         o = share[v % plan.pp]
-        stage_costs.append(StageCost(forward=t.forward + o, backward=t.backward + o,
-                                     backward_input=t.backward_input + o / 2, backward_weight=t.backward_weight + o / 2,
+        ff, fb = factor.get("forward", 1.0), factor.get("backward", 1.0)
+        stage_costs.append(StageCost(forward=t.forward * ff + o, backward=t.backward * fb + o,
+                                     backward_input=t.backward_input * fb + o / 2,
+                                     backward_weight=t.backward_weight * fb + o / 2,
                                      send_bytes=4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden
                                      if v < last else 0))
     allreduce, optimizer = [], []
@@ -108,7 +107,7 @@ def calibrated_inputs(spec, plan, profile: dict) -> CalibratedInputs:
         else:
             allreduce.append(cost.allreduce_time(cost.grad_bytes(st.units), plan.dp, dc, plan.sharding))
         if opt:
-            optimizer.append(opt["fixed_s"] + params * opt["per_param_s"])
+            optimizer.append((opt["fixed_s"] + params * opt["per_param_s"]) * factor.get("optimizer", 1.0))
         else:
             optimizer.append(cost.optimizer_time(st.units, cluster.gpu(dc.gpu_type), plan.sharding, plan.dp))
     return CalibratedInputs(cluster, stage_costs, allreduce, optimizer, plan.global_batch * spec.model.seq_len)
@@ -144,14 +143,20 @@ def compute_concurrency(result, plan) -> list[float]:
     return out
 
 
-def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = True):
-    """Simulate `plan` with the calibrated inputs; returns (SimResult, details dict)."""
+def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = True,
+            background: float | None = None):
+    """Simulate `plan` with the calibrated inputs; returns (SimResult, details dict).
+
+    background: cores of other work on the machine while the plan runs (cpuload.CpuSampler);
+    None: the background the profile saw."""
     from dataclasses import replace
 
     from geotrain.sim import simulate_costs
 
     inp = calibrated_inputs(spec, plan, profile)
     rt = profile.get("runtime", {})
+    ncores = int(rt.get("cores", 1))
+    bg = float(rt.get("background_cores", 0.0) if background is None else background)
     factors = [1.0] * plan.pp
     res = None
     for _ in range(CONTENTION_ROUNDS if contention else 1):
@@ -164,5 +169,5 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
         if not contention:
             break
         conc = compute_concurrency(res, plan)
-        factors = [_contention(rt, k) for k in conc]
-    return res, {"contention_factors": factors, "allreduce_s": inp.allreduce, "optimizer_s": inp.optimizer}
+        factors = [slowdown(k, bg, ncores) for k in conc]
+    return res, {"contention_factors": factors, "background_cores": bg, "allreduce_s": inp.allreduce, "optimizer_s": inp.optimizer}

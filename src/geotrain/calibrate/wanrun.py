@@ -49,8 +49,10 @@ def wan_config(spec, plan) -> dict:
     return {"rank_dc": rank_dc, "rank_replica": rank_replica, "links": links}
 
 
-def launch_with_wan(spec, plan, out: Path, steps: int, timeout_s: float = 300.0) -> Path:
-    """Train `plan` for `steps` steps into `out`; returns out/measured_trace.jsonl."""
+def launch_with_wan(spec, plan, out: Path, steps: int, timeout_s: float = 300.0) -> tuple[Path, float]:
+    """Train `plan` for `steps` steps into `out`; returns (out/measured_trace.jsonl, background CPU
+    in cores used by other work on the machine meanwhile, see cpuload.py)."""
+    from geotrain.calibrate.cpuload import CpuSampler
     from geotrain.runtime.launch import _first_failure, _kill_all, free_port
     from geotrain.runtime.trainer import RunConfig
 
@@ -72,6 +74,7 @@ def launch_with_wan(spec, plan, out: Path, steps: int, timeout_s: float = 300.0)
             "GEOTRAIN_ERROR_DIR": str(err_dir), "GEOTRAIN_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1",
             "GEOTRAIN_WAN_CONFIG": str(wan_path)}
     procs, files = [], []
+    sampler = CpuSampler()
     try:
         for r in range(world):
             log = open(logs / f"rank{r}.log", "w")  # noqa: SIM115 -- closed in finally
@@ -80,7 +83,9 @@ def launch_with_wan(spec, plan, out: Path, steps: int, timeout_s: float = 300.0)
                                           env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=log,
                                           stderr=log, stdin=subprocess.DEVNULL, start_new_session=True))
         deadline = time.time() + timeout_s
+        pids = [p.pid for p in procs]
         while True:
+            sampler.sample(pids)
             codes = [p.poll() for p in procs]
             if any(c not in (0, None) for c in codes):
                 time.sleep(0.3)
@@ -94,4 +99,4 @@ def launch_with_wan(spec, plan, out: Path, steps: int, timeout_s: float = 300.0)
         _kill_all(procs)
         for f in files:
             f.close()
-    return out / "measured_trace.jsonl"
+    return out / "measured_trace.jsonl", sampler.background_cores()

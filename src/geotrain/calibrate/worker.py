@@ -21,6 +21,18 @@ import sys
 from pathlib import Path
 
 _ORIGINAL = None     # the runtime's own TorchTransport, kept for intra-DC pairs
+MIN_CHUNK_BYTES = 4096
+
+
+def strict_reserve(self, nbytes: int, not_before: float) -> float:
+    """Pacer.reserve as a link serializes: a block may leave only when its LAST byte would have left
+    (no burst credit). The shaper's own version lets a block leave at the start of its slot with a
+    128 KB burst, so a lone 32 KB message crossed a "10 Mbit/s" link in ~0 ms instead of 26 ms --
+    fine for bulk rates, wrong for the per-message timing the simulator predicts."""
+    with self.lock:
+        tat = max(self.next, not_before)
+        self.next = tat + nbytes / self.bytes_per_s
+        return self.next
 
 
 class WanRouting:
@@ -61,11 +73,16 @@ class WanRouting:
 
         def shaper(dst_rank: int):
             lk = link(dst_rank)
-            return ShaperConfig(per_connection_gbps=lk["per_connection_gbps"], aggregate_gbps=lk["aggregate_gbps"],
-                                delay_ms=lk["delay_ms"])
+            # With strict pacing the two pacers book one after the other, so pass the aggregate cap
+            # only where it binds (n connections together faster than the link).
+            binds = lk["connections"] * lk["per_connection_gbps"] > lk["aggregate_gbps"]
+            return ShaperConfig(per_connection_gbps=None if binds else lk["per_connection_gbps"],
+                                aggregate_gbps=lk["aggregate_gbps"] if binds else None, delay_ms=lk["delay_ms"])
 
+        # Small stripes: a boundary tensor of a tiny model (tens of KB) must still spread over n connections.
         self.wan = StripedTransport(self.rank, store, connections=lambda d: link(d)["connections"], shaper=shaper,
-                                    turns=lambda d: turns.get(f"{me}->{self.dc[d]}"), prefix="geotrain/calibrate")
+                                    turns=lambda d: turns.get(f"{me}->{self.dc[d]}"), prefix="geotrain/calibrate",
+                                    min_chunk_bytes=MIN_CHUNK_BYTES)
 
     def _remote(self, peer: int) -> bool:
         return self.dc[peer] != self.dc[self.rank]
@@ -81,10 +98,12 @@ def install() -> None:
     """Make the runtime build `WanRouting` where it builds its default transport."""
     global _ORIGINAL
     import geotrain.runtime.transport as transport
+    from geotrain.wan import shaper
 
     if _ORIGINAL is None:
         _ORIGINAL = transport.TorchTransport
     transport.TorchTransport = WanRouting
+    shaper.Pacer.reserve = strict_reserve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if os.environ.get("GEOTRAIN_WAN_CONFIG"):
         install()
+    if os.environ.get("GEOTRAIN_SWITCH_INTERVAL_S"):
+        # The transport's threads wait for the GIL while the compute thread runs Python; the default
+        # 5 ms switch interval then adds up to 5 ms to every hand-off of a WAN message.
+        sys.setswitchinterval(float(os.environ["GEOTRAIN_SWITCH_INTERVAL_S"]))
     return worker.main(argv)
 
 

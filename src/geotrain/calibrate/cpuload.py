@@ -1,0 +1,68 @@
+"""How much of the machine's CPU other work used while we measured (Linux /proc).
+
+Runs here share 2 cores with whatever else the machine does (other test suites, benchmarks). A
+rank's compute is then slower than the profile's, in proportion to how many runnable processes
+share the cores. `CpuSampler` measures the background as CPU-seconds per second (in cores) used by
+everything except the processes we started: total busy time from /proc/stat minus our processes'
+utime+stime from /proc/<pid>/stat. The calibrated simulation (costs.py) turns it into a slow-down
+with processor sharing: k of our ranks computing at once beside b cores of background each run at
+cores / (k + b) of a core, when that is below 1.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _total_busy() -> float:
+    """Busy CPU-seconds of the whole machine since boot (all cores; not idle, not iowait)."""
+    with open("/proc/stat") as f:
+        parts = f.readline().split()[1:]
+    vals = [int(x) for x in parts]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    busy = sum(vals[:8]) - idle          # user nice system idle iowait irq softirq steal
+    return busy / TICK
+
+
+def _proc_cpu(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK    # utime, stime (all threads)
+
+
+class CpuSampler:
+    """Call `sample(pids)` now and then while our processes run; `background_cores()` at the end."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.busy0 = _total_busy()
+        self.own0 = _proc_cpu(os.getpid()) or 0.0
+        self.ours: dict[int, float] = {}
+        self.t1, self.busy1, self.own1 = self.t0, self.busy0, self.own0
+
+    def sample(self, pids: list[int]) -> None:
+        for p in pids:
+            v = _proc_cpu(p)
+            if v is not None:
+                self.ours[p] = v
+        self.t1, self.busy1, self.own1 = time.monotonic(), _total_busy(), _proc_cpu(os.getpid()) or self.own1
+
+    def background_cores(self) -> float:
+        dt = self.t1 - self.t0
+        if dt <= 0:
+            return 0.0
+        ours = sum(self.ours.values()) + (self.own1 - self.own0)
+        return max(0.0, (self.busy1 - self.busy0 - ours) / dt)
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
