@@ -170,4 +170,5 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
             break
         conc = compute_concurrency(res, plan)
         factors = [slowdown(k, bg, ncores) for k in conc]
-    return res, {"contention_factors": factors, "background_cores": bg, "allreduce_s": inp.allreduce, "optimizer_s": inp.optimizer}
+    return res, {"contention_factors": factors, "background_cores": bg, "allreduce_s": inp.allreduce,
+                 "optimizer_s": inp.optimizer}

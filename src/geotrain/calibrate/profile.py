@@ -473,7 +473,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
     link = next(iter(spec.cluster.wan_links), None)
     world = 4 if not quick else 2
     task = {"model": m.model_dump(), "micro_batch": mbs[0], "precision": precision,
-            "contention_s": 0.6 if quick else 1.2, "dp_sizes": [2] if quick else [2, 4],
+            "contention_s": 0.5 if quick else 0.8, "dp_sizes": [2] if quick else [2, 4],
             "allreduce_bytes": sorted({4096, grad_fp32 // 4, grad_fp32, 4 * grad_fp32}),
             "p2p_bytes": sorted({4096, boundary, 8 * boundary}),
             "wan": None if link is None else {
@@ -504,7 +504,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
     say("calibration run (2-stage pipeline, real runtime)")
     runtime["compute_factor"], runtime["calibration_run"] = _calibration_run(spec, {**prof, RUNTIME_KEY: runtime})
     say("process start-up")
-    runtime["startup_s"] = measure_startup(1 if quick else 2)
+    runtime["startup_s"] = measure_startup(1)
     prof[RUNTIME_KEY] = runtime
     return prof
 

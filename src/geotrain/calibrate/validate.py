@@ -1,0 +1,59 @@
+"""Run the validation set: profile (or load a profile), run + simulate every case, write the table.
+
+Outputs in DIR: profile.json (when measured here), results.json (every row, the details of the
+calibrated simulation and the run conditions), VALIDATION.md (the markdown table), and per case
+DIR/<case>/ with its spec, the run directory and predicted_trace.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+
+def run_validation(out: Path, quick: bool = False, profile: dict | None = None, profile_spec=None,
+                   steps: int = 6, warmup: int = 2, only: list[str] | None = None, say=print) -> tuple[list, str]:
+    """Returns (rows, markdown). `profile_spec`: the Spec to profile when no profile is given
+    (default: the tiny model of the first case)."""
+    from geotrain.calibrate.cases import CASES, QUICK, write_spec
+    from geotrain.calibrate.compare import markdown_table, summarize
+    from geotrain.calibrate.profile import measure_profile, save_profile
+    from geotrain.errors import GeotrainError
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = only or (QUICK if quick else [c.name for c in CASES])
+    unknown = set(names) - {c.name for c in CASES}
+    if unknown:
+        raise GeotrainError(f"unknown validation case(s) {sorted(unknown)} (known: {', '.join(c.name for c in CASES)})")
+    cases = [c for c in CASES if c.name in names]
+    if profile is None:
+        spec = profile_spec or write_spec(cases[0], out / "_profile_spec")
+        say(f"profiling {spec.model.name} on this machine ...")
+        t0 = time.time()
+        profile = measure_profile(spec, quick=quick)
+        save_profile(profile, out / "profile.json")
+        say(f"  done in {time.time() - t0:.0f} s -> {out / 'profile.json'}")
+    rows, details = [], {}
+    for i, case in enumerate(cases, 1):
+        from geotrain.calibrate.cases import run_case
+
+        row, det = run_case(case, profile, out / case.name, steps=steps, warmup=warmup)
+        rows.append(row)
+        details[case.name] = det
+        say(f"[{i}/{len(cases)}] {case.name:<14} predicted {1e3 * row.predicted_iteration_s:7.1f} ms  measured "
+            f"{1e3 * row.measured_iteration_s:7.1f} ms  error {100 * row.iteration_error:+6.1f}%  "
+            f"(background CPU {det['background_cores']:.2f} cores)")
+    table = markdown_table(rows)
+    conditions = (f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), one CPU thread "
+                  f"per rank; {steps} steps per case, the first {warmup} discarded. Background CPU (cores used by "
+                  "other work while each case ran): " + ", ".join(f"{n} {d['background_cores']:.2f}"
+                                                                   for n, d in details.items()) + ".\n")
+    md = table + "\n" + conditions
+    (out / "VALIDATION.md").write_text(md)
+    (out / "results.json").write_text(json.dumps({"summary": summarize(rows), "rows": [r.as_dict() for r in rows],
+                                                  "details": details}, indent=1, default=float) + "\n")
+    return rows, md

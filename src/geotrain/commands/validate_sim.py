@@ -1,0 +1,43 @@
+"""geotrain validate-sim: run small plans for real, simulate them, compare."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "validate-sim"
+HELP = "run a set of small plans for real and compare them with the simulator's predictions"
+DESCRIPTION = (
+    "Profile this machine (or load --profile), then run each validation case for real with the user-space "
+    "WAN (several latencies and bandwidths, gpipe/1f1b/zb-h1/wan-1f1b, pp x dp 2x1, 2x2, 4x1, fair and "
+    "temporal sharing, 1 and 4 connections), simulate it with the calibrated costs, and print predicted vs "
+    "measured iteration time, per-rank busy fraction and bubble time with their errors. Writes "
+    "DIR/VALIDATION.md, DIR/results.json and per-case traces."
+)
+ORDER = 56
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="4 cases and a quick profile (about 1-2 minutes)")
+    p.add_argument("--out", default="runs/validate-sim", metavar="DIR", help="output directory")
+    p.add_argument("--profile", metavar="FILE", help="use this profile instead of measuring one")
+    p.add_argument("--case", action="append", metavar="NAME", help="run only this case (repeatable)")
+    p.add_argument("--steps", type=int, default=6, help="training steps per case (default 6)")
+    p.add_argument("--warmup", type=int, default=2, help="first steps discarded (default 2)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from geotrain.calibrate.profile import load_profile
+    from geotrain.calibrate.validate import run_validation
+    from geotrain.errors import GeotrainError
+
+    if args.warmup < 0 or args.steps <= args.warmup:
+        raise GeotrainError("--steps must be larger than --warmup (and --warmup >= 0)")
+    profile = load_profile(args.profile) if args.profile else None
+    _, md = run_validation(Path(args.out), quick=args.quick, profile=profile, steps=args.steps,
+                           warmup=args.warmup, only=args.case)
+    print()
+    print(md)
+    print(f"wrote {Path(args.out) / 'VALIDATION.md'} and results.json")
+    return 0
