@@ -35,6 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "in the ranks' pipeline bubbles while training")
     p.add_argument("--prefill-model", default="tiny", help="inference model preset for --serve-prefill (tiny)")
     p.add_argument("--prefill-token", default=None, help="bearer token the prefill API requires (default: none)")
+    p.add_argument("--wan", default="auto", choices=["auto", "kernel", "shaper", "off"],
+                   help="the WAN between the plan's datacenters: kernel = one network namespace per DC joined by "
+                        "an emulated WAN router (root); shaper = delay and rate limits inside the project's own "
+                        "transport; auto = kernel where possible, else shaper (default); off = plain local run")
+    p.add_argument("--wan-rate-scale", type=float, default=1.0, metavar="X",
+                   help="multiply every WAN capacity and per-connection cap (the emulator's packet delayer carries "
+                        "~1 Gbit/s: for faster links use e.g. 0.01 with 100 Gbit/s; latency stays exact)")
 
 
 def _config(args: argparse.Namespace):
@@ -72,10 +79,16 @@ def run(args: argparse.Namespace) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEOTRAIN_LAUNCHER_PID" not in os.environ:
         from geotrain.runtime.worker import run_cases
 
-        run_cases([cfg])  # under torchrun: this process is one rank
+        if args.wan == "kernel":
+            raise GeotrainError("--wan kernel starts the ranks itself; under torchrun use --wan shaper, auto or off")
+        if args.wan == "shaper":
+            from dataclasses import replace
+
+            cfg = replace(cfg, wan={"mode": "shaper", "rate_scale": args.wan_rate_scale})
+        run_cases([cfg])  # under torchrun: this process is one rank (auto: the real network is the WAN)
         return 0
     spec, plan = resolve(cfg)  # user errors surface here, before any process starts
-    from geotrain.runtime.launch import launch
+    from geotrain.runtime.launch import run_with_wan
 
     if not args.no_progress:
         print(f"training {spec.model.name} on {plan.num_ranks} local processes: pp={plan.pp} x dp={plan.dp}, "
@@ -100,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, bubbletea=service.rank_config)
         print(f"BubbleTea: POST {service.url}/v1/completions (metrics: {service.url}/metrics)", flush=True)
     try:
-        launch([cfg], plan.num_ranks, Path(cfg.out), describe=describe)
+        run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
+                     describe=describe, say=lambda line: print(line, flush=True))
     finally:
         if service is not None:
             service.close()

@@ -6,6 +6,10 @@ Every child leads its own process group, so the launcher can kill exactly its ch
 anything they started) by id on success, failure, Ctrl-C or SIGTERM; children also die with
 the launcher (PR_SET_PDEATHSIG). The first rank to fail makes the run fail with a one-line
 error naming it; its full traceback is in RUN_DIR/logs/rank<R>.log.
+
+With `wan=` (a runtime.wan.WanLaunch) each rank starts inside its datacenter's network namespace
+with that namespace's MASTER_ADDR / GLOO_SOCKET_IFNAME, and every case gets the WAN transport
+config; tearing the emulation down stays with whoever opened it (`run_with_wan` does both).
 """
 
 from __future__ import annotations
@@ -71,8 +75,12 @@ def _first_failure(err_dir: Path, procs: list[subprocess.Popen], describe) -> st
 
 def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int = 1,
            env: dict[str, str] | None = None, describe=lambda r: f"rank {r}", timeout_s: float | None = None,
-           rank0_stdout: bool = True) -> None:
+           rank0_stdout: bool = True, wan=None) -> None:
     """Run `cases` on `world_size` local processes; raise GeotrainError naming the first failed rank."""
+    if wan is not None and wan.rank_config() is not None:
+        from dataclasses import replace
+
+        cases = [replace(c, wan=wan.rank_config()) for c in cases]
     run_dir = Path(run_dir)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -102,10 +110,11 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
             log = open(logs / f"rank{r}.log", "w")  # noqa: SIM115 -- closed in finally
             files.append(log)
             out = None if (r == 0 and rank0_stdout) else log
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "geotrain.runtime.worker", str(cfg_path)],
-                env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=out, stderr=log,
-                stdin=subprocess.DEVNULL, start_new_session=True))
+            argv = [sys.executable, "-m", "geotrain.runtime.worker", str(cfg_path)]
+            env_r = {**base, "RANK": str(r), "LOCAL_RANK": str(r), **(wan.env(r, port) if wan is not None else {})}
+            start = wan.popen if wan is not None else (lambda _r, a, env, **kw: subprocess.Popen(a, env=env, **kw))
+            procs.append(start(r, argv, env_r, stdout=out, stderr=log, stdin=subprocess.DEVNULL,
+                               start_new_session=True))
         deadline = None if timeout_s is None else time.time() + timeout_s
         while True:
             codes = [p.poll() for p in procs]
@@ -114,6 +123,9 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
                 raise GeotrainError(_first_failure(err_dir, procs, describe) + f" (logs: {logs})")
             if all(c == 0 for c in codes):
                 return
+            broken = getattr(getattr(wan, "emulation", None), "failed", None)
+            if broken:
+                raise GeotrainError(f"{broken} (logs: {logs})")
             if deadline is not None and time.time() > deadline:
                 raise GeotrainError(f"training did not finish within {timeout_s:.0f} s (logs: {logs})")
             time.sleep(0.05)
@@ -124,6 +136,20 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
         if in_main:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = "auto", rate_scale: float = 1.0,
+                 say=print, **kw):
+    """`launch` over the WAN chosen by `mode` (runtime.wan.open_wan), torn down afterwards -- also when
+    a rank fails or on Ctrl-C. Returns the WanLaunch (closed; `.mode` says what ran)."""
+    from geotrain.runtime.wan import open_wan
+
+    wan = open_wan(mode, spec, plan, rate_scale, say=say)
+    try:
+        launch(cases, plan.num_ranks, run_dir, wan=wan, **kw)
+    finally:
+        wan.close()
+    return wan
 
 
 def _is_main_thread() -> bool:

@@ -44,6 +44,9 @@ class RunConfig:
     # BubbleTea: prefill requests from the service at `address` run in this rank's bubbles
     # ({"address": [host, port], "inference_model": ..., ...}; see bubbletea.runtime_hook).
     bubbletea: dict[str, Any] | None = None
+    # The WAN between the plan's DCs (set by the launcher, see runtime.wan): {"mode": "kernel"|"shaper",
+    # "rate_scale", "timeout_s", "hosts": {dc: address}}. None: gloo for every pair (no emulated WAN).
+    wan: dict[str, Any] | None = None
 
 
 def make_optimizer(params: list[torch.nn.Parameter], job, sharding: str = "replicate",
@@ -150,7 +153,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     from geotrain.runtime.recorder import Recorder
     from geotrain.runtime.scaler import GlobalLossScaler, _local
     from geotrain.runtime.summary import write_outputs
-    from geotrain.runtime.transport import TorchTransport
+    from geotrain.runtime.wan import build_transport, start_delay
 
     spec, plan = resolve(cfg)
     job = spec.job
@@ -236,8 +239,10 @@ def train(cfg: RunConfig) -> dict[str, Any]:
 
         bubble = make_hook(cfg.bubbletea, rank, recorder)
     boundary = (plan.micro_batch, spec.model.seq_len, spec.model.hidden)
+    transport = build_transport(cfg.wan, spec, plan, schedule, rank)
+    first_delay = start_delay(plan, replica)     # the plan's pipeline offset: staggered DP pipelines
     runner = PipelineRank(plan=plan, schedule=schedule, stage=stage, replica=replica, chunks=chunks,
-                          transport=TorchTransport(), recorder=recorder,
+                          transport=transport, recorder=recorder,
                           autocast=autocast_context(plan.precision, device), boundary_shape=boundary,
                           dp_group=dp_group, on_optimizer=on_optimizer, bubble=bubble)
 
@@ -259,6 +264,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                 batches = {j: tuple(t.to(device) for t in source.batch(step - 1, replica, j))
                            for j in range(plan.num_microbatches)}
             t_step = time.time()
+            if step == start + 1 and first_delay > 0:
+                time.sleep(first_delay)
             runner.run_iteration(batches, loss_scale=scaler.scale)
             dt = time.time() - t_step
             if losses_file is not None:
@@ -273,6 +280,10 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             if every and (step % every == 0 or step == steps):
                 loader_state = source.state_dict() if hasattr(source, "state_dict") else None
                 ckpt.save(step, loader_state)
+    except BaseException:
+        if hasattr(transport, "close"):
+            transport.close()      # peers see the connections drop instead of waiting for a timeout
+        raise
     finally:
         if bubble is not None:
             bubble.close()
@@ -281,9 +292,13 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         if losses_file is not None:
             losses_file.close()
     wall = time.time() - run_start
-    return write_outputs(cfg, spec, plan, recorder, out, wall=wall, steps_run=steps - start,
-                         tokens_per_step=tokens_per_step, optimizer_steps=state["optimizer_steps"],
-                         memory=state.get("memory"))
+    result = write_outputs(cfg, spec, plan, recorder, out, wall=wall, steps_run=steps - start,
+                           tokens_per_step=tokens_per_step, optimizer_steps=state["optimizer_steps"],
+                           memory=state.get("memory"))
+    if hasattr(transport, "close"):
+        dist.barrier()             # every rank's last transfer (and turn) is done before any closes
+        transport.close()
+    return result
 
 
 def _trim_losses(path: Path, start: int) -> None:

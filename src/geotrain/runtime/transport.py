@@ -60,6 +60,35 @@ class TorchTransport:
         return dist.irecv(tensor, src=src, group=self.group, tag=tag)
 
 
+class RoutedTransport:
+    """One transport per peer: `per_peer[rank]` where given, else `default`.
+
+    How the runtime sends cross-DC pairs over the WAN transport (striped, shaped, taking turns)
+    while pairs inside a DC keep gloo -- the interpreter sees one Transport and stays unchanged."""
+
+    def __init__(self, default: Transport, per_peer: dict[int, Transport] | None = None, also_close=()):
+        self.default = default
+        self.per_peer = dict(per_peer or {})
+        self.also_close = list(also_close)      # helpers living as long as the transports (turn arbiters)
+
+    def route(self, peer: int) -> Transport:
+        return self.per_peer.get(peer, self.default)
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        return self.route(dst).send(tensor, dst, tag)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        return self.route(src).recv(tensor, src, tag)
+
+    def close(self) -> None:
+        """Close every distinct transport that has a `close` (each once)."""
+        seen: set[int] = set()
+        for t in (self.default, *self.per_peer.values(), *self.also_close):
+            if id(t) not in seen and hasattr(t, "close"):
+                seen.add(id(t))
+                t.close()
+
+
 def make_tag(kind: int, src_virtual_stage: int, mb: int, num_virtual: int, num_microbatches: int) -> int:
     """A tag unique within one iteration for (kind, sending virtual stage, micro-batch).
 
@@ -68,4 +97,4 @@ def make_tag(kind: int, src_virtual_stage: int, mb: int, num_virtual: int, num_m
     return (kind * num_virtual + src_virtual_stage) * num_microbatches + mb
 
 
-__all__ = ["Transport", "TorchTransport", "Work", "make_tag"]
+__all__ = ["RoutedTransport", "Transport", "TorchTransport", "Work", "make_tag"]

@@ -71,8 +71,9 @@ class Work:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        if not self._done.wait(self.timeout_s if timeout is None else timeout):
-            raise TransportError(f"{self.what}: timed out")
+        limit = self.timeout_s if timeout is None else timeout
+        if not self._done.wait(limit):
+            raise TransportError(f"{self.what}: timed out after {limit:.0f} s (did the peer rank stop?)")
         if self._error is not None:
             raise TransportError(f"{self.what}: {self._error}") from self._error
         return True
@@ -126,6 +127,8 @@ class _Peer:
         host, port = o._lookup(self.dst)
         k = o.connections_for(self.dst)
         self.socks = open_connections(host, port, k, bind_host=o.host)
+        for s in self.socks:
+            _limit_unsent(s)
         shaper_cfg = o.shaper_for(self.dst)
         shaper = Shaper(shaper_cfg) if shaper_cfg is not None and shaper_cfg.active else None
         for i, s in enumerate(self.socks):
@@ -158,12 +161,17 @@ class _Peer:
                     hdr = [tag, seq, i, len(pieces), len(data), off, n]
                     self.lanes[i % len(self.lanes)].put((hdr, piece, done))
                 done.wait()
-                work._finish(done.error)
+                error = done.error
             except BaseException as e:  # noqa: BLE001 -- the error belongs to the caller's Work
-                work._finish(e)
-            finally:
-                if turns is not None:
+                error = e
+            if turns is not None:
+                # Release before completing: once the caller sees its sends done, its turns are
+                # given back too (it may close the link's arbiter right after).
+                try:
                     turns.release()
+                except OSError as e:
+                    error = error or e
+            work._finish(error)
 
     @staticmethod
     def _write(sock: socket.socket, lane: queue.Queue, pacing: ConnectionShaper | None, delay_us: int) -> None:
@@ -197,6 +205,20 @@ class _Peer:
             except OSError:
                 pass
             s.close()
+
+
+NOTSENT_LOWAT = 128 << 10    # bytes a connection may hold unsent in the kernel
+
+
+def _limit_unsent(sock: socket.socket) -> None:
+    """Keep at most NOTSENT_LOWAT unsent bytes queued in the kernel, so `sendall` returning means the
+    bytes are on the wire (in flight), not parked in a multi-MB socket buffer: a temporal-sharing
+    turn then ends when its transfer has left, not while most of it still waits to be sent."""
+    opt = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, opt, NOTSENT_LOWAT)
+    except OSError:
+        pass
 
 
 class _Countdown:
@@ -245,6 +267,7 @@ class StripedTransport:
         self._send_seq: dict[tuple[int, int], int] = {}
         self._recv_seq: dict[tuple[int, int], int] = {}
         self._slots: dict[tuple[int, int, int], _Slot] = {}
+        self._lost: dict[int, BaseException] = {}        # peers whose connection dropped
         self._timers: list[tuple[float, int, _Slot]] = []
         self._timer_cv = threading.Condition()
         self._timer_seq = 0
@@ -307,6 +330,7 @@ class StripedTransport:
             slot = self._slots.get(key)
             if slot is None:
                 slot = self._slots[key] = _Slot(total=nbytes)
+                slot.error = self._lost.get(src)
             with slot.lock:
                 slot.work, slot.target, slot.staging = work, tensor, staging
                 if slot.total != nbytes:
@@ -358,16 +382,34 @@ class StripedTransport:
     def _read(self, conn: socket.socket) -> None:
         hello = bytearray(HELLO.size)
         hdr = bytearray(HEADER.size)
+        src = None
         try:
             recv_exact(conn, memoryview(hello))
             magic, src, _stripe = HELLO.unpack(hello)
             if magic != MAGIC:
+                src = None
                 raise ConnectionError("not a striped-transport peer")
             while True:
                 recv_exact(conn, memoryview(hdr))
                 self._read_chunk(conn, src, HEADER.unpack(hdr))
-        except (OSError, ConnectionError):
+        except (OSError, ConnectionError) as e:
             conn.close()
+            if src is not None and not self._closed:
+                self._peer_lost(src, e)
+
+    def _peer_lost(self, src: int, why: BaseException) -> None:
+        """A connection from `src` dropped: its incomplete messages, and any recv posted later that
+        finds no complete message, fail at once instead of waiting for the timeout."""
+        err = ConnectionError(f"rank {src} dropped the connection ({why})")
+        with self._lock:
+            self._lost[src] = err
+            pending = [(k, sl) for k, sl in self._slots.items() if k[0] == src]
+        for key, slot in pending:
+            with slot.lock:
+                if slot.ready:
+                    continue
+                slot.error = slot.error or err
+            self._complete(key, slot)
 
     def _read_chunk(self, conn: socket.socket, src: int, h: tuple) -> None:
         magic, tag, seq, index, nchunks, total, offset, nbytes, delay_us = h

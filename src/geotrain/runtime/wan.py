@@ -1,0 +1,258 @@
+"""The WAN in real training: where ranks run, and how their cross-DC transfers travel.
+
+Launcher side (`open_wan`): `--wan kernel` builds the emulated datacenters (one network namespace
+per DC, a router namespace adding each link's latency, capacity and per-connection cap; see
+geotrain.wan.emulation) and starts every rank inside its DC's namespace, gloo bound to the
+namespace's interface and MASTER_ADDR in rank 0's namespace; tear-down follows the run, also on
+failure and Ctrl-C. `--wan shaper` keeps every rank on 127.0.0.1 and emulates delay and rates
+inside the project's own transport (the fallback where namespaces are impossible). `auto` picks
+kernel where it can, else shaper, and says which.
+
+Rank side (`build_transport`): pairs of ranks in one DC keep gloo (TorchTransport); pairs across a
+WAN link go through StripedTransport with the LinkPlan's number of TCP connections. When the
+LinkPlan says "temporal", the DP pipelines sending over that stage boundary (one direction) take
+turns in the plan's order, each transfer alone on the link; "fair" lets them all send at once.
+
+Why turns cannot deadlock: every replica executes the same action list, so the senders of one
+boundary post the same number of messages per iteration in the same order; sends are
+non-blocking and the receiver buffers what arrives before its recv is posted, so a turn only
+waits for other replicas' earlier-or-equal messages, which they post without waiting for this
+one; and every send completes before the iteration's world-wide loss all-reduce. A rank that
+dies anyway cannot hang the others forever: waits time out (`timeout_s`) with an error naming
+the transfer or the pipeline whose turn it was, and the launcher stops the run at the first
+failed rank. `sends_per_boundary` is the schedule check behind the first claim.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from geotrain.errors import GeotrainError
+
+MODES = ("auto", "kernel", "shaper", "off")
+DELAYER_GBPS = 1.0       # what the Python packet delayer carries comfortably (see environment notes)
+MIN_CHUNK_BYTES = 4096   # small stripes: a tiny model's boundary tensor (tens of KB) still uses every connection
+DEFAULT_TIMEOUT_S = 300.0
+
+
+# ----------------------------------------------------------------------------- plan helpers
+def peer_stages(plan, schedule, stage: int) -> set[int]:
+    """Physical stages this stage exchanges boundary tensors with (from its action list)."""
+    return {a.peer % plan.pp for a in schedule.actions[stage] if a.peer >= 0 and a.peer % plan.pp != stage}
+
+
+def cross_dc_links(plan, schedule, stage: int):
+    """{peer stage: LinkPlan} for this stage's peers in another DC (a missing LinkPlan: 1 connection, fair)."""
+    from geotrain.plan.plan import LinkPlan
+
+    mine = plan.stages[stage].dc
+    out = {}
+    for p in sorted(peer_stages(plan, schedule, stage)):
+        other = plan.stages[p].dc
+        if other != mine:
+            out[p] = plan.link_between(mine, other) or LinkPlan(src_dc=mine, dst_dc=other)
+    return out
+
+
+def turn_order(lp, dp: int) -> list[int]:
+    order = list(lp.order) or list(range(dp))
+    if sorted(order) != list(range(dp)):
+        raise GeotrainError(f"link {lp.src_dc}-{lp.dst_dc}: temporal order {order} must list each of the "
+                            f"{dp} DP pipelines exactly once")
+    return order
+
+
+def sends_per_boundary(plan, schedule) -> dict[tuple[int, int], list[tuple[str, int, int]]]:
+    """Per (sending stage, receiving stage): the sends one replica makes per iteration, in order,
+    as (kind, virtual stage, micro-batch). Every replica runs the same list, so temporal turns
+    (one message per replica per round) stay matched; tests check it holds for every schedule."""
+    from geotrain.schedule.actions import Op
+
+    out: dict[tuple[int, int], list[tuple[str, int, int]]] = {}
+    for s, actions in enumerate(schedule.actions):
+        for a in actions:
+            if a.op in (Op.SEND_ACT, Op.SEND_GRAD) and a.peer % plan.pp != s:
+                out.setdefault((s, a.peer % plan.pp), []).append((a.op.value, a.stage, a.mb))
+    return out
+
+
+def start_delay(plan, replica: int) -> float:
+    """Seconds pipeline `replica` waits before its first step: the plan's pipeline offset (the
+    simulator starts every rank of DP pipeline d at pipeline_offsets[d], once, at time 0)."""
+    offs = plan.pipeline_offsets
+    return float(offs[replica]) if replica < len(offs) else 0.0
+
+
+# ----------------------------------------------------------------------------- rank side
+_BUILT = [0]     # transports built by this process: a fresh store namespace per run (cases share the store)
+
+
+def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int):
+    """The transport for this rank: plain gloo without a WAN config; else a RoutedTransport with
+    StripedTransport on the cross-DC peers (see module docstring)."""
+    import torch.distributed as dist
+
+    from geotrain.runtime import transport as T
+
+    _BUILT[0] += 1
+    default = T.TorchTransport()          # looked up at call time: calibrate's worker swaps this class
+    if not wan:
+        return default
+    stage, replica, _ = plan.coords(rank)
+    links = cross_dc_links(plan, schedule, stage)
+    if not links:
+        return default
+    from geotrain.wan.striped import StripedTransport
+    from geotrain.wan.temporal import turns_via_store
+
+    store = dist.distributed_c10d._get_default_store()
+    run = f"geotrain/rt{_BUILT[0]}"
+    my_dc = plan.stages[stage].dc
+    host = wan["hosts"][my_dc] if wan["mode"] == "kernel" else "127.0.0.1"
+    timeout = float(wan.get("timeout_s", DEFAULT_TIMEOUT_S))
+    conns: dict[int, int] = {}
+    turns: dict[int, object] = {}
+    arbiters = []
+    for peer_stage, lp in links.items():
+        turn = None
+        if lp.sharing == "temporal":
+            order = turn_order(lp, plan.dp)
+            turn, arbiter = turns_via_store(store, f"{run}/{stage}->{peer_stage}", replica, order, host=host,
+                                            is_host=replica == order[0], timeout_s=timeout)
+            if arbiter is not None:
+                arbiters.append(arbiter)
+        elif lp.sharing != "fair":
+            raise GeotrainError(f"link {lp.src_dc}-{lp.dst_dc}: unknown sharing {lp.sharing!r} (fair, temporal)")
+        for d in range(plan.dp):
+            peer = plan.rank(peer_stage, d)
+            conns[peer] = max(1, int(lp.connections))
+            if turn is not None:
+                turns[peer] = turn
+    shaper = None
+    if wan["mode"] == "shaper":
+        from geotrain.wan.fallback import fallback_shaper
+
+        shaper = fallback_shaper(spec.cluster, lambda r: plan.stages[plan.coords(r)[0]].dc, my_dc,
+                                 float(wan.get("rate_scale", 1.0)))
+    striped = StripedTransport(rank, store, host=host, connections=lambda d: conns.get(d, 1), shaper=shaper,
+                               turns=turns.get, prefix=f"{run}/striped", min_chunk_bytes=MIN_CHUNK_BYTES,
+                               timeout_s=timeout)
+    for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it
+        how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
+        print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.stages[peer_stage].dc}): "
+              f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']}",
+              file=sys.stderr, flush=True)
+    clients = list({id(t): t for t in turns.values()}.values())
+    return T.RoutedTransport(default, dict.fromkeys(conns, striped), also_close=[*clients, *arbiters])
+
+
+# ----------------------------------------------------------------------------- launcher side
+@dataclass
+class WanLaunch:
+    """What the launcher needs: the rank-side config, where each rank runs, and tear-down."""
+
+    mode: str                                   # "kernel" | "shaper" | "off"
+    rank_dc: list[str] = field(default_factory=list)
+    emulation: Any = None                       # geotrain.wan.WanEmulation when mode == "kernel"
+    rate_scale: float = 1.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    tag: str = ""                               # the emulation's name tag (namespaces gt-<tag>*)
+
+    def rank_config(self) -> dict[str, Any] | None:
+        if self.mode == "off":
+            return None
+        cfg: dict[str, Any] = {"mode": self.mode, "rate_scale": self.rate_scale, "timeout_s": self.timeout_s}
+        if self.emulation is not None:
+            cfg["hosts"] = {dc: self.emulation.address(dc) for dc in self.emulation.dcs}
+        return cfg
+
+    def env(self, rank: int, master_port: int) -> dict[str, str]:
+        if self.emulation is None:
+            return {}
+        return self.emulation.rank_env(self.rank_dc[rank], self.rank_dc[0], master_port)
+
+    def popen(self, rank: int, argv: Sequence[str], env: dict[str, str], **kw) -> subprocess.Popen:
+        if self.emulation is None:
+            return subprocess.Popen(list(argv), env=env, **kw)
+        self.emulation.check()
+        # `ip netns exec` replaces itself with argv: the child keeps our pid as parent (PDEATHSIG holds).
+        return subprocess.Popen(["ip", "netns", "exec", self.emulation.netns(self.rank_dc[rank]), *argv],
+                                env=env, **kw)
+
+    def close(self) -> None:
+        if self.emulation is not None:
+            self.emulation.stop()
+            self.emulation = None
+
+    def __enter__(self) -> WanLaunch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S,
+             say: Callable[[str], None] = print) -> WanLaunch:
+    """Set up the WAN for `plan` (see module docstring); `say` gets one line naming what was chosen."""
+    if mode not in MODES:
+        raise GeotrainError(f"--wan must be one of {', '.join(MODES)}, got {mode!r}")
+    if rate_scale <= 0:
+        raise GeotrainError("--wan-rate-scale must be positive")
+    rank_dc = [plan.stages[plan.coords(r)[0]].dc for r in range(plan.num_ranks)]
+    used = list(dict.fromkeys(st.dc for st in plan.stages))
+    if mode == "off" or len(used) < 2:
+        if mode != "off":
+            say("WAN: none (every stage is in one datacenter)")
+        return WanLaunch("off", rank_dc)
+    for a, b in zip(used, used[1:]):
+        if spec.cluster.link(a, b) is None:
+            raise GeotrainError(f"stages sit in {a} and {b}, but the cluster has no WAN link between them")
+    links = "; ".join(f"{ln.between[0]}-{ln.between[1]}: {ln.latency_ms:g} ms one-way, "
+                      f"{ln.capacity_gbps * rate_scale:g} Gbit/s, {ln.per_connection_gbps * rate_scale:g} Gbit/s "
+                      f"per connection" for ln in spec.cluster.wan_links if set(ln.between) <= set(used))
+    fast = max((ln.capacity_gbps * rate_scale for ln in spec.cluster.wan_links), default=0.0)
+    why = ""
+    if mode in ("auto", "kernel"):
+        from geotrain.wan.emulation import WanEmulation, WanUnavailable, emulation_available
+
+        ok, why = emulation_available()
+        if ok:
+            cluster = _cluster_of(spec.cluster, used)
+            try:
+                emu = WanEmulation(cluster, rate_scale=rate_scale, lifetime_s=7 * 86400).start()
+            except WanUnavailable as e:
+                why = str(e)
+            else:
+                note = (f" (links above ~{DELAYER_GBPS:g} Gbit/s exceed what the packet delayer carries; "
+                        f"consider --wan-rate-scale {DELAYER_GBPS / fast:.2g})") if fast > 2 * DELAYER_GBPS else ""
+                say(f"WAN: kernel emulation, one network namespace per datacenter (gt-{emu.tag}-*: "
+                    f"{', '.join(f'{dc} {emu.address(dc)}' for dc in used)}), {links}{note}")
+                return WanLaunch("kernel", rank_dc, emu, rate_scale, timeout_s, tag=emu.tag)
+        if mode == "kernel":
+            raise GeotrainError(f"--wan kernel: {why}")
+    say(f"WAN: user-space shaper inside the transport{f' (kernel emulation unavailable: {why})' if why else ''}; "
+        f"{links} -- only pipeline transfers between datacenters are delayed and rate-limited")
+    return WanLaunch("shaper", rank_dc, None, rate_scale, timeout_s)
+
+
+def _cluster_of(cluster, dcs: list[str]):
+    """The cluster restricted to the DCs the plan uses (fewer namespaces to build)."""
+    keep = set(dcs)
+    return cluster.model_copy(update={
+        "datacenters": [d for d in cluster.datacenters if d.name in keep],
+        "wan_links": [ln for ln in cluster.wan_links if set(ln.between) <= keep]})
+
+
+def leftover_namespaces(emulation_tag: str) -> list[str]:
+    """Namespaces of emulation `emulation_tag` still present (tests: tear-down left nothing)."""
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    return [ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith(f"gt-{emulation_tag}")]
+
+
+def is_root() -> bool:
+    return sys.platform.startswith("linux") and os.geteuid() == 0
