@@ -1,0 +1,163 @@
+"""Calibration: the profile file, the calibrated simulation inputs and the comparison arithmetic.
+
+The unit timings here are real (tiny model, a few repeats); nothing under test is mocked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from geotrain.calibrate.compare import (
+    compare_case,
+    drop_warmup,
+    markdown_table,
+    rel_error,
+    summarize,
+)
+from geotrain.calibrate.costs import calibrated_inputs, compute_concurrency, predict, slowdown
+from geotrain.calibrate.profile import cost_profile, fit_line, load_profile, save_profile, time_unit
+from geotrain.calibrate.wanrun import wan_config
+from geotrain.cost import CostModel
+from geotrain.errors import GeotrainError
+from geotrain.plan.manual import plan_from_job
+from geotrain.trace.metrics import Metrics
+from geotrain.trace.schema import Event, Trace
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    from geotrain.calibrate.cases import Case, write_spec
+
+    return write_spec(Case("unit", dp=2, latency_ms=5, per_connection_mbps=100), tmp_path_factory.mktemp("spec"))
+
+
+@pytest.fixture(scope="module")
+def unit_profile(spec):
+    """A profile with measured unit times (what `geotrain profile` writes first)."""
+    m = spec.model
+    prof = {}
+    for kind, index in (("embedding", 0), ("block", 1), ("head", m.layers + 1)):
+        prof[kind] = {"2": list(time_unit(m, index, 2, "bf16", repeats=3))}
+    prof["runtime"] = {"cores": 2, "background_cores": 0.0, "per_action_s": 1e-4,
+                       "optimizer": {"fixed_s": 1e-3, "per_param_s": 1e-9},
+                       "allreduce": {"2": {"alpha_s": 2e-3, "per_byte_s": 1e-9}},
+                       "p2p": {"alpha_s": 1e-4, "per_byte_s": 1e-9},
+                       "compute_factor": {"forward": 1.0, "backward": 1.0, "optimizer": 1.0}}
+    return prof
+
+
+def test_profile_round_trips_and_drives_the_cost_model(tmp_path, spec, unit_profile):
+    path = tmp_path / "profile.json"
+    save_profile(unit_profile, path)
+    loaded = load_profile(path)
+    assert loaded == unit_profile
+    m, gpu = spec.model, spec.cluster.gpu("cpu")
+    plain = CostModel(m, precision="bf16")
+    measured = CostModel(m, precision="bf16", profile=cost_profile(loaded))
+    units = range(0, 3)                        # embedding + 2 blocks
+    t = measured.stage_times(units, gpu, 2)
+    emb, blk = loaded["embedding"]["2"], loaded["block"]["2"]
+    assert t.forward == pytest.approx(emb[0] + 2 * blk[0])
+    assert t.backward == pytest.approx(emb[1] + 2 * blk[1])
+    assert t.forward != pytest.approx(plain.stage_times(units, gpu, 2).forward, rel=0.05)
+
+
+def test_load_profile_rejects_other_files(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"hello": 1}')
+    with pytest.raises(GeotrainError, match="not a geotrain profile"):
+        load_profile(bad)
+    with pytest.raises(GeotrainError, match="not found"):
+        load_profile(tmp_path / "missing.json")
+
+
+def test_fit_line_recovers_a_line_and_never_goes_negative():
+    a, b = fit_line([1, 2, 3, 4], [3, 5, 7, 9])
+    assert (a, b) == (pytest.approx(1.0), pytest.approx(2.0))
+    a, b = fit_line([1, 2], [5, 1])            # a falling cost is noise: flat at the mean
+    assert b == 0.0 and a == pytest.approx(3.0)
+
+
+def test_calibrated_inputs_use_the_measured_numbers(spec, unit_profile):
+    plan = plan_from_job(spec)
+    inp = calibrated_inputs(spec, plan, unit_profile)
+    rt = unit_profile["runtime"]
+    cost = CostModel(spec.model, precision="bf16")
+    for s, st in enumerate(plan.stages):
+        params = cost.stage_params(st.units)
+        assert inp.allreduce[s] == pytest.approx(2e-3 + 4 * params * 1e-9)     # fp32 gradients
+        assert inp.optimizer[s] == pytest.approx(1e-3 + params * 1e-9)
+    # The interpreter overhead is spread over the compute actions of each stage.
+    blk = unit_profile["block"]["2"]
+    n = len(plan.stages[1].units) - 1           # blocks of the last stage (its other unit is the head)
+    fwd = n * blk[0] + unit_profile["head"]["2"][0]
+    from geotrain.sim.simulate import plan_schedule
+
+    acts = plan_schedule(plan).actions[1]
+    n_compute = sum(1 for a in acts if a.op.value in ("forward", "backward"))
+    assert inp.stage_costs[1].forward == pytest.approx(fwd + 1e-4 * len(acts) / n_compute)
+    assert inp.stage_costs[0].send_bytes == 4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden
+    assert inp.cluster.dc("east").intra_dc_latency_us == pytest.approx(rt["p2p"]["alpha_s"] * 1e6)
+
+
+def test_slowdown_is_processor_sharing():
+    assert slowdown(1, 0.0, 2) == 1.0
+    assert slowdown(2, 0.0, 2) == 1.0
+    assert slowdown(4, 0.0, 2) == 2.0
+    assert slowdown(2, 1.0, 2) == 1.5
+
+
+def test_contention_slows_a_dp2_pipeline_sharing_two_cores(spec, unit_profile):
+    plan = plan_from_job(spec)                  # pp=2 x dp=2: 4 ranks on 2 cores
+    res0, _ = predict(spec, plan, unit_profile, iterations=2, contention=False)
+    conc = compute_concurrency(res0, plan)
+    assert all(1.0 <= c <= plan.num_ranks for c in conc)
+    assert max(conc) > 2.0                      # both replicas of a stage compute in lock-step
+    res1, det = predict(spec, plan, unit_profile, iterations=2)
+    assert max(det["contention_factors"]) > 1.0
+    assert res1.metrics.iteration_time > res0.metrics.iteration_time
+
+
+def test_wan_config_describes_ranks_and_both_link_directions(spec):
+    plan = plan_from_job(spec)
+    cfg = wan_config(spec, plan)
+    assert cfg["rank_dc"] == ["east", "east", "west", "west"]
+    assert cfg["rank_replica"] == [0, 1, 0, 1]
+    assert set(cfg["links"]) == {"east->west", "west->east"}
+    lk = cfg["links"]["east->west"]
+    assert lk["delay_ms"] == 5 and lk["per_connection_gbps"] == pytest.approx(0.1)
+
+
+def _metrics(it: float, busy: dict[int, float], bubbles, iterations: int = 2) -> Metrics:
+    return Metrics(iteration_time=it, tokens_per_s=1.0, busy_fraction=busy, mean_utilization=0.0, bubbles=bubbles,
+                   link_utilization={}, wan_bytes=0, iterations=iterations)
+
+
+def test_comparison_arithmetic():
+    pred = _metrics(0.110, {0: 0.5, 1: 0.7}, [(0, 0.0, 0.02), (1, 0.0, 0.04)])
+    meas = _metrics(0.100, {0: 0.4, 1: 0.8}, [(0, 0.0, 0.05), (1, 0.1, 0.13)])
+    row = compare_case("c", "desc", pred, meas)
+    assert row.iteration_error == pytest.approx(0.10)
+    assert row.busy_error_pp == pytest.approx(10.0)
+    assert row.predicted_bubble_s == pytest.approx(0.03)         # (0.02 + 0.04) / 2 iterations
+    assert row.measured_bubble_s == pytest.approx(0.04)
+    assert row.bubble_error == pytest.approx(-0.25)
+    worse = compare_case("d", "desc", _metrics(0.08, {0: 0.5}, []), _metrics(0.1, {0: 0.5}, []))
+    s = summarize([row, worse])
+    assert s["mean_abs_iteration_error"] == pytest.approx(0.15)
+    assert s["worst_abs_iteration_error"] == pytest.approx(0.20)
+    table = markdown_table([row, worse])
+    assert "| c | desc | 110.0 / 100.0 | +10.0% |" in table
+    assert "worst 20.0%" in table
+    assert math.isnan(rel_error(1.0, 0.0))
+
+
+def test_drop_warmup_keeps_later_iterations():
+    t = Trace(events=[Event(rank=0, kind="forward", start=i, end=i + 0.5, iteration=i) for i in (1, 2, 3, 4)],
+              num_ranks=1)
+    kept = drop_warmup(t, 2)
+    assert [e.iteration for e in kept.events] == [3, 4]
+    with pytest.raises(ValueError):
+        drop_warmup(t, 4)
