@@ -47,8 +47,16 @@ class _RankState:
     chunks: int = 0
 
 
+def _nodelay(sock: socket.socket) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 class BubbleExecutor:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, min_chunk: int = 8):
+    """unix_path: listen on a Unix socket instead of TCP -- it reaches ranks that run inside
+    emulated datacenters' network namespaces, where 127.0.0.1 is not the launcher's."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, min_chunk: int = 8, unix_path: str | None = None):
         self.min_chunk = min_chunk
         self._lock = threading.Lock()
         self._pending: collections.deque[_Job] = collections.deque()
@@ -57,8 +65,14 @@ class BubbleExecutor:
         self._busy_total = 0.0                        # prefill seconds over every rank ever seen
         self._ranks_seen: set[int] = set()
         self._t0 = time.monotonic()
-        self._sock = socket.create_server((host, port))
-        self.address = self._sock.getsockname()[:2]
+        if unix_path is not None:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._sock.bind(unix_path)
+            self._sock.listen(256)
+            self.address: str | tuple = unix_path
+        else:
+            self._sock = socket.create_server((host, port))
+            self.address = self._sock.getsockname()[:2]
         self._closed = False
         threading.Thread(target=self._accept_loop, name="bubble-executor", daemon=True).start()
 
@@ -114,7 +128,7 @@ class BubbleExecutor:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _nodelay(conn)
             threading.Thread(target=self._serve_rank, args=(conn,), daemon=True).start()
 
     def _serve_rank(self, conn: socket.socket) -> None:
@@ -199,7 +213,7 @@ class BubbleExecutor:
 class BubbleWorker:
     """The rank side: runs prefill chunks in the bubbles the runtime offers."""
 
-    address: tuple[str, int]
+    address: tuple[str, int] | str   # (host, port), or a Unix socket path
     rank: int
     model: UnitStack
     cost: PrefillCost
@@ -210,8 +224,12 @@ class BubbleWorker:
     _sock: socket.socket | None = None
 
     def connect(self) -> None:
-        self._sock = socket.create_connection(tuple(self.address))
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if isinstance(self.address, str):
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._sock.connect(self.address)
+        else:
+            self._sock = socket.create_connection(tuple(self.address))
+        _nodelay(self._sock)
         send_frame(self._sock, {"rank": self.rank, "cost": [self.cost.a, self.cost.b, self.cost.c]})
 
     def fill(self, budget_s: float) -> float:

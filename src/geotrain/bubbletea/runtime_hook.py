@@ -77,14 +77,16 @@ class BubbleHook:
 
 
 def make_hook(conf: dict[str, Any], rank: int, recorder) -> BubbleHook | None:
-    """conf: {"address": [host, port], "inference_model": preset, "margin_frac", "margin_s",
+    """conf: {"address": [host, port] or a Unix socket path, "inference_model": preset, "margin_frac", "margin_s",
     "warmup_iterations"}. Returns None (and logs why) when the service cannot be reached."""
     from geotrain.models.llama import build_model
     from geotrain.models.presets import PRESETS
 
     model = build_model(PRESETS[conf.get("inference_model", "tiny")]).eval()
     cost = profile_prefill_cost(model)
-    worker = BubbleWorker(tuple(conf["address"]), rank, model, cost, margin_s=float(conf.get("margin_s", 0.0)))
+    addr = conf["address"]
+    worker = BubbleWorker(addr if isinstance(addr, str) else tuple(addr), rank, model, cost,
+                          margin_s=float(conf.get("margin_s", 0.0)))
     try:
         worker.connect()
     except OSError as e:
