@@ -207,7 +207,7 @@ class _Peer:
             s.close()
 
 
-NOTSENT_LOWAT = 128 << 10    # bytes a connection may hold unsent in the kernel
+NOTSENT_LOWAT = 16 << 10     # bytes a connection may hold unsent in the kernel
 
 
 def _limit_unsent(sock: socket.socket) -> None:
