@@ -40,7 +40,7 @@ def unit_profile(spec):
     prof = {}
     for kind, index in (("embedding", 0), ("block", 1), ("head", m.layers + 1)):
         prof[kind] = {"2": list(time_unit(m, index, 2, "bf16", repeats=3))}
-    prof["runtime"] = {"cores": 2, "background_cores": 0.0, "per_action_s": 1e-4,
+    prof["runtime"] = {"cores": 2, "background_runnable": 0.0, "per_action_s": 1e-4,
                        "optimizer": {"fixed_s": 1e-3, "per_param_s": 1e-9},
                        "allreduce": {"2": {"alpha_s": 2e-3, "per_byte_s": 1e-9}},
                        "p2p": {"alpha_s": 1e-4, "per_byte_s": 1e-9},

@@ -140,5 +140,5 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     sim, details = predict(spec, plan, profile, iterations=steps - warmup, background=background)
     sim.trace.write_jsonl(directory / "predicted_trace.jsonl")
     row = compare_case(case.name, case.description, sim.metrics, mm)
-    details.update(run_wall_s=wall, background_cores=background)
+    details.update(run_wall_s=wall, background_runnable=background)
     return row, details

@@ -13,8 +13,8 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
   * intra-DC point-to-point: the cluster's intra-DC latency and bandwidth replaced by the measured
     gloo isend/irecv fit;
   * CPU contention: when more ranks compute at once than the machine has free cores, each is
-    slower: processor sharing, k ranks computing beside b cores of other work (measured while the
-    plan ran, cpuload.py) get cores / (k + b) of a core each. The profile's measured slow-down
+    slower: processor sharing, k ranks computing beside b runnable threads of other work (measured
+    while the plan ran, cpuload.py) get cores / (k + b) of a core each. The profile's measured slow-down
     table f(k) checks this model. The simulator has no notion of shared cores, so this is a fixed
     point: simulate, measure per physical stage the time-averaged number of ranks computing while
     it computes, scale its compute by the slow-down, simulate again (3 rounds; it settles in 2).
@@ -40,8 +40,9 @@ class CalibratedInputs:
 
 
 def slowdown(concurrent: float, background: float, cores: int) -> float:
-    """Processor sharing: `concurrent` of our ranks computing at once beside `background` cores of
-    other work on `cores` cores each get cores / (concurrent + background) of a core, at most one."""
+    """Processor sharing: `concurrent` of our ranks computing at once beside `background` runnable
+    threads of other work on `cores` cores each get cores / (concurrent + background) of a core,
+    at most one."""
     return max(1.0, (concurrent + background) / max(1, cores))
 
 
@@ -147,8 +148,8 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
             background: float | None = None):
     """Simulate `plan` with the calibrated inputs; returns (SimResult, details dict).
 
-    background: cores of other work on the machine while the plan runs (cpuload.CpuSampler);
-    None: the background the profile saw."""
+    background: other threads ready to run on the machine while the plan runs, on average
+    (cpuload.CpuSampler.background_runnable); None: the background the profile saw."""
     from dataclasses import replace
 
     from geotrain.sim import simulate_costs
@@ -156,7 +157,7 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
     inp = calibrated_inputs(spec, plan, profile)
     rt = profile.get("runtime", {})
     ncores = int(rt.get("cores", 1))
-    bg = float(rt.get("background_cores", 0.0) if background is None else background)
+    bg = float(rt.get("background_runnable", 0.0) if background is None else background)
     factors = [1.0] * plan.pp
     res = None
     for _ in range(CONTENTION_ROUNDS if contention else 1):
@@ -170,5 +171,5 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
             break
         conc = compute_concurrency(res, plan)
         factors = [slowdown(k, bg, ncores) for k in conc]
-    return res, {"contention_factors": factors, "background_cores": bg, "allreduce_s": inp.allreduce,
+    return res, {"contention_factors": factors, "background_runnable": bg, "allreduce_s": inp.allreduce,
                  "optimizer_s": inp.optimizer}

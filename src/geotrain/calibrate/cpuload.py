@@ -2,11 +2,12 @@
 
 Runs here share 2 cores with whatever else the machine does (other test suites, benchmarks). A
 rank's compute is then slower than the profile's, in proportion to how many runnable processes
-share the cores. `CpuSampler` measures the background as CPU-seconds per second (in cores) used by
-everything except the processes we started: total busy time from /proc/stat minus our processes'
-utime+stime from /proc/<pid>/stat. The calibrated simulation (costs.py) turns it into a slow-down
-with processor sharing: k of our ranks computing at once beside b cores of background each run at
-cores / (k + b) of a core, when that is below 1.
+share the cores. `CpuSampler` measures the background as the number of other threads ready to run
+(machine-wide runnable count from /proc/loadavg minus our processes' running threads), sampled
+while our processes run. The calibrated simulation (costs.py) turns it into a slow-down with
+processor sharing: k of our ranks computing at once beside b runnable others each get
+cores / (k + b) of a core, when that is below 1. (It also reports the CPU others actually got:
+total busy time from /proc/stat minus our processes' utime+stime.)
 """
 
 from __future__ import annotations
@@ -36,10 +37,39 @@ def _proc_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICK    # utime, stime (all threads)
 
 
+def _runnable_system() -> int:
+    """Threads runnable right now, machine-wide (4th field of /proc/loadavg, "running/total")."""
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[0])
+
+
+def _runnable_of(pid: int) -> int:
+    n = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "R":
+                    n += 1
+        except OSError:
+            continue
+    return n
+
+
 class CpuSampler:
-    """Call `sample(pids)` now and then while our processes run; `background_cores()` at the end."""
+    """Call `sample(pids)` now and then while our processes run; `background_runnable()` and
+    `background_cores()` at the end.
+
+    background_runnable: mean number of OTHER threads ready to run (machine-wide runnable count
+    minus ours minus the sampler itself) -- under the kernel's fair scheduler each of them takes a
+    share of the cores like one of our ranks does, which is what the slow-down model needs.
+    background_cores: CPU other work actually got (a consequence of the sharing; for the record)."""
 
     def __init__(self):
+        self.runnable: list[int] = []
         self.t0 = time.monotonic()
         self.busy0 = _total_busy()
         self.own0 = _proc_cpu(os.getpid()) or 0.0
@@ -47,11 +77,16 @@ class CpuSampler:
         self.t1, self.busy1, self.own1 = self.t0, self.busy0, self.own0
 
     def sample(self, pids: list[int]) -> None:
+        others = _runnable_system() - 1 - sum(_runnable_of(p) for p in pids)
+        self.runnable.append(max(0, others))
         for p in pids:
             v = _proc_cpu(p)
             if v is not None:
                 self.ours[p] = v
         self.t1, self.busy1, self.own1 = time.monotonic(), _total_busy(), _proc_cpu(os.getpid()) or self.own1
+
+    def background_runnable(self) -> float:
+        return sum(self.runnable) / len(self.runnable) if self.runnable else 0.0
 
     def background_cores(self) -> float:
         dt = self.t1 - self.t0

@@ -10,7 +10,7 @@ the cost model has no field for but the calibrated simulation (costs.py) uses:
       "allreduce":  {"2": {"alpha_s", "per_byte_s"}, ...}, # gloo all-reduce of dp ranks (fit)
       "p2p":        {"alpha_s", "per_byte_s"},             # gloo isend/irecv between two ranks
       "contention": {"1": 1.0, "2": f2, ...},              # compute slow-down when k ranks compute at once
-      "background_cores",                                  # CPU other work used meanwhile (cpuload.py)
+      "background_runnable",                                  # other runnable threads meanwhile (cpuload.py)
       "per_action_s", "forward_call_s", "backward_call_s", # interpreter overheads (see _interpreter)
       "startup_s",                                         # one rank's process start-up (import torch ...)
       "wan": {"per_connection_gbps", "aggregate_gbps", "latency_ms", "achieved_gbps": {"1": .., "4": ..}}
@@ -354,7 +354,7 @@ def _wan_rates(rank: int, wan: dict) -> dict[str, float]:
 
 def run_pool(world: int, task: dict, timeout_s: float = 180.0) -> tuple[list[dict], float]:
     """Run the multi-process measurements on `world` fresh processes (one CPU thread each); returns
-    their results and the background CPU (cores) other work used meanwhile."""
+    their results and the mean number of other threads ready to run meanwhile (cpuload.py)."""
     import tempfile
 
     from geotrain.calibrate.cpuload import CpuSampler
@@ -379,7 +379,7 @@ def run_pool(world: int, task: dict, timeout_s: float = 180.0) -> tuple[list[dic
                     raise RuntimeError(f"a profiling process failed: {why[0] if why else '?'}")
                 time.sleep(0.05)
             return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(world)], \
-                sampler.background_cores()
+                sampler.background_runnable()
         finally:
             _kill_all(procs)
             for p in procs:
@@ -424,7 +424,7 @@ def _calibration_run(spec, profile: dict, steps: int = 6, warmup: int = 2) -> tu
         p, m = mean(pred_events, kind), mean(measured.events, kind)
         factors[kind] = m / p if p > 0 and m > 0 else 1.0
     return factors, {"plan": "pp=2 x dp=1 1f1b", "num_microbatches": plan.num_microbatches,
-                     "background_cores": background, "steps": steps, "warmup": warmup}
+                     "background_runnable": background, "steps": steps, "warmup": warmup}
 
 
 # -- the whole profile ---------------------------------------------------------------------------
@@ -493,7 +493,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
         "micro_batches": mbs, "optimizer": {"fixed_s": fixed, "per_param_s": per_param},
         "allreduce": allreduce, "p2p": {"alpha_s": p2a, "per_byte_s": p2b},
         "contention": {k: v / base for k, v in contention.items()},
-        "background_cores": background,
+        "background_runnable": background,
         "per_action_s": interp["per_action_s"],
         "forward_call_s": interp["stage_forward_s"] - units_fwd,
         "backward_call_s": interp["stage_backward_s"] - units_bwd,

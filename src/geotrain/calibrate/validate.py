@@ -46,12 +46,12 @@ def run_validation(out: Path, quick: bool = False, profile: dict | None = None, 
         details[case.name] = det
         say(f"[{i}/{len(cases)}] {case.name:<14} predicted {1e3 * row.predicted_iteration_s:7.1f} ms  measured "
             f"{1e3 * row.measured_iteration_s:7.1f} ms  error {100 * row.iteration_error:+6.1f}%  "
-            f"(background CPU {det['background_cores']:.2f} cores)")
+            f"(other runnable threads {det['background_runnable']:.1f})")
     table = markdown_table(rows)
     conditions = (f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), one CPU thread "
-                  f"per rank; {steps} steps per case, the first {warmup} discarded. Background CPU (cores used by "
-                  "other work while each case ran): " + ", ".join(f"{n} {d['background_cores']:.2f}"
-                                                                   for n, d in details.items()) + ".\n")
+                  f"per rank; {steps} steps per case, the first {warmup} discarded. Background (mean number of "
+                  "other threads ready to run on the machine while each case ran): "
+                  + ", ".join(f"{n} {d['background_runnable']:.1f}" for n, d in details.items()) + ".\n")
     md = table + "\n" + conditions
     (out / "VALIDATION.md").write_text(md)
     (out / "results.json").write_text(json.dumps({"summary": summarize(rows), "rows": [r.as_dict() for r in rows],

@@ -50,8 +50,8 @@ def wan_config(spec, plan) -> dict:
 
 
 def launch_with_wan(spec, plan, out: Path, steps: int, timeout_s: float = 300.0) -> tuple[Path, float]:
-    """Train `plan` for `steps` steps into `out`; returns (out/measured_trace.jsonl, background CPU
-    in cores used by other work on the machine meanwhile, see cpuload.py)."""
+    """Train `plan` for `steps` steps into `out`; returns (out/measured_trace.jsonl, background:
+    threads of other work ready to run on the machine meanwhile, on average; see cpuload.py)."""
     from geotrain.calibrate.cpuload import CpuSampler
     from geotrain.runtime.launch import _first_failure, _kill_all, free_port
     from geotrain.runtime.trainer import RunConfig
@@ -99,4 +99,4 @@ def launch_with_wan(spec, plan, out: Path, steps: int, timeout_s: float = 300.0)
         _kill_all(procs)
         for f in files:
             f.close()
-    return out / "measured_trace.jsonl", sampler.background_cores()
+    return out / "measured_trace.jsonl", sampler.background_runnable()

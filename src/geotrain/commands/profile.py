@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  all-reduce dp={n}: {1e3 * fit['alpha_s']:.3f} ms + {fit['per_byte_s'] * 1e9:.3f} ns/byte")
     print("  contention (slow-down with k ranks computing): "
           + ", ".join(f"k={k} x{v:.2f}" for k, v in rt["contention"].items())
-          + f" (background {rt['background_cores']:.2f} cores)")
+          + f" (other runnable threads meanwhile: {rt['background_runnable']:.1f})")
     print("  runtime compute factor: " + ", ".join(f"{k} x{v:.2f}" for k, v in rt["compute_factor"].items()))
     if "wan" in rt:
         achieved = rt["wan"]["achieved_gbps"]
