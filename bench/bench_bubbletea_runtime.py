@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -54,8 +55,9 @@ def client(port: int, stop: threading.Event, out: list, interval: float) -> None
         stop.wait(interval)
 
 
-def run(spec: str, steps: int, warmup: int, serve: bool, interval: float) -> dict:
-    with tempfile.TemporaryDirectory() as d:
+def run(spec: str, steps: int, warmup: int, serve: bool, interval: float, clients: int = 3) -> dict:
+    d = tempfile.mkdtemp(prefix="bench-bt-")
+    if True:  # the run folder is kept when training fails, for its logs
         argv = GEOTRAIN + ["train", spec, "--steps", str(steps), "--out", d, "--no-progress"]
         ttfts: list[float] = []
         stop = threading.Event()
@@ -63,12 +65,17 @@ def run(spec: str, steps: int, warmup: int, serve: bool, interval: float) -> dic
         if serve:
             port = free_port()
             argv += ["--serve-prefill", str(port)]
-            th = threading.Thread(target=client, args=(port, stop, ttfts, interval), daemon=True)
-            th.start()
-        subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+            th = [threading.Thread(target=client, args=(port, stop, ttfts, interval), daemon=True)
+                  for _ in range(clients)]
+            for t in th:
+                t.start()
+        done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            stop.set()
+            raise SystemExit(f"geotrain train failed ({done.returncode}): {done.stderr.strip()[-500:]} (run: {d})")
         stop.set()
-        if th:
-            th.join(5)
+        for t in th or []:
+            t.join(5)
         losses = [json.loads(x) for x in Path(d, "losses.jsonl").read_text().splitlines()]
         times = [x["step_time_s"] for x in losses][warmup:]
         prefill = total = 0.0
@@ -80,6 +87,7 @@ def run(spec: str, steps: int, warmup: int, serve: bool, interval: float) -> dic
                 prefill += e["end"] - e["start"]
         nranks = len(list(Path(d, "trace").glob("rank*.jsonl"))) or 1
         total = sum(times) * nranks
+        shutil.rmtree(d, ignore_errors=True)
         return {"step": float(np.mean(times)), "prefill_frac": prefill / total if total else 0.0, "ttfts": ttfts}
 
 
@@ -89,12 +97,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--interval", type=float, default=0.05, help="seconds between client requests")
+    ap.add_argument("--interval", type=float, default=0.05, help="seconds between a client's requests")
+    ap.add_argument("--clients", type=int, default=3, help="concurrent clients (each waits for its answer)")
     args = ap.parse_args()
     base, bt = [], []
     for r in range(args.rounds):
         for serve in (False, True):
-            res = run(args.spec, args.steps, args.warmup, serve, args.interval)
+            res = run(args.spec, args.steps, args.warmup, serve, args.interval, args.clients)
             (bt if serve else base).append(res)
             print(f"round {r + 1}: {'with' if serve else 'without'} BubbleTea: step {res['step'] * 1e3:.1f} ms"
                   + (f", prefill {res['prefill_frac']:.1%} of rank time, {len(res['ttfts'])} answered"
