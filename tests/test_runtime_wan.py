@@ -102,6 +102,36 @@ def test_turn_taking_is_matched_by_the_schedule(kind, kw):
         assert last_send < ops.index(Op.OPTIMIZER), s
 
 
+def test_a_peer_that_dies_fails_pending_receives_at_once_not_at_the_timeout():
+    """What keeps a rank from hanging on a dead peer under torchrun (no launcher to stop it)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from geotrain.wan.striped import StripedTransport, TransportError
+
+    store = dist.HashStore()
+    a = StripedTransport(0, store, connections=2, min_chunk_bytes=256, timeout_s=60)
+    b = StripedTransport(1, store, connections=2, min_chunk_bytes=256, timeout_s=60)
+    try:
+        x = torch.arange(1000, dtype=torch.float32)
+        y, z, late = torch.empty(1000), torch.empty(1000), torch.empty(1000)
+        a.send(x, 1, tag=1).wait()
+        assert b.recv(y, 0, tag=1).wait() and torch.equal(x, y)      # a message that arrived is kept
+        pending = b.recv(z, 0, tag=1)
+        a.close()                                                      # the peer dies
+        t = time.monotonic()
+        with pytest.raises(TransportError, match="rank 0 dropped the connection"):
+            pending.wait()
+        with pytest.raises(TransportError, match="rank 0 dropped the connection"):
+            b.recv(late, 0, tag=2).wait()
+        assert time.monotonic() - t < 10
+    finally:
+        a.close()
+        b.close()
+
+
 def test_plan_offsets_and_turn_order():
     plan = _plan(sharing="temporal", offsets=(0.0, 0.25))
     assert start_delay(plan, 0) == 0.0 and start_delay(plan, 1) == 0.25 and start_delay(_plan(), 1) == 0.0
@@ -151,6 +181,20 @@ def test_nothing_is_left_behind(runs):
         assert wan.tag and leftover_namespaces(wan.tag) == []
     workers = subprocess.run(["pgrep", "-f", "geotrain.runtime.worker .*/wan/logs/"], capture_output=True, text=True)
     assert workers.stdout.strip() == ""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MODE == "shaper", reason="the WAN runs above already use the shaper")
+def test_the_user_space_shaper_fallback_trains_the_same(runs, tmp_path):
+    """--wan shaper (what non-root machines get): delay and rates inside the transport, same losses."""
+    tmp, _, _ = runs
+    spec = load_spec(SPEC)
+    said = []
+    wan = run_with_wan([_cfg(tmp_path / "shaped", _plan(2, "temporal", offsets=(0.0, 0.1)))], spec, _plan(),
+                       tmp_path, mode="shaper", say=said.append)
+    assert wan.mode == "shaper" and said[0].startswith("WAN: user-space shaper")
+    assert "StripedTransport, 2 connections, temporal, turn order [1, 0], shaper" in _rank_logs(tmp_path)
+    assert _losses(tmp_path / "shaped") == _losses(tmp / "ref")
 
 
 @pytest.mark.slow
