@@ -140,5 +140,9 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     sim, details = predict(spec, plan, profile, iterations=steps - warmup, background=background)
     sim.trace.write_jsonl(directory / "predicted_trace.jsonl")
     row = compare_case(case.name, case.description, sim.metrics, mm)
-    details.update(run_wall_s=wall, background_runnable=background)
+    # The same prediction with the other reading of "background": the CPU other work actually got.
+    cores_used = getattr(launch_with_wan, "last_background_cores", 0.0)
+    alt, _ = predict(spec, plan, profile, iterations=steps - warmup, background=cores_used)
+    details.update(run_wall_s=wall, background_runnable=background, background_cores_used=cores_used,
+                   predicted_iteration_s_with_cores_used=alt.metrics.iteration_time)
     return row, details

@@ -12,6 +12,10 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
   * the optimizer step: measured fixed + per-parameter cost;
   * intra-DC point-to-point: the cluster's intra-DC latency and bandwidth replaced by the measured
     gloo isend/irecv fit;
+  * WAN messages: the user-space WAN hands each message through several threads (dispatcher,
+    writers, reader, delay timer, the waiting rank), each of which waits for a core on a busy
+    machine; the profile's calibration run fits this per-message overhead (`wan_message_overhead_s`),
+    added to the link latency and scaled with the CPU sharing of each run;
   * CPU contention: when more ranks compute at once than the machine has free cores, each is
     slower: processor sharing, k ranks computing beside b runnable threads of other work (measured
     while the plan ran, cpuload.py) get cores / (k + b) of a core each. The profile's measured slow-down
@@ -46,22 +50,33 @@ def slowdown(concurrent: float, background: float, cores: int) -> float:
     return max(1.0, (concurrent + background) / max(1, cores))
 
 
-def calibrated_cluster(spec, profile: dict):
-    """The spec's cluster with intra-DC latency/bandwidth replaced by the measured gloo p2p."""
+def calibrated_cluster(spec, profile: dict, background: float | None = None):
+    """The spec's cluster with intra-DC latency/bandwidth replaced by the measured gloo p2p, and each
+    WAN message's transport overhead (thread hand-offs in the user-space WAN, which wait for a core
+    when the machine is busy) added to the WAN latency, scaled by the CPU sharing at `background`."""
     rt = profile.get("runtime", {})
+    cluster = spec.cluster
     p2p = rt.get("p2p")
-    if not p2p:
-        return spec.cluster
-    dcs = []
-    for dc in spec.cluster.datacenters:
-        upd = {"intra_dc_latency_us": p2p["alpha_s"] * 1e6}
-        if p2p["per_byte_s"] > 0:
-            upd["intra_dc_gbps"] = 8 / p2p["per_byte_s"] / 1e9
-        dcs.append(dc.model_copy(update=upd))
-    return spec.cluster.model_copy(update={"datacenters": dcs})
+    if p2p:
+        dcs = []
+        for dc in cluster.datacenters:
+            upd = {"intra_dc_latency_us": p2p["alpha_s"] * 1e6}
+            if p2p["per_byte_s"] > 0:
+                upd["intra_dc_gbps"] = 8 / p2p["per_byte_s"] / 1e9
+            dcs.append(dc.model_copy(update=upd))
+        cluster = cluster.model_copy(update={"datacenters": dcs})
+    extra = float(rt.get("wan_message_overhead_s", 0.0))
+    if extra and cluster.wan_links:
+        ncores = int(rt.get("cores", 1))
+        b0 = float(rt.get("calibration_run", {}).get("background_runnable", 0.0))
+        b = b0 if background is None else background
+        extra *= slowdown(1, b, ncores) / slowdown(1, b0, ncores)
+        links = [wl.model_copy(update={"latency_ms": wl.latency_ms + 1e3 * extra}) for wl in cluster.wan_links]
+        cluster = cluster.model_copy(update={"wan_links": links})
+    return cluster
 
 
-def calibrated_inputs(spec, plan, profile: dict) -> CalibratedInputs:
+def calibrated_inputs(spec, plan, profile: dict, background: float | None = None) -> CalibratedInputs:
     """Per-stage costs for `geotrain.sim.simulate_costs`, before contention (see module docstring)."""
     from geotrain.calibrate.profile import cost_profile
     from geotrain.cost import CostModel
@@ -72,7 +87,7 @@ def calibrated_inputs(spec, plan, profile: dict) -> CalibratedInputs:
     rt = profile.get("runtime", {})
     cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
                      optimizer=spec.job.optimizer, profile=cost_profile(profile))
-    cluster = calibrated_cluster(spec, profile)
+    cluster = calibrated_cluster(spec, profile, background)
     sched = plan_schedule(plan)
     per_action = float(rt.get("per_action_s", 0.0))
     factor = rt.get("compute_factor", {})
@@ -154,7 +169,7 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
 
     from geotrain.sim import simulate_costs
 
-    inp = calibrated_inputs(spec, plan, profile)
+    inp = calibrated_inputs(spec, plan, profile, background)
     rt = profile.get("runtime", {})
     ncores = int(rt.get("cores", 1))
     bg = float(rt.get("background_runnable", 0.0) if background is None else background)

@@ -13,6 +13,8 @@ the cost model has no field for but the calibrated simulation (costs.py) uses:
       "background_runnable",                                  # other runnable threads meanwhile (cpuload.py)
       "per_action_s", "forward_call_s", "backward_call_s", # interpreter overheads (see _interpreter)
       "startup_s",                                         # one rank's process start-up (import torch ...)
+      "compute_factor": {"forward", "backward", "optimizer"}, # in-runtime / isolated compute (calibration run)
+      "wan_message_overhead_s", "calibration_run",         # per-message WAN transport overhead (fit there)
       "wan": {"per_connection_gbps", "aggregate_gbps", "latency_ms", "achieved_gbps": {"1": .., "4": ..}}
     }
 
@@ -386,7 +388,7 @@ def run_pool(world: int, task: dict, timeout_s: float = 180.0) -> tuple[list[dic
                 p.stderr.close()
 
 
-def _calibration_run(spec, profile: dict, steps: int = 6, warmup: int = 2) -> tuple[dict[str, float], dict]:
+def _calibration_run(spec, profile: dict, steps: int = 6, warmup: int = 2) -> tuple[dict[str, float], float, dict]:
     """Run a 2-stage pipeline of the spec's model for real (over the spec's WAN, as validation runs
     do) and compare each compute kind's mean duration with the calibrated simulation's: the ratio is
     what the runtime adds to the isolated unit times when ranks run side by side (the other rank's
@@ -423,8 +425,30 @@ def _calibration_run(spec, profile: dict, steps: int = 6, warmup: int = 2) -> tu
     for kind in ("forward", "backward", "optimizer"):
         p, m = mean(pred_events, kind), mean(measured.events, kind)
         factors[kind] = m / p if p > 0 and m > 0 else 1.0
-    return factors, {"plan": "pp=2 x dp=1 1f1b", "num_microbatches": plan.num_microbatches,
-                     "background_runnable": background, "steps": steps, "warmup": warmup}
+    info = {"plan": "pp=2 x dp=1 1f1b", "num_microbatches": plan.num_microbatches,
+            "background_runnable": background, "steps": steps, "warmup": warmup}
+    # With compute calibrated, what is left of the iteration time is the transport: fit one
+    # per-message WAN overhead (bisection; the iteration time grows with it).
+    from geotrain.trace.metrics import compute_metrics
+
+    measured_it = compute_metrics(measured, 1).iteration_time
+    overhead = 0.0
+    if spec.cluster.wan_links and plan.stages[0].dc != plan.stages[-1].dc:
+        rt = {**profile[RUNTIME_KEY], "compute_factor": factors, "calibration_run": info}
+
+        def iteration(extra: float) -> float:
+            trial = {**profile, RUNTIME_KEY: {**rt, "wan_message_overhead_s": extra}}
+            sim, _ = predict(spec, plan, trial, iterations=steps - warmup, background=background)
+            return sim.metrics.iteration_time
+
+        lo, hi = 0.0, 0.05
+        if iteration(lo) < measured_it:
+            for _ in range(12):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if iteration(mid) < measured_it else (lo, mid)
+            overhead = (lo + hi) / 2
+    info["measured_iteration_s"] = measured_it
+    return factors, overhead, info
 
 
 # -- the whole profile ---------------------------------------------------------------------------
@@ -502,7 +526,8 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
         runtime["wan"] = {**{k: task["wan"][k] for k in ("per_connection_gbps", "aggregate_gbps", "latency_ms")},
                           "achieved_gbps": pool[1]["wan"]}
     say("calibration run (2-stage pipeline, real runtime)")
-    runtime["compute_factor"], runtime["calibration_run"] = _calibration_run(spec, {**prof, RUNTIME_KEY: runtime})
+    runtime["compute_factor"], runtime["wan_message_overhead_s"], runtime["calibration_run"] = \
+        _calibration_run(spec, {**prof, RUNTIME_KEY: runtime})
     say("process start-up")
     runtime["startup_s"] = measure_startup(1)
     prof[RUNTIME_KEY] = runtime

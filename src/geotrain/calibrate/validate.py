@@ -52,6 +52,11 @@ def run_validation(out: Path, quick: bool = False, profile: dict | None = None, 
                   f"per rank; {steps} steps per case, the first {warmup} discarded. Background (mean number of "
                   "other threads ready to run on the machine while each case ran): "
                   + ", ".join(f"{n} {d['background_runnable']:.1f}" for n, d in details.items()) + ".\n")
+    alt = [abs(d["predicted_iteration_s_with_cores_used"] - r.measured_iteration_s) / r.measured_iteration_s
+           for r, d in zip(rows, details.values())]
+    conditions += (f"Same runs, background read as the CPU other work actually got instead of its runnable "
+                   f"threads: mean |iteration-time error| {100 * sum(alt) / len(alt):.1f}%, "
+                   f"worst {100 * max(alt):.1f}%.\n")
     md = table + "\n" + conditions
     (out / "VALIDATION.md").write_text(md)
     (out / "results.json").write_text(json.dumps({"summary": summarize(rows), "rows": [r.as_dict() for r in rows],

@@ -99,4 +99,5 @@ def launch_with_wan(spec, plan, out: Path, steps: int, timeout_s: float = 300.0)
         _kill_all(procs)
         for f in files:
             f.close()
+    launch_with_wan.last_background_cores = sampler.background_cores()   # for the record (validate.py)
     return out / "measured_trace.jsonl", sampler.background_runnable()
