@@ -39,16 +39,11 @@ def _load_profile(path: str) -> dict:
 
 def _held_microbatches(plan) -> tuple[list[int], str]:
     """Whole-stage micro-batches each stage holds at its peak under the plan's schedule."""
-    from geotrain.schedule.builders import build_schedule
+    from geotrain.schedule.builders import schedule_for_plan
     from geotrain.schedule.validate import peak_inflight
 
-    kw: dict[str, object] = {}
-    if plan.virtual_per_stage > 1 or plan.schedule == "interleaved":
-        kw["virtual_per_stage"] = plan.virtual_per_stage
-    if plan.schedule == "wan-1f1b" and plan.extra_warmup:
-        kw["extra_warmup"] = list(plan.extra_warmup)
     try:
-        sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, **kw)
+        sched = schedule_for_plan(plan)
     except ValueError as e:  # fall back to 1F1B's count rather than refuse to estimate
         held = [min(plan.num_microbatches, plan.pp - s) for s in range(plan.pp)]
         return held, f"(schedule {plan.schedule!r} not buildable: {e}; 1F1B in-flight counts used)"

@@ -94,21 +94,9 @@ def resolve(cfg: RunConfig):
 
 
 def _build_schedule(plan):
-    from geotrain.schedule.builders import build_schedule
+    from geotrain.schedule.builders import schedule_for_plan
 
-    kw: dict[str, Any] = {}
-    if plan.virtual_per_stage > 1:
-        kw["virtual_per_stage"] = plan.virtual_per_stage
-    if plan.extra_warmup:
-        kw["extra_warmup"] = list(plan.extra_warmup)
-    try:
-        sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, **kw)
-    except ValueError as e:
-        raise GeotrainError(f"schedule {plan.schedule!r}: {e}") from None
-    if sched.num_virtual != plan.pp * plan.virtual_per_stage:
-        raise GeotrainError(f"schedule {plan.schedule!r} has {sched.num_virtual} virtual stages but the plan "
-                            f"has {plan.pp * plan.virtual_per_stage}")
-    return sched
+    return schedule_for_plan(plan)
 
 
 def _parse_hook(name: str) -> set[tuple[int, int]]:

@@ -190,3 +190,22 @@ def build_schedule(kind: str, pp: int, m: int, **kw: object) -> Schedule:
     if pp < 1 or m < 1:
         raise ScheduleError("a schedule needs at least one stage and one micro-batch")
     return BUILDERS[kind](pp, m, **kw)
+
+
+def schedule_for_plan(plan) -> Schedule:
+    """The schedule a plan runs: its kind, pp and micro-batch count, with only the keywords that
+    kind uses (chunks per stage for interleaving, extra warm-up for wan-1f1b). The one place
+    simulator, runtime and estimates turn a plan into action lists."""
+    kw: dict[str, object] = {}
+    if plan.virtual_per_stage > 1 or plan.schedule == "interleaved":
+        kw["virtual_per_stage"] = plan.virtual_per_stage
+    if plan.schedule == "wan-1f1b" and plan.extra_warmup:
+        kw["extra_warmup"] = list(plan.extra_warmup)
+    try:
+        sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, **kw)
+    except ValueError as e:
+        raise ScheduleError(f"plan {plan.name}: cannot build schedule {plan.schedule!r}: {e}") from None
+    if sched.num_virtual != plan.pp * plan.virtual_per_stage:
+        raise ScheduleError(f"plan {plan.name}: schedule {plan.schedule!r} has {sched.num_virtual} virtual stages "
+                            f"but the plan has {plan.pp * plan.virtual_per_stage}")
+    return sched

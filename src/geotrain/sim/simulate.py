@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from geotrain.config import Cluster
-from geotrain.errors import GeotrainError
 from geotrain.plan.plan import Plan
 from geotrain.schedule.actions import Schedule
 from geotrain.sim.engine import run_engine
@@ -34,18 +33,10 @@ class SimResult:
 
 
 def plan_schedule(plan: Plan) -> Schedule:
-    """The plan's schedule, built with only the keywords its kind uses."""
-    from geotrain.schedule.builders import build_schedule
+    """The plan's schedule (see geotrain.schedule.builders.schedule_for_plan)."""
+    from geotrain.schedule.builders import schedule_for_plan
 
-    kw: dict[str, object] = {}
-    if plan.virtual_per_stage > 1 or plan.schedule == "interleaved":
-        kw["virtual_per_stage"] = plan.virtual_per_stage
-    if plan.schedule == "wan-1f1b" and plan.extra_warmup:
-        kw["extra_warmup"] = list(plan.extra_warmup)
-    try:
-        return build_schedule(plan.schedule, plan.pp, plan.num_microbatches, **kw)
-    except ValueError as e:
-        raise GeotrainError(f"plan {plan.name}: cannot build schedule {plan.schedule!r}: {e}") from None
+    return schedule_for_plan(plan)
 
 
 def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], allreduce_time: list[float],
