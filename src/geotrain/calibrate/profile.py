@@ -388,7 +388,7 @@ def run_pool(world: int, task: dict, timeout_s: float = 180.0) -> tuple[list[dic
                 p.stderr.close()
 
 
-def _calibration_run(spec, profile: dict, steps: int = 6, warmup: int = 2) -> tuple[dict[str, float], float, dict]:
+def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2) -> tuple[dict[str, float], float, dict]:
     """Run a 2-stage pipeline of the spec's model for real (over the spec's WAN, as validation runs
     do) and compare each compute kind's mean duration with the calibrated simulation's: the ratio is
     what the runtime adds to the isolated unit times when ranks run side by side (the other rank's

@@ -23,6 +23,11 @@ from pathlib import Path
 
 from geotrain.errors import GeotrainError
 
+# GIL switch interval of the ranks ("" = Python's default, 5 ms). The user-space WAN moves each
+# message through Python threads, so a shorter interval was tried against the ~5 ms per-message
+# overhead the calibration run finds: it did not change it (docs/VALIDATION.md), so the default stays.
+SWITCH_INTERVAL_S = ""
+
 
 def wan_config(spec, plan) -> dict:
     """The WanRouting description (worker.py) of `plan` on `spec.cluster`."""
@@ -72,7 +77,8 @@ def launch_with_wan(spec, plan, out: Path, steps: int, timeout_s: float = 300.0)
     base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
             "LOCAL_WORLD_SIZE": str(world), "GEOTRAIN_THREADS": "1", "OMP_NUM_THREADS": "1",
             "GEOTRAIN_ERROR_DIR": str(err_dir), "GEOTRAIN_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1",
-            "GEOTRAIN_WAN_CONFIG": str(wan_path)}
+            "GEOTRAIN_WAN_CONFIG": str(wan_path),
+            "GEOTRAIN_SWITCH_INTERVAL_S": os.environ.get("GEOTRAIN_SWITCH_INTERVAL_S", SWITCH_INTERVAL_S)}
     procs, files = [], []
     sampler = CpuSampler()
     try:
