@@ -8,7 +8,9 @@ costs.py     -- `calibrated_costs(spec, plan, profile)`: the StageCosts, all-red
                 times that `geotrain.sim.simulate_costs` takes, with the measured effects modelled;
                 `predict(spec, plan, profile)` simulates with them.
 wanrun.py    -- run a plan for real with the user-space WAN (delay, per-connection and aggregate
-                rate, n connections, fair or temporal sharing) on the cross-DC pairs.
+                rate, n connections, fair or temporal sharing) on the cross-DC pairs;
+worker.py    -- the rank entry point that plugs that WAN in where the runtime builds its transport;
+cpuload.py   -- how busy the (shared) machine was while we measured.
 compare.py   -- predicted vs measured rows (iteration time, busy fraction, bubble time) and errors.
 cases.py     -- the validation set; validate.py runs it and writes the markdown table.
 """
