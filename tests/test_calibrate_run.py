@@ -37,4 +37,4 @@ def test_one_case_runs_simulates_and_compares(tmp_path, tiny_profile):
         (row.predicted_iteration_s - row.measured_iteration_s) / row.measured_iteration_s)
     assert (tmp_path / "run" / "measured_trace.jsonl").exists()
     assert (tmp_path / "predicted_trace.jsonl").exists()
-    assert details["background_cores"] >= 0.0
+    assert details["background_runnable"] >= 0.0
