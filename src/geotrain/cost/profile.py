@@ -8,7 +8,8 @@ A profile is a plain dict (so it can come from TOML or JSON):
       "head":      {"1": [...]},                       # final norm + head + cross-entropy
       "reference_gpu": {...GPUType fields...},         # optional: the GPU it was measured on
       "memory_bytes_per_s": 2.0e12,                    # optional: HBM bandwidth, for optimizer_time
-    }
+      "runtime": {...},                                # optional, ignored here: what `geotrain profile`
+    }                                                  # measured for the calibrated simulation
 
 Keys of each unit table are micro-batch sizes (int or str). Times are seconds per micro-batch on
 one GPU, measured at the job's precision, tensor-parallel degree 1 and WITHOUT checkpointing
@@ -27,11 +28,14 @@ from geotrain.config.cluster import GPUType
 from geotrain.cost.units import KINDS
 
 PROFILE_KEYS = set(KINDS) | {"reference_gpu", "memory_bytes_per_s"}
+# Keys a profile file may carry for other readers: `geotrain profile` adds "runtime" (overheads the
+# calibrated simulation in geotrain.calibrate.costs uses), so CostModel(profile=json.load(f)) works on it.
+IGNORED_KEYS = {"runtime"}
 
 
 class Profile:
     def __init__(self, data: dict[str, Any]):
-        unknown = set(data) - PROFILE_KEYS
+        unknown = set(data) - PROFILE_KEYS - IGNORED_KEYS
         if unknown:
             raise ValueError(f"unknown profile keys {sorted(unknown)} (known: {sorted(PROFILE_KEYS)})")
         self.tables: dict[str, tuple[list[int], list[tuple[float, float]]]] = {}

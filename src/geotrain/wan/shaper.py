@@ -2,10 +2,18 @@
 emulation is impossible (not root), and a deterministic tool for unit tests.
 
 Pacing is a virtual clock per connection and one shared by all connections of a shaper (the
-aggregate): a block of B bytes may leave at max(now, conn_next, agg_next), which then advance by
-B / rate. So K connections reach min(K * per_connection, aggregate), like K window-limited TCP
-connections on a link of that capacity. The one-way delay is applied by the receiver: each chunk
-carries its delay and completes that long after its last byte arrived (transit on loopback ~ 0).
+aggregate); each advances by B / rate per block of B bytes. So K connections reach
+min(K * per_connection, aggregate), like K window-limited TCP connections on a link of that
+capacity. The one-way delay is applied by the receiver: each chunk carries its delay and completes
+that long after its last byte arrived (transit on loopback ~ 0).
+
+When a block leaves (`ShaperConfig.exact`):
+  * exact (default): when its LAST byte would have left a link of that rate -- max over the clocks
+    of (start on that clock + B / rate). A message of B bytes then arrives B / rate + delay after it
+    was sent, as on a real link and as the simulator charges it. Bulk rates are the same as below.
+  * burst (exact=False): at the start of its slot, with up to 128 KB of burst credit. Right for long
+    transfers, but a lone 32 KB message crossed a "10 Mbit/s" link in ~0 ms instead of 26 ms, so
+    per-message timings (pipeline boundary tensors) came out too fast.
 
 Limits: the aggregate is per sending process (ranks of one DC do not coordinate), and only traffic
 through StripedTransport is shaped -- gloo collectives are not.
@@ -25,16 +33,17 @@ class ShaperConfig:
     per_connection_gbps: float | None = None
     aggregate_gbps: float | None = None
     delay_ms: float = 0.0
+    exact: bool = True          # a block leaves when its last byte would have (see module docstring)
 
     @property
     def active(self) -> bool:
         return bool(self.per_connection_gbps or self.aggregate_gbps or self.delay_ms)
 
 
-def shaper_for_link(link, rate_scale: float = 1.0) -> ShaperConfig:
+def shaper_for_link(link, rate_scale: float = 1.0, exact: bool = True) -> ShaperConfig:
     """The fallback shaping for one WanLink (geotrain.config.WanLink)."""
     return ShaperConfig(per_connection_gbps=link.per_connection_gbps * rate_scale,
-                        aggregate_gbps=link.capacity_gbps * rate_scale, delay_ms=link.latency_ms)
+                        aggregate_gbps=link.capacity_gbps * rate_scale, delay_ms=link.latency_ms, exact=exact)
 
 
 class Pacer:
@@ -53,6 +62,12 @@ class Pacer:
             self.next = tat + nbytes / self.bytes_per_s
             return max(not_before, tat - self.burst_s)
 
+    def finish(self, nbytes: int, not_before: float) -> float:
+        """Book `nbytes` no earlier than `not_before`; returns when their last byte has left (no burst)."""
+        with self.lock:
+            self.next = max(self.next, not_before) + nbytes / self.bytes_per_s
+            return self.next
+
 
 class ConnectionShaper:
     """Paces one connection under its own cap and its shaper's shared aggregate cap."""
@@ -65,10 +80,17 @@ class ConnectionShaper:
     def wait_for(self, nbytes: int) -> None:
         now = time.monotonic()
         start = now
-        if self.own is not None:
-            start = self.own.reserve(nbytes, start)
-        if self.aggregate is not None:
-            start = self.aggregate.reserve(nbytes, start)
+        if self.config.exact:
+            # Each clock serializes the block from when it is free; the block has left when every
+            # clock says so (the binding cap decides; a cap far above the other costs nothing).
+            for pacer in (self.own, self.aggregate):
+                if pacer is not None:
+                    start = max(start, pacer.finish(nbytes, now))
+        else:
+            if self.own is not None:
+                start = self.own.reserve(nbytes, start)
+            if self.aggregate is not None:
+                start = self.aggregate.reserve(nbytes, start)
         delay = start - time.monotonic()
         if delay > 0:
             time.sleep(delay)
