@@ -8,8 +8,9 @@ step time (first steps dropped as warm-up) of each, their ratio, the GPU (here: 
 prefill used, and TTFT percentiles. Ratios are measured side by side: this machine is noisy.
 
 On this 2-core CPU every rank is a process; ranks share cores, so prefill on a waiting rank
-can still steal a core from a computing one (on GPUs each rank owns its device). --spec with
-fewer ranks than cores shows the mechanism without that effect.
+can still steal a core from a computing one (on GPUs each rank owns its device).
+`--spec examples/tiny_2dc_pp2.toml` (one rank per core) shows the mechanism without most of that
+effect; the launcher (HTTP, decode) and the clients still share the machine.
 """
 
 from __future__ import annotations
