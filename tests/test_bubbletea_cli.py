@@ -20,3 +20,9 @@ def test_bad_workload_is_one_line_exit_2(tmp_path, capsys):
                "--bubbletea", "rate=fast"])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "rate" in err
+
+
+def test_plan_reports_bubbletea_headroom_and_models_that_fit(capsys):
+    assert main(["plan", "examples/llama2_7b_a100_3dc.toml", "--top-k", "1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "BubbleTea:" in x)
+    assert "free beside training" in line and "llama2-7b" in line

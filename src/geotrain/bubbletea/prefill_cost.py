@@ -86,3 +86,18 @@ def models_that_fit(headroom_bytes: float, max_tokens: int, candidates: dict[str
                     precision: str = "bf16") -> list[str]:
     return [name for name, m in candidates.items()
             if inference_memory_bytes(m, max_tokens, precision) <= headroom_bytes]
+
+
+def headroom(spec, plan, peak_memory: dict[int, float]) -> tuple[float, list[str]]:
+    """GPU memory left beside training on the tightest GPU (bytes; a TP group pools its
+    members'), and the model presets whose prefill fits there with a full-length prompt."""
+    from geotrain.models.presets import PRESETS
+
+    free = []
+    for r, used in peak_memory.items():
+        stage = plan.coords(r)[0]
+        gpu = spec.cluster.gpu(spec.cluster.dc(plan.stages[stage].dc).gpu_type)
+        free.append((gpu.memory_bytes - used) * plan.tp)
+    room = min(free) if free else 0.0
+    fit = [name for name, m in PRESETS.items() if inference_memory_bytes(m, m.seq_len) <= room]
+    return room, fit

@@ -81,6 +81,13 @@ def _print_plan(spec, res) -> None:
     print(f"  lower bound {_t(lb)} (compute {_t(res.lower_bound_parts.get('compute', math.nan))}, "
           f"WAN {_t(res.lower_bound_parts.get('wan', math.nan))}); ratio {res.iteration_s / lb:.2f}x")
     print(f"  bottleneck: {res.bottleneck}")
+    if m is not None and m.peak_memory:
+        from geotrain.bubbletea.prefill_cost import headroom
+
+        room, fit = headroom(spec, p, m.peak_memory)
+        print(f"  BubbleTea: bubbles {m.bubble_fraction:.1%} of GPU time; {room / 2**30:.1f} GiB free beside "
+              f"training on the tightest GPU{' (per TP group)' if p.tp > 1 else ''}; inference models that fit: "
+              f"{', '.join(fit) or 'none'}")
     print(f"  searched: {res.candidates_scored} candidates scored in {res.search_s:.2f} s, "
           f"{len(res.finalists)} simulated in {res.simulate_s:.2f} s")
     print("why:")
