@@ -35,6 +35,7 @@ class RunConfig:
     data: str | None = None                     # None: job.data, then the built-in corpus
     progress: bool = True
     predict: bool = True                        # write the simulator's prediction beside the measurement
+    profile: str | None = None                  # `geotrain profile` file: predict with calibrated inputs
     trace: bool = True
     # Test hooks, [[rank, step], ...] (steps 1-based); also settable by env GEOTRAIN_INJECT_INF /
     # GEOTRAIN_FAIL_AT = "rank:step,...". inject_inf puts an inf into one gradient of that rank
