@@ -18,7 +18,6 @@ from geotrain.calibrate.compare import (
 )
 from geotrain.calibrate.costs import calibrated_inputs, compute_concurrency, predict, slowdown
 from geotrain.calibrate.profile import cost_profile, fit_line, load_profile, save_profile, time_unit
-from geotrain.calibrate.wanrun import wan_config
 from geotrain.cost import CostModel
 from geotrain.errors import GeotrainError
 from geotrain.plan.manual import plan_from_job
@@ -88,7 +87,8 @@ def test_calibrated_inputs_use_the_measured_numbers(spec, unit_profile):
     for s, st in enumerate(plan.stages):
         params = cost.stage_params(st.units)
         assert inp.allreduce[s] == pytest.approx(2e-3 + 4 * params * 1e-9)     # fp32 gradients
-        assert inp.optimizer[s] == pytest.approx(1e-3 + params * 1e-9)
+        # the optimizer step plus the world-wide loss/overflow all-reduce: 2(n-1) = 6 gloo hops on loopback
+        assert inp.optimizer[s] == pytest.approx(1e-3 + params * 1e-9 + 6 * rt["p2p"]["alpha_s"])
     # The interpreter overhead is spread over the compute actions of each stage.
     blk = unit_profile["block"]["2"]
     n = len(plan.stages[1].units) - 1           # blocks of the last stage (its other unit is the head)
@@ -120,14 +120,46 @@ def test_contention_slows_a_dp2_pipeline_sharing_two_cores(spec, unit_profile):
     assert res1.metrics.iteration_time > res0.metrics.iteration_time
 
 
-def test_wan_config_describes_ranks_and_both_link_directions(spec):
-    plan = plan_from_job(spec)
-    cfg = wan_config(spec, plan)
-    assert cfg["rank_dc"] == ["east", "east", "west", "west"]
-    assert cfg["rank_replica"] == [0, 1, 0, 1]
-    assert set(cfg["links"]) == {"east->west", "west->east"}
-    lk = cfg["links"]["east->west"]
-    assert lk["delay_ms"] == 5 and lk["per_connection_gbps"] == pytest.approx(0.1)
+def test_a_profile_file_goes_straight_into_the_cost_model(tmp_path, unit_profile):
+    import json
+
+    path = tmp_path / "profile.json"
+    save_profile(unit_profile, path)
+    m = CostModel(__import__("geotrain.models.presets", fromlist=["PRESETS"]).PRESETS["tiny"], precision="bf16",
+                  profile=json.loads(path.read_text()))          # the "runtime" key is ignored, not refused
+    assert m.profile.has("block")
+
+
+def test_global_sync_crosses_the_wan_only_where_gloo_does(spec, unit_profile):
+    from geotrain.calibrate.costs import global_sync_s
+
+    prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "p2p": {"alpha_s": 1e-4, "per_byte_s": 0.0}}}
+    plan = plan_from_job(spec)                  # pp=2 x dp=2, ranks 0,1 east and 2,3 west; link 5 ms
+    hop, lat = 1e-4, 5e-3
+    # Ring 0->1->2->3->0: 6 steps; the 6 edges ending at any rank include 3 WAN crossings.
+    assert global_sync_s(spec, plan, prof, "kernel") == pytest.approx(6 * hop + 3 * lat)
+    assert global_sync_s(spec, plan, prof, "shaper") == pytest.approx(6 * hop)
+    one = plan.with_(dp=1)
+    assert global_sync_s(spec, one, prof, "kernel") == pytest.approx(2 * hop + 2 * lat)   # one round trip
+    # A measured collective (calibration run, n=2: two steps) sets the hand-off per edge.
+    cal = {**prof, "runtime": {**prof["runtime"], "calibration_run": {"global_sync_s": 4e-3, "wan_mode": "shaper"}}}
+    assert global_sync_s(spec, one, cal, "shaper") == pytest.approx(4e-3)
+    # ... and it lands in every stage's optimizer time.
+    base = calibrated_inputs(spec, one, prof, mode="shaper").optimizer
+    synced = calibrated_inputs(spec, one, cal, mode="shaper").optimizer
+    assert [b - a for a, b in zip(base, synced)] == pytest.approx([4e-3 - 2 * hop] * 2)
+
+
+def test_wan_off_predicts_no_wan_and_shaper_adds_the_message_overhead(spec, unit_profile):
+    plan = plan_from_job(spec).with_(dp=1)
+    prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "wan_message_overhead_s": 2e-3}}
+    off = calibrated_inputs(spec, plan, prof, mode="off").cluster.wan_links[0]
+    shaped = calibrated_inputs(spec, plan, prof, mode="shaper").cluster.wan_links[0]
+    assert off.latency_ms == pytest.approx(0.1)          # the measured gloo p2p latency (100 us)
+    assert shaped.latency_ms == pytest.approx(5 + 2)
+    t_off = predict(spec, plan, prof, iterations=2, mode="off")[0].metrics.iteration_time
+    t_wan = predict(spec, plan, prof, iterations=2, mode="shaper")[0].metrics.iteration_time
+    assert t_wan > t_off + 2 * 5e-3
 
 
 def _metrics(it: float, busy: dict[int, float], bubbles, iterations: int = 2) -> Metrics:

@@ -7,9 +7,9 @@ profile.py   -- `measure_profile(spec)`: per-unit compute times measured the way
 costs.py     -- `calibrated_costs(spec, plan, profile)`: the StageCosts, all-reduce and optimizer
                 times that `geotrain.sim.simulate_costs` takes, with the measured effects modelled;
                 `predict(spec, plan, profile)` simulates with them.
-wanrun.py    -- run a plan for real with the user-space WAN (delay, per-connection and aggregate
-                rate, n connections, fair or temporal sharing) on the cross-DC pairs;
-worker.py    -- the rank entry point that plugs that WAN in where the runtime builds its transport;
+wanrun.py    -- `run_plan`: run a plan for real through the runtime's own launcher and WAN path
+                (runtime.launch.run_with_wan, mode "shaper" or "kernel"), sampling the machine's load;
+messages.py  -- per-message WAN transport overhead and the global all-reduce, read off a measured trace;
 cpuload.py   -- how busy the (shared) machine was while we measured.
 compare.py   -- predicted vs measured rows (iteration time, busy fraction, bubble time) and errors.
 cases.py     -- the validation set; validate.py runs it and writes the markdown table.

@@ -2,14 +2,13 @@
 
 Each case is a two-DC cluster ("east", "west") written as TOML into its run directory (the
 runtime loads its spec from a file), a plan pinned by the case (stages split evenly, the first
-half of the stages in east), and WAN settings that the user-space WAN of wanrun.py applies.
+half of the stages in east), and WAN settings that the runtime's WAN path applies (wanrun.py).
 The set spans latency (2-40 ms), bandwidth per connection (5-200 Mbit/s), schedule kinds,
 pp x dp shapes (2x1, 2x2, 4x1), fair and temporal sharing, and 1 vs 4 connections.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,12 +117,13 @@ def case_plan(spec, case: Case):
     return plan
 
 
-def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup: int = 2):
-    """Run `case` for real (steps iterations, the first `warmup` discarded), simulate it with the
-    profile, and return (CaseRow, details)."""
+def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup: int = 2,
+             mode: str | None = None):
+    """Run `case` for real (steps iterations, the first `warmup` discarded) over the runtime's WAN
+    `mode` (default: wanrun.DEFAULT_MODE), simulate it with the profile, and return (CaseRow, details)."""
     from geotrain.calibrate.compare import compare_case, measured_metrics
     from geotrain.calibrate.costs import predict
-    from geotrain.calibrate.wanrun import launch_with_wan
+    from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
     from geotrain.trace.schema import Trace
 
     if steps <= warmup:
@@ -131,18 +131,19 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     directory = Path(directory)
     spec = write_spec(case, directory)
     plan = case_plan(spec, case)
-    t0 = time.time()
-    trace_path, background = launch_with_wan(spec, plan, directory / "run", steps=steps)
-    wall = time.time() - t0
+    trace_path, cond = run_plan(spec, plan, directory / "run", steps=steps, mode=mode or DEFAULT_MODE)
     measured = Trace.read_jsonl(trace_path)
     tokens = plan.global_batch * spec.model.seq_len
     mm = measured_metrics(measured, warmup, tokens)
-    sim, details = predict(spec, plan, profile, iterations=steps - warmup, background=background)
+    background = cond["background_runnable"]
+    sim, details = predict(spec, plan, profile, iterations=steps - warmup, background=background,
+                           mode=cond["mode"])
     sim.trace.write_jsonl(directory / "predicted_trace.jsonl")
     row = compare_case(case.name, case.description, sim.metrics, mm)
     # The same prediction with the other reading of "background": the CPU other work actually got.
-    cores_used = getattr(launch_with_wan, "last_background_cores", 0.0)
-    alt, _ = predict(spec, plan, profile, iterations=steps - warmup, background=cores_used)
-    details.update(run_wall_s=wall, background_runnable=background, background_cores_used=cores_used,
+    alt, _ = predict(spec, plan, profile, iterations=steps - warmup, background=cond["background_cores"],
+                     mode=cond["mode"])
+    details.update(run_wall_s=cond["wall_s"], background_runnable=background,
+                   background_cores_used=cond["background_cores"], wan_mode=cond["mode"],
                    predicted_iteration_s_with_cores_used=alt.metrics.iteration_time)
     return row, details

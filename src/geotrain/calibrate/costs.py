@@ -16,6 +16,12 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     writers, reader, delay timer, the waiting rank), each of which waits for a core on a busy
     machine; the profile's calibration run fits this per-message overhead (`wan_message_overhead_s`),
     added to the link latency and scaled with the CPU sharing of each run;
+  * the runtime's per-step global all-reduce of (overflow flag, loss) over ALL ranks, before every
+    optimizer step (runtime.trainer on_optimizer): a gloo ring all-reduce, so it crosses the WAN
+    where the ranks' gloo traffic does ("kernel" mode: ranks in DC namespaces; "shaper" mode: gloo
+    stays on loopback, only StripedTransport is shaped). Added to each stage's optimizer time
+    (`global_sync_s`); waiting for the slowest stage at that barrier is slack the simulator's
+    schedule already has (the first stage, which finishes last, is on the critical path);
   * CPU contention: when more ranks compute at once than the machine has free cores, each is
     slower: processor sharing, k ranks computing beside b runnable threads of other work (measured
     while the plan ran, cpuload.py) get cores / (k + b) of a core each. The profile's measured slow-down
@@ -50,7 +56,7 @@ def slowdown(concurrent: float, background: float, cores: int) -> float:
     return max(1.0, (concurrent + background) / max(1, cores))
 
 
-def calibrated_cluster(spec, profile: dict, background: float | None = None):
+def calibrated_cluster(spec, profile: dict, background: float | None = None, mode: str = "shaper"):
     """The spec's cluster with intra-DC latency/bandwidth replaced by the measured gloo p2p, and each
     WAN message's transport overhead (thread hand-offs in the user-space WAN, which wait for a core
     when the machine is busy) added to the WAN latency, scaled by the CPU sharing at `background`."""
@@ -65,6 +71,12 @@ def calibrated_cluster(spec, profile: dict, background: float | None = None):
                 upd["intra_dc_gbps"] = 8 / p2p["per_byte_s"] / 1e9
             dcs.append(dc.model_copy(update=upd))
         cluster = cluster.model_copy(update={"datacenters": dcs})
+    if mode == "off" and cluster.wan_links:
+        # `--wan off`: no emulated WAN, every pair on gloo over loopback like a pair inside a DC.
+        dc0 = cluster.datacenters[0]
+        links = [wl.model_copy(update={"latency_ms": dc0.intra_dc_latency_us * 1e-3, "capacity_gbps": dc0.intra_dc_gbps,
+                                       "per_connection_gbps": dc0.intra_dc_gbps}) for wl in cluster.wan_links]
+        return cluster.model_copy(update={"wan_links": links})
     extra = float(rt.get("wan_message_overhead_s", 0.0))
     if extra and cluster.wan_links:
         ncores = int(rt.get("cores", 1))
@@ -76,7 +88,50 @@ def calibrated_cluster(spec, profile: dict, background: float | None = None):
     return cluster
 
 
-def calibrated_inputs(spec, plan, profile: dict, background: float | None = None) -> CalibratedInputs:
+def profile_mode(profile: dict) -> str:
+    """The WAN mode the profile's calibration run used ("shaper" for profiles made before modes)."""
+    return profile.get("runtime", {}).get("calibration_run", {}).get("wan_mode", "shaper")
+
+
+def global_sync_s(spec, plan, profile: dict, mode: str) -> float:
+    """Seconds of the runtime's world-wide all-reduce of two float64 (overflow flag, loss).
+
+    gloo's ring all-reduce takes 2(n-1) steps; each rank starts a step when its left neighbour's
+    previous message arrived, so the last rank to finish has waited for the 2(n-1) ring edges ending
+    at it. Each edge costs its hand-off (the calibration run's measured collective at n = 2, i.e. two
+    steps, halved; else the gloo p2p latency) plus, in "kernel" mode only, the WAN latency where the
+    ring crosses DCs (ranks are stage-major, so it crosses between consecutive stages in different
+    DCs); in "shaper" mode gloo stays on loopback and only StripedTransport is delayed."""
+    n = plan.num_ranks
+    if n < 2:
+        return 0.0
+    rt = profile.get("runtime", {})
+    cal = rt.get("calibration_run", {})
+    hop = float(rt.get("p2p", {}).get("alpha_s", 50e-6))
+    if cal.get("global_sync_s") is not None:
+        measured = float(cal["global_sync_s"])
+        if cal.get("wan_mode") == "kernel":
+            measured -= 2 * _calibration_latency(spec, cal)
+        hop = max(hop, measured / 2)
+    dc = [plan.stages[plan.coords(r)[0]].dc for r in range(n)]
+
+    def edge(a: int, b: int) -> float:
+        link = spec.cluster.link(dc[a], dc[b]) if mode == "kernel" and dc[a] != dc[b] else None
+        return hop + (link.latency_ms * 1e-3 if link is not None else 0.0)
+
+    lat = [edge(r, (r + 1) % n) for r in range(n)]      # edge r: rank r -> r + 1
+    steps = 2 * (n - 1)
+    return max(sum(lat[(end - 1 - k) % n] for k in range(steps)) for end in range(n))
+
+
+def _calibration_latency(spec, cal: dict) -> float:
+    """One-way latency of the link the calibration run crossed (the spec's first WAN link)."""
+    return float(cal.get("latency_ms", spec.cluster.wan_links[0].latency_ms if spec.cluster.wan_links else 0.0)) \
+        * 1e-3
+
+
+def calibrated_inputs(spec, plan, profile: dict, background: float | None = None,
+                      mode: str | None = None) -> CalibratedInputs:
     """Per-stage costs for `geotrain.sim.simulate_costs`, before contention (see module docstring)."""
     from geotrain.calibrate.profile import cost_profile
     from geotrain.cost import CostModel
@@ -87,7 +142,8 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
     rt = profile.get("runtime", {})
     cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
                      optimizer=spec.job.optimizer, profile=cost_profile(profile))
-    cluster = calibrated_cluster(spec, profile, background)
+    mode = mode or profile_mode(profile)
+    cluster = calibrated_cluster(spec, profile, background, mode)
     sched = plan_schedule(plan)
     per_action = float(rt.get("per_action_s", 0.0))
     factor = rt.get("compute_factor", {})
@@ -110,6 +166,7 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
                                      send_bytes=4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden
                                      if v < last else 0))
     allreduce, optimizer = [], []
+    sync = global_sync_s(spec, plan, profile, mode)
     ar = rt.get("allreduce", {})
     opt = rt.get("optimizer")
     for st in plan.stages:
@@ -123,9 +180,10 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
         else:
             allreduce.append(cost.allreduce_time(cost.grad_bytes(st.units), plan.dp, dc, plan.sharding))
         if opt:
-            optimizer.append((opt["fixed_s"] + params * opt["per_param_s"]) * factor.get("optimizer", 1.0))
+            step = (opt["fixed_s"] + params * opt["per_param_s"]) * factor.get("optimizer", 1.0)
         else:
-            optimizer.append(cost.optimizer_time(st.units, cluster.gpu(dc.gpu_type), plan.sharding, plan.dp))
+            step = cost.optimizer_time(st.units, cluster.gpu(dc.gpu_type), plan.sharding, plan.dp)
+        optimizer.append(step + sync)
     return CalibratedInputs(cluster, stage_costs, allreduce, optimizer, plan.global_batch * spec.model.seq_len)
 
 
@@ -160,19 +218,24 @@ def compute_concurrency(result, plan) -> list[float]:
 
 
 def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = True,
-            background: float | None = None):
+            background: float | None = None, mode: str | None = None):
     """Simulate `plan` with the calibrated inputs; returns (SimResult, details dict).
 
     background: other threads ready to run on the machine while the plan runs, on average
-    (cpuload.CpuSampler.background_runnable); None: the background the profile saw."""
+    (cpuload.CpuSampler.background_runnable); None: the background of the profile's calibration run.
+    mode: the runtime's WAN mode of the run predicted ("shaper", "kernel", "off"); None: the
+    profile's calibration run's."""
     from dataclasses import replace
 
     from geotrain.sim import simulate_costs
 
-    inp = calibrated_inputs(spec, plan, profile, background)
+    mode = mode or profile_mode(profile)
+    inp = calibrated_inputs(spec, plan, profile, background, mode)
     rt = profile.get("runtime", {})
     ncores = int(rt.get("cores", 1))
-    bg = float(rt.get("background_runnable", 0.0) if background is None else background)
+    # Default: the conditions of the calibration run, which the compute factors were measured under.
+    bg = float(rt.get("calibration_run", {}).get("background_runnable", rt.get("background_runnable", 0.0))
+               if background is None else background)
     factors = [1.0] * plan.pp
     res = None
     for _ in range(CONTENTION_ROUNDS if contention else 1):
@@ -187,4 +250,5 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
         conc = compute_concurrency(res, plan)
         factors = [slowdown(k, bg, ncores) for k in conc]
     return res, {"contention_factors": factors, "background_runnable": bg, "allreduce_s": inp.allreduce,
-                 "optimizer_s": inp.optimizer}
+                 "optimizer_s": inp.optimizer, "wan_mode": mode,
+                 "global_sync_s": global_sync_s(spec, plan, profile, mode)}

@@ -319,18 +319,16 @@ def _wan_rates(rank: int, wan: dict) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from geotrain.calibrate.worker import MIN_CHUNK_BYTES, strict_reserve
-    from geotrain.wan import shaper
+    from geotrain.runtime.wan import MIN_CHUNK_BYTES
     from geotrain.wan.shaper import ShaperConfig
     from geotrain.wan.striped import StripedTransport
 
-    shaper.Pacer.reserve = strict_reserve      # as the validation runs pace (see worker.py)
     store = dist.distributed_c10d._get_default_store()
     out = {}
     for n in wan["connections"]:
-        binds = n * wan["per_connection_gbps"] > wan["aggregate_gbps"]
-        cfg = ShaperConfig(per_connection_gbps=None if binds else wan["per_connection_gbps"],
-                           aggregate_gbps=wan["aggregate_gbps"] if binds else None, delay_ms=wan["latency_ms"])
+        # The runtime's shaper mode: both caps, exact pacing, 4 KB stripes (runtime.wan.build_transport).
+        cfg = ShaperConfig(per_connection_gbps=wan["per_connection_gbps"], aggregate_gbps=wan["aggregate_gbps"],
+                           delay_ms=wan["latency_ms"])
         rate = min(n * wan["per_connection_gbps"], wan["aggregate_gbps"])
         nbytes = int(max(256 << 10, rate * 1e9 / 8 * wan["seconds"]))
         tr = StripedTransport(rank, store, connections=n, shaper=cfg, prefix=f"profile/wan{n}",
@@ -388,17 +386,20 @@ def run_pool(world: int, task: dict, timeout_s: float = 180.0) -> tuple[list[dic
                 p.stderr.close()
 
 
-def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2) -> tuple[dict[str, float], float, dict]:
-    """Run a 2-stage pipeline of the spec's model for real (over the spec's WAN, as validation runs
-    do) and compare each compute kind's mean duration with the calibrated simulation's: the ratio is
-    what the runtime adds to the isolated unit times when ranks run side by side (the other rank's
-    transfers and threads, the allocator, the recorder), beyond the CPU sharing costs.py models."""
+def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
+                     mode: str | None = None) -> tuple[dict[str, float], float, dict]:
+    """Run a 2-stage pipeline of the spec's model for real (over the spec's WAN, through the runtime's
+    launcher in WAN `mode`, as validation runs and `geotrain train` do) and compare each compute kind's
+    mean duration with the calibrated simulation's: the ratio is what the runtime adds to the isolated
+    unit times when ranks run side by side (the other rank's transfers and threads, the allocator, the
+    recorder), beyond the CPU sharing costs.py models. From the same trace: the per-message WAN
+    transport overhead and the global all-reduce (messages.py)."""
     import dataclasses
     import tempfile
 
     from geotrain.calibrate.compare import drop_warmup
     from geotrain.calibrate.costs import predict
-    from geotrain.calibrate.wanrun import launch_with_wan
+    from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
     from geotrain.plan.manual import plan_from_job, split_even
     from geotrain.plan.plan import StagePlan
     from geotrain.trace.schema import Trace
@@ -412,9 +413,10 @@ def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2) -> tu
                       links=tuple(dataclasses.replace(lp, order=()) for lp in base.links),
                       name="profile-calibration")
     with tempfile.TemporaryDirectory() as tmp:
-        path, background = launch_with_wan(spec, plan, Path(tmp) / "run", steps=steps)
+        path, cond = run_plan(spec, plan, Path(tmp) / "run", steps=steps, mode=mode or DEFAULT_MODE)
         measured = drop_warmup(Trace.read_jsonl(path), warmup)
-    sim, _ = predict(spec, plan, profile, iterations=steps - warmup, background=background)
+    background, mode = cond["background_runnable"], cond["mode"]
+    sim, det = predict(spec, plan, profile, iterations=steps - warmup, background=background, mode=mode)
     pred_events = sim.trace.events
 
     def mean(events, kind):
@@ -424,29 +426,27 @@ def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2) -> tu
     factors = {}
     for kind in ("forward", "backward", "optimizer"):
         p, m = mean(pred_events, kind), mean(measured.events, kind)
+        if kind == "optimizer":       # the simulated step carries the global all-reduce; the trace records it apart
+            p -= det["global_sync_s"]
         factors[kind] = m / p if p > 0 and m > 0 else 1.0
     info = {"plan": "pp=2 x dp=1 1f1b", "num_microbatches": plan.num_microbatches,
-            "background_runnable": background, "steps": steps, "warmup": warmup}
-    # With compute calibrated, what is left of the iteration time is the transport: fit one
-    # per-message WAN overhead (bisection; the iteration time grows with it).
+            "background_runnable": background, "steps": steps, "warmup": warmup, "wan_mode": mode}
+    # What a WAN message and the global loss/overflow all-reduce cost, read off the trace
+    # (messages.py says why not a fit on the iteration time).
+    from geotrain.calibrate.messages import global_sync, waiting_overhead
     from geotrain.trace.metrics import compute_metrics
 
     measured_it = compute_metrics(measured, 1).iteration_time
     overhead = 0.0
-    if spec.cluster.wan_links and plan.stages[0].dc != plan.stages[-1].dc:
-        rt = {**profile[RUNTIME_KEY], "compute_factor": factors, "calibration_run": info}
-
-        def iteration(extra: float) -> float:
-            trial = {**profile, RUNTIME_KEY: {**rt, "wan_message_overhead_s": extra}}
-            sim, _ = predict(spec, plan, trial, iterations=steps - warmup, background=background)
-            return sim.metrics.iteration_time
-
-        lo, hi = 0.0, 0.05
-        if iteration(lo) < measured_it:
-            for _ in range(12):
-                mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if iteration(mid) < measured_it else (lo, mid)
-            overhead = (lo + hi) / 2
+    a, b = plan.stages[0].dc, plan.stages[-1].dc
+    link = spec.cluster.link(a, b) if a != b else None
+    if link is not None:
+        lp = plan.link_between(a, b)
+        conns = max(1, lp.connections) if lp is not None else 1
+        rate_Bps = min(conns * link.per_connection_gbps, link.capacity_gbps) * 1e9 / 8
+        overhead = waiting_overhead(measured, link.latency_ms * 1e-3, 1 / rate_Bps, 0) or 0.0
+    info["global_sync_s"] = global_sync(measured, 0) or 0.0
+    info["latency_ms"] = link.latency_ms if link is not None else 0.0
     info["measured_iteration_s"] = measured_it
     return factors, overhead, info
 
@@ -454,8 +454,10 @@ def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2) -> tu
 # -- the whole profile ---------------------------------------------------------------------------
 
 def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | None = None,
-                    precision: str | None = None, progress=None) -> dict[str, Any]:
-    """Measure a profile for `spec` (a loaded Spec) on this machine. quick: fewer repeats, dp=2 only."""
+                    precision: str | None = None, progress=None, mode: str | None = None) -> dict[str, Any]:
+    """Measure a profile for `spec` (a loaded Spec) on this machine. quick: fewer repeats, dp=2 only.
+    mode: the runtime WAN mode of the calibration run (default wanrun.DEFAULT_MODE); calibrate with the
+    mode the predicted runs will use."""
     import torch
 
     from geotrain.cost import CostModel
@@ -527,7 +529,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
                           "achieved_gbps": pool[1]["wan"]}
     say("calibration run (2-stage pipeline, real runtime)")
     runtime["compute_factor"], runtime["wan_message_overhead_s"], runtime["calibration_run"] = \
-        _calibration_run(spec, {**prof, RUNTIME_KEY: runtime})
+        _calibration_run(spec, {**prof, RUNTIME_KEY: runtime}, mode=mode)
     say("process start-up")
     runtime["startup_s"] = measure_startup(1)
     prof[RUNTIME_KEY] = runtime

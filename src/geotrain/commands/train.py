@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the WAN between the plan's datacenters: kernel = one network namespace per DC joined by "
                         "an emulated WAN router (root); shaper = delay and rate limits inside the project's own "
                         "transport; auto = kernel where possible, else shaper (default); off = plain local run")
+    p.add_argument("--profile", default=None, metavar="PROFILE.json",
+                   help="predict with the calibrated simulation of this `geotrain profile` file (made on this "
+                        "machine, same model and micro-batch) instead of the plain cost model, so `geotrain report` "
+                        "compares the measurement with a calibrated prediction")
     p.add_argument("--wan-rate-scale", type=float, default=1.0, metavar="X",
                    help="multiply every WAN capacity and per-connection cap (the emulator's packet delayer carries "
                         "~1 Gbit/s: for faster links use e.g. 0.01 with 100 Gbit/s; latency stays exact)")
@@ -64,9 +68,15 @@ def _config(args: argparse.Namespace):
     overrides = {k: v for k, v in (("schedule", args.schedule), ("precision", args.precision),
                                     ("checkpointing", args.checkpointing), ("sharding", args.sharding)) if v}
     out = args.out or str(Path("runs") / path.stem)
+    profile = None
+    if args.profile:
+        from geotrain.calibrate.profile import load_profile
+
+        load_profile(args.profile)           # a missing or foreign file is a user error now, not after training
+        profile = str(Path(args.profile).resolve())
     return RunConfig(spec=str(spec_path), out=out, plan=plan_dict, overrides=overrides, steps=args.steps,
                      resume=args.resume, checkpoint_every=args.checkpoint_every, data=args.data,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, profile=profile)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -88,13 +88,24 @@ def format_summary(summary: dict[str, Any], out: Path) -> str:
 
 
 def _write_prediction(cfg, spec, plan, out: Path, iterations: int) -> None:
-    """The simulator's prediction of the same plan, if the simulator is available."""
+    """The simulator's prediction of the same plan, if the simulator is available: with `cfg.profile`
+    (a `geotrain profile` file) from the calibrated inputs of geotrain.calibrate.costs -- measured unit
+    times, runtime overheads, the WAN mode this run used -- else from the plain cost model."""
     try:
         from geotrain.sim import simulate
     except ImportError:
         return
     try:
-        result = simulate(spec, plan, iterations=iterations)
+        if cfg.profile:
+            from geotrain.calibrate.costs import predict
+            from geotrain.calibrate.profile import load_profile
+
+            mode = (cfg.wan or {}).get("mode", "off")
+            result, details = predict(spec, plan, load_profile(cfg.profile), iterations=iterations, mode=mode)
+            result.trace.meta.update(calibrated={"profile": str(cfg.profile), "wan_mode": mode,
+                                                 "contention_factors": details["contention_factors"]})
+        else:
+            result = simulate(spec, plan, iterations=iterations)
         result.trace.write_jsonl(out / "predicted_trace.jsonl")
     except Exception as e:  # noqa: BLE001 -- a prediction failure must not fail a finished training run
         print(f"note: no simulator prediction written ({type(e).__name__}: {e})", file=sys.stderr)

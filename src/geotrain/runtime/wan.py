@@ -100,7 +100,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
     from geotrain.runtime import transport as T
 
     _BUILT[0] += 1
-    default = T.TorchTransport()          # looked up at call time: calibrate's worker swaps this class
+    default = T.TorchTransport()
     if not wan:
         return default
     stage, replica, _ = plan.coords(rank)

@@ -1,0 +1,98 @@
+"""What the calibration reads off a measured trace (per-message WAN overhead, the global all-reduce),
+the shaper's exact pacing those numbers rely on, and `train --profile`'s calibrated prediction."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from geotrain.calibrate.messages import global_sync, message_overheads, waiting_overhead
+from geotrain.trace.schema import Event, Trace
+from geotrain.wan.shaper import Shaper, ShaperConfig
+
+
+def _pp2_trace(latency: float, ser: float, extra_waiting: float, extra_busy: float) -> Trace:
+    """Two iterations of a pp=2 pipeline: mb 0's activation arrives while rank 1 waits (`extra_waiting`
+    late); mb 1's while rank 1 still computes (picked up late by `extra_busy`, hidden by compute)."""
+    ev = []
+    for it in (1, 2):
+        t = 10.0 * it
+        ev.append(Event(rank=0, kind="forward", start=t, end=t + 0.002, stage=0, mb=0, iteration=it))
+        due = t + 0.002 + latency + ser
+        ev.append(Event(rank=1, kind="recv_wait", start=t, end=due + extra_waiting, stage=1, mb=0, iteration=it,
+                        bytes=32768))
+        ev.append(Event(rank=0, kind="forward", start=t + 0.002, end=t + 0.004, stage=0, mb=1, iteration=it))
+        busy_until = t + 0.004 + latency + ser + extra_busy
+        ev.append(Event(rank=1, kind="forward", start=due, end=busy_until, stage=1, mb=0, iteration=it))
+        ev.append(Event(rank=1, kind="recv_wait", start=busy_until, end=busy_until, stage=1, mb=1, iteration=it,
+                        bytes=32768))
+        ev.append(Event(rank=0, kind="recv_wait", start=t + 1, end=t + 1 + 0.001 * it, stage=-1, iteration=it))
+        ev.append(Event(rank=1, kind="recv_wait", start=t + 1, end=t + 1.003, stage=-1, iteration=it))
+    return Trace(events=ev, num_ranks=2)
+
+
+def test_only_messages_a_waiting_receiver_saw_arrive_set_the_overhead():
+    lat, per_byte = 0.010, 1 / 6.25e6
+    trace = _pp2_trace(lat, 32768 * per_byte, extra_waiting=0.0008, extra_busy=0.020)
+    rows = message_overheads(trace, lat, per_byte, warmup=0)
+    assert sorted(w for _, w in rows) == [False, False, True, True]
+    assert waiting_overhead(trace, lat, per_byte, warmup=0) == pytest.approx(0.0008, abs=1e-9)
+    # Counted against a 2 ms link the same arrivals look 8 ms late: the latency is taken out.
+    assert waiting_overhead(trace, 0.002, per_byte, warmup=0) == pytest.approx(0.0088, abs=1e-9)
+
+
+def test_global_sync_is_the_shortest_wait_per_iteration():
+    trace = _pp2_trace(0.01, 0.005, 0.001, 0.0)
+    assert global_sync(trace, warmup=0) == pytest.approx(0.0015)       # median of 1 ms and 2 ms
+    assert global_sync(trace, warmup=1) == pytest.approx(0.002)
+
+
+def _lone_block_s(exact: bool, nbytes: int = 32768, gbps: float = 0.01) -> float:
+    conn = Shaper(ShaperConfig(per_connection_gbps=gbps, aggregate_gbps=1.0, exact=exact)).connection()
+    t0 = time.monotonic()
+    conn.wait_for(nbytes)
+    return time.monotonic() - t0
+
+
+def test_exact_pacing_charges_a_lone_message_its_serialization_time():
+    ser = 32768 * 8 / 0.01e9                    # 26 ms at 10 Mbit/s
+    assert _lone_block_s(exact=True) == pytest.approx(ser, abs=0.01)
+    assert _lone_block_s(exact=False) < ser / 4     # burst credit: leaves at once
+
+
+def test_exact_pacing_keeps_the_bulk_rate_and_the_binding_cap():
+    conn = Shaper(ShaperConfig(per_connection_gbps=0.08, aggregate_gbps=0.04)).connection()   # aggregate binds
+    t0 = time.monotonic()
+    for _ in range(8):
+        conn.wait_for(16 << 10)
+    rate = 8 * (16 << 10) * 8 / (time.monotonic() - t0) / 1e9
+    assert rate == pytest.approx(0.04, rel=0.15)
+
+
+def test_train_profile_writes_a_calibrated_prediction(tmp_path):
+    from geotrain.calibrate.cases import Case, case_plan, write_spec
+    from geotrain.calibrate.profile import save_profile, time_unit
+    from geotrain.runtime.summary import _write_prediction
+    from geotrain.sim import simulate
+
+    case = Case("train-profile", latency_ms=10, per_connection_mbps=50)
+    spec = write_spec(case, tmp_path / "spec")
+    plan = case_plan(spec, case)
+    m = spec.model
+    prof = {kind: {"2": list(time_unit(m, index, 2, "bf16", repeats=2))}
+            for kind, index in (("embedding", 0), ("block", 1), ("head", m.layers + 1))}
+    prof["runtime"] = {"cores": 2, "per_action_s": 2e-5, "wan_message_overhead_s": 1e-3,
+                       "calibration_run": {"background_runnable": 0.0, "wan_mode": "shaper", "global_sync_s": 2e-3}}
+    save_profile(prof, tmp_path / "profile.json")
+    cfg = SimpleNamespace(profile=str(tmp_path / "profile.json"), wan={"mode": "shaper"})
+    _write_prediction(cfg, spec, plan, tmp_path, iterations=2)
+    pred = Trace.read_jsonl(tmp_path / "predicted_trace.jsonl")
+    assert pred.meta["calibrated"]["wan_mode"] == "shaper"
+    # The measured block time, not the peak-FLOP estimate, sets the forward of a stage.
+    fwd = min(e.duration for e in pred.events if e.kind == "forward" and e.rank == 1)
+    plain = simulate(spec, plan, iterations=2).trace
+    plain_fwd = min(e.duration for e in plain.events if e.kind == "forward" and e.rank == 1)
+    assert fwd >= prof["block"]["2"][0]
+    assert fwd != pytest.approx(plain_fwd, rel=0.2)
