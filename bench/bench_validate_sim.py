@@ -26,6 +26,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--wan", default="shaper", choices=["auto", "kernel", "shaper"])
     args = ap.parse_args()
 
     from geotrain.calibrate.profile import load_profile
@@ -34,13 +35,14 @@ def main() -> int:
     t0 = time.time()
     profile = load_profile(args.profile) if args.profile else None
     rows, md = run_validation(Path(args.out), quick=args.quick, profile=profile, steps=args.steps,
-                              warmup=args.warmup)
+                              warmup=args.warmup, mode=args.wan)
     print()
     print(md)
     print(f"total {time.time() - t0:.0f} s")
     if args.write_docs:
         cmd = "`.venv/bin/python bench/bench_validate_sim.py" + (" --quick" if args.quick else "") + \
-              f" --steps {args.steps} --warmup {args.warmup} --write-docs`"
+              f" --steps {args.steps} --warmup {args.warmup}" + \
+              (f" --wan {args.wan}" if args.wan != "shaper" else "") + " --write-docs`"
         doc = ROOT / "docs" / "VALIDATION.md"
         head = doc.read_text().split(MARK)[0] if doc.exists() else ""
         stamp = time.strftime("%Y-%m-%d %H:%M")

@@ -15,9 +15,10 @@ from pathlib import Path
 
 
 def run_validation(out: Path, quick: bool = False, profile: dict | None = None, profile_spec=None,
-                   steps: int = 6, warmup: int = 2, only: list[str] | None = None, say=print) -> tuple[list, str]:
+                   steps: int = 6, warmup: int = 2, only: list[str] | None = None, say=print,
+                   mode: str | None = None) -> tuple[list, str]:
     """Returns (rows, markdown). `profile_spec`: the Spec to profile when no profile is given
-    (default: the tiny model of the first case)."""
+    (default: the tiny model of the first case). `mode`: the runtime WAN of every run (wanrun.py)."""
     from geotrain.calibrate.cases import CASES, QUICK, write_spec
     from geotrain.calibrate.compare import markdown_table, summarize
     from geotrain.calibrate.profile import measure_profile, save_profile
@@ -34,22 +35,24 @@ def run_validation(out: Path, quick: bool = False, profile: dict | None = None, 
         spec = profile_spec or write_spec(cases[0], out / "_profile_spec")
         say(f"profiling {spec.model.name} on this machine ...")
         t0 = time.time()
-        profile = measure_profile(spec, quick=quick)
+        profile = measure_profile(spec, quick=quick, mode=mode)
         save_profile(profile, out / "profile.json")
         say(f"  done in {time.time() - t0:.0f} s -> {out / 'profile.json'}")
     rows, details = [], {}
     for i, case in enumerate(cases, 1):
         from geotrain.calibrate.cases import run_case
 
-        row, det = run_case(case, profile, out / case.name, steps=steps, warmup=warmup)
+        row, det = run_case(case, profile, out / case.name, steps=steps, warmup=warmup, mode=mode)
         rows.append(row)
         details[case.name] = det
         say(f"[{i}/{len(cases)}] {case.name:<14} predicted {1e3 * row.predicted_iteration_s:7.1f} ms  measured "
             f"{1e3 * row.measured_iteration_s:7.1f} ms  error {100 * row.iteration_error:+6.1f}%  "
             f"(other runnable threads {det['background_runnable']:.1f})")
     table = markdown_table(rows)
+    modes = sorted({d["wan_mode"] for d in details.values()})
     conditions = (f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), one CPU thread "
-                  f"per rank; {steps} steps per case, the first {warmup} discarded. Background (mean number of "
+                  f"per rank; WAN: {', '.join(modes)} (runtime.launch.run_with_wan); {steps} steps per case, the "
+                  f"first {warmup} discarded. Background (mean number of "
                   "other threads ready to run on the machine while each case ran): "
                   + ", ".join(f"{n} {d['background_runnable']:.1f}" for n, d in details.items()) + ".\n")
     alt = [abs(d["predicted_iteration_s_with_cores_used"] - r.measured_iteration_s) / r.measured_iteration_s

@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, action="append", metavar="N",
                    help="micro-batch size to time (repeatable; default: the job's)")
     p.add_argument("--quick", action="store_true", help="fewer repeats, dp=2 only (about half the time)")
+    p.add_argument("--wan", default="shaper", choices=["auto", "kernel", "shaper"],
+                   help="WAN of the calibration run, as `geotrain train --wan` (default shaper); profile with the "
+                        "mode the predicted runs will use: the per-message overhead and the global all-reduce "
+                        "are measured there")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if args.micro_batch and min(args.micro_batch) < 1:
         raise GeotrainError("--micro-batch must be at least 1")
     t0 = time.time()
-    prof = measure_profile(spec, quick=args.quick, micro_batches=args.micro_batch,
+    prof = measure_profile(spec, quick=args.quick, micro_batches=args.micro_batch, mode=args.wan,
                            progress=lambda msg: print(f"  {time.time() - t0:5.1f} s  {msg}", flush=True))
     save_profile(prof, args.out)
     rt = prof["runtime"]
@@ -54,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
           + ", ".join(f"k={k} x{v:.2f}" for k, v in rt["contention"].items())
           + f" (other runnable threads meanwhile: {rt['background_runnable']:.1f})")
     print("  runtime compute factor: " + ", ".join(f"{k} x{v:.2f}" for k, v in rt["compute_factor"].items()))
+    cal = rt["calibration_run"]
+    print(f"  calibration run ({cal['wan_mode']} WAN): WAN message overhead "
+          f"{1e3 * rt['wan_message_overhead_s']:.2f} ms, "
+          f"global loss/overflow all-reduce {1e3 * cal.get('global_sync_s', 0.0):.2f} ms, "
+          f"iteration {1e3 * cal['measured_iteration_s']:.1f} ms")
     if "wan" in rt:
         achieved = rt["wan"]["achieved_gbps"]
         print("  WAN achieved: " + ", ".join(f"{n} conn {g * 1000:.0f} Mb/s" for n, g in achieved.items()))

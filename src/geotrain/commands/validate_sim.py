@@ -7,9 +7,10 @@ import argparse
 NAME = "validate-sim"
 HELP = "run a set of small plans for real and compare them with the simulator's predictions"
 DESCRIPTION = (
-    "Profile this machine (or load --profile), then run each validation case for real with the user-space "
-    "WAN (several latencies and bandwidths, gpipe/1f1b/zb-h1/wan-1f1b, pp x dp 2x1, 2x2, 4x1, fair and "
-    "temporal sharing, 1 and 4 connections), simulate it with the calibrated costs, and print predicted vs "
+    "Profile this machine (or load --profile), then run each validation case for real through the runtime's "
+    "launcher and WAN (--wan; several latencies and bandwidths, gpipe/1f1b/zb-h1/wan-1f1b, pp x dp 2x1, 2x2, "
+    "4x1, fair and temporal sharing, 1 and 4 connections), simulate it with the calibrated costs, and print "
+    "predicted vs "
     "measured iteration time, per-rank busy fraction and bubble time with their errors. Writes "
     "DIR/VALIDATION.md, DIR/results.json and per-case traces."
 )
@@ -23,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--case", action="append", metavar="NAME", help="run only this case (repeatable)")
     p.add_argument("--steps", type=int, default=6, help="training steps per case (default 6)")
     p.add_argument("--warmup", type=int, default=2, help="first steps discarded (default 2)")
+    p.add_argument("--wan", default="shaper", choices=["auto", "kernel", "shaper"],
+                   help="the runtime WAN every case (and the profile's calibration run) uses (default shaper)")
 
 
 def run(args: argparse.Namespace) -> int:
