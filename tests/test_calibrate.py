@@ -87,8 +87,9 @@ def test_calibrated_inputs_use_the_measured_numbers(spec, unit_profile):
     for s, st in enumerate(plan.stages):
         params = cost.stage_params(st.units)
         assert inp.allreduce[s] == pytest.approx(2e-3 + 4 * params * 1e-9)     # fp32 gradients
-        # the optimizer step plus the world-wide loss/overflow all-reduce: 2(n-1) = 6 gloo hops on loopback
-        assert inp.optimizer[s] == pytest.approx(1e-3 + params * 1e-9 + 6 * rt["p2p"]["alpha_s"])
+        assert inp.optimizer[s] == pytest.approx(1e-3 + params * 1e-9)
+    # the world-wide loss/overflow all-reduce: 2 log2(n) = 4 gloo hops on loopback
+    assert inp.global_sync == pytest.approx(4 * rt["p2p"]["alpha_s"])
     # The interpreter overhead is spread over the compute actions of each stage.
     blk = unit_profile["block"]["2"]
     n = len(plan.stages[1].units) - 1           # blocks of the last stage (its other unit is the head)
@@ -136,18 +137,37 @@ def test_global_sync_crosses_the_wan_only_where_gloo_does(spec, unit_profile):
     prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "p2p": {"alpha_s": 1e-4, "per_byte_s": 0.0}}}
     plan = plan_from_job(spec)                  # pp=2 x dp=2, ranks 0,1 east and 2,3 west; link 5 ms
     hop, lat = 1e-4, 5e-3
-    # Ring 0->1->2->3->0: 6 steps; the 6 edges ending at any rank include 3 WAN crossings.
-    assert global_sync_s(spec, plan, prof, "kernel") == pytest.approx(6 * hop + 3 * lat)
-    assert global_sync_s(spec, plan, prof, "shaper") == pytest.approx(6 * hop)
+    # Halving-doubling: pairs (0,1),(2,3) inside a DC, then (0,2),(1,3) across the WAN; reduce + gather.
+    assert global_sync_s(spec, plan, prof, "kernel") == pytest.approx(4 * hop + 2 * lat)
+    assert global_sync_s(spec, plan, prof, "shaper") == pytest.approx(4 * hop)
     one = plan.with_(dp=1)
     assert global_sync_s(spec, one, prof, "kernel") == pytest.approx(2 * hop + 2 * lat)   # one round trip
     # A measured collective (calibration run, n=2: two steps) sets the hand-off per edge.
     cal = {**prof, "runtime": {**prof["runtime"], "calibration_run": {"global_sync_s": 4e-3, "wan_mode": "shaper"}}}
     assert global_sync_s(spec, one, cal, "shaper") == pytest.approx(4e-3)
-    # ... and it lands in every stage's optimizer time.
-    base = calibrated_inputs(spec, one, prof, mode="shaper").optimizer
-    synced = calibrated_inputs(spec, one, cal, mode="shaper").optimizer
-    assert [b - a for a, b in zip(base, synced)] == pytest.approx([4e-3 - 2 * hop] * 2)
+    # ... and the simulated optimizer step of every stage carries it.
+    steps = calibrated_inputs(spec, one, cal, mode="shaper").optimizer
+    sim, det = predict(spec, one, cal, iterations=2, mode="shaper", contention=False)
+    assert det["global_sync_s"] == pytest.approx(4e-3)
+    opt = sorted({round(e.duration, 9) for e in sim.trace.events if e.kind == "optimizer"})
+    assert opt == pytest.approx(sorted({round(t + 4e-3, 9) for t in steps}))
+
+
+def test_zero3_gathers_parameters_in_every_forward_and_backward(spec, unit_profile):
+    plan = plan_from_job(spec)                  # dp=2
+    rep = calibrated_inputs(spec, plan, unit_profile)
+    z3 = calibrated_inputs(spec, plan.with_(sharding="zero3"), unit_profile)
+    z2 = calibrated_inputs(spec, plan.with_(sharding="zero2"), unit_profile)
+    cost = CostModel(spec.model, precision="bf16")
+    units = plan.stages[0].units                # embedding + blocks: one group per block and the root
+    blocks = [u for u in units if u > 0]
+    fit = unit_profile["runtime"]["allreduce"]["2"]
+    gather = sum(fit["alpha_s"] + 2 * cost.stage_params([u]) * fit["per_byte_s"] for u in blocks) \
+        + fit["alpha_s"] + 2 * cost.stage_params([0]) * fit["per_byte_s"]
+    assert z3.stage_costs[0].forward - rep.stage_costs[0].forward == pytest.approx(gather)
+    assert z3.stage_costs[0].backward - rep.stage_costs[0].backward == pytest.approx(gather)
+    assert z2.stage_costs[0].forward - rep.stage_costs[0].forward == pytest.approx(gather / plan.num_microbatches)
+    assert z2.stage_costs[0].backward == pytest.approx(rep.stage_costs[0].backward)
 
 
 def test_wan_off_predicts_no_wan_and_shaper_adds_the_message_overhead(spec, unit_profile):

@@ -45,8 +45,9 @@ class CalibratedInputs:
     cluster: Any
     stage_costs: list            # geotrain.sim.StageCost per virtual stage
     allreduce: list[float]       # per physical stage
-    optimizer: list[float]       # per physical stage
+    optimizer: list[float]       # per physical stage: the step itself (CPU work)
     tokens: int
+    global_sync: float = 0.0     # the world-wide loss/overflow all-reduce before each step (waiting, not CPU)
 
 
 def slowdown(concurrent: float, background: float, cores: int) -> float:
@@ -96,12 +97,13 @@ def profile_mode(profile: dict) -> str:
 def global_sync_s(spec, plan, profile: dict, mode: str) -> float:
     """Seconds of the runtime's world-wide all-reduce of two float64 (overflow flag, loss).
 
-    gloo's ring all-reduce takes 2(n-1) steps; each rank starts a step when its left neighbour's
-    previous message arrived, so the last rank to finish has waited for the 2(n-1) ring edges ending
-    at it. Each edge costs its hand-off (the calibration run's measured collective at n = 2, i.e. two
-    steps, halved; else the gloo p2p latency) plus, in "kernel" mode only, the WAN latency where the
-    ring crosses DCs (ranks are stage-major, so it crosses between consecutive stages in different
-    DCs); in "shaper" mode gloo stays on loopback and only StripedTransport is delayed."""
+    Modelled as recursive halving-doubling: log2(n) pairwise exchange steps (rank r with r xor 2^j)
+    to reduce and as many to gather, each step as slow as its slowest pair. That matches what was
+    measured in kernel mode on a 10 ms link: 20.8 ms at n = 2 and 21.4 ms at n = 4 (one round trip
+    both times; a ring would cost 2(n-1) steps, three one-way latencies at n = 4). Each exchange
+    costs its hand-off (the calibration run's measured collective at n = 2, i.e. two steps, halved;
+    else the gloo p2p latency) plus, in "kernel" mode only, the WAN latency where the pair sits in
+    different DCs; in "shaper" mode gloo stays on loopback and only StripedTransport is delayed."""
     n = plan.num_ranks
     if n < 2:
         return 0.0
@@ -119,15 +121,38 @@ def global_sync_s(spec, plan, profile: dict, mode: str) -> float:
         link = spec.cluster.link(dc[a], dc[b]) if mode == "kernel" and dc[a] != dc[b] else None
         return hop + (link.latency_ms * 1e-3 if link is not None else 0.0)
 
-    lat = [edge(r, (r + 1) % n) for r in range(n)]      # edge r: rank r -> r + 1
-    steps = 2 * (n - 1)
-    return max(sum(lat[(end - 1 - k) % n] for k in range(steps)) for end in range(n))
+    total, j = 0.0, 1
+    while j < n:
+        total += max(edge(r, r ^ j) for r in range(n) if (r ^ j) < n)
+        j <<= 1
+    return 2 * total
 
 
 def _calibration_latency(spec, cal: dict) -> float:
     """One-way latency of the link the calibration run crossed (the spec's first WAN link)."""
     return float(cal.get("latency_ms", spec.cluster.wan_links[0].latency_ms if spec.cluster.wan_links else 0.0)) \
         * 1e-3
+
+
+def fsdp_gather_s(plan, cost, units: range, rt: dict) -> tuple[float, float]:
+    """(per forward, per backward) seconds of FSDP2 parameter all-gathers inside one micro-batch's
+    compute (runtime.parallelize.apply_fsdp: one group per block plus the chunk's root). zero3 frees
+    the gathered weights after each forward, so every forward and every backward gathers each group
+    again; zero2 gathers once per iteration (spread over the micro-batches' forwards); replicate and
+    zero1 gather nothing. One all-gather of B fp32 bytes over the DP group costs the measured gloo
+    all-reduce fit at B / 2 (an all-gather moves half of what an all-reduce does)."""
+    if plan.sharding not in ("zero2", "zero3") or plan.dp <= 1:
+        return 0.0, 0.0
+    fit = rt.get("allreduce", {}).get(str(plan.dp))
+    if not fit:
+        return 0.0, 0.0
+    blocks = [u for u in units if 0 < u <= cost.model.layers]
+    root = [u for u in units if u not in blocks]
+    groups = [[u] for u in blocks] + ([root] if root else [])
+    gather = sum(fit["alpha_s"] + 4 * cost.stage_params(g) * fit["per_byte_s"] / 2 for g in groups)
+    if plan.sharding == "zero3":
+        return gather, gather
+    return gather / max(1, plan.num_microbatches), 0.0
 
 
 def calibrated_inputs(spec, plan, profile: dict, background: float | None = None,
@@ -160,7 +185,8 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
         t = cost.stage_times(range(a, b), cluster.gpu(dc.gpu_type), plan.micro_batch)
         o = share[v % plan.pp]
         ff, fb = factor.get("forward", 1.0), factor.get("backward", 1.0)
-        stage_costs.append(StageCost(forward=t.forward * ff + o, backward=t.backward * fb + o,
+        g_fwd, g_bwd = fsdp_gather_s(plan, cost, range(a, b), rt)
+        stage_costs.append(StageCost(forward=(t.forward + g_fwd) * ff + o, backward=(t.backward + g_bwd) * fb + o,
                                      backward_input=t.backward_input * fb + o / 2,
                                      backward_weight=t.backward_weight * fb + o / 2,
                                      send_bytes=4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden
@@ -183,8 +209,8 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
             step = (opt["fixed_s"] + params * opt["per_param_s"]) * factor.get("optimizer", 1.0)
         else:
             step = cost.optimizer_time(st.units, cluster.gpu(dc.gpu_type), plan.sharding, plan.dp)
-        optimizer.append(step + sync)
-    return CalibratedInputs(cluster, stage_costs, allreduce, optimizer, plan.global_batch * spec.model.seq_len)
+        optimizer.append(step)
+    return CalibratedInputs(cluster, stage_costs, allreduce, optimizer, plan.global_batch * spec.model.seq_len, sync)
 
 
 def compute_concurrency(result, plan) -> list[float]:
@@ -243,7 +269,9 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
                          backward_input=c.backward_input * factors[v % plan.pp],
                          backward_weight=c.backward_weight * factors[v % plan.pp])
                  for v, c in enumerate(inp.stage_costs)]
-        opt = [t * f for t, f in zip(inp.optimizer, factors)]
+        # The simulator has no global barrier: the all-reduce sits in each stage's optimizer time,
+        # unscaled by CPU sharing (its ranks wait on the network, they do not compute).
+        opt = [t * f + inp.global_sync for t, f in zip(inp.optimizer, factors)]
         res = simulate_costs(plan, inp.cluster, costs, inp.allreduce, opt, inp.tokens, iterations=iterations)
         if not contention:
             break
@@ -251,4 +279,4 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
         factors = [slowdown(k, bg, ncores) for k in conc]
     return res, {"contention_factors": factors, "background_runnable": bg, "allreduce_s": inp.allreduce,
                  "optimizer_s": inp.optimizer, "wan_mode": mode,
-                 "global_sync_s": global_sync_s(spec, plan, profile, mode)}
+                 "global_sync_s": inp.global_sync}
