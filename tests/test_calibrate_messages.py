@@ -36,11 +36,12 @@ def _pp2_trace(latency: float, ser: float, extra_waiting: float, extra_busy: flo
 def test_only_messages_a_waiting_receiver_saw_arrive_set_the_overhead():
     lat, per_byte = 0.010, 1 / 6.25e6
     trace = _pp2_trace(lat, 32768 * per_byte, extra_waiting=0.0008, extra_busy=0.020)
-    rows = message_overheads(trace, lat, per_byte, warmup=0)
+    plan = SimpleNamespace(pp=2, dp=1, rank=lambda s, d: s * 1 + d)
+    rows = message_overheads(trace, plan, lat, per_byte, warmup=0)
     assert sorted(w for _, w in rows) == [False, False, True, True]
-    assert waiting_overhead(trace, lat, per_byte, warmup=0) == pytest.approx(0.0008, abs=1e-9)
+    assert waiting_overhead(trace, plan, lat, per_byte, warmup=0) == pytest.approx(0.0008, abs=1e-9)
     # Counted against a 2 ms link the same arrivals look 8 ms late: the latency is taken out.
-    assert waiting_overhead(trace, 0.002, per_byte, warmup=0) == pytest.approx(0.0088, abs=1e-9)
+    assert waiting_overhead(trace, plan, 0.002, per_byte, warmup=0) == pytest.approx(0.0088, abs=1e-9)
 
 
 def test_global_sync_is_the_shortest_wait_per_iteration():

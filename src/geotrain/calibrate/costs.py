@@ -101,8 +101,8 @@ def global_sync_s(spec, plan, profile: dict, mode: str) -> float:
     to reduce and as many to gather, each step as slow as its slowest pair. That matches what was
     measured in kernel mode on a 10 ms link: 20.8 ms at n = 2 and 21.4 ms at n = 4 (one round trip
     both times; a ring would cost 2(n-1) steps, three one-way latencies at n = 4). Each exchange
-    costs its hand-off (the calibration run's measured collective at n = 2, i.e. two steps, halved;
-    else the gloo p2p latency) plus, in "kernel" mode only, the WAN latency where the pair sits in
+    costs its hand-off (the calibration run's measured collective over its steps; else the gloo p2p
+    latency) plus, in "kernel" mode only, the WAN latency where the pair sits in
     different DCs; in "shaper" mode gloo stays on loopback and only StripedTransport is delayed."""
     n = plan.num_ranks
     if n < 2:
@@ -111,10 +111,11 @@ def global_sync_s(spec, plan, profile: dict, mode: str) -> float:
     cal = rt.get("calibration_run", {})
     hop = float(rt.get("p2p", {}).get("alpha_s", 50e-6))
     if cal.get("global_sync_s") is not None:
+        # The calibration run (2 stages, stage-major ranks) crosses the WAN in one exchange step.
         measured = float(cal["global_sync_s"])
         if cal.get("wan_mode") == "kernel":
             measured -= 2 * _calibration_latency(spec, cal)
-        hop = max(hop, measured / 2)
+        hop = max(hop, measured / (2 * max(1, (int(cal.get("ranks", 2)) - 1).bit_length())))
     dc = [plan.stages[plan.coords(r)[0]].dc for r in range(n)]
 
     def edge(a: int, b: int) -> float:

@@ -1,6 +1,6 @@
 """What a WAN message and the per-step global all-reduce really cost, read off a measured trace.
 
-The profile's calibration run (a pp=2 x dp=1 1F1B pipeline, one rank per DC) is the source. Two
+The profile's calibration run (a 2-stage 1F1B pipeline, one stage per DC) is the source. Two
 quantities the simulator needs and the unit timings cannot give:
 
 * `waiting_overhead`: for each boundary tensor, arrival (the receiver's recv_wait end) minus
@@ -26,23 +26,26 @@ from __future__ import annotations
 import statistics
 
 
-def message_overheads(trace, latency_s: float, seconds_per_byte: float, warmup: int) -> list[tuple[float, bool]]:
-    """(overhead_s, receiver_was_waiting) per cross-rank boundary tensor of a pp=2 x dp=1 trace
-    (rank 0 = stage 0, rank 1 = stage 1): activations 0 -> 1, gradients 1 -> 0."""
+def message_overheads(trace, plan, latency_s: float, seconds_per_byte: float,
+                      warmup: int) -> list[tuple[float, bool]]:
+    """(overhead_s, receiver_was_waiting) per cross-stage boundary tensor of a 2-stage `plan`
+    (activations stage 0 -> 1, gradients 1 -> 0, within each DP replica)."""
     first = min(e.iteration for e in trace.events) + warmup
+    stage_of = {plan.rank(s, d): s for s in range(plan.pp) for d in range(plan.dp)}
+    replica_of = {plan.rank(s, d): d for s in range(plan.pp) for d in range(plan.dp)}
     sent = {}
     for e in trace.events:
-        if e.iteration < first:
+        if e.iteration < first or e.rank not in stage_of:
             continue
-        if e.kind == "forward" and e.rank == 0:
-            sent[("act", e.iteration, e.mb)] = e.end
-        elif e.kind in ("backward", "backward_input") and e.rank == 1:
-            sent[("grad", e.iteration, e.mb)] = e.end
+        if e.kind == "forward" and stage_of[e.rank] == 0:
+            sent[("act", replica_of[e.rank], e.iteration, e.mb)] = e.end
+        elif e.kind in ("backward", "backward_input") and stage_of[e.rank] == 1:
+            sent[("grad", replica_of[e.rank], e.iteration, e.mb)] = e.end
     out = []
     for e in trace.events:
-        if e.iteration < first or e.kind != "recv_wait" or e.stage < 0:
+        if e.iteration < first or e.kind != "recv_wait" or e.stage < 0 or e.rank not in stage_of:
             continue
-        key = ("act" if e.rank == 1 else "grad", e.iteration, e.mb)
+        key = ("act" if stage_of[e.rank] == 1 else "grad", replica_of[e.rank], e.iteration, e.mb)
         if key not in sent:
             continue
         due = sent[key] + latency_s + (e.bytes or 0) * seconds_per_byte
@@ -51,9 +54,9 @@ def message_overheads(trace, latency_s: float, seconds_per_byte: float, warmup: 
     return out
 
 
-def waiting_overhead(trace, latency_s: float, seconds_per_byte: float, warmup: int) -> float | None:
+def waiting_overhead(trace, plan, latency_s: float, seconds_per_byte: float, warmup: int) -> float | None:
     """Median per-message transport overhead where the receiver waited (None: no such message)."""
-    xs = [o for o, waiting in message_overheads(trace, latency_s, seconds_per_byte, warmup) if waiting]
+    xs = [o for o, waiting in message_overheads(trace, plan, latency_s, seconds_per_byte, warmup) if waiting]
     return max(0.0, statistics.median(xs)) if xs else None
 
 

@@ -408,7 +408,10 @@ def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
     dcs = [st.dc for st in base.stages]
     dcs = (dcs[0], dcs[-1])
     stages = tuple(StagePlan(dc=d, chunks=(r,)) for d, r in zip(dcs, split_even(spec.model.num_units, 2)))
-    plan = base.with_(stages=stages, dp=1, schedule="1f1b", sharding="replicate", checkpointing="none",
+    # The job's DP degree and sharding stay: with dp > 1 the ranks outnumber the cores here and the DP
+    # collectives (FSDP all-gathers in every forward/backward under zero3) wait for partners that
+    # are not running; the compute factors then carry that for the layout the job trains.
+    plan = base.with_(stages=stages, schedule="1f1b", checkpointing="none",
                       num_microbatches=max(2, min(base.num_microbatches, 4)), extra_warmup=(), pipeline_offsets=(),
                       links=tuple(dataclasses.replace(lp, order=()) for lp in base.links),
                       name="profile-calibration")
@@ -429,7 +432,7 @@ def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
         if kind == "optimizer":       # the simulated step carries the global all-reduce; the trace records it apart
             p -= det["global_sync_s"]
         factors[kind] = m / p if p > 0 and m > 0 else 1.0
-    info = {"plan": "pp=2 x dp=1 1f1b", "num_microbatches": plan.num_microbatches,
+    info = {"plan": f"pp=2 x dp={plan.dp} 1f1b {plan.sharding}", "num_microbatches": plan.num_microbatches,
             "background_runnable": background, "steps": steps, "warmup": warmup, "wan_mode": mode}
     # What a WAN message and the global loss/overflow all-reduce cost, read off the trace
     # (messages.py says why not a fit on the iteration time).
@@ -444,9 +447,10 @@ def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
         lp = plan.link_between(a, b)
         conns = max(1, lp.connections) if lp is not None else 1
         rate_Bps = min(conns * link.per_connection_gbps, link.capacity_gbps) * 1e9 / 8
-        overhead = waiting_overhead(measured, link.latency_ms * 1e-3, 1 / rate_Bps, 0) or 0.0
+        overhead = waiting_overhead(measured, plan, link.latency_ms * 1e-3, 1 / rate_Bps, 0) or 0.0
     info["global_sync_s"] = global_sync(measured, 0) or 0.0
     info["latency_ms"] = link.latency_ms if link is not None else 0.0
+    info["ranks"] = plan.num_ranks
     info["measured_iteration_s"] = measured_it
     return factors, overhead, info
 
