@@ -170,6 +170,19 @@ def test_zero3_gathers_parameters_in_every_forward_and_backward(spec, unit_profi
     assert z2.stage_costs[0].backward == pytest.approx(rep.stage_costs[0].backward)
 
 
+def test_a_measured_slowdown_scales_its_stage_compute(spec, unit_profile):
+    plan = plan_from_job(spec).with_(dp=1)
+    even, _ = predict(spec, plan, unit_profile, iterations=2, rank_slowdown={0: 1.0, 1: 1.0})
+    slow, det = predict(spec, plan, unit_profile, iterations=2, rank_slowdown={0: 2.0, 1: 1.0})
+    assert det["contention_factors"] == [2.0, 1.0] and det["contention_measured"]
+
+    def fwd(res, rank):
+        return min(e.duration for e in res.trace.events if e.kind == "forward" and e.rank == rank)
+
+    assert fwd(slow, 0) == pytest.approx(2 * fwd(even, 0))
+    assert fwd(slow, 1) == pytest.approx(fwd(even, 1))
+
+
 def test_wan_off_predicts_no_wan_and_shaper_adds_the_message_overhead(spec, unit_profile):
     plan = plan_from_job(spec).with_(dp=1)
     prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "wan_message_overhead_s": 2e-3}}

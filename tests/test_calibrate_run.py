@@ -38,3 +38,7 @@ def test_one_case_runs_simulates_and_compares(tmp_path, tiny_profile):
     assert (tmp_path / "run" / "measured_trace.jsonl").exists()
     assert (tmp_path / "predicted_trace.jsonl").exists()
     assert details["background_runnable"] >= 0.0
+    # The CPU share each rank got while it trained, from its main thread's run-queue wait.
+    assert set(details["rank_slowdown"]) == {0, 1}
+    assert all(1.0 <= s < 50 for s in details["rank_slowdown"].values())
+    assert details["contention_measured"]

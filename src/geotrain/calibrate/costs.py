@@ -245,13 +245,19 @@ def compute_concurrency(result, plan) -> list[float]:
 
 
 def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = True,
-            background: float | None = None, mode: str | None = None):
+            background: float | None = None, mode: str | None = None,
+            rank_slowdown: dict[int, float] | None = None):
     """Simulate `plan` with the calibrated inputs; returns (SimResult, details dict).
 
     background: other threads ready to run on the machine while the plan runs, on average
-    (cpuload.CpuSampler.background_runnable); None: the background of the profile's calibration run.
+    (cpuload.CpuSampler.background_runnable); None: the background the profile's calibration run
+    had, as the processor-sharing model reads its measured CPU shares (profile.py).
     mode: the runtime's WAN mode of the run predicted ("shaper", "kernel", "off"); None: the
-    profile's calibration run's."""
+    profile's calibration run's.
+    rank_slowdown: {rank: CPU-sharing slow-down measured while the run trained} (wanrun.run_plan,
+    from the kernel's per-thread run-queue wait): when given, each stage's compute is scaled by its
+    ranks' mean instead of the processor-sharing model -- for runs on a machine whose other load
+    is too bursty to model from a sample of runnable threads."""
     from dataclasses import replace
 
     from geotrain.sim import simulate_costs
@@ -261,11 +267,16 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
     rt = profile.get("runtime", {})
     ncores = int(rt.get("cores", 1))
     # Default: the conditions of the calibration run, which the compute factors were measured under.
-    bg = float(rt.get("calibration_run", {}).get("background_runnable", rt.get("background_runnable", 0.0))
+    cal = rt.get("calibration_run", {})
+    bg = float(cal.get("background_effective", cal.get("background_runnable", rt.get("background_runnable", 0.0)))
                if background is None else background)
     factors = [1.0] * plan.pp
     res = None
-    for _ in range(CONTENTION_ROUNDS if contention else 1):
+    measured = bool(rank_slowdown) and contention
+    if measured:
+        factors = [sum(rank_slowdown.get(plan.rank(st, d), 1.0) for d in range(plan.dp)) / plan.dp
+                   for st in range(plan.pp)]
+    for _ in range(1 if measured or not contention else CONTENTION_ROUNDS):
         costs = [replace(c, forward=c.forward * factors[v % plan.pp], backward=c.backward * factors[v % plan.pp],
                          backward_input=c.backward_input * factors[v % plan.pp],
                          backward_weight=c.backward_weight * factors[v % plan.pp])
@@ -274,10 +285,11 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
         # unscaled by CPU sharing (its ranks wait on the network, they do not compute).
         opt = [t * f + inp.global_sync for t, f in zip(inp.optimizer, factors)]
         res = simulate_costs(plan, inp.cluster, costs, inp.allreduce, opt, inp.tokens, iterations=iterations)
-        if not contention:
+        if not contention or measured:
             break
         conc = compute_concurrency(res, plan)
         factors = [slowdown(k, bg, ncores) for k in conc]
-    return res, {"contention_factors": factors, "background_runnable": bg, "allreduce_s": inp.allreduce,
+    return res, {"contention_factors": factors, "contention_measured": measured, "background_runnable": bg,
+                 "compute_concurrency": compute_concurrency(res, plan), "allreduce_s": inp.allreduce,
                  "optimizer_s": inp.optimizer, "wan_mode": mode,
                  "global_sync_s": inp.global_sync}

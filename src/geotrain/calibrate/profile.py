@@ -416,10 +416,13 @@ def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
                       links=tuple(dataclasses.replace(lp, order=()) for lp in base.links),
                       name="profile-calibration")
     with tempfile.TemporaryDirectory() as tmp:
-        path, cond = run_plan(spec, plan, Path(tmp) / "run", steps=steps, mode=mode or DEFAULT_MODE)
+        path, cond = run_plan(spec, plan, Path(tmp) / "run", steps=steps, mode=mode or DEFAULT_MODE, warmup=warmup)
         measured = drop_warmup(Trace.read_jsonl(path), warmup)
-    background, mode = cond["background_runnable"], cond["mode"]
-    sim, det = predict(spec, plan, profile, iterations=steps - warmup, background=background, mode=mode)
+    background, mode, slow = cond["background_runnable"], cond["mode"], cond["rank_slowdown"]
+    # The factors are measured against the CPU share the ranks really got (run-queue wait), so they
+    # hold what the runtime adds beyond CPU sharing, whatever else the machine ran meanwhile.
+    sim, det = predict(spec, plan, profile, iterations=steps - warmup, background=background, mode=mode,
+                       rank_slowdown=slow)
     pred_events = sim.trace.events
 
     def mean(events, kind):
@@ -433,7 +436,8 @@ def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
             p -= det["global_sync_s"]
         factors[kind] = m / p if p > 0 and m > 0 else 1.0
     info = {"plan": f"pp=2 x dp={plan.dp} 1f1b {plan.sharding}", "num_microbatches": plan.num_microbatches,
-            "background_runnable": background, "steps": steps, "warmup": warmup, "wan_mode": mode}
+            "background_runnable": background, "steps": steps, "warmup": warmup, "wan_mode": mode,
+            "rank_slowdown": slow}
     # What a WAN message and the global loss/overflow all-reduce cost, read off the trace
     # (messages.py says why not a fit on the iteration time).
     from geotrain.calibrate.messages import global_sync, waiting_overhead
@@ -452,6 +456,13 @@ def _calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
     info["latency_ms"] = link.latency_ms if link is not None else 0.0
     info["ranks"] = plan.num_ranks
     info["measured_iteration_s"] = measured_it
+    # The background that makes the processor-sharing model (k ranks computing beside b others on C
+    # cores: (k + b) / C) give the slow-down the ranks really had: the default for predictions of runs
+    # nobody measured (`geotrain train --profile`).
+    if slow:
+        cores = int(profile[RUNTIME_KEY].get("cores", 1))
+        k = sum(det["compute_concurrency"]) / len(det["compute_concurrency"])
+        info["background_effective"] = max(0.0, cores * sum(slow.values()) / len(slow) - k)
     return factors, overhead, info
 
 

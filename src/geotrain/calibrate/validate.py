@@ -55,11 +55,20 @@ def run_validation(out: Path, quick: bool = False, profile: dict | None = None, 
                   f"first {warmup} discarded. Background (mean number of "
                   "other threads ready to run on the machine while each case ran): "
                   + ", ".join(f"{n} {d['background_runnable']:.1f}" for n, d in details.items()) + ".\n")
-    alt = [abs(d["predicted_iteration_s_with_cores_used"] - r.measured_iteration_s) / r.measured_iteration_s
-           for r, d in zip(rows, details.values())]
-    conditions += (f"Same runs, background read as the CPU other work actually got instead of its runnable "
-                   f"threads: mean |iteration-time error| {100 * sum(alt) / len(alt):.1f}%, "
-                   f"worst {100 * max(alt):.1f}%.\n")
+    def errors(key: str) -> str:
+        e = [abs(d[key] - r.measured_iteration_s) / r.measured_iteration_s for r, d in zip(rows, details.values())]
+        return f"mean |iteration-time error| {100 * sum(e) / len(e):.1f}%, worst {100 * max(e):.1f}%"
+
+    conditions += ("CPU sharing in the table: each stage's compute scaled by its ranks' measured slow-down "
+                   "(run-queue wait / CPU time of the rank's main thread while it trained): "
+                   + ", ".join(f"{n} " + "/".join(f"{v:.2f}" for _, v in sorted(d["rank_slowdown"].items()))
+                               for n, d in details.items()) + ".\n")
+    conditions += (f"Same runs, CPU sharing modelled instead (processor sharing, k ranks computing beside b other "
+                   f"runnable threads sampled from /proc): {errors('predicted_iteration_s_modelled_sharing')}; "
+                   f"b read as the CPU other work got: {errors('predicted_iteration_s_with_cores_used')}.\n")
+    retried = [n for n, d in details.items() if d.get("retried_after")]
+    if retried:
+        conditions += f"Runs retried once after a failed first attempt: {', '.join(retried)}.\n"
     md = table + "\n" + conditions
     (out / "VALIDATION.md").write_text(md)
     (out / "results.json").write_text(json.dumps({"summary": summarize(rows), "rows": [r.as_dict() for r in rows],

@@ -4,9 +4,10 @@ The run goes through the runtime's own launcher and WAN path (`runtime.launch.ru
 process per rank, cross-DC pairs over `StripedTransport` with the plan's connections, temporal
 turns and pipeline offsets, intra-DC pairs over gloo. `mode` is the runtime's `--wan`: "shaper"
 (default here: delay and rates emulated inside the transport, no packet delayer competing for the
-cores) or "kernel" (network namespaces and the packet delayer). The only thing added is a
-`CpuSampler` thread that reads /proc while the ranks run (cpuload.py): the calibrated simulation
-needs the other work on the machine, which the launcher does not record.
+cores) or "kernel" (network namespaces and the packet delayer). The only thing added is a sampling
+thread that reads /proc while the ranks run: the machine's load (cpuload.py) and each rank's CPU
+and run-queue time (schedstat) -- the calibrated simulation needs how much CPU the ranks got on
+this shared machine, which the launcher does not record.
 """
 
 from __future__ import annotations
@@ -35,48 +36,110 @@ def _children() -> list[int]:
     return pids
 
 
-class _Sampling:
-    """A thread calling CpuSampler.sample on our children every `period_s` until stopped."""
+def _rank_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        return int(env[b"RANK"])
+    except (OSError, KeyError, ValueError):
+        return None
 
-    def __init__(self, period_s: float = 0.05):
+
+def _schedstat(pid: int) -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable but waiting for one) of the process's main thread -- where a rank
+    computes (one CPU thread per rank; autograd runs in the calling thread on CPU)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            run, wait, _ = f.read().split()
+        return int(run), int(wait)
+    except (OSError, ValueError):
+        return None
+
+
+class _Sampling:
+    """A thread sampling, every `period_s` until stopped: the machine's load beside our children
+    (CpuSampler) and, per rank, its main thread's CPU and run-queue time together with how many
+    steps rank 0 has logged -- so the CPU share each rank got while it trained (not while it
+    started up) can be read afterwards (`rank_slowdown`)."""
+
+    def __init__(self, losses: Path, period_s: float = 0.05):
         from geotrain.calibrate.cpuload import CpuSampler
 
         self.sampler = CpuSampler()
+        self.losses = losses
         self.period_s = period_s
+        self.ranks: dict[int, int] = {}                 # pid -> rank
+        self.samples: list[tuple[int, dict[int, tuple[int, int]]]] = []   # (steps logged, {rank: schedstat})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
+
+    def _steps(self) -> int:
+        try:
+            return self.losses.read_bytes().count(b"\n")
+        except OSError:
+            return 0
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
             pids = _children()
-            if pids:
-                self.sampler.sample(pids)
+            if not pids:
+                continue
+            self.sampler.sample(pids)
+            stats = {}
+            for pid in pids:
+                if pid not in self.ranks:
+                    r = _rank_of(pid)
+                    if r is None:
+                        continue
+                    self.ranks[pid] = r
+                st = _schedstat(pid)
+                if st is not None:
+                    stats[self.ranks[pid]] = st
+            self.samples.append((self._steps(), stats))
+
+    def rank_slowdown(self, warmup: int) -> dict[int, float]:
+        """Per rank: (CPU time + run-queue wait) / CPU time of its main thread between the end of
+        step `warmup` and the last sample before the run's end -- how much slower than on a core of
+        its own it ran, from sharing cores with the other ranks and with everything else."""
+        window = [st for n, st in self.samples if n >= max(1, warmup)]
+        if len(window) < 2:
+            return {}
+        a, b = window[0], window[-1]
+        out = {}
+        for r in b:
+            if r in a and b[r][0] > a[r][0]:
+                out[r] = 1.0 + (b[r][1] - a[r][1]) / (b[r][0] - a[r][0])
+        return out
 
     def __enter__(self):
         self._thread.start()
-        return self.sampler
+        return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
 
 
-def run_plan(spec, plan, out: Path, steps: int, mode: str = DEFAULT_MODE,
+def run_plan(spec, plan, out: Path, steps: int, mode: str = DEFAULT_MODE, warmup: int = 2,
              timeout_s: float = 300.0) -> tuple[Path, dict]:
     """Train `plan` for `steps` steps into `out` with the runtime's launcher over WAN `mode`.
     Returns (out/measured_trace.jsonl, conditions): conditions has "background_runnable" (other
-    threads ready to run meanwhile, on average), "background_cores" (CPU other work got), "mode"
-    (the WAN that ran) and "wall_s"."""
+    threads ready to run meanwhile, on average), "background_cores" (CPU other work got),
+    "rank_slowdown" ({rank: measured CPU-sharing slow-down after `warmup` steps}, see _Sampling),
+    "mode" (the WAN that ran) and "wall_s"."""
     from geotrain.runtime.launch import run_with_wan
     from geotrain.runtime.trainer import RunConfig
 
     out = Path(out)
     cfg = RunConfig(spec=str(spec.path), out=str(out), plan=plan.to_dict(), steps=steps, progress=False,
                     predict=False, data="synthetic", checkpoint_every=0)
+    (out / "losses.jsonl").unlink(missing_ok=True)
     t0 = time.time()
-    with _Sampling() as sampler:
+    with _Sampling(out / "losses.jsonl") as sampling:
         wan = run_with_wan([cfg], spec, plan, out, mode=mode, say=lambda line: None, timeout_s=timeout_s,
                            rank0_stdout=False)
+    sampler = sampling.sampler
     return out / "measured_trace.jsonl", {"background_runnable": sampler.background_runnable(),
-                                          "background_cores": sampler.background_cores(), "mode": wan.mode,
+                                          "background_cores": sampler.background_cores(),
+                                          "rank_slowdown": sampling.rank_slowdown(warmup), "mode": wan.mode,
                                           "wall_s": time.time() - t0}
