@@ -9,6 +9,7 @@ so the ranks of one DC are contiguous.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -137,15 +138,69 @@ def save_plan(path: str | Path, plan: Plan, spec_path: str | None = None,
 
 
 def load_plan(path: str | Path) -> tuple[Plan, dict[str, Any]]:
-    """Read a plan file; returns the plan and the whole document (spec path, estimates)."""
+    """Read a plan file; returns the plan and the whole document (spec path, estimates).
+
+    Anything that is not a well-formed plan file (a directory, a binary or non-object JSON file,
+    fields of the wrong type, zero connections, negative or infinite offsets) is a SpecError
+    naming the file, so commands print one line instead of a traceback."""
     from geotrain.errors import SpecError
 
+    where = str(path)
     try:
-        doc = json.loads(Path(path).read_text())
-        if doc.get("format") != "geotrain-plan/1":
-            raise SpecError(str(path), "format", "not a geotrain plan file")
-        return Plan.from_dict(doc["plan"]), doc
+        text = Path(path).read_text()
     except FileNotFoundError:
-        raise SpecError(str(path), "", "file not found") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise SpecError(str(path), "plan", f"malformed plan file ({e})") from None
+        raise SpecError(where, "", "file not found") from None
+    except IsADirectoryError:
+        raise SpecError(where, "", "is a directory, not a plan file") from None
+    except OSError as e:
+        raise SpecError(where, "", f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise SpecError(where, "", "not a text file (a plan file is the JSON `geotrain plan --out` writes)") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecError(where, "plan", f"malformed plan file ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != "geotrain-plan/1":
+        raise SpecError(where, "format", "not a geotrain plan file")
+    try:
+        plan = Plan.from_dict(doc["plan"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SpecError(where, "plan", f"malformed plan file ({e})") from None
+    problem = _plan_field_problem(plan)
+    if problem:
+        raise SpecError(where, problem[0], problem[1])
+    return plan, doc
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _plan_field_problem(plan: Plan) -> tuple[str, str] | None:
+    """(field, reason) for the first field of a loaded plan with a wrong type or impossible value."""
+    if not plan.stages:
+        return "plan.stages", "a plan needs at least one stage"
+    for name in ("dp", "micro_batch", "num_microbatches", "tp"):
+        if not _is_int(getattr(plan, name)):
+            return f"plan.{name}", f"must be an integer (got {getattr(plan, name)!r})"
+    for s, st in enumerate(plan.stages):
+        if not isinstance(st.dc, str):
+            return f"plan.stages[{s}].dc", f"must be a datacenter name (got {st.dc!r})"
+        if not st.chunks or any(len(c) != 2 or not all(_is_int(u) for u in c) for c in st.chunks):
+            return f"plan.stages[{s}].chunks", f"must be [start, end) pairs of unit indices (got {st.chunks!r})"
+    for i, lp in enumerate(plan.links):
+        if not _is_int(lp.connections) or lp.connections < 1:
+            return f"plan.links[{i}].connections", f"must be an integer >= 1 (got {lp.connections!r})"
+        if not _is_number(lp.stagger_s) or lp.stagger_s < 0:
+            return f"plan.links[{i}].stagger_s", f"must be a finite number >= 0 (got {lp.stagger_s!r})"
+        if not all(_is_int(x) for x in lp.order):
+            return f"plan.links[{i}].order", f"must list DP pipeline indices (got {list(lp.order)!r})"
+    if not all(_is_int(x) and x >= 0 for x in plan.extra_warmup):
+        return "plan.extra_warmup", f"must be integers >= 0 (got {list(plan.extra_warmup)!r})"
+    if not all(_is_number(x) and x >= 0 for x in plan.pipeline_offsets):
+        return "plan.pipeline_offsets", f"must be finite seconds >= 0 (got {list(plan.pipeline_offsets)!r})"
+    return None
