@@ -117,9 +117,15 @@ def _print_compare(spec, res) -> None:
 
 
 def _run_sweep(spec, args) -> int:
-    from geotrain.plan.whatif import parse_sweep, plot, sweep
+    from geotrain.errors import GeotrainError
+    from geotrain.plan.whatif import check_plot_path, parse_sweep, plot, sweep
 
+    if args.out:
+        raise GeotrainError("--out writes one plan file; --sweep makes one plan per value (run `geotrain plan` "
+                            "without --sweep to save the plan you want)")
     key, values = parse_sweep(args.sweep)
+    path = args.plot or f"sweep-{key.replace('.', '_')}.png"
+    check_plot_path(path)
     rows = sweep(spec, key, values, top_k=min(args.top_k, 2))
     names = sorted({n for r in rows for n in r.baselines})
     print(f"what-if {key} for {spec.name}:")
@@ -133,7 +139,6 @@ def _run_sweep(spec, args) -> int:
         plan_t = f"{r.iteration_s:>8.3f}s" if math.isfinite(r.iteration_s) else f"{'n/a':>9}"
         print(f"  {r.value:>22} {plan_t:>10} " + " ".join(f"{c:>14}" for c in cells) + f"  {r.plan_summary}"
               + (f"  ({r.note})" if r.note else ""))
-    path = args.plot or f"sweep-{key.replace('.', '_')}.png"
     plot(rows, key, path)
     print(f"plot: {path}")
     return 0

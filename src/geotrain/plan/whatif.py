@@ -55,7 +55,9 @@ def apply_value(spec: Spec, key: str, value: str) -> Spec:
         names = [d.name for d in cl.datacenters]
         if name not in names:
             raise GeotrainError(f"unknown datacenter {name!r} in {key} (known: {', '.join(names)})")
-        n = int(_number(key, value))
+        n = _number(key, value)
+        if not isinstance(n, int):
+            raise GeotrainError(f"{key}: {value!r} is not a whole number of GPUs")
         dcs = [{**d.model_dump(), "gpus": n} if d.name == name else d.model_dump() for d in cl.datacenters]
         return replace(spec, cluster=cl.model_validate({**cl.model_dump(), "datacenters": dcs}))
     if key == "model":
@@ -114,7 +116,11 @@ def _chain(plan) -> list[str]:
 
 
 def plot(rows: list[SweepRow], key: str, path: str) -> None:
-    """Iteration time of the plan and of each baseline vs the swept value, and our speedup."""
+    """Iteration time of the plan and of each baseline vs the swept value, and our speedup.
+
+    Each baseline keeps one colour and marker in both panels (matplotlib's colour cycle would
+    restart per axes and give one name two colours), and the time axis is logarithmic only when
+    there is something positive to draw (a sweep where nothing is feasible still gets a picture)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,22 +129,52 @@ def plot(rows: list[SweepRow], key: str, path: str) -> None:
     xs = list(range(len(rows)))
     labels = [r.value for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.plot(xs, [r.iteration_s for r in rows], "o-", label="geotrain plan", linewidth=2)
+    plan_ys = [r.iteration_s if math.isfinite(r.iteration_s) else math.nan for r in rows]
+    ax1.plot(xs, plan_ys, "o-", color="C0", label="geotrain plan", linewidth=2)
     names = sorted({n for r in rows for n in r.baselines})
-    for n in names:
+    markers = "sD^vP*X"
+    drawn = [y for y in plan_ys if y == y and y > 0]
+    for i, n in enumerate(names):
+        color, marker = f"C{i + 1}", markers[i % len(markers)]
         ys = [r.baselines.get(n, math.inf) for r in rows]
-        ax1.plot(xs, [y if math.isfinite(y) else math.nan for y in ys], "s--", label=n)
-        ax2.plot(xs, [r.speedup(n) for r in rows], "o-", label=f"vs {n}")
+        ys = [y if math.isfinite(y) else math.nan for y in ys]
+        drawn += [y for y in ys if y == y and y > 0]
+        ax1.plot(xs, ys, linestyle="--", marker=marker, color=color, label=n)
+        ax2.plot(xs, [r.speedup(n) for r in rows], linestyle="-", marker=marker, color=color, label=f"vs {n}")
     ax1.set_ylabel("iteration time (s)")
     ax2.set_ylabel("speedup of the plan (x)")
     ax2.axhline(1.0, color="grey", linewidth=0.8)
     for ax in (ax1, ax2):
         ax.set_xticks(xs, labels)
         ax.set_xlabel(key)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    ax1.set_yscale("log")
+    if drawn:
+        ax1.set_yscale("log")
+    else:
+        ax1.text(0.5, 0.5, "no feasible plan at any value", ha="center", va="center", transform=ax1.transAxes)
     fig.suptitle(f"what-if: {key}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except (OSError, ValueError) as e:
+        raise GeotrainError(f"cannot write sweep plot {path}: {getattr(e, 'strerror', None) or e}") from None
+    finally:
+        plt.close(fig)
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse, before any planning, a plot path matplotlib cannot write (unknown format, no such folder)."""
+    from pathlib import Path
+
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    p = Path(path)
+    fmt = p.suffix.lower().lstrip(".")
+    known = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in known:
+        raise GeotrainError(f"--plot {path}: unknown picture format {p.suffix or '(none)'!r} "
+                            f"(use one of: {', '.join('.' + k for k in sorted(known))})")
+    if not p.parent.is_dir():
+        raise GeotrainError(f"--plot {path}: folder {p.parent} does not exist")
