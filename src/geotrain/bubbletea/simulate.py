@@ -34,11 +34,14 @@ class BubbleTeaResult:
     windows: dict[int, list[Window]] = field(default_factory=dict)
 
     def summary_rows(self) -> list[tuple[str, str]]:
+        from geotrain.console import human_seconds
+
         return [
             ("GPU utilization without BubbleTea", f"{self.utilization_without:.1%}"),
             ("GPU utilization with BubbleTea", f"{self.utilization_with:.1%}"),
             ("requests served / refused", f"{self.served} / {self.refused}"),
-            ("TTFT p50 / p99", f"{self.ttft_p50 * 1e3:.0f} ms / {self.ttft_p99 * 1e3:.0f} ms"),
+            ("TTFT p50 / p99", f"{human_seconds(self.ttft_p50)} / {human_seconds(self.ttft_p99)}"
+             if self.served else "- (no request served)"),
             ("prefill tokens/s", f"{self.prefill_tokens_per_s:,.0f}"),
         ]
 
@@ -207,11 +210,37 @@ def parse_workload(arg: str | None, spec_table: dict | None = None) -> WorkloadC
         except ValueError:
             raise SpecError(where, key, f"not a valid {typ}: {val!r}") from None
     cfg = WorkloadConfig(**out)
+    problem = _workload_problem(cfg)
+    if problem:
+        raise SpecError(where, problem[0], problem[1])
     from geotrain.models.presets import PRESETS
 
     if cfg.inference_model != "auto" and cfg.inference_model not in PRESETS:
         raise SpecError(where, "inference_model", f"unknown preset {cfg.inference_model!r}")
     return cfg
+
+
+def _workload_problem(cfg: WorkloadConfig) -> tuple[str, str] | None:
+    """(key, reason) for the first out-of-range workload value. Negative rates or sigma crashed
+    numpy's samplers; zero prompts, iterations or chunks served nothing and reported 0 ms TTFT."""
+    import math
+
+    checks = [
+        ("rate_per_s", cfg.rate_per_s is None or (math.isfinite(cfg.rate_per_s) and cfg.rate_per_s > 0), "> 0"),
+        ("load", math.isfinite(cfg.load) and cfg.load > 0, "> 0"),
+        ("mean_prompt", cfg.mean_prompt >= 1, ">= 1 token"),
+        ("sigma", math.isfinite(cfg.sigma) and cfg.sigma >= 0, ">= 0"),
+        ("max_prompt", cfg.max_prompt >= 1, ">= 1 token"),
+        ("iterations", cfg.iterations >= 1, ">= 1"),
+        ("margin_frac", 0 <= cfg.margin_frac < 1, "in [0, 1)"),
+        ("min_chunk", cfg.min_chunk >= 1, ">= 1 token"),
+        ("max_wait_periods", math.isfinite(cfg.max_wait_periods) and cfg.max_wait_periods >= 0, ">= 0"),
+        ("representative_replicas", cfg.representative_replicas >= 1, ">= 1"),
+    ]
+    for key, ok, want in checks:
+        if not ok:
+            return key, f"must be {want} (got {getattr(cfg, key)!r})"
+    return None
 
 
 @dataclass
@@ -253,6 +282,13 @@ def bubbletea_for_plan(spec, sim_result, cfg: WorkloadConfig) -> PlanBubbleTea:
     need = inference_memory_bytes(infer, cfg.max_prompt, "bf16")
     no_room = [r for r in chosen if headroom[r] < need]
     serving = {r: windows.get(r, []) for r in chosen if r not in no_room}
+    if not serving:
+        from geotrain.console import human_bytes
+        from geotrain.errors import GeotrainError
+
+        raise GeotrainError(f"inference model {name} needs {human_bytes(need)} for a {cfg.max_prompt}-token prompt, "
+                            f"more than any GPU has beside training (least headroom "
+                            f"{human_bytes(min(headroom.values()))}); models that fit: {', '.join(fit) or 'none'}")
     gpu0 = spec.cluster.gpu(spec.cluster.dc(plan.stages[0].dc).gpu_type)
     base = PrefillCost.from_flops(infer, gpu0)
     cost = PrefillCost(base.a, base.b / plan.tp, base.c / plan.tp)

@@ -81,6 +81,18 @@ def run(args: argparse.Namespace) -> int:
     if args.schedule is not None and args.schedule not in BUILDERS:
         raise GeotrainError(f"unknown schedule kind {args.schedule!r} (known: {', '.join(BUILDERS)})")
     spec = load_spec(args.spec)
+    workload = None
+    if args.bubbletea:  # a bad workload is refused before the simulation, not after its output
+        from geotrain.bubbletea.simulate import parse_workload
+
+        workload = parse_workload(args.bubbletea, spec.bubbletea)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise GeotrainError(f"--out {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GeotrainError(f"--out {out}: cannot create the directory ({e.strerror or e})") from None
     if args.plan:
         plan, _ = load_plan(args.plan)
         if args.schedule:
@@ -103,10 +115,6 @@ def run(args: argparse.Namespace) -> int:
         raise GeotrainError(f"cannot simulate plan {plan.name}: {e}") from None
     m = res.metrics
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise GeotrainError(f"--out {out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
     res.trace.write_jsonl(out / "trace.jsonl")
     write_chrome(res.trace, out / "trace.chrome.json", plan)
     save_plan(out / "plan.json", plan, spec_path=str(spec.path) if spec.path else None)
@@ -148,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
              f"{100 * r.mean_utilization:.1f}%" if r.mean_utilization is not None else "-",
              f"{100 * r.bubble_fraction:.1f}%" if r.bubble_fraction is not None else "-",
              r.note if len(r.note) <= 90 else r.note[:87] + "..."] for r in schedules]))
-    bt_files = _bubbletea(args, spec, res, out) if args.bubbletea else []
+    bt_files = _bubbletea(workload, spec, res, out) if workload is not None else []
     print()
     print("wrote:")
     for name in ("trace.jsonl", "trace.chrome.json", "plan.json", "metrics.json"):
@@ -160,18 +168,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bubbletea(args: argparse.Namespace, spec, res, out) -> list:
+def _bubbletea(cfg, spec, res, out) -> list:
     """Serve the workload from the simulated bubbles; print the table, draw the filled timeline."""
     import json
     from dataclasses import asdict
 
-    from geotrain.bubbletea.simulate import bubbletea_for_plan, check_no_overlap, parse_workload, prefill_events
+    from geotrain.bubbletea.simulate import bubbletea_for_plan, check_no_overlap, prefill_events
     from geotrain.console import format_table
     from geotrain.report.timeline import draw_timeline
     from geotrain.trace.metrics import trace_columns
     from geotrain.trace.schema import Trace
 
-    cfg = parse_workload(args.bubbletea, spec.bubbletea)
     bt = bubbletea_for_plan(spec, res, cfg)
     check_no_overlap(res.trace, bt.result, cfg.fill_dp_reduction)   # prefill only in bubbles: training unchanged
     r = bt.result
