@@ -1,0 +1,26 @@
+"""QA: a measured trace without transfer events (what the runtime writes) is not reported as
+'0 B over the WAN' next to the prediction."""
+
+from test_report_common import gpipe_trace, two_dc_plan
+
+from geotrain.report.compare import compare_traces, format_rel, format_value
+from geotrain.trace.schema import Trace
+
+
+def test_measured_wan_bytes_not_recorded():
+    plan = two_dc_plan(pp=2, dp=2, m=4)
+    pred = gpipe_trace(plan)
+    meas = gpipe_trace(plan, slow=1.1, source="measured")
+    meas = Trace([e for e in meas.events if e.kind != "transfer"], num_ranks=meas.num_ranks, source="measured",
+                 meta=dict(meas.meta))
+    row = {r.metric: r for r in compare_traces(pred, meas, tokens_per_iteration=1000)}["WAN bytes per iteration"]
+    assert row.predicted > 0
+    assert format_value(row.measured, row.unit) == "not recorded"
+    assert format_rel(row.rel_error) == "-"
+
+
+def test_measured_wan_bytes_when_recorded():
+    plan = two_dc_plan(pp=2, dp=2, m=4)
+    rows = {r.metric: r for r in compare_traces(gpipe_trace(plan), gpipe_trace(plan, source="measured"))}
+    row = rows["WAN bytes per iteration"]
+    assert row.measured == row.predicted > 0 and row.rel_error == 0.0
