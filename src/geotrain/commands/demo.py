@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="where to write everything (runs/demo)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the spec's)")
     p.add_argument("--requests", type=int, default=6, help="prompts to send while training (6)")
-    p.add_argument("--wan", default="auto", help="WAN emulation for training: auto, kernel, shaper, off")
+    p.add_argument("--wan", default="auto", choices=["auto", "kernel", "shaper", "off"],
+                   help="WAN emulation for training: auto, kernel, shaper, off")
 
 
 def _default_spec() -> str:
@@ -87,7 +88,13 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from geotrain.cli import main as cli
+    from geotrain.errors import GeotrainError
 
+    # Checked here, not by `train` at step 3 after planning and simulating (and 0 was taken as "unset").
+    if args.steps is not None and args.steps < 1:
+        raise GeotrainError(f"--steps must be at least 1 (got {args.steps})")
+    if args.requests < 0:
+        raise GeotrainError(f"--requests must be >= 0 (got {args.requests})")
     spec = args.spec or _default_spec()
     out = Path(args.out)
     print(f"== 1/4  plan: {spec}", flush=True)
@@ -108,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                                                     (PROMPTS * 10)[:args.requests], results, stop), daemon=True)
     client.start()
     argv = ["train", str(out / "plan.json"), "--out", str(out / "train"), "--serve-prefill", str(port)]
-    if args.steps:
+    if args.steps is not None:
         argv += ["--steps", str(args.steps)]
     if args.wan != "auto":
         argv += ["--wan", args.wan]
