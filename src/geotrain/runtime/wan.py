@@ -106,7 +106,10 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
     stage, replica, _ = plan.coords(rank)
     links = cross_dc_links(plan, schedule, stage)
     if not links:
-        return default
+        # Still a RoutedTransport: the trainer enters its closing barrier on ranks whose transport has
+        # close(), so every rank of a WAN run must have one (pp=4 over two DCs: stages 0 and 3 have no
+        # cross-DC peer, and skipping the barrier there made ranks 1 and 2 lose their gloo peers).
+        return T.RoutedTransport(default)
     from geotrain.wan.striped import StripedTransport
     from geotrain.wan.temporal import turns_via_store
 
