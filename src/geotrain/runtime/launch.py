@@ -27,6 +27,22 @@ from pathlib import Path
 from geotrain.errors import GeotrainError
 from geotrain.runtime.trainer import RunConfig
 
+MAX_LOCAL_RANKS = 64  # override with GEOTRAIN_MAX_LOCAL_RANKS on a big single host
+
+
+def check_local_world_size(world_size: int) -> None:
+    """Refuse to start more local processes than one machine can hold. A plan for a real cluster
+    (`geotrain train examples/llama2_7b_a100_3dc.toml` asks for 1,536 ranks of a 7B model) used to
+    set up the WAN, spawn processes until the machine choked, and never say why."""
+    try:
+        limit = int(os.environ.get("GEOTRAIN_MAX_LOCAL_RANKS", MAX_LOCAL_RANKS))
+    except ValueError:
+        raise GeotrainError("GEOTRAIN_MAX_LOCAL_RANKS must be an integer") from None
+    if world_size > limit:
+        raise GeotrainError(f"the plan has {world_size} ranks, more than the {limit} local processes one machine "
+                            f"runs (GEOTRAIN_MAX_LOCAL_RANKS); run it under torchrun on its cluster, or train a "
+                            f"smaller layout here")
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -77,6 +93,7 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
            env: dict[str, str] | None = None, describe=lambda r: f"rank {r}", timeout_s: float | None = None,
            rank0_stdout: bool = True, wan=None) -> None:
     """Run `cases` on `world_size` local processes; raise GeotrainError naming the first failed rank."""
+    check_local_world_size(world_size)
     if wan is not None and wan.rank_config() is not None:
         from dataclasses import replace
 
@@ -144,6 +161,7 @@ def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = 
     a rank fails or on Ctrl-C. Returns the WanLaunch (closed; `.mode` says what ran)."""
     from geotrain.runtime.wan import open_wan
 
+    check_local_world_size(plan.num_ranks)  # before any WAN emulation is set up
     wan = open_wan(mode, spec, plan, rate_scale, say=say)
     try:
         launch(cases, plan.num_ranks, run_dir, wan=wan, **kw)
