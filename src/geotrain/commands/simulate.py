@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         from geotrain.plan.search import make_plan
 
         print(f"planning {spec.name} (the job pins no layout; pass --plan to simulate another)", flush=True)
-        plan = make_plan(spec, top_k=1, simulate=False).plan
+        plan = make_plan(spec).plan  # what `geotrain plan SPEC` chooses (the estimate-only pick can differ)
         if args.schedule:
             plan, _ = schedule_variant(plan, args.schedule, spec.model.num_units, spec)
     else:
