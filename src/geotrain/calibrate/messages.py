@@ -3,11 +3,12 @@
 The profile's calibration run (a 2-stage 1F1B pipeline, one stage per DC) is the source. Two
 quantities the simulator needs and the unit timings cannot give:
 
-* `waiting_overhead`: for each boundary tensor, arrival (the receiver's recv_wait end) minus
-  departure (the producing forward/backward's end on the sender) minus the link's latency and
-  serialization time -- taken only over messages whose receiver was ALREADY waiting when the bytes
-  were due, because only there the arrival time is observed (a busy receiver picks the tensor up
-  whenever it gets to it). Its median is the transport's own cost per message: the hand-offs
+* `waiting_overhead`: per boundary tensor, arrival (the receiver's recv_wait end) minus when
+  it was due: its producing forward/backward's end on the sender, plus the serialization time (after
+  the messages queued before it on the same connections), plus the latency -- taken only over
+  messages whose receiver was ALREADY waiting when the bytes were due, because only there the
+  arrival time is observed (a busy receiver picks the tensor up whenever it gets to it). Its
+  median is the transport's own cost per message: the hand-offs
   between the sender's dispatcher and writer threads, the receiver's reader and delay-timer threads
   and the waiting rank, each of which needs a core.
 
@@ -41,16 +42,26 @@ def message_overheads(trace, plan, latency_s: float, seconds_per_byte: float,
             sent[("act", replica_of[e.rank], e.iteration, e.mb)] = e.end
         elif e.kind in ("backward", "backward_input") and stage_of[e.rank] == 1:
             sent[("grad", replica_of[e.rank], e.iteration, e.mb)] = e.end
-    out = []
+    recvs = {}
     for e in trace.events:
         if e.iteration < first or e.kind != "recv_wait" or e.stage < 0 or e.rank not in stage_of:
             continue
         key = ("act" if stage_of[e.rank] == 1 else "grad", replica_of[e.rank], e.iteration, e.mb)
-        if key not in sent:
-            continue
-        due = sent[key] + latency_s + (e.bytes or 0) * seconds_per_byte
-        waiting = e.start < due and e.duration > 2e-4
-        out.append((e.end - due, waiting))
+        if key in sent:
+            recvs[key] = e
+    # Messages of one direction and replica share their connections: each leaves when the one
+    # before it has been serialized (FIFO, as the simulator's links also queue them).
+    out = []
+    for kind in ("act", "grad"):
+        for d in range(plan.dp):
+            keys = sorted((k for k in recvs if k[0] == kind and k[1] == d), key=lambda k: sent[k])
+            free = float("-inf")
+            for k in keys:
+                e = recvs[k]
+                free = max(sent[k], free) + (e.bytes or 0) * seconds_per_byte
+                due = free + latency_s
+                waiting = e.start < due and e.duration > 2e-4
+                out.append((e.end - due, waiting))
     return out
 
 

@@ -102,13 +102,12 @@ class _Sampling:
         step `warmup` and the last sample before the run's end -- how much slower than on a core of
         its own it ran, from sharing cores with the other ranks and with everything else."""
         window = [st for n, st in self.samples if n >= max(1, warmup)]
-        if len(window) < 2:
-            return {}
-        a, b = window[0], window[-1]
         out = {}
-        for r in b:
-            if r in a and b[r][0] > a[r][0]:
-                out[r] = 1.0 + (b[r][1] - a[r][1]) / (b[r][0] - a[r][0])
+        for r in sorted({r for st in window for r in st}):
+            seen = [st[r] for st in window if r in st]       # a rank that exited drops out of later samples
+            (run0, wait0), (run1, wait1) = seen[0], seen[-1]
+            if run1 > run0:
+                out[r] = 1.0 + (wait1 - wait0) / (run1 - run0)
         return out
 
     def __enter__(self):
