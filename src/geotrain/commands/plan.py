@@ -25,7 +25,9 @@ def _fmt_gpus(d: dict[str, int]) -> str:
 
 
 def _t(x: float) -> str:
-    return f"{x:.3f} s" if math.isfinite(x) else "n/a"
+    from geotrain.console import human_seconds
+
+    return human_seconds(x) if math.isfinite(x) else "n/a"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_plan(spec, res) -> None:
+    from geotrain.console import human_bytes
+
     p = res.plan
     cl = spec.cluster
     print(f"plan for {spec.name}: {spec.model.name} on {cl.name} ({len(cl.datacenters)} DCs, {cl.total_gpus} GPUs)")
@@ -76,7 +80,7 @@ def _print_plan(spec, res) -> None:
     print(f"  iteration time: estimate {_t(res.estimate_s)}, simulated {_t(res.iteration_s)}")
     if m is not None:
         print(f"  tokens/s {m.tokens_per_s:,.0f}  GPU utilization {m.mean_utilization:.1%}  "
-              f"WAN bytes/iteration {m.wan_bytes / 2**30:.2f} GiB")
+              f"WAN bytes/iteration {human_bytes(m.wan_bytes)}")
     lb = res.lower_bound_s
     print(f"  lower bound {_t(lb)} (compute {_t(res.lower_bound_parts.get('compute', math.nan))}, "
           f"WAN {_t(res.lower_bound_parts.get('wan', math.nan))}); ratio {res.iteration_s / lb:.2f}x")
@@ -85,7 +89,7 @@ def _print_plan(spec, res) -> None:
         from geotrain.bubbletea.prefill_cost import headroom
 
         room, fit = headroom(spec, p, m.peak_memory)
-        print(f"  BubbleTea: bubbles {m.bubble_fraction:.1%} of GPU time; {room / 2**30:.1f} GiB free beside "
+        print(f"  BubbleTea: bubbles {m.bubble_fraction:.1%} of GPU time; {human_bytes(room)} free beside "
               f"training on the tightest GPU{' (per TP group)' if p.tp > 1 else ''}; inference models that fit: "
               f"{', '.join(fit) or 'none'}")
     print(f"  searched: {res.candidates_scored} candidates scored in {res.search_s:.2f} s, "
@@ -96,6 +100,7 @@ def _print_plan(spec, res) -> None:
 
 
 def _print_compare(spec, res) -> None:
+    from geotrain.console import human_bytes
     from geotrain.plan.baselines import evaluate_baselines
 
     rows = [("geotrain", res.plan.gpus_per_dc(), res.iteration_s,
@@ -105,15 +110,15 @@ def _print_compare(spec, res) -> None:
     for b in evaluate_baselines(spec):
         rows.append((b.name, b.gpus_per_dc, b.iteration_s, b.tokens_per_s, b.utilization, b.wan_bytes, b.note))
     print("\ncompare (simulated; dp-across-dcs analytical):")
-    print(f"  {'plan':<14} {'iteration':>10} {'tokens/s':>12} {'util':>6} {'WAN GiB':>9} {'ours x':>7}  GPUs per DC")
+    print(f"  {'plan':<14} {'iteration':>10} {'tokens/s':>12} {'util':>6} {'WAN/iter':>10} {'ours x':>7}  GPUs per DC")
     ours = res.iteration_s
     for name, gpus, t, tok, util, wan, note in rows:
         if math.isfinite(t):
             sp = f"{t / ours:.2f}" if name != "geotrain" else "1.00"
-            print(f"  {name:<14} {t:>8.3f} s {tok:>12,.0f} {util:>6.1%} {wan / 2**30:>9.2f} {sp:>7}  {_fmt_gpus(gpus)}"
-                  + (f"  ({note})" if note else ""))
+            print(f"  {name:<14} {_t(t):>10} {tok:>12,.0f} {util:>6.1%} {human_bytes(wan):>10} {sp:>7}  "
+                  f"{_fmt_gpus(gpus)}" + (f"  ({note})" if note else ""))
         else:
-            print(f"  {name:<14} {'n/a':>10} {'':>12} {'':>6} {'':>9} {'':>7}  {note}")
+            print(f"  {name:<14} {'n/a':>10} {'':>12} {'':>6} {'':>10} {'':>7}  {note}")
 
 
 def _run_sweep(spec, args) -> int:

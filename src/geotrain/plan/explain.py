@@ -16,6 +16,26 @@ from geotrain.plan.plan import Plan
 GIB = 2**30
 
 
+def _s(x: float) -> str:
+    from geotrain.console import human_seconds
+
+    return human_seconds(x)
+
+
+def _b(x: float) -> str:
+    from geotrain.console import human_bytes
+
+    return human_bytes(x)
+
+
+def _recompute_factor(ctx: PlanningContext, plan: Plan) -> float:
+    """Step time with the plan's checkpointing over the step time without (first stage's GPU)."""
+    gpu_type = ctx.dc(plan.stages[0].dc).gpu_type
+    none = ctx.table(gpu_type, plan.micro_batch, "none").step[-1]
+    used = ctx.table(gpu_type, plan.micro_batch, plan.checkpointing).step[-1]
+    return used / none if none > 0 else 1.0
+
+
 def lower_bound(ctx: PlanningContext, plan: Plan, costs) -> dict[str, float]:
     m = plan.num_microbatches
     compute = max(m * c.step + c.optimizer for c in costs)
@@ -88,7 +108,7 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
         by_type.setdefault(types[st.dc], []).append(len(st.units))
     steps = [c.step for c in costs]
     lines.append(f"Layer split balanced by per-stage time on each stage's GPU (embedding and head included): "
-                 f"slowest stage {max(steps) * 1e3:.1f} ms, fastest {min(steps) * 1e3:.1f} ms per micro-batch"
+                 f"slowest stage {_s(max(steps))}, fastest {_s(min(steps))} per micro-batch"
                  + ("; units per stage by GPU type: "
                     + ", ".join(f"{t} avg {sum(v) / len(v):.1f}" for t, v in by_type.items())
                     if len(by_type) > 1 else "") + ".")
@@ -101,21 +121,31 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
     peak = max(ctx.stage_memory_fraction(st.chunks, st.dc, plan.micro_batch, _inflight(plan, s), plan.sharding,
                                          plan.dp, plan.checkpointing) * ctx.gpu(st.dc).memory_gib
                for s, st in enumerate(plan.stages))
-    lines.append(f"Memory: checkpointing {plan.checkpointing}, sharding {plan.sharding} -- the cheapest the job "
-                 f"allows that fits; peak {peak:.1f} GiB per GPU.")
+    memory = (f"Memory: checkpointing {plan.checkpointing}, sharding {plan.sharding} -- the cheapest the job "
+              f"allows that fits; peak {_b(peak * GIB)} per GPU")
+    if bottleneck == "memory":
+        slower = f"{100 * (_recompute_factor(ctx, plan) - 1):.0f}%"
+        if ctx.job.checkpointing == "auto":
+            memory += (f"; this is the bottleneck: without checkpointing the layout does not fit, and recomputing "
+                       f"activations makes each micro-batch step {slower} slower")
+        else:
+            memory += (f"; this is the bottleneck: the job pins checkpointing {plan.checkpointing!r}, whose "
+                       f"recompute makes each micro-batch step {slower} slower (checkpointing = \"auto\" lets "
+                       f"the planner drop it where memory allows)")
+    lines.append(memory + ".")
     nbytes = ctx.boundary_bytes(plan.micro_batch)
     for lp in plan.links:
         link = ctx.link(lp.src_dc, lp.dst_dc)
         s = (f"WAN {lp.src_dc}<->{lp.dst_dc}: {lp.connections} TCP connection(s) x {link.per_connection_gbps:g} "
              f"Gbit/s = {link.rate_gbps(lp.connections):g} of {link.capacity_gbps:g} Gbit/s, {link.latency_ms:g} ms; "
-             f"{nbytes / 2**20:.1f} MiB per micro-batch each way")
+             f"{_b(nbytes)} per micro-batch each way")
         if lp.sharing == "temporal":
-            s += f"; temporal sharing: {plan.dp} pipelines take turns, staggered {lp.stagger_s * 1e3:.2f} ms"
+            s += f"; temporal sharing: {plan.dp} pipelines take turns, staggered {_s(lp.stagger_s)}"
         lines.append(s + ".")
     lb = max(parts.values())
     t = sim.metrics.iteration_time if sim is not None else (cand.est.total if cand else math.nan)
-    lines.append(f"Lower bound {lb:.3f} s (busiest GPU compute {parts['compute']:.3f} s, busiest WAN link "
-                 f"{parts['wan']:.3f} s); plan {t:.3f} s = {t / lb:.2f}x the bound; bottleneck: {bottleneck}.")
+    lines.append(f"Lower bound {_s(lb)} (busiest GPU compute {_s(parts['compute'])}, busiest WAN link "
+                 f"{_s(parts['wan'])}); plan {_s(t)} = {t / lb:.2f}x the bound; bottleneck: {bottleneck}.")
     if t > 1.15 * lb:
         lines.append("Gap to the bound: " + gap_reason(plan, cand, t, lb))
     return lines
@@ -135,17 +165,17 @@ def gap_reason(plan: Plan, cand, t: float, lb: float) -> str:
     why = []
     bubble = est.fill - est.compute_period  # fill/drain beyond one micro-batch slot
     if plan.pp > 1 and bubble > 0.1 * t:
-        why.append(f"pipeline fill/drain {bubble:.3f} s ({plan.pp} stages over {plan.num_microbatches} "
+        why.append(f"pipeline fill/drain {_s(bubble)} ({plan.pp} stages over {plan.num_microbatches} "
                    f"micro-batches per pipeline; more micro-batches would need a larger global batch)")
     if est.latency_period > est.compute_period * 1.01:
-        why.append(f"WAN round trips stretch each micro-batch slot to {est.latency_period * 1e3:.1f} ms "
-                   f"(compute {est.compute_period * 1e3:.1f} ms)")
+        why.append(f"WAN round trips stretch each micro-batch slot to {_s(est.latency_period)} "
+                   f"(compute {_s(est.compute_period)})")
     if est.bandwidth_period > est.compute_period * 1.01:
-        why.append(f"WAN bandwidth: {est.bandwidth_period * 1e3:.1f} ms of link time per micro-batch slot")
+        why.append(f"WAN bandwidth: {_s(est.bandwidth_period)} of link time per micro-batch slot")
     if est.tail > 0.05 * t:
-        why.append(f"DP all-reduce + optimizer not hidden: {est.tail:.3f} s")
+        why.append(f"DP all-reduce + optimizer not hidden: {_s(est.tail)}")
     if est.offsets > 0.05 * t:
-        why.append(f"temporal-sharing start offsets {est.offsets:.3f} s")
+        why.append(f"temporal-sharing start offsets {_s(est.offsets)}")
     return "; ".join(why) or "imbalance and scheduling dependencies (see the simulated timeline)"
 
 
