@@ -22,3 +22,13 @@ def test_memory_bottleneck_is_explained(capsys):
     assert "bottleneck: memory" in out
     memory = next(line for line in out.splitlines() if "Memory:" in line)
     assert "this is the bottleneck" in memory and "job pins checkpointing 'full'" in memory
+
+
+def test_single_dc_baseline_says_the_pinned_layout_is_too_big():
+    from geotrain.config import load_spec
+    from geotrain.plan.baselines import single_dc
+    from geotrain.plan.context import PlanningContext
+
+    spec = load_spec("examples/tiny_2dc.toml")    # pins pp=2 x dp=2; each DC has 2 GPUs
+    plan, note = single_dc(spec, PlanningContext(spec))
+    assert plan is None and "pp=2 x dp=2 = 4 GPUs" in note and "has 2" in note

@@ -117,6 +117,11 @@ def single_dc(spec: Spec, ctx: PlanningContext) -> tuple[Plan | None, str]:
     scorer = Scorer(ctx)
     best = search(ctx, scorer, enumerate_layouts(ctx, [(big.name,)]), keep=1)
     if not best:
+        job = spec.job
+        need = (job.pp or 1) * (job.dp or 1) * ctx.tp
+        if need > big.gpus:  # not a memory problem: the job's pinned layout needs more GPUs than the DC has
+            pins = " x ".join(f"{k}={v}" for k, v in (("pp", job.pp), ("dp", job.dp), ("tp", ctx.tp)) if v and v > 1)
+            return None, f"the job pins {pins} = {need} GPUs; {big.name}, the largest DC, has {big.gpus}"
         return None, f"does not fit in {big.name} alone"
     best[0].name = "single-dc"
     return best[0].to_plan(ctx), ""
