@@ -247,6 +247,15 @@ def _trace_end(trace: Trace) -> float:
     return float(cols.end.max()) if len(cols) else 0.0
 
 
+def _iterations(trace: Trace) -> int:
+    """How many training iterations a trace holds (the label must not call 3 of them one span)."""
+    cols = trace_columns(trace)
+    if not len(cols):
+        return 0
+    fwd = cols.kind_mask({"forward"})
+    return int(len(set(cols.iteration[fwd].tolist())))
+
+
 def draw_timelines(panels: Sequence[tuple[str, Trace]], path: str | Path, plan: Plan | None = None,
                    title: str | None = None, max_rows: int = MAX_ROWS, show_links: bool = True,
                    dpi: int = 110, only: Sequence[int] | None = None) -> Path:
@@ -273,7 +282,9 @@ def draw_timelines(panels: Sequence[tuple[str, Trace]], path: str | Path, plan: 
     for (name, trace), r in zip(panels, rows):
         ax = axes[k, 0]
         kinds |= draw_on_axes(ax, trace, r, t_end, scale)
-        sub = f"{name}: iteration span {_trace_end(trace) * scale:.4g} {unit}"
+        n_it = _iterations(trace)
+        span = f"{_trace_end(trace) * scale:.4g} {unit}"
+        sub = f"{name}: iteration span {span}" if n_it <= 1 else f"{name}: {n_it} iterations in {span}"
         if r.note:
             sub += f" — {r.note}"
         ax.set_title(sub, fontsize=10, loc="left")
