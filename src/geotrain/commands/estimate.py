@@ -51,6 +51,13 @@ def _held_microbatches(plan) -> tuple[list[int], str]:
     return [-(-k // v) for k in peak_inflight(sched)], ""
 
 
+def _left_to_planner(job) -> list[str]:
+    """Job fields that are unset or "auto": estimate fills them with plan_from_job's defaults."""
+    out = [k for k in ("pp", "dp") if getattr(job, k) is None]
+    out += [k for k in ("micro_batch", "schedule", "checkpointing", "sharding") if getattr(job, k) == "auto"]
+    return out
+
+
 def _unit_groups(model, chunks):
     """(label, kind, first unit, count) rows: embedding and head alone, blocks grouped."""
     rows = []
@@ -93,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
           + (", measured profile" if profile else ""))
     print(f"per iteration: {tokens:,} tokens, {human_rate(cost.training_flops(tokens), 'FLOP')} "
           f"(fwd+bwd, no recompute)")
+    auto = _left_to_planner(spec.job)
+    if auto:
+        print(f"note: the job leaves {', '.join(auto)} to the planner; this is the default layout filled in "
+              f"above, not the planner's choice -- `geotrain plan {args.spec}` picks them")
 
     print("\nPer unit (values for ONE unit and one micro-batch; saved = bytes kept for backward by the whole "
           "unit; times on the stage's GPU" + (f", divided by tp={tp}" if tp > 1 else "") + ")")
