@@ -48,3 +48,13 @@ def test_no_ttft_when_nothing_served():
     assert "0 ms" not in rows["TTFT p50 / p99"]
     r.served, r.ttft_p50, r.ttft_p99 = 5, 3.147, 5.05
     assert dict(r.summary_rows())["TTFT p50 / p99"] == "3.15 s / 5.05 s"
+
+
+def test_default_example_serves_requests(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "bt"
+    assert main(["simulate", "examples/tiny_2dc.toml", "--out", str(out), "--no-compare", "--bubbletea"]) == 0
+    capsys.readouterr()
+    doc = json.loads((out / "bubbletea.json").read_text())
+    assert doc["served"] > 0 and doc["utilization_with"] > doc["utilization_without"]
