@@ -183,6 +183,20 @@ def test_a_measured_slowdown_scales_its_stage_compute(spec, unit_profile):
     assert fwd(slow, 1) == pytest.approx(fwd(even, 1))
 
 
+def test_zero_bubble_split_follows_the_runtime(spec, unit_profile):
+    plan = plan_from_job(spec).with_(dp=1, schedule="zb-h1")
+    prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "split_backward": {"input": 0.9, "weight": 0.8}}}
+    inp = calibrated_inputs(spec, plan, prof)
+    first, last = inp.stage_costs
+    # The first stage sends no input gradient: its whole backward runs at W.
+    assert first.backward_input < 0.05 * first.backward          # the interpreter's own time only
+    assert first.backward_weight == pytest.approx(first.backward, rel=0.05)
+    # Elsewhere the measured split: B_input and W cost 0.9 and 0.8 of one backward (plus overheads).
+    full = last.backward
+    assert last.backward_input == pytest.approx(0.9 * full, rel=0.05)
+    assert last.backward_weight == pytest.approx(0.8 * full, rel=0.05)
+
+
 def test_wan_off_predicts_no_wan_and_shaper_adds_the_message_overhead(spec, unit_profile):
     plan = plan_from_job(spec).with_(dp=1)
     prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "wan_message_overhead_s": 2e-3}}

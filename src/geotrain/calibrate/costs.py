@@ -173,6 +173,7 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
     sched = plan_schedule(plan)
     per_action = float(rt.get("per_action_s", 0.0))
     factor = rt.get("compute_factor", {})
+    split = rt.get("split_backward")
     # Interpreter time per compute action: its own plus its share of the stage's non-compute actions.
     compute_ops = {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT}
     share = []
@@ -187,9 +188,15 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
         o = share[v % plan.pp]
         ff, fb = factor.get("forward", 1.0), factor.get("backward", 1.0)
         g_fwd, g_bwd = fsdp_gather_s(plan, cost, range(a, b), rt)
+        b_in, b_w = t.backward_input, t.backward_weight
+        if split:       # measured zero-bubble split (profile.time_split_backward)
+            b_in, b_w = t.backward * split["input"], t.backward * split["weight"]
+        b_in += g_bwd   # FSDP re-gathers at the first backward pass
+        if v == 0:      # the runtime defers the first stage's whole backward to W (no input gradient to send)
+            b_in, b_w = 0.0, t.backward + g_bwd
         stage_costs.append(StageCost(forward=(t.forward + g_fwd) * ff + o, backward=(t.backward + g_bwd) * fb + o,
-                                     backward_input=t.backward_input * fb + o / 2,
-                                     backward_weight=t.backward_weight * fb + o / 2,
+                                     backward_input=b_in * fb + o / 2,
+                                     backward_weight=b_w * fb + o / 2,
                                      send_bytes=4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden
                                      if v < last else 0))
     allreduce, optimizer = [], []

@@ -12,6 +12,7 @@ the cost model has no field for but the calibrated simulation (costs.py) uses:
       "contention": {"1": 1.0, "2": f2, ...},              # compute slow-down when k ranks compute at once
       "background_runnable",                                  # other runnable threads meanwhile (cpuload.py)
       "per_action_s", "forward_call_s", "backward_call_s", # interpreter overheads (see _interpreter)
+      "split_backward": {"input", "weight"},              # zero-bubble B_input, W over one backward
       "startup_s",                                         # one rank's process start-up (import torch ...)
       "compute_factor": {"forward", "backward", "optimizer"}, # in-runtime / isolated compute (calibration run)
       "wan_message_overhead_s", "calibration_run",         # per-message WAN transport overhead (fit there)
@@ -127,6 +128,44 @@ def unit_runner(spec, index: int, micro_batch: int, precision: str):
         return t1 - t0, t2 - t1
 
     return once
+
+
+def time_split_backward(spec, micro_batch: int, precision: str, repeats: int = 10) -> dict[str, float]:
+    """The zero-bubble split of a backward as the runtime runs it (torch.distributed.pipelining's
+    stage_backward_input, then stage_backward_weight) on units 1..L+1 (blocks and head), relative to
+    one plain backward of the same units: {"input": B_input / B, "weight": W / B}. The split costs
+    more than the whole (two autograd passes), and not half and half."""
+    import torch
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from geotrain.models.llama import build_units
+    from geotrain.runtime.parallelize import autocast_context
+    from geotrain.runtime.pipeline import lm_loss
+
+    m = spec
+    stack = build_units(m, 1, m.num_units)
+    autocast = autocast_context(precision, torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, m.vocab, (micro_batch, m.seq_len), generator=g)
+    x0 = torch.randn(micro_batch, m.seq_len, m.hidden, generator=g)
+
+    def once(split: bool) -> tuple[float, float]:
+        stack.zero_grad(set_to_none=True)
+        inp = x0.detach().clone().requires_grad_(True)
+        with autocast():
+            out = lm_loss(stack(inp), tokens)
+        t0 = time.perf_counter()
+        if not split:
+            torch.autograd.backward(out)
+            return time.perf_counter() - t0, 0.0
+        _, groups = stage_backward_input([out], None, [inp], stack.parameters())
+        t1 = time.perf_counter()
+        stage_backward_weight(stack.parameters(), groups)
+        return t1 - t0, time.perf_counter() - t1
+
+    whole = _low([once(False)[0] for _ in range(repeats + 2)][2:])
+    parts = [once(True) for _ in range(repeats + 2)][2:]
+    return {"input": _low([a for a, _ in parts]) / whole, "weight": _low([b for _, b in parts]) / whole}
 
 
 def time_optimizer(spec, units: range, job, repeats: int = 8) -> tuple[int, float]:
@@ -492,6 +531,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
         for kind, index in (("embedding", 0), ("block", 1), ("head", m.layers + 1)):
             prof[kind][str(mb)] = list(time_unit(m, index, mb, precision, repeats=reps))
 
+    split = time_split_backward(m, mbs[0], precision, repeats=6 if quick else 10)
     say("optimizer")
     sizes = [range(1, 2), range(1, min(m.layers, 3) + 1), range(0, m.num_units)]
     opt = [time_optimizer(m, u, job) for u in sizes]
@@ -538,6 +578,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
         "per_action_s": interp["per_action_s"],
         "forward_call_s": interp["stage_forward_s"] - units_fwd,
         "backward_call_s": interp["stage_backward_s"] - units_bwd,
+        "split_backward": split,
     }
     if link is not None and "wan" in pool[1]:
         runtime["wan"] = {**{k: task["wan"][k] for k in ("per_connection_gbps", "aggregate_gbps", "latency_ms")},
