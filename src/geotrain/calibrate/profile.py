@@ -163,9 +163,16 @@ def time_split_backward(spec, micro_batch: int, precision: str, repeats: int = 1
         stage_backward_weight(stack.parameters(), groups)
         return t1 - t0, time.perf_counter() - t1
 
-    whole = _low([once(False)[0] for _ in range(repeats + 2)][2:])
-    parts = [once(True) for _ in range(repeats + 2)][2:]
-    return {"input": _low([a for a, _ in parts]) / whole, "weight": _low([b for _, b in parts]) / whole}
+    whole, parts = [], []
+    for i in range(repeats + 2):            # interleaved: a burst of other work hits both alike
+        w, p = once(False)[0], once(True)
+        if i >= 2:
+            whole.append(w)
+            parts.append(p)
+    # Per pair ratios, then the median: robust to a pair that another process preempted.
+    ins = sorted(a / w for (a, _), w in zip(parts, whole))
+    ws = sorted(b / w for (_, b), w in zip(parts, whole))
+    return {"input": ins[len(ins) // 2], "weight": ws[len(ws) // 2]}
 
 
 def time_optimizer(spec, units: range, job, repeats: int = 8) -> tuple[int, float]:
@@ -531,7 +538,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
         for kind, index in (("embedding", 0), ("block", 1), ("head", m.layers + 1)):
             prof[kind][str(mb)] = list(time_unit(m, index, mb, precision, repeats=reps))
 
-    split = time_split_backward(m, mbs[0], precision, repeats=6 if quick else 10)
+    split = time_split_backward(m, mbs[0], precision, repeats=10 if quick else 20)
     say("optimizer")
     sizes = [range(1, 2), range(1, min(m.layers, 3) + 1), range(0, m.num_units)]
     opt = [time_optimizer(m, u, job) for u in sizes]
