@@ -170,3 +170,17 @@ def test_cli_writes_a_plan_file_and_sweep_rows(examples_dir_module, tmp_path, ca
     assert main(["plan", str(examples_dir_module / "tiny_2dc.toml"), "--sweep", "wan.capacity_gbps=0.5,2",
                  "--plot", str(png)]) == 0
     assert png.stat().st_size > 1000
+
+
+def test_a_nearly_as_fast_plan_on_far_fewer_gpus_is_pointed_out():
+    from geotrain.plan.plan import Plan, StagePlan
+    from geotrain.plan.search import _cheaper_alternative
+
+    def plan(dp, pp):
+        return Plan(stages=tuple(StagePlan("a", ((i, i + 1),)) for i in range(pp)), dp=dp, micro_batch=1,
+                    num_microbatches=4)
+
+    big, small, slow = plan(8, 4), plan(4, 4), plan(2, 4)
+    lines = _cheaper_alternative(big, 1.0, [(big, 1.0), (small, 1.02), (slow, 1.5)])
+    assert len(lines) == 1 and "16 GPUs instead of 32" in lines[0] and "2.0% slower" in lines[0]
+    assert _cheaper_alternative(big, 1.0, [(big, 1.0), (slow, 1.5)]) == []

@@ -436,9 +436,11 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate: b
         from geotrain.sim import simulate as run_sim
 
         best_t = math.inf
+        simulated = []
         for plan, cand in plans:
             res = run_sim(spec, plan, iterations=1, progress=progress)
             t = res.metrics.iteration_time
+            simulated.append((plan, t))
             finals.append((plan.name, cand.est.total if cand else float("nan"), t))
             if log:
                 log(f"simulated {plan.name} ({plan.pp} stages x dp {plan.dp}, {plan.schedule}): {t:.3f} s")
@@ -448,10 +450,28 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate: b
     if chosen_cand is None:
         chosen_cand = _score_plan(ctx, chosen_plan)
     lb, lb_parts, bottleneck, expl = analyse(ctx, chosen_plan, chosen_cand, chosen_sim)
+    if simulate and chosen_sim is not None:
+        expl = expl + _cheaper_alternative(chosen_plan, chosen_sim.metrics.iteration_time, simulated)
     return PlanResult(plan=chosen_plan, estimate_s=chosen_cand.est.total if chosen_cand else float("nan"),
                       sim=chosen_sim, lower_bound_s=lb, bottleneck=bottleneck, explanation=expl,
                       candidates_scored=scorer.scored, estimate=chosen_cand.est if chosen_cand else None,
                       lower_bound_parts=lb_parts, finalists=finals, search_s=t_search, simulate_s=t_sim)
+
+
+def _cheaper_alternative(chosen: Plan, t_chosen: float, simulated: list[tuple[Plan, float]],
+                         slack: float = 0.03) -> list[str]:
+    """A line naming a simulated plan that is nearly as fast (within `slack`) on clearly fewer
+    GPUs: the fastest plan is the answer to "how fast", but users paying per GPU-hour also want
+    to know when most of the GPUs buy almost nothing."""
+    n = chosen.num_ranks
+    near = [(p, t) for p, t in simulated if t <= t_chosen * (1 + slack) and p.num_ranks <= 0.9 * n]
+    if not near:
+        return []
+    p, t = min(near, key=lambda x: (x[0].num_ranks, x[1]))
+    used = ", ".join(f"{dc} {k}" for dc, k in p.gpus_per_dc().items())
+    return [f"Cheaper alternative: {p.num_ranks} GPUs instead of {n} ({used}; pp {p.pp} x dp {p.dp}, {p.schedule}) "
+            f"take {t:.3f} s per iteration, {100 * (t / t_chosen - 1):.1f}% slower, for "
+            f"{100 * (1 - p.num_ranks * t / (n * t_chosen)):.0f}% fewer GPU-hours per token."]
 
 
 def _distinct(cands: list[Candidate]) -> list[Candidate]:
