@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
-        parser.print_help()
-        return 0
+        parser.print_help(sys.stderr)
+        return 2
     try:
         return int(args._run(args) or 0)
     except GeotrainError as e:

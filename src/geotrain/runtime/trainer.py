@@ -237,9 +237,12 @@ def train(cfg: RunConfig) -> dict[str, Any]:
 
     bar = None
     if rank == 0 and cfg.progress:
-        from tqdm import tqdm
+        if sys.stdout.isatty():
+            from tqdm import tqdm
 
-        bar = tqdm(total=steps, initial=start, desc="train", unit="step", file=sys.stdout, dynamic_ncols=True)
+            bar = tqdm(total=steps, initial=start, desc="train", unit="step", file=sys.stdout, dynamic_ncols=True)
+        else:
+            bar = _LineProgress(steps, start)
     losses_file = open(out / "losses.jsonl", "a") if rank == 0 else None  # noqa: SIM115 -- closed below
     run_start = time.time()
     try:
@@ -288,6 +291,29 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         dist.barrier()             # every rank's last transfer (and turn) is done before any closes
         transport.close()
     return result
+
+
+class _LineProgress:
+    """Progress for logs and pipes: one plain line every tenth of the run, where tqdm's
+    carriage-return redraws would pile up into one unreadable line."""
+
+    def __init__(self, total: int, initial: int = 0):
+        self.total, self.n, self.every = total, initial, max(1, total // 10)
+        self.first, self.t0, self.postfix = initial, time.time(), {}
+
+    def set_postfix(self, **kw: str) -> None:
+        self.postfix = kw
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        if self.n % self.every == 0 or self.n == self.total:
+            extra = "  ".join(f"{key} {val}" for key, val in self.postfix.items())
+            took = time.time() - self.t0
+            eta = took / max(1, self.n - self.first) * (self.total - self.n)
+            print(f"train step {self.n}/{self.total}  {extra}  ({took:.1f} s, ETA {eta:.0f} s)", flush=True)
+
+    def close(self) -> None:
+        pass
 
 
 def _trim_losses(path: Path, start: int) -> None:
