@@ -6,7 +6,9 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     profile) times the runtime factor of that kind (`compute_factor`, from the profile's real
     2-stage calibration run: what running inside the runtime beside another rank adds), plus the
     interpreter's own time around each compute action (`per_action_s` for the compute action and
-    the receive/send actions that come with it);
+    the receive/send actions that come with it); zero-bubble B_input / W as the measured split of
+    the runtime's two autograd passes (the first stage's whole backward at W); FSDP zero2/zero3
+    parameter all-gathers inside forward/backward (`fsdp_gather_s`);
   * the DP reduction: the measured gloo all-reduce fit alpha + bytes x per_byte at that dp, on the
     fp32 gradients the runtime reduces (replicated DP);
   * the optimizer step: measured fixed + per-parameter cost;
@@ -14,20 +16,24 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     gloo isend/irecv fit;
   * WAN messages: the user-space WAN hands each message through several threads (dispatcher,
     writers, reader, delay timer, the waiting rank), each of which waits for a core on a busy
-    machine; the profile's calibration run fits this per-message overhead (`wan_message_overhead_s`),
+    machine; the profile's calibration run measures this per-message overhead off its trace
+    (`wan_message_overhead_s`, messages.py),
     added to the link latency and scaled with the CPU sharing of each run;
   * the runtime's per-step global all-reduce of (overflow flag, loss) over ALL ranks, before every
-    optimizer step (runtime.trainer on_optimizer): a gloo ring all-reduce, so it crosses the WAN
+    optimizer step (runtime.trainer on_optimizer): a gloo all-reduce, so it crosses the WAN
     where the ranks' gloo traffic does ("kernel" mode: ranks in DC namespaces; "shaper" mode: gloo
     stays on loopback, only StripedTransport is shaped). Added to each stage's optimizer time
     (`global_sync_s`); waiting for the slowest stage at that barrier is slack the simulator's
     schedule already has (the first stage, which finishes last, is on the critical path);
-  * CPU contention: when more ranks compute at once than the machine has free cores, each is
-    slower: processor sharing, k ranks computing beside b runnable threads of other work (measured
-    while the plan ran, cpuload.py) get cores / (k + b) of a core each. The profile's measured slow-down
-    table f(k) checks this model. The simulator has no notion of shared cores, so this is a fixed
-    point: simulate, measure per physical stage the time-averaged number of ranks computing while
-    it computes, scale its compute by the slow-down, simulate again (3 rounds; it settles in 2).
+  * CPU contention: measured, when the run was (`rank_slowdown`: each rank's CPU + run-queue time
+    over CPU time while it trained, wanrun.py), scales its stage's compute. Otherwise modelled:
+    when more ranks compute at once than the machine has free cores, each is slower: processor
+    sharing, k ranks computing beside b runnable threads of other work (sampled while the plan ran,
+    cpuload.py, or the calibration run's effective background) get cores / (k + b) of a core
+    each. The profile's measured slow-down table f(k) checks this model. The simulator has no
+    notion of shared cores, so this is a fixed point: simulate, measure per physical stage the
+    time-averaged number of ranks computing while it computes, scale its compute by the slow-down,
+    simulate again (3 rounds; it settles in 2).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ the cost model has no field for but the calibrated simulation (costs.py) uses:
       "split_backward": {"input", "weight"},              # zero-bubble B_input, W over one backward
       "startup_s",                                         # one rank's process start-up (import torch ...)
       "compute_factor": {"forward", "backward", "optimizer"}, # in-runtime / isolated compute (calibration run)
-      "wan_message_overhead_s", "calibration_run",         # per-message WAN transport overhead (fit there)
+      "wan_message_overhead_s", "calibration_run",         # per-message WAN overhead, global all-reduce,
+                                                           # wan_mode, rank_slowdown, background_effective
       "wan": {"per_connection_gbps", "aggregate_gbps", "latency_ms", "achieved_gbps": {"1": .., "4": ..}}
     }
 
