@@ -1,8 +1,9 @@
-"""Apply checkpointing, precision and data parallelism to a plain model chunk from outside.
+"""Apply tensor parallelism, checkpointing, precision and data parallelism to a plain model chunk from outside.
 
 The model file (`geotrain.models.llama`) knows nothing of distribution; like torchtitan we take
-a `UnitStack` and wrap it here. Parameter names never change (no wrapper modules), so a
-checkpoint written under one checkpointing mode loads under another.
+a `UnitStack` and wrap it here, in torchtitan's order: TP, then activation checkpointing, then
+FSDP2. Parameter names never change (no wrapper modules), so a checkpoint written under one
+checkpointing mode loads under another.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from geotrain.errors import GeotrainError
-from geotrain.models.llama import Block, UnitStack
+from geotrain.models.llama import Attention, Block, UnitStack
 
 SHARDINGS = ("replicate", "zero1", "zero2", "zero3")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -33,6 +34,69 @@ _SAVE_OPS = {
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
 }
+
+
+def tp_problem(model, plan, cluster) -> str | None:
+    """Why `plan.tp` cannot run on this model and cluster (one line), or None.
+
+    A TP group is `tp` consecutive ranks (rank = (stage * dp + replica) * tp + t), so it stays
+    inside one node exactly when tp divides the node's GPU count; the heads, KV heads and FFN
+    width must split evenly over the TP ranks."""
+    tp = plan.tp
+    if tp == 1:
+        return None
+    if tp < 1:
+        return f"tp={tp} must be at least 1"
+    for s, st in enumerate(plan.stages):
+        dc = next((d for d in cluster.datacenters if d.name == st.dc), None)
+        if dc is None:
+            continue  # an unknown DC is reported elsewhere
+        if tp > dc.gpus_per_node:
+            return (f"tp={tp} is wider than a node of datacenter {dc.name} ({dc.gpus_per_node} GPUs per node, "
+                    f"stage {s}); tensor parallelism stays inside a node")
+        if dc.gpus_per_node % tp:
+            return (f"tp={tp} does not divide the {dc.gpus_per_node} GPUs per node of datacenter {dc.name} "
+                    f"(stage {s}): a TP group would straddle two nodes")
+    for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn)):
+        if n % tp:
+            return f"tp={tp} does not divide model {model.name}'s {what}={n}; tensor parallelism splits them evenly"
+    return None
+
+
+def apply_tp(stack: UnitStack, tp_mesh) -> None:
+    """Megatron-style TP inside each transformer block: wq/wk/wv and w_gate/w_up column-parallel,
+    wo and w_down row-parallel (one all-reduce after attention and one after the MLP, in forward
+    and in backward). Block inputs and outputs stay full, replicated plain tensors, so norms,
+    embedding, head and pipeline boundaries are unchanged; their gradients come out identical on
+    every TP rank (the column-parallel input's gradient is all-reduced), so they need no TP sync.
+
+    The attention module then sees only its shard of the heads: like torchtitan, we set its head
+    counts to the per-shard numbers after sharding (the model file stays free of TP)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = tp_mesh.size()
+    plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+            "attn.wo": RowwiseParallel(), "ffn.w_gate": ColwiseParallel(), "ffn.w_up": ColwiseParallel(),
+            "ffn.w_down": RowwiseParallel()}
+    for unit in stack.units.values():
+        if not isinstance(unit, Block):
+            continue
+        parallelize_module(unit, tp_mesh, plan)
+        attn: Attention = unit.attn
+        if attn.heads % tp or attn.kv_heads % tp:
+            raise GeotrainError(f"tp={tp} does not divide heads={attn.heads} and kv_heads={attn.kv_heads}")
+        # Contiguous shards keep GQA's grouping: local q head h still maps to local kv head h // (heads/kv).
+        attn.heads, attn.kv_heads = attn.heads // tp, attn.kv_heads // tp
+
+
+def optimizer_param_groups(params: list[nn.Parameter]) -> list[dict]:
+    """Params split into DTensor (TP-sharded) and plain groups: foreach optimizer kernels refuse a
+    list mixing torch.Tensor and DTensor (they are the default on GPUs)."""
+    from torch.distributed.tensor import DTensor
+
+    dtensors = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    return [{"params": g} for g in (dtensors, plain) if g]
 
 
 def _selective_policy(ctx, op, *args, **kwargs):  # noqa: ANN001 -- torch's policy signature
@@ -130,10 +194,13 @@ def fsdp_reduce_grads(module: nn.Module) -> None:
 
 def allreduce_grads(params: Iterator[nn.Parameter], group: dist.ProcessGroup, size: int,
                     bucket_bytes: int = 25 * 2**20) -> None:
-    """Replicated DP: average gradients over the group in flat buckets (one collective per bucket)."""
+    """Replicated DP: average gradients over the group in flat buckets (one collective per bucket).
+    A TP-sharded parameter's gradient is a DTensor: its local shard is what the replicas average."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-    grads = [p.grad for p in params if p.grad is not None]
+    from geotrain.runtime.scaler import _local
+
+    grads = [_local(p.grad) for p in params if p.grad is not None]
     bucket: list[torch.Tensor] = []
     nbytes = 0
 

@@ -56,6 +56,9 @@ class PipelineRank:
     recorder: Recorder
     autocast: Callable
     boundary_shape: tuple[int, ...]
+    # TP index of this rank: boundary tensors go to the rank with the same index in the neighbour
+    # stage (after the row-parallel layers every TP rank holds the full activation).
+    tp_rank: int = 0
     dp_group: dist.ProcessGroup | None = None
     lookahead: int = 2
     boundary_dtype: torch.dtype = torch.float32
@@ -66,7 +69,7 @@ class PipelineRank:
     def __post_init__(self) -> None:
         self.num_virtual = self.schedule.num_virtual
         self.last_virtual = self.num_virtual - 1
-        self.my_rank = self.plan.rank(self.stage, self.replica)
+        self.my_rank = self.plan.rank(self.stage, self.replica, self.tp_rank)
         self.actions: list[Action] = self.schedule.actions[self.stage]
         missing = {a.stage for a in self.actions if a.op.is_compute and a.stage not in self.chunks}
         if missing:
@@ -74,7 +77,7 @@ class PipelineRank:
 
     # -- helpers ---------------------------------------------------------------------------
     def rank_of(self, virtual_stage: int) -> int:
-        return self.plan.rank(virtual_stage % self.plan.pp, self.replica)
+        return self.plan.rank(virtual_stage % self.plan.pp, self.replica, self.tp_rank)
 
     def _tag(self, kind: int, src_virtual: int, mb: int) -> int:
         return make_tag(kind, src_virtual, mb, self.num_virtual, self.schedule.num_microbatches)

@@ -1,8 +1,9 @@
 """One rank's training run: build its stage from the plan, execute the schedule, record, checkpoint.
 
 Called on every rank of an initialized process group (by `worker.py`, under our launcher or
-torchrun). Ranks are stage-major (`plan.rank(stage, replica)`), so the (pp, dp) device mesh
-built here has one DP group per stage, inside the stage's DC.
+torchrun). Ranks are stage-major with TP innermost (`plan.rank(stage, replica, t)`), so the
+(pp, dp, tp) device mesh built here has one DP group per stage and TP index, inside the stage's DC,
+and one TP group of consecutive ranks (inside a node) per stage replica.
 """
 
 from __future__ import annotations
@@ -86,8 +87,14 @@ def resolve(cfg: RunConfig):
     plan = Plan.from_dict(cfg.plan) if cfg.plan else plan_from_job(spec)
     if cfg.overrides:
         plan = plan.with_(**cfg.overrides)
-    if plan.tp != 1:
-        raise GeotrainError(f"plan {plan.name!r} asks for tp={plan.tp}; the runtime supports tp=1 only so far")
+    from geotrain.runtime.parallelize import tp_problem
+
+    problem = tp_problem(spec.model, plan, spec.cluster)
+    if problem:
+        raise GeotrainError(f"plan {plan.name!r}: {problem}")
+    if plan.tp > 1 and plan.sharding == "zero1":
+        raise GeotrainError(f"plan {plan.name!r}: sharding zero1 is not supported with tp={plan.tp} "
+                            "(use replicate, zero2 or zero3)")
     if plan.num_microbatches < 1 or plan.micro_batch < 1:
         raise GeotrainError("the plan needs at least one micro-batch of at least one sequence")
     _build_schedule(plan)  # a schedule the builders refuse is a user error, found before any rank starts
@@ -137,7 +144,13 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     from geotrain.models.llama import build_units
     from geotrain.plan.plan import save_plan
     from geotrain.runtime.checkpoint import Checkpointer
-    from geotrain.runtime.parallelize import apply_checkpointing, apply_fsdp, autocast_context
+    from geotrain.runtime.parallelize import (
+        apply_checkpointing,
+        apply_fsdp,
+        apply_tp,
+        autocast_context,
+        optimizer_param_groups,
+    )
     from geotrain.runtime.pipeline import PipelineRank
     from geotrain.runtime.recorder import Recorder
     from geotrain.runtime.scaler import GlobalLossScaler, _local
@@ -148,17 +161,19 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     job = spec.job
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != plan.num_ranks:
-        raise GeotrainError(f"plan {plan.name!r} needs {plan.num_ranks} ranks (pp={plan.pp} x dp={plan.dp}) "
-                            f"but {world} were started")
+        raise GeotrainError(f"plan {plan.name!r} needs {plan.num_ranks} ranks (pp={plan.pp} x dp={plan.dp} "
+                            f"x tp={plan.tp}) but {world} were started")
     steps = cfg.steps or job.steps
     every = job.checkpoint_every if cfg.checkpoint_every is None else cfg.checkpoint_every
     out = Path(cfg.out)
-    stage, replica, _ = plan.coords(rank)
+    stage, replica, tp_rank = plan.coords(rank)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() \
         else torch.device("cpu")
     torch.manual_seed(job.seed)
 
-    mesh = init_device_mesh(device.type, (plan.pp, plan.dp), mesh_dim_names=("pp", "dp"))
+    # One (pp, dp, tp) mesh: its row-major layout is the plan's rank numbering. FSDP2 over "dp" and
+    # TP over "tp" must be slices of the same mesh to compose.
+    mesh = init_device_mesh(device.type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
     dp_mesh = mesh["dp"]
     dp_group = dp_mesh.get_group()
     schedule = _build_schedule(plan)
@@ -166,12 +181,15 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     chunks = {}
     for c, (a, b) in enumerate(plan.stages[stage].chunks):
         module = build_units(spec.model, a, b).to(device)
+        if plan.tp > 1:
+            apply_tp(module, mesh["tp"])
         apply_checkpointing(module, plan.checkpointing)
         if plan.sharding in ("zero2", "zero3"):
             apply_fsdp(module, dp_mesh, plan.sharding)
         chunks[c * plan.pp + stage] = module
     params = [p for m in chunks.values() for p in m.parameters()]
-    optimizer = make_optimizer(params, job, plan.sharding, dp_group)
+    optimizer = make_optimizer(optimizer_param_groups(params) if plan.tp > 1 else params, job, plan.sharding,
+                               dp_group)
     scaler = GlobalLossScaler(plan.precision == "fp16")
     source = make_source(spec, plan, cfg.data if cfg.data is not None else job.data, job.seed)
 
@@ -220,7 +238,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         scaler.update(skipped)
         recorder.add("optimizer", t2, recorder.now(), stage=min(chunks))
-        state["loss"], state["skipped"] = float(stats[1]) / plan.dp, skipped
+        # Every TP rank of the last stage holds the same (full-logit) loss: count each replica once.
+        state["loss"], state["skipped"] = float(stats[1]) / (plan.dp * plan.tp), skipped
 
     bubble = None
     if cfg.bubbletea:
@@ -230,7 +249,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     boundary = (plan.micro_batch, spec.model.seq_len, spec.model.hidden)
     transport = build_transport(cfg.wan, spec, plan, schedule, rank)
     first_delay = start_delay(plan, replica)     # the plan's pipeline offset: staggered DP pipelines
-    runner = PipelineRank(plan=plan, schedule=schedule, stage=stage, replica=replica, chunks=chunks,
+    runner = PipelineRank(plan=plan, schedule=schedule, stage=stage, replica=replica, tp_rank=tp_rank, chunks=chunks,
                           transport=transport, recorder=recorder,
                           autocast=autocast_context(plan.precision, device), boundary_shape=boundary,
                           dp_group=dp_group, on_optimizer=on_optimizer, bubble=bubble)
