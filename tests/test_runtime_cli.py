@@ -29,13 +29,15 @@ def test_plan_file_without_spec_is_a_one_line_error(tmp_path: Path, capsys) -> N
     assert "does not name the experiment spec" in err and "\n" not in err
 
 
-def test_tensor_parallel_plan_is_refused_clearly(tmp_path: Path, capsys) -> None:
+def test_tensor_parallel_wider_than_a_node_is_refused_clearly(tmp_path: Path, capsys) -> None:
     from geotrain.config.load import load_spec
     from geotrain.plan.manual import plan_from_job
     from geotrain.plan.plan import save_plan
 
-    plan = plan_from_job(load_spec(SPEC)).with_(tp=2)
+    plan = plan_from_job(load_spec(SPEC)).with_(tp=4)   # the tiny cluster's nodes have 2 GPUs
     path = tmp_path / "plan.json"
     save_plan(path, plan, spec_path=str(SPEC))
     assert main(["train", str(path), "--out", str(tmp_path / "r")]) == 2
-    assert "tp=2" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert "tp=4 is wider than a node" in err and "\n" not in err
+    assert not (tmp_path / "r").exists()

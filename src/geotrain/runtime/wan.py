@@ -103,7 +103,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
     default = T.TorchTransport()
     if not wan:
         return default
-    stage, replica, _ = plan.coords(rank)
+    stage, replica, t = plan.coords(rank)
     links = cross_dc_links(plan, schedule, stage)
     if not links:
         # Still a RoutedTransport: the trainer enters its closing barrier on ranks whose transport has
@@ -125,14 +125,16 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
         turn = None
         if lp.sharing == "temporal":
             order = turn_order(lp, plan.dp)
-            turn, arbiter = turns_via_store(store, f"{run}/{stage}->{peer_stage}", replica, order, host=host,
+            # With tp > 1 each TP index has its own boundary traffic (same t to same t): its own ring of turns.
+            key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.tp > 1 else "")
+            turn, arbiter = turns_via_store(store, key, replica, order, host=host,
                                             is_host=replica == order[0], timeout_s=timeout)
             if arbiter is not None:
                 arbiters.append(arbiter)
         elif lp.sharing != "fair":
             raise GeotrainError(f"link {lp.src_dc}-{lp.dst_dc}: unknown sharing {lp.sharing!r} (fair, temporal)")
         for d in range(plan.dp):
-            peer = plan.rank(peer_stage, d)
+            peer = plan.rank(peer_stage, d, t)   # boundary tensors go to the same TP index
             conns[peer] = max(1, int(lp.connections))
             if turn is not None:
                 turns[peer] = turn
