@@ -2,10 +2,11 @@
 
 1. plan the tiny Llama across two emulated datacenters (pp=2 x dp=2);
 2. simulate that plan (timeline, bubbles);
-3. train it for real -- ranks in emulated DCs joined by a WAN with latency and rate limits --
+3. measure this machine (`geotrain profile --quick`), so the prediction of step 5 is calibrated;
+4. train it for real -- ranks in emulated DCs joined by a WAN with latency and rate limits --
    while a client sends prompts to the BubbleTea endpoint, whose prefill runs in the ranks'
    bubbles; print what came back;
-4. draw the measured timeline beside the predicted one.
+5. draw the measured timeline beside the (calibrated) predicted one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="where to write everything (runs/demo)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the spec's)")
     p.add_argument("--requests", type=int, default=6, help="prompts to send while training (6)")
+    p.add_argument("--no-profile", action="store_true",
+                   help="skip measuring this machine (faster; the prediction is then the uncalibrated cost model's)")
     p.add_argument("--wan", default="auto", choices=["auto", "kernel", "shaper", "off"],
                    help="WAN emulation for training: auto, kernel, shaper, off")
 
@@ -97,16 +100,25 @@ def run(args: argparse.Namespace) -> int:
         raise GeotrainError(f"--requests must be >= 0 (got {args.requests})")
     spec = args.spec or _default_spec()
     out = Path(args.out)
-    print(f"== 1/4  plan: {spec}", flush=True)
+    print(f"== 1/5  plan: {spec}", flush=True)
     rc = cli(["plan", spec, "--out", str(out / "plan.json")])
     if rc:
         return rc
-    print(f"\n== 2/4  simulate the plan -> {out / 'sim'}", flush=True)
+    print(f"\n== 2/5  simulate the plan -> {out / 'sim'}", flush=True)
     rc = cli(["simulate", spec, "--plan", str(out / "plan.json"), "--out", str(out / "sim"), "--no-compare"])
     if rc:
         return rc
 
-    print(f"\n== 3/4  train for real across emulated datacenters, BubbleTea prefill in the bubbles "
+    profile = None
+    if not args.no_profile:
+        profile = out / "profile.json"
+        print(f"\n== 3/5  measure this machine for a calibrated prediction -> {profile}", flush=True)
+        # The calibration run uses the training run's WAN (its message overhead is measured there).
+        rc = cli(["profile", spec, "--quick", "--out", str(profile),
+                  "--wan", args.wan if args.wan in ("kernel", "shaper") else "auto"])
+        if rc:
+            return rc
+    print(f"\n== 4/5  train for real across emulated datacenters, BubbleTea prefill in the bubbles "
           f"-> {out / 'train'}", flush=True)
     port = _free_port()
     results: list = []
@@ -115,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
                                                     (PROMPTS * 10)[:args.requests], results, stop), daemon=True)
     client.start()
     argv = ["train", str(out / "plan.json"), "--out", str(out / "train"), "--serve-prefill", str(port)]
+    if profile is not None:
+        argv += ["--profile", str(profile)]
     if args.steps is not None:
         argv += ["--steps", str(args.steps)]
     if args.wan != "auto":
@@ -138,5 +152,5 @@ def run(args: argparse.Namespace) -> int:
     if not results:
         print("  (none: training ended before the first request; use --steps to train longer)")
 
-    print(f"\n== 4/4  report: measured vs predicted -> {out / 'train' / 'report.html'}", flush=True)
+    print(f"\n== 5/5  report: measured vs predicted -> {out / 'train' / 'report.html'}", flush=True)
     return cli(["report", str(out / "train")])

@@ -55,13 +55,38 @@ def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: P
     if measured is not None:
         mm = measured_metrics or _metrics(measured, tokens_per_iteration)
         comparison = compare_metrics(metrics, mm, (num_ranks(trace, plan), num_ranks(measured, plan)))
-        draw_timelines([("predicted", trace), ("measured", measured)], png, plan, title=name)
+        shown, label = last_iterations(measured, _iterations(trace))
+        draw_timelines([("predicted", trace), (label, shown)], png, plan, title=name)
     else:
         draw_timeline(trace, png, plan, title=name)
     html = write_html(out / "report.html", title=name, metrics=metrics, layout=layout, plan=plan,
                       timeline_png=png, schedules=schedules, comparison=comparison or None,
                       gpu_memory=gpu_memory, link_meta=link_meta, notes=notes or [])
     return ReportFiles(png, html, comparison)
+
+
+def _iterations(trace: Trace) -> int:
+    its = {e.iteration for e in trace.events}
+    return max(1, len(its))
+
+
+def last_iterations(measured: Trace, k: int) -> tuple[Trace, str]:
+    """The measured trace's last `k` iterations, moved to start at 0, and a panel label.
+
+    A run has many more iterations than the prediction (which simulates a few); drawn on one
+    time axis the prediction would be a sliver. The last iterations are the steady state --
+    the first ones pay for start-up and warm-up."""
+    its = sorted({e.iteration for e in measured.events})
+    if len(its) <= k:
+        return measured, "measured"
+    keep = set(its[-k:])
+    events = [e for e in measured.events if e.iteration in keep]
+    t0 = min(e.start for e in events)
+    from dataclasses import replace
+
+    shifted = [replace(e, start=e.start - t0, end=e.end - t0) for e in events]
+    return (Trace(shifted, num_ranks=measured.num_ranks, source=measured.source, meta=measured.meta),
+            f"measured (last {k} of {len(its)} iterations)")
 
 
 def _metrics(trace: Trace, tokens: int, peak: dict[int, float] | None = None, what: str = "trace") -> Metrics:
