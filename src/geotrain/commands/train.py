@@ -67,7 +67,13 @@ def _config(args: argparse.Namespace):
         plan_dict = plan.to_dict()
     overrides = {k: v for k, v in (("schedule", args.schedule), ("precision", args.precision),
                                     ("checkpointing", args.checkpointing), ("sharding", args.sharding)) if v}
-    out = args.out or str(Path("runs") / path.stem)
+    # A plan file's own name ("plan") says nothing: name the run after the experiment.
+    out = args.out or str(Path("runs") / spec_path.stem)
+    every = args.checkpoint_every
+    if every is not None and every < 0:
+        raise SpecError("--checkpoint-every", "", f"must be >= 0 (got {every})")
+    if args.resume:
+        every = _check_resumable(Path(out), every)
     profile = None
     if args.profile:
         from geotrain.calibrate.profile import load_profile
@@ -75,8 +81,28 @@ def _config(args: argparse.Namespace):
         load_profile(args.profile)           # a missing or foreign file is a user error now, not after training
         profile = str(Path(args.profile).resolve())
     return RunConfig(spec=str(spec_path), out=out, plan=plan_dict, overrides=overrides, steps=args.steps,
-                     resume=args.resume, checkpoint_every=args.checkpoint_every, data=args.data,
+                     resume=args.resume, checkpoint_every=every, data=args.data,
                      progress=not args.no_progress, profile=profile)
+
+
+def _check_resumable(out: Path, every: int | None) -> int | None:
+    """--resume needs a complete checkpoint, else it would silently start over (and truncate the
+    run's losses). Keeps the interrupted run's --checkpoint-every unless a new one is given."""
+    import json
+
+    from geotrain.errors import GeotrainError
+
+    pointer = out / "checkpoints" / "latest"
+    if not pointer.exists() or not (out / "checkpoints" / pointer.read_text().strip() / ".metadata").exists():
+        raise GeotrainError(f"--resume: no complete checkpoint in {out / 'checkpoints'} (train with "
+                            "--checkpoint-every N, or job.checkpoint_every, to save some)")
+    if every is None:
+        try:
+            previous = json.loads((out / "logs" / "run_config.json").read_text())
+            every = previous[0].get("checkpoint_every")
+        except (OSError, ValueError, IndexError, KeyError, AttributeError):
+            pass
+    return every
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,18 @@
+"""geotrain train argument checks that must fail before any process starts."""
+
+from geotrain.cli import main
+
+
+def test_resume_without_a_checkpoint_is_refused_and_keeps_the_record(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "losses.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    rc = main(["train", "examples/tiny_2dc.toml", "--out", str(run), "--resume", "--wan", "off"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no complete checkpoint" in err and len(err.strip().splitlines()) == 1
+    assert (run / "losses.jsonl").read_text() == '{"step": 1, "loss": 5.0}\n'
+
+
+def test_negative_checkpoint_interval_is_refused(tmp_path, capsys):
+    rc = main(["train", "examples/tiny_2dc.toml", "--out", str(tmp_path), "--checkpoint-every", "-1"])
+    assert rc == 2 and "--checkpoint-every" in capsys.readouterr().err
