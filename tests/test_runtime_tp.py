@@ -2,9 +2,9 @@
 
 One launch of 4 local ranks runs the cases back to back (process start-up is paid once):
 pp=2 x dp=1 x tp=2 and pp=1 x dp=2 x tp=2, replicated and ZeRO-3 (FSDP2 over dp composed with
-TP over tp), fp32. Each case's per-step losses must match a single-process reference on the
-same batches (relative 1e-5). A second launch, through `geotrain train`, trains a tiny spec with
-tp=2 across two datacenters over the user-space WAN shaper.
+TP over tp), plus a zero-bubble schedule over ZeRO-3, fp32. Each case's per-step losses must match
+a single-process reference on the same batches (relative 1e-5). A second launch, through
+`geotrain train`, trains a tiny spec with tp=2 across two datacenters over the user-space WAN shaper.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ CASES = [
     ("pp2-dp1-tp2-zero3", 2, 1, 4, {"schedule": "1f1b", "sharding": "zero3"}),
     ("pp1-dp2-tp2-replicate", 1, 2, 2, {"schedule": "gpipe", "sharding": "replicate"}),
     ("pp1-dp2-tp2-zero3", 1, 2, 2, {"schedule": "gpipe", "sharding": "zero3", "checkpointing": "full"}),
+    # A split backward (zero-bubble) over FSDP2 zero3 + TP: the weight gradients must name the gathered weights.
+    ("pp2-dp1-tp2-zbh1-zero3", 2, 1, 4, {"schedule": "zb-h1", "sharding": "zero3", "checkpointing": "full"}),
 ]
 
 
@@ -130,6 +132,13 @@ def test_tp_layout_errors_are_one_line(tmp_path: Path) -> None:
     zero1 = RunConfig(spec=str(SPEC), plan=_plan(2, 1, 4, sharding="zero1").to_dict())
     with pytest.raises(GeotrainError, match="zero1"):
         resolve(zero1)
+
+
+def test_selective_checkpointing_with_a_split_backward_is_refused() -> None:
+    zb = RunConfig(spec=str(SPEC), plan=_plan(2, 1, 4, schedule="zb-h1", checkpointing="selective").to_dict())
+    with pytest.raises(GeotrainError, match="selective checkpointing cannot run under the zb-h1"):
+        resolve(zb)
+    resolve(RunConfig(spec=str(SPEC), plan=_plan(2, 1, 4, schedule="1f1b", checkpointing="selective").to_dict()))
 
 
 def test_wan_routes_each_tp_rank_to_its_own_peer(tmp_path: Path) -> None:

@@ -168,6 +168,21 @@ def is_fsdp(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
+def fsdp_unshard(module: nn.Module) -> None:
+    """Gather every FSDP2 group of a chunk now (a no-op where already gathered).
+
+    A split backward (zero-bubble) names the weights it differentiates by `module.parameters()`
+    before autograd runs; under zero3 the chunk was resharded after its forward, so that would
+    name the sharded parameters -- not the gathered ones the graph used -- and the weight
+    gradients went missing. PyTorch's own pipeline runtime likewise UNSHARDs a stage before its
+    compute actions."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            sub.unshard()
+
+
 def fsdp_no_sync(module: nn.Module) -> None:
     """Accumulate gradients locally during the micro-batch backwards (reduce once, at ALLREDUCE)."""
     module.set_is_last_backward(False)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from geotrain.plan.plan import Plan
-from geotrain.runtime.parallelize import allreduce_grads, fsdp_no_sync, fsdp_reduce_grads, is_fsdp
+from geotrain.runtime.parallelize import allreduce_grads, fsdp_no_sync, fsdp_reduce_grads, fsdp_unshard, is_fsdp
 from geotrain.runtime.recorder import Recorder
 from geotrain.runtime.transport import Transport, Work, make_tag
 from geotrain.schedule.actions import Action, Op, Schedule
@@ -199,6 +199,8 @@ class PipelineRank:
 
         slot = self._slots[(v, mb)]
         params = self.chunks[v].parameters
+        if op != Op.BACKWARD and is_fsdp(self.chunks[v]):
+            fsdp_unshard(self.chunks[v])   # params() must name the gathered weights the graph used
         if op == Op.BACKWARD_WEIGHT and not slot.weight_deferred:
             stage_backward_weight(params(), slot.param_groups)
             del self._slots[(v, mb)]

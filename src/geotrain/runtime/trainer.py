@@ -97,8 +97,19 @@ def resolve(cfg: RunConfig):
                             "(use replicate, zero2 or zero3)")
     if plan.num_microbatches < 1 or plan.micro_batch < 1:
         raise GeotrainError("the plan needs at least one micro-batch of at least one sequence")
-    _build_schedule(plan)  # a schedule the builders refuse is a user error, found before any rank starts
+    schedule = _build_schedule(plan)  # a schedule the builders refuse is a user error, found before any rank starts
+    if plan.checkpointing == "selective" and _splits_backward(schedule):
+        raise GeotrainError(f"plan {plan.name!r}: selective checkpointing cannot run under the {plan.schedule} "
+                            "schedule's split backward (PyTorch allows one backward through a selectively "
+                            "checkpointed region); use checkpointing full or none")
     return spec, plan
+
+
+def _splits_backward(schedule) -> bool:
+    """Whether the schedule runs a stage's backward as two autograd passes (input, then weights)."""
+    from geotrain.schedule.actions import Op
+
+    return any(a.op == Op.BACKWARD_INPUT for actions in schedule.actions for a in actions)
 
 
 def _build_schedule(plan):
