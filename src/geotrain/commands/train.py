@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     from geotrain.runtime.launch import run_with_wan
 
     if not args.no_progress:
-        print(f"training {spec.model.name} on {plan.num_ranks} local processes: pp={plan.pp} x dp={plan.dp}, "
+        print(f"training {spec.model.name} on {plan.num_ranks} local processes: pp={plan.pp} x dp={plan.dp}"
+              + (f" x tp={plan.tp}" if plan.tp > 1 else "") + ", "
               f"{plan.schedule}, {plan.precision}, checkpointing={plan.checkpointing}, sharding={plan.sharding}, "
               f"global batch {plan.global_batch} x {spec.model.seq_len} tokens -> {cfg.out}", flush=True)
 

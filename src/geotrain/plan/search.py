@@ -214,6 +214,8 @@ class Scorer:
                     continue
                 if kind == "wan-1f1b" and len(lay.chain) < 2:
                     continue
+                if kind == "zb-h1" and ckpt == "selective":
+                    continue  # the split backward runs twice through a checkpointed region: PyTorch refuses
                 chunks = self.split(dcs, lay.micro_batch, ckpt, v)
                 compute = self.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
                 for sharing, conns, bounds, stagger in variants:

@@ -41,7 +41,7 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
     dist.barrier()
     if rank != 0:
         return {}
-    meta = {"plan": plan.name, "schedule": plan.schedule, "pp": plan.pp, "dp": plan.dp,
+    meta = {"plan": plan.name, "schedule": plan.schedule, "pp": plan.pp, "dp": plan.dp, "tp": plan.tp,
             "precision": plan.precision, "checkpointing": plan.checkpointing, "sharding": plan.sharding,
             "tokens_per_iteration": tokens_per_step}
     merge_rank_traces([trace_dir / f"rank{r}.jsonl" for r in range(world)], out / "measured_trace.jsonl", world, meta)
