@@ -240,3 +240,32 @@ def test_drop_warmup_keeps_later_iterations():
     assert [e.iteration for e in kept.events] == [3, 4]
     with pytest.raises(ValueError):
         drop_warmup(t, 4)
+
+
+def test_message_overhead_follows_the_probed_latency_curve_and_queued_messages_pay_the_gap(spec, unit_profile):
+    """The calibration run's overhead (at its link's 5 ms) is the level; the probe's curve gives the
+    change with latency; the probe's back-to-back gap becomes link time, taken off the overhead."""
+    from geotrain.calibrate.costs import message_overhead_s
+
+    rt = {**unit_profile["runtime"], "wan_message_overhead_s": 2e-3,
+          "calibration_run": {**unit_profile["runtime"].get("calibration_run", {}), "latency_ms": 5.0},
+          "wan_messages": {"bytes": 32768, "gap_s": 0.25e-3,
+                           "overhead_s": {"2": 0.5e-3, "10": 1.5e-3, "40": 2.5e-3}}}
+    prof = {**unit_profile, "runtime": rt}
+    # probe(5 ms) = 0.5 + 3/8 * 1.0 = 0.875 ms, so the run's hand-offs cost 2 / 0.875 of the probe's.
+    ratio = 2e-3 / 0.875e-3
+    for lat, probe in ((5, 0.875e-3), (2, 0.5e-3), (25, 2.0e-3), (80, 2.5e-3)):
+        extra, gap = message_overhead_s(prof, lat)
+        assert gap == pytest.approx(0.25e-3 * ratio)
+        assert extra + gap == pytest.approx(probe * ratio)
+    # Without the probe (older profiles) the calibration run's value is used at every latency.
+    old = {**unit_profile, "runtime": {**unit_profile["runtime"], "wan_message_overhead_s": 2e-3}}
+    assert message_overhead_s(old, 40) == (pytest.approx(2e-3), 0.0)
+    # The gap lowers the link's rate for boundary tensors: a back-to-back burst takes longer.
+    plan = plan_from_job(spec).with_(dp=1)
+    link = calibrated_inputs(spec, plan, prof, mode="shaper").cluster.wan_links[0]
+    nbytes = 4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden
+    base = spec.cluster.wan_links[0]
+    per_msg = nbytes / (link.per_connection_gbps * 1e9 / 8)
+    assert per_msg == pytest.approx(nbytes / (base.per_connection_gbps * 1e9 / 8) + 0.25e-3 * ratio)
+    assert link.latency_ms == pytest.approx(5 + 1e3 * (2e-3 - 0.25e-3 * ratio))

@@ -63,7 +63,8 @@ def slowdown(concurrent: float, background: float, cores: int) -> float:
     return max(1.0, (concurrent + background) / max(1, cores))
 
 
-def calibrated_cluster(spec, profile: dict, background: float | None = None, mode: str = "shaper"):
+def calibrated_cluster(spec, profile: dict, background: float | None = None, mode: str = "shaper",
+                       boundary_bytes: int = 0):
     """The spec's cluster with intra-DC latency/bandwidth replaced by the measured gloo p2p, and each
     WAN message's transport overhead (thread hand-offs in the user-space WAN, which wait for a core
     when the machine is busy) added to the WAN latency, scaled by the CPU sharing at `background`."""
@@ -84,15 +85,62 @@ def calibrated_cluster(spec, profile: dict, background: float | None = None, mod
         links = [wl.model_copy(update={"latency_ms": dc0.intra_dc_latency_us * 1e-3, "capacity_gbps": dc0.intra_dc_gbps,
                                        "per_connection_gbps": dc0.intra_dc_gbps}) for wl in cluster.wan_links]
         return cluster.model_copy(update={"wan_links": links})
-    extra = float(rt.get("wan_message_overhead_s", 0.0))
-    if extra and cluster.wan_links:
+    if cluster.wan_links and (rt.get("wan_message_overhead_s") or rt.get("wan_messages")):
         ncores = int(rt.get("cores", 1))
         b0 = float(rt.get("calibration_run", {}).get("background_runnable", 0.0))
         b = b0 if background is None else background
-        extra *= slowdown(1, b, ncores) / slowdown(1, b0, ncores)
-        links = [wl.model_copy(update={"latency_ms": wl.latency_ms + 1e3 * extra}) for wl in cluster.wan_links]
+        scale = slowdown(1, b, ncores) / slowdown(1, b0, ncores)
+        links = []
+        for wl in cluster.wan_links:
+            extra, gap = message_overhead_s(profile, wl.latency_ms)
+            upd = {"latency_ms": wl.latency_ms + 1e3 * extra * scale}
+            if gap > 0 and boundary_bytes:
+                # Each message holds its connection for size / rate + gap (a queued message pays
+                # the hand-off again): the link's rate for boundary-sized messages.
+                per_conn = boundary_bytes / (boundary_bytes / (wl.per_connection_gbps * 1e9 / 8) + gap * scale)
+                upd["per_connection_gbps"] = per_conn * 8 / 1e9
+                upd["capacity_gbps"] = wl.capacity_gbps * per_conn * 8 / 1e9 / wl.per_connection_gbps
+            links.append(wl.model_copy(update=upd))
         cluster = cluster.model_copy(update={"wan_links": links})
     return cluster
+
+
+def message_overhead_s(profile: dict, latency_ms: float) -> tuple[float, float]:
+    """(per-message overhead, per-queued-message gap) in seconds on a WAN link of `latency_ms`.
+
+    The level comes from the calibration run (`wan_message_overhead_s`, read off its trace at the
+    spec's link latency L0, messages.py); how it changes with latency from the profile's isolated
+    probe (`wan_messages.overhead_s` at PROBE_LATENCIES_MS, profile._wan_messages): the run's value
+    times probe(L) / probe(L0), probe interpolated linearly in latency and flat past the ends. The
+    hand-offs of a message wake threads that slept about one latency (reader, delay timer, the
+    waiting rank); measured, the cost rises from 2 to 40 ms links and levels off (the validation
+    traces: median 1.4 / 2.3 / 3.3 ms at 2 / 10 / 40 ms over five runs; an isolated probe
+    0.7 / 0.9 / 1.3 ms on a loaded machine, 2.9 / 3.5 / 4.4 ms on a quiet one).
+
+    The gap is charged as link time (calibrated_cluster lowers the link's rate for boundary-sized
+    messages), so it is taken off the per-message overhead here: a message nobody queues behind
+    costs the measured overhead in total, each one queued behind another pays the gap again. The
+    probe's gap is scaled like its overhead (run / probe at L0): in the run the sender computes while
+    its dispatcher and writer hand the next message on."""
+    rt = profile.get("runtime", {})
+    level = float(rt.get("wan_message_overhead_s", 0.0))
+    probe = rt.get("wan_messages") or {}
+    curve = sorted((float(k), float(v)) for k, v in probe.get("overhead_s", {}).items())
+    gap = float(probe.get("gap_s", 0.0))
+    if curve and all(v > 0 for _, v in curve):
+        l0 = float(rt.get("calibration_run", {}).get("latency_ms", latency_ms))
+        ref = _interp(curve, l0)
+        # The run's hand-offs cost `in_run` times the probe's (the peer computes, the cores are
+        # shared); the queued message's gap is made of the same hand-offs.
+        in_run = level / ref if level > 0 else 1.0
+        level, gap = in_run * _interp(curve, latency_ms), in_run * gap
+    gap = min(gap, level)
+    return max(0.0, level - gap), gap
+
+
+def _interp(points: list[tuple[float, float]], x: float) -> float:
+    xs, ys = zip(*points)
+    return float(np.interp(x, xs, ys))
 
 
 def profile_mode(profile: dict) -> str:
@@ -175,7 +223,8 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
     cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
                      optimizer=spec.job.optimizer, profile=cost_profile(profile))
     mode = mode or profile_mode(profile)
-    cluster = calibrated_cluster(spec, profile, background, mode)
+    boundary = 4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden   # float32 boundary tensor
+    cluster = calibrated_cluster(spec, profile, background, mode, boundary)
     sched = plan_schedule(plan)
     per_action = float(rt.get("per_action_s", 0.0))
     factor = rt.get("compute_factor", {})

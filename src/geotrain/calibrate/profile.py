@@ -284,6 +284,7 @@ def pool_worker_main(argv: list[str]) -> int:
         out["p2p"] = _p2p(rank, task)
         if task.get("wan"):
             out["wan"] = _wan_rates(rank, task["wan"])
+            out["wan_messages"] = _wan_messages(rank, task["wan"], task["boundary_bytes"])
         (Path(argv[1]) / f"rank{rank}.json").write_text(json.dumps(out))
     finally:
         dist.destroy_process_group()
@@ -397,6 +398,76 @@ def _wan_rates(rank: int, wan: dict) -> dict[str, float]:
         tr.close()
         out[str(n)] = nbytes * 8 / 1e9 / max(statistics.median(times), 1e-9)
     return out
+
+
+PROBE_LATENCIES_MS = (2.0, 10.0, 20.0, 40.0)
+
+
+def _wan_messages(rank: int, wan: dict, nbytes: int, repeats: int = 6, burst: int = 4) -> dict[str, Any]:
+    """Per-message costs of the user-space WAN for one boundary tensor (ranks 0 -> 1, rank 1 blocked
+    in `wait()` as a pipeline rank waiting for its input), on the spec's link rate:
+
+    * "overhead_s": {latency_ms: median arrival - (send + size / rate + latency)} at each of
+      PROBE_LATENCIES_MS -- the thread hand-offs of one message (caller -> dispatcher -> writer ->
+      pacing -> reader -> delay timer -> waiting rank). It rises with the latency, i.e. with how long
+      the delay-timer and reader threads sleep before they must run (see costs.message_overhead_s).
+    * "gap_s": per message of a back-to-back burst, the arrival spacing beyond size / rate. The
+      transport's dispatcher hands a destination's messages to the writers one at a time and waits
+      until the last byte is written, and the pacer restarts from "now", so each message queued
+      behind another pays one dispatcher + writer hand-off of link time again.
+
+    Timestamps are CLOCK_MONOTONIC, the same clock in both processes; the send time travels on gloo."""
+    import torch
+    import torch.distributed as dist
+
+    from geotrain.runtime.wan import MIN_CHUNK_BYTES
+    from geotrain.wan.shaper import ShaperConfig
+    from geotrain.wan.striped import StripedTransport
+
+    store = dist.distributed_c10d._get_default_store()
+    rate = min(wan["per_connection_gbps"], wan["aggregate_gbps"]) * 1e9 / 8
+    ser = nbytes / rate
+    x = torch.ones(max(1, nbytes // 4))
+    stamp = torch.zeros(burst, dtype=torch.float64)
+    overhead: dict[str, float] = {}
+    gaps: list[float] = []
+    for lat in PROBE_LATENCIES_MS:
+        cfg = ShaperConfig(per_connection_gbps=wan["per_connection_gbps"], aggregate_gbps=wan["aggregate_gbps"],
+                           delay_ms=lat)
+        tr = StripedTransport(rank, store, connections=1, shaper=cfg, prefix=f"profile/msg{lat:g}",
+                              min_chunk_bytes=MIN_CHUNK_BYTES)
+        xs = []
+        for i in range(repeats + 1):
+            dist.barrier()
+            if rank == 0:
+                time.sleep(0.005)       # the receiver is blocked in wait() before the send
+                stamp[0] = time.monotonic()
+                tr.send(x, 1, tag=i).wait()
+                dist.send(stamp[:1], 1)
+            elif rank == 1:
+                tr.recv(x, 0, tag=i).wait()
+                t1 = time.monotonic()
+                dist.recv(stamp[:1], 0)
+                if i >= 1:
+                    xs.append(t1 - float(stamp[0]) - ser - lat * 1e-3)
+        if lat == PROBE_LATENCIES_MS[1]:        # the burst: `burst` messages sent back to back
+            for j in range(2):
+                dist.barrier()
+                if rank == 0:
+                    works = [tr.send(x, 1, tag=1000 + burst * j + k) for k in range(burst)]
+                    for w in works:
+                        w.wait()
+                elif rank == 1:
+                    ends = []
+                    for k in range(burst):
+                        tr.recv(x, 0, tag=1000 + burst * j + k).wait()
+                        ends.append(time.monotonic())
+                    gaps.append((ends[-1] - ends[0]) / (burst - 1) - ser)
+        dist.barrier()
+        tr.close()
+        if rank == 1:
+            overhead[f"{lat:g}"] = max(0.0, statistics.median(xs))
+    return {"bytes": nbytes, "overhead_s": overhead, "gap_s": max(0.0, min(gaps)) if gaps else 0.0}
 
 
 def run_pool(world: int, task: dict, timeout_s: float = 180.0) -> tuple[list[dict], float]:
@@ -564,7 +635,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
     task = {"model": m.model_dump(), "micro_batch": mbs[0], "precision": precision,
             "contention_s": 0.5 if quick else 0.8, "dp_sizes": [2] if quick else [2, 4],
             "allreduce_bytes": sorted({4096, grad_fp32 // 4, grad_fp32, 4 * grad_fp32}),
-            "p2p_bytes": sorted({4096, boundary, 8 * boundary}),
+            "p2p_bytes": sorted({4096, boundary, 8 * boundary}), "boundary_bytes": boundary,
             "wan": None if link is None else {
                 "per_connection_gbps": link.per_connection_gbps, "aggregate_gbps": link.capacity_gbps,
                 "latency_ms": link.latency_ms, "connections": [1, 2, 4], "seconds": 0.15 if quick else 0.3}}
@@ -591,6 +662,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
     if link is not None and "wan" in pool[1]:
         runtime["wan"] = {**{k: task["wan"][k] for k in ("per_connection_gbps", "aggregate_gbps", "latency_ms")},
                           "achieved_gbps": pool[1]["wan"]}
+        runtime["wan_messages"] = pool[1]["wan_messages"]
     say("calibration run (2-stage pipeline, real runtime)")
     runtime["compute_factor"], runtime["wan_message_overhead_s"], runtime["calibration_run"] = \
         _calibration_run(spec, {**prof, RUNTIME_KEY: runtime}, mode=mode)

@@ -63,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
           f"{1e3 * rt['wan_message_overhead_s']:.2f} ms, "
           f"global loss/overflow all-reduce {1e3 * cal.get('global_sync_s', 0.0):.2f} ms, "
           f"iteration {1e3 * cal['measured_iteration_s']:.1f} ms")
+    if "wan_messages" in rt:
+        wm = rt["wan_messages"]
+        print("  WAN message probe (isolated, receiver waiting): overhead "
+              + ", ".join(f"{1e3 * v:.2f} ms at {k} ms" for k, v in wm["overhead_s"].items())
+              + f"; back-to-back gap {1e3 * wm['gap_s']:.2f} ms per message")
     if "wan" in rt:
         achieved = rt["wan"]["achieved_gbps"]
         print("  WAN achieved: " + ", ".join(f"{n} conn {g * 1000:.0f} Mb/s" for n, g in achieved.items()))
