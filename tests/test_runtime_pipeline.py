@@ -7,20 +7,17 @@ launch also runs an fp16 case with an injected overflow.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from _reference import single_process_losses
 
 from geotrain.config.load import load_spec
-from geotrain.models.llama import build_model
 from geotrain.plan.manual import plan_from_job
-from geotrain.runtime.batches import SyntheticTokens
 from geotrain.runtime.launch import launch
-from geotrain.runtime.pipeline import lm_loss
-from geotrain.runtime.trainer import RunConfig, make_optimizer
+from geotrain.runtime.trainer import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
@@ -42,25 +39,9 @@ CASES = [
 ]
 
 
-@functools.cache
 def reference_losses(steps: int) -> list[float]:
-    """One process, whole model, the global batch of every step, same optimizer."""
-    spec = load_spec(SPEC)
-    plan = plan_from_job(spec)
-    torch.manual_seed(spec.job.seed)
-    model = build_model(spec.model)
-    opt = make_optimizer(list(model.parameters()), spec.job)
-    src = SyntheticTokens(spec.model.vocab, spec.model.seq_len, plan.micro_batch, plan.num_microbatches, plan.dp,
-                          spec.job.seed)
-    out = []
-    for step in range(steps):
-        x, y = src.global_batch(step)
-        loss = lm_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        out.append(loss.item())
-    return out
+    plan = plan_from_job(load_spec(SPEC))
+    return single_process_losses(SPEC, plan.micro_batch, plan.num_microbatches, plan.dp, steps)
 
 
 def read_losses(run_dir: Path) -> list[dict]:

@@ -9,21 +9,18 @@ a single-process reference on the same batches (relative 1e-5). A second launch,
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from _reference import single_process_losses
 
 from geotrain.config.load import load_spec
 from geotrain.errors import GeotrainError
-from geotrain.models.llama import build_model
 from geotrain.plan.plan import Plan, StagePlan
-from geotrain.runtime.batches import SyntheticTokens
 from geotrain.runtime.launch import launch
-from geotrain.runtime.pipeline import lm_loss
-from geotrain.runtime.trainer import RunConfig, make_optimizer, resolve
+from geotrain.runtime.trainer import RunConfig, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
@@ -54,23 +51,8 @@ CASES = [
 ]
 
 
-@functools.cache
 def reference_losses(dp: int, m: int, steps: int) -> list[float]:
-    """One process, whole model, the global batch of every step, same optimizer."""
-    spec = load_spec(SPEC)
-    torch.manual_seed(spec.job.seed)
-    model = build_model(spec.model)
-    opt = make_optimizer(list(model.parameters()), spec.job)
-    src = SyntheticTokens(spec.model.vocab, spec.model.seq_len, MICRO_BATCH, m, dp, spec.job.seed)
-    out = []
-    for step in range(steps):
-        x, y = src.global_batch(step)
-        loss = lm_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        out.append(loss.item())
-    return out
+    return single_process_losses(SPEC, MICRO_BATCH, m, dp, steps)
 
 
 def read_losses(run_dir: Path) -> list[float]:
