@@ -451,6 +451,10 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate: b
     t_sim = time.perf_counter() - t1
     if chosen_cand is None:
         chosen_cand = _score_plan(ctx, chosen_plan)
+    # Candidates are numbered internally ("geotrain-3"); the plan a user gets is named after the experiment.
+    chosen_plan = chosen_plan.with_(name=spec.name)
+    if chosen_sim is not None:
+        chosen_sim.plan = chosen_plan
     lb, lb_parts, bottleneck, expl = analyse(ctx, chosen_plan, chosen_cand, chosen_sim)
     if simulate and chosen_sim is not None:
         expl = expl + _cheaper_alternative(chosen_plan, chosen_sim.metrics.iteration_time, simulated)
