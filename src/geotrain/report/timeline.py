@@ -210,16 +210,21 @@ def draw_on_axes(ax: plt.Axes, trace: Trace, rows: Rows, t_end: float, scale: fl
 
 
 def draw_links(ax: plt.Axes, trace: Trace, links: list[str], t_end: float, scale: float) -> set[str]:
-    """One row per link: when it carries at least one transfer (union of the transfers)."""
+    """One row per link: when it is sending (union of the transfers). A transfer event ends when
+    its last byte arrives; the link itself is busy only until that byte left, one propagation
+    latency earlier (from the trace's link metadata), or a long-haul link would look saturated."""
     cols = trace_columns(trace)
     xfer = cols.kind_mask({"transfer"})
+    meta = trace.meta.get("links", {}) if isinstance(trace.meta, dict) else {}
     pts: list[tuple[float, float, float]] = []
     for i, name in enumerate(links):
         if name not in cols.link_names:
             continue
         m = xfer & (cols.link == cols.link_names.index(name))
-        pts += [(a * scale, b * scale, float(i)) for a, b in _union(list(zip(cols.start[m].tolist(),
-                                                                               cols.end[m].tolist())))]
+        lat = float((meta.get(name) or {}).get("latency_s", 0.0))
+        start = cols.start[m]
+        end = np.maximum(start, cols.end[m] - lat)
+        pts += [(a * scale, b * scale, float(i)) for a, b in _union(list(zip(start.tolist(), end.tolist())))]
     arr = np.asarray(pts, dtype=float).reshape(-1, 3)
     _bars(ax, {"transfer": (arr[:, 0], arr[:, 1], arr[:, 2])} if pts else {}, len(links), t_end * scale,
           edges=False)
