@@ -264,8 +264,9 @@ def test_message_overhead_follows_the_probed_latency_curve_and_queued_messages_p
     # The gap lowers the link's rate for boundary tensors: a back-to-back burst takes longer.
     plan = plan_from_job(spec).with_(dp=1)
     link = calibrated_inputs(spec, plan, prof, mode="shaper").cluster.wan_links[0]
-    nbytes = 4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden
+    lp = plan.link_between(*link.between)
+    stripe = 4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden / (max(1, lp.connections) if lp else 1)
     base = spec.cluster.wan_links[0]
-    per_msg = nbytes / (link.per_connection_gbps * 1e9 / 8)
-    assert per_msg == pytest.approx(nbytes / (base.per_connection_gbps * 1e9 / 8) + 0.25e-3 * ratio)
+    per_msg = stripe / (link.per_connection_gbps * 1e9 / 8)       # the stripes cross side by side
+    assert per_msg == pytest.approx(stripe / (base.per_connection_gbps * 1e9 / 8) + 0.25e-3 * ratio)
     assert link.latency_ms == pytest.approx(5 + 1e3 * (2e-3 - 0.25e-3 * ratio))

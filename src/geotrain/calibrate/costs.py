@@ -17,8 +17,11 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
   * WAN messages: the user-space WAN hands each message through several threads (dispatcher,
     writers, reader, delay timer, the waiting rank), each of which waits for a core on a busy
     machine; the profile's calibration run measures this per-message overhead off its trace
-    (`wan_message_overhead_s`, messages.py),
-    added to the link latency and scaled with the CPU sharing of each run;
+    (`wan_message_overhead_s`, messages.py) at the spec's latency, the profile's isolated probe
+    how it changes with latency (`wan_messages`, message_overhead_s); added to the link latency
+    and scaled with the CPU sharing of each run. A message queued behind another on the same
+    connections pays the dispatcher/writer hand-off again as link time (the probe's back-to-back
+    `gap_s`): the link's rate for boundary tensors is lowered by that much;
   * the runtime's per-step global all-reduce of (overflow flag, loss) over ALL ranks, before every
     optimizer step (runtime.trainer on_optimizer): a gloo all-reduce, so it crosses the WAN
     where the ranks' gloo traffic does ("kernel" mode: ranks in DC namespaces; "shaper" mode: gloo
@@ -64,10 +67,11 @@ def slowdown(concurrent: float, background: float, cores: int) -> float:
 
 
 def calibrated_cluster(spec, profile: dict, background: float | None = None, mode: str = "shaper",
-                       boundary_bytes: int = 0):
+                       boundary_bytes: int = 0, message_scale: float | None = None, plan=None):
     """The spec's cluster with intra-DC latency/bandwidth replaced by the measured gloo p2p, and each
     WAN message's transport overhead (thread hand-offs in the user-space WAN, which wait for a core
-    when the machine is busy) added to the WAN latency, scaled by the CPU sharing at `background`."""
+    when the machine is busy) added to the WAN latency, scaled by the CPU sharing at `background`
+    (processor sharing), or by `message_scale` when the run's CPU sharing was measured (predict)."""
     rt = profile.get("runtime", {})
     cluster = spec.cluster
     p2p = rt.get("p2p")
@@ -89,15 +93,18 @@ def calibrated_cluster(spec, profile: dict, background: float | None = None, mod
         ncores = int(rt.get("cores", 1))
         b0 = float(rt.get("calibration_run", {}).get("background_runnable", 0.0))
         b = b0 if background is None else background
-        scale = slowdown(1, b, ncores) / slowdown(1, b0, ncores)
+        scale = slowdown(1, b, ncores) / slowdown(1, b0, ncores) if message_scale is None else message_scale
         links = []
         for wl in cluster.wan_links:
             extra, gap = message_overhead_s(profile, wl.latency_ms)
             upd = {"latency_ms": wl.latency_ms + 1e3 * extra * scale}
             if gap > 0 and boundary_bytes:
-                # Each message holds its connection for size / rate + gap (a queued message pays
-                # the hand-off again): the link's rate for boundary-sized messages.
-                per_conn = boundary_bytes / (boundary_bytes / (wl.per_connection_gbps * 1e9 / 8) + gap * scale)
+                # Each message holds its connections for its stripe's size / rate + gap (a queued
+                # message pays the hand-off again, whatever the number of stripes): the link's rate
+                # for boundary-sized messages.
+                lp = plan.link_between(*wl.between) if plan is not None else None
+                stripe = boundary_bytes / (max(1, lp.connections) if lp is not None else 1)
+                per_conn = stripe / (stripe / (wl.per_connection_gbps * 1e9 / 8) + gap * scale)
                 upd["per_connection_gbps"] = per_conn * 8 / 1e9
                 upd["capacity_gbps"] = wl.capacity_gbps * per_conn * 8 / 1e9 / wl.per_connection_gbps
             links.append(wl.model_copy(update=upd))
@@ -211,7 +218,7 @@ def fsdp_gather_s(plan, cost, units: range, rt: dict) -> tuple[float, float]:
 
 
 def calibrated_inputs(spec, plan, profile: dict, background: float | None = None,
-                      mode: str | None = None) -> CalibratedInputs:
+                      mode: str | None = None, message_scale: float | None = None) -> CalibratedInputs:
     """Per-stage costs for `geotrain.sim.simulate_costs`, before contention (see module docstring)."""
     from geotrain.calibrate.profile import cost_profile
     from geotrain.cost import CostModel
@@ -224,7 +231,7 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
                      optimizer=spec.job.optimizer, profile=cost_profile(profile))
     mode = mode or profile_mode(profile)
     boundary = 4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden   # float32 boundary tensor
-    cluster = calibrated_cluster(spec, profile, background, mode, boundary)
+    cluster = calibrated_cluster(spec, profile, background, mode, boundary, message_scale, plan)
     sched = plan_schedule(plan)
     per_action = float(rt.get("per_action_s", 0.0))
     factor = rt.get("compute_factor", {})
@@ -325,7 +332,14 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
     from geotrain.sim import simulate_costs
 
     mode = mode or profile_mode(profile)
-    inp = calibrated_inputs(spec, plan, profile, background, mode)
+    # Measured CPU sharing: the message hand-offs slow down like the ranks' main threads did,
+    # relative to the calibration run (the processor-sharing model of a bursty sampled background
+    # read 6x at a background of 11 threads where the ranks measured 1.3-1.5x).
+    msg_scale = None
+    cal_slow = (profile.get("runtime", {}).get("calibration_run", {}).get("rank_slowdown") or {}).values()
+    if rank_slowdown and contention and cal_slow:
+        msg_scale = (sum(rank_slowdown.values()) / len(rank_slowdown)) / (sum(cal_slow) / len(cal_slow))
+    inp = calibrated_inputs(spec, plan, profile, background, mode, msg_scale)
     rt = profile.get("runtime", {})
     ncores = int(rt.get("cores", 1))
     # Default: the conditions of the calibration run, which the compute factors were measured under.
