@@ -284,7 +284,7 @@ def validate_file(path: str | Path) -> str:
     if "datacenters" in data:
         c = load_cluster(path)
         return (f"{path}: cluster {c.name!r}: {len(c.datacenters)} DCs, {c.total_gpus} GPUs, "
-                f"{len(c.wan_links)} WAN links")
+                f"{len(c.wan_links)} WAN link{'' if len(c.wan_links) == 1 else 's'}")
     if "layers" in data or "preset" in data:
         m = _model_from_dict(data, str(path), default_name=path.stem)
         return f"{path}: model {m.name!r}: {_params(m)} params"
