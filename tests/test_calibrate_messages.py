@@ -97,3 +97,27 @@ def test_train_profile_writes_a_calibrated_prediction(tmp_path):
     plain_fwd = min(e.duration for e in plain.events if e.kind == "forward" and e.rank == 1)
     assert fwd >= prof["block"]["2"][0]
     assert fwd != pytest.approx(plain_fwd, rel=0.2)
+
+
+@pytest.mark.slow
+def test_profile_pool_probes_the_per_message_overhead_over_latency():
+    """The profile's WAN probe (two real processes over StripedTransport with the shaper): a lone
+    boundary tensor's cost beyond latency + size / rate at each probed latency, and the gap of
+    back-to-back messages. Each must be a real, small positive time -- were the probe's delay not
+    applied the overhead would clamp to 0; were the latency not taken off, it would reach 20-40 ms."""
+    from geotrain.calibrate.profile import PROBE_LATENCIES_MS, run_pool
+    from geotrain.models.presets import PRESETS
+
+    m = PRESETS["tiny"]
+    boundary = 4 * 2 * m.seq_len * m.hidden
+    task = {"model": m.model_dump(), "micro_batch": 2, "precision": "bf16", "contention_s": 0.05,
+            "dp_sizes": [2], "allreduce_bytes": [4096], "p2p_bytes": [4096], "boundary_bytes": boundary,
+            "wan": {"per_connection_gbps": 0.1, "aggregate_gbps": 1.0, "latency_ms": 5.0, "connections": [1],
+                    "seconds": 0.05}}
+    pool, _ = run_pool(2, task)
+    probe = pool[1]["wan_messages"]
+    assert probe["bytes"] == boundary
+    assert sorted(float(k) for k in probe["overhead_s"]) == sorted(PROBE_LATENCIES_MS)
+    for lat, over in probe["overhead_s"].items():      # 0.7-1.5 ms measured here; loose for a busy machine
+        assert 0 < over < 15e-3, (lat, over)
+    assert 0 <= probe["gap_s"] < 0.02
