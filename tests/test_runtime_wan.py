@@ -41,9 +41,9 @@ def _plan(connections: int = 1, sharing: str = "fair", offsets=()):
     return base.with_(links=links, pipeline_offsets=tuple(offsets))
 
 
-def _cfg(out: Path, plan) -> RunConfig:
+def _cfg(out: Path, plan, trace: bool = False) -> RunConfig:
     return RunConfig(spec=str(SPEC), out=str(out), plan=plan.to_dict(), steps=STEPS, data="synthetic",
-                     progress=False, predict=False, checkpoint_every=0, trace=False)
+                     progress=False, predict=False, checkpoint_every=0, trace=trace)
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -148,8 +148,8 @@ def runs(tmp_path_factory):
     launch([_cfg(tmp / "ref", _plan())], 4, tmp / "ref")
     cases = {"c1-fair": _plan(1), "c4-fair": _plan(4), "c4-temporal": _plan(4, "temporal", offsets=(0.0, 0.2))}
     said = []
-    wan = run_with_wan([_cfg(tmp / n, p) for n, p in cases.items()], spec, _plan(), tmp / "wan", mode=MODE,
-                       say=said.append)
+    wan = run_with_wan([_cfg(tmp / n, p, trace=n == "c4-fair") for n, p in cases.items()], spec, _plan(),
+                       tmp / "wan", mode=MODE, say=said.append)
     return tmp, wan, said
 
 
@@ -171,6 +171,23 @@ def test_cross_dc_pairs_use_the_plans_connections_and_sharing(runs):
     assert logs.count("StripedTransport, 1 connections, fair") == 4
     assert logs.count("StripedTransport, 4 connections, fair") == 4
     assert logs.count("StripedTransport, 4 connections, temporal, turn order [1, 0]") == 4
+
+
+@pytest.mark.slow
+def test_cross_dc_sends_are_recorded_as_transfers_on_their_wan_link(runs):
+    from geotrain.trace.schema import Trace
+
+    tmp, _, _ = runs
+    trace = Trace.read_jsonl(tmp / "c4-fair" / "measured_trace.jsonl")
+    xfers = [e for e in trace.events if e.kind == "transfer"]
+    spec = load_spec(SPEC)
+    plan = _plan()
+    boundary = plan.micro_batch * spec.model.seq_len * spec.model.hidden * 4   # fp32 on the wire
+    assert {e.link for e in xfers} == {"east->west", "west->east"}
+    # every micro-batch's activation and gradient of every pipeline, every step
+    assert len(xfers) == 2 * plan.num_microbatches * plan.dp * STEPS
+    assert all(e.bytes == boundary and e.end >= e.start for e in xfers)
+    assert any(e.end > e.start for e in xfers)   # the striped transport says when its last byte left
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from torch import nn
 from geotrain.plan.plan import Plan
 from geotrain.runtime.parallelize import allreduce_grads, fsdp_no_sync, fsdp_reduce_grads, fsdp_unshard, is_fsdp
 from geotrain.runtime.recorder import Recorder
-from geotrain.runtime.transport import Transport, Work, make_tag
+from geotrain.runtime.transport import Transport, make_tag
 from geotrain.schedule.actions import Action, Op, Schedule
 
 ACT, GRAD = 0, 1
@@ -99,8 +99,12 @@ class PipelineRank:
         t = tensor.detach().to(self.boundary_dtype).contiguous()
         if dst == self.my_rank:
             self._local[(kind, a.stage, a.mb)] = t.clone()
-        else:
-            self._sends.append(self.transport.send(t, dst, self._tag(kind, a.stage, a.mb)))
+            return
+        t_start = self.recorder.now()
+        work = self.transport.send(t, dst, self._tag(kind, a.stage, a.mb))
+        src_dc, dst_dc = self.plan.stages[self.stage].dc, self.plan.stages[a.peer % self.plan.pp].dc
+        link = f"{src_dc}->{dst_dc}" if src_dc != dst_dc else ""
+        self._sends.append((work, t_start, t.numel() * t.element_size(), link, dst, a))
 
     # -- one iteration ---------------------------------------------------------------------
     def run_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]], loss_scale: float = 1.0) -> float:
@@ -172,10 +176,17 @@ class PipelineRank:
         return float(loss_sum)
 
     def _wait_sends(self) -> None:
-        works: list[Work] = self._sends
-        self._sends = []
-        for w in works:
-            w.wait()
+        """Wait for this iteration's sends. A cross-DC send becomes a `transfer` event on its WAN
+        link, ending when the transport says its last byte left (`finished_at`, wall clock) --
+        or, for a transport that does not say, as a zero-length event that still counts the bytes."""
+        sends, self._sends = self._sends, []
+        rec = self.recorder
+        for work, t_start, nbytes, link, dst, a in sends:
+            work.wait()
+            if link:
+                done = getattr(work, "finished_at", None)
+                end = max(t_start, done - rec.t0) if done is not None else t_start
+                rec.add("transfer", t_start, end, stage=a.stage, mb=a.mb, nbytes=nbytes, peer=dst, link=link)
 
     def _forward(self, v: int, mb: int, batches, m: int, loss_scale: float) -> torch.Tensor:
         chunk = self.chunks[v]

@@ -29,10 +29,10 @@ class Recorder:
         return time.time() - self.t0
 
     def add(self, kind: str, start: float, end: float, stage: int = -1, mb: int = -1, nbytes: int = 0,
-            peer: int = -1) -> None:
+            peer: int = -1, link: str = "") -> None:
         if self.enabled:
             self.events.append(Event(rank=self.rank, kind=kind, start=start, end=end, stage=stage, mb=mb,
-                                     bytes=nbytes, iteration=self.iteration, peer=peer))
+                                     bytes=nbytes, iteration=self.iteration, peer=peer, link=link))
 
     def totals(self, first_iteration: int = 0) -> dict[str, float]:
         """Seconds per event kind (iterations >= first_iteration)."""

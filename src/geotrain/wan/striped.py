@@ -60,11 +60,13 @@ class Work:
         self.timeout_s = timeout_s
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self.finished_at: float | None = None   # wall clock (time.time()) when it completed
 
     def _finish(self, error: BaseException | None = None) -> None:
         if self._done.is_set():
             return
         self._error = error
+        self.finished_at = time.time()
         self._done.set()
 
     def is_completed(self) -> bool:
