@@ -270,3 +270,18 @@ def test_message_overhead_follows_the_probed_latency_curve_and_queued_messages_p
     per_msg = stripe / (link.per_connection_gbps * 1e9 / 8)       # the stripes cross side by side
     assert per_msg == pytest.approx(stripe / (base.per_connection_gbps * 1e9 / 8) + 0.25e-3 * ratio)
     assert link.latency_ms == pytest.approx(5 + 1e3 * (2e-3 - 0.25e-3 * ratio))
+
+
+def test_validate_sim_passes_its_wan_mode_on(monkeypatch, tmp_path):
+    import geotrain.calibrate.validate as validate
+    from geotrain.cli import main
+
+    seen = {}
+
+    def fake_run_validation(out, **kw):
+        seen.update(kw)
+        return [], "table"
+
+    monkeypatch.setattr(validate, "run_validation", fake_run_validation)
+    assert main(["validate-sim", "--out", str(tmp_path), "--wan", "kernel", "--case", "base"]) == 0
+    assert seen["mode"] == "kernel" and seen["only"] == ["base"]

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise GeotrainError("--steps must be larger than --warmup (and --warmup >= 0)")
     profile = load_profile(args.profile) if args.profile else None
     _, md = run_validation(Path(args.out), quick=args.quick, profile=profile, steps=args.steps,
-                           warmup=args.warmup, only=args.case)
+                           warmup=args.warmup, only=args.case, mode=args.wan)
     print()
     print(md)
     print(f"wrote {Path(args.out) / 'VALIDATION.md'} and results.json")
