@@ -43,8 +43,6 @@ class _Job:
 class _RankState:
     cost: PrefillCost
     current: int | None = None    # job id in progress on this rank
-    busy_s: float = 0.0
-    chunks: int = 0
 
 
 def _nodelay(sock: socket.socket) -> None:
@@ -188,9 +186,7 @@ class BubbleExecutor:
             job.done += int(msg["n"])
             busy = float(msg["busy"])
             job.busy_s += busy
-            st.busy_s += busy
             self._busy_total += busy
-            st.chunks += 1
             finished = job.done >= len(job.tokens)
             if finished:
                 st.current = None

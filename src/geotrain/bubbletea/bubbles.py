@@ -63,8 +63,3 @@ def bubble_windows(trace: Trace, iteration: int = 0, period: float | None = None
             out[r].append(Window(c, period - c))
     return out, period
 
-
-def idle_fraction(windows: dict[int, list[Window]], period: float) -> float:
-    if not windows or period <= 0:
-        return 0.0
-    return sum(w.length for ws in windows.values() for w in ws) / (period * len(windows))

@@ -88,16 +88,18 @@ def models_that_fit(headroom_bytes: float, max_tokens: int, candidates: dict[str
             if inference_memory_bytes(m, max_tokens, precision) <= headroom_bytes]
 
 
+def free_beside_training(spec, plan, rank: int, used: float) -> float:
+    """Bytes an inference model may use on `rank`'s GPU next to `used` bytes of training state;
+    a TP group serves as one unit, so its members' free memory pools."""
+    gpu = spec.cluster.gpu(spec.cluster.dc(plan.stages[plan.coords(rank)[0]].dc).gpu_type)
+    return (gpu.memory_bytes - used) * plan.tp
+
+
 def headroom(spec, plan, peak_memory: dict[int, float]) -> tuple[float, list[str]]:
-    """GPU memory left beside training on the tightest GPU (bytes; a TP group pools its
-    members'), and the model presets whose prefill fits there with a full-length prompt."""
+    """Memory left beside training on the tightest GPU (bytes, see free_beside_training), and
+    the model presets whose prefill fits there with a full-length prompt."""
     from geotrain.models.presets import PRESETS
 
-    free = []
-    for r, used in peak_memory.items():
-        stage = plan.coords(r)[0]
-        gpu = spec.cluster.gpu(spec.cluster.dc(plan.stages[stage].dc).gpu_type)
-        free.append((gpu.memory_bytes - used) * plan.tp)
-    room = min(free) if free else 0.0
+    room = min((free_beside_training(spec, plan, r, used) for r, used in peak_memory.items()), default=0.0)
     fit = [name for name, m in PRESETS.items() if inference_memory_bytes(m, m.seq_len) <= room]
     return room, fit

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from geotrain.bubbletea.bubbles import NOT_FILLABLE, Window, bubble_windows
-from geotrain.bubbletea.prefill_cost import PrefillCost, inference_memory_bytes, models_that_fit
+from geotrain.bubbletea.prefill_cost import (
+    PrefillCost,
+    free_beside_training,
+    inference_memory_bytes,
+    models_that_fit,
+)
 from geotrain.bubbletea.scheduler import BubbleScheduler, Placement, Request
 from geotrain.bubbletea.workload import Workload
 from geotrain.trace.schema import TRAINING_COMPUTE_KINDS, Event, Trace
@@ -269,10 +274,7 @@ def bubbletea_for_plan(spec, sim_result, cfg: WorkloadConfig) -> PlanBubbleTea:
     windows, _ = bubble_windows(trace, period=period, fill_dp_reduction=cfg.fill_dp_reduction)
     reps = min(plan.dp, cfg.representative_replicas)
     chosen = [plan.rank(s, d, 0) for s in range(plan.pp) for d in range(reps)]
-    headroom = {}
-    for r in chosen:
-        gpu = spec.cluster.gpu(spec.cluster.dc(plan.stages[plan.coords(r)[0]].dc).gpu_type)
-        headroom[r] = (gpu.memory_bytes - metrics.peak_memory.get(r, 0.0)) * plan.tp
+    headroom = {r: free_beside_training(spec, plan, r, metrics.peak_memory.get(r, 0.0)) for r in chosen}
     fit = models_that_fit(min(headroom.values()), cfg.max_prompt, PRESETS)
     if cfg.inference_model == "auto":
         name = next((m for m in INFERENCE_CHOICES if m in fit), INFERENCE_CHOICES[-1])
