@@ -173,6 +173,8 @@ def _bubbletea(cfg, spec, res, out) -> list:
     import json
     from dataclasses import asdict
 
+    import numpy as np
+
     from geotrain.bubbletea.simulate import bubbletea_for_plan, check_no_overlap, prefill_events
     from geotrain.console import format_table
     from geotrain.report.timeline import draw_timeline
@@ -193,9 +195,9 @@ def _bubbletea(cfg, spec, res, out) -> list:
     print(format_table(["BubbleTea", "value"], rows))
     # The filled timeline: iteration 0 of the serving ranks, with their prefill chunks.
     cols = trace_columns(res.trace)
-    keep = set(bt.ranks_simulated)
     # Waits are left out: prefill is what the GPU computes while it waits.
-    events = [e for e in cols.to_events() if e.rank in keep and e.iteration == 0 and e.kind != "recv_wait"]
+    mask = np.isin(cols.rank, bt.ranks_simulated) & (cols.iteration == 0) & ~cols.kind_mask({"recv_wait"})
+    events = cols.select(mask).to_events()
     t0 = min((e.start for e in events), default=0.0)
     filled = Trace(events + prefill_events(r, iteration_start=t0, until=r.period), num_ranks=res.trace.num_ranks,
                    source="sim", meta=dict(res.trace.meta))

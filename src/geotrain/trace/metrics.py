@@ -63,6 +63,13 @@ class Columns:
         codes = [i for i, k in enumerate(self.kind_names) if k in kinds]
         return np.isin(self.kind, codes)
 
+    def select(self, mask: np.ndarray) -> Columns:
+        """The events where `mask` holds (same name tables), e.g. to build Events for a few ranks
+        of a big trace without building all of them."""
+        arrays = {f: getattr(self, f)[mask] for f in ("rank", "kind", "stage", "mb", "iteration", "peer", "bytes",
+                                                        "link", "start", "end")}
+        return Columns(**arrays, kind_names=self.kind_names, link_names=self.link_names)
+
     def to_events(self) -> list[Event]:
         kn, ln = self.kind_names, self.link_names
         links = [ln[i] if i >= 0 else "" for i in self.link.tolist()]
