@@ -75,7 +75,9 @@ def main() -> int:
     ap.add_argument("--host", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.role:
-        return _peer(a)
+        from geotrain.process import exit_skipping_teardown
+
+        exit_skipping_teardown(_peer(a))    # a TCPStore's C++ threads can abort a normal exit
 
     from geotrain.config import Cluster
     from geotrain.wan import WanEmulation, emulation_available

@@ -230,4 +230,6 @@ def _peer(argv: list[str]) -> int:
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "peer":
-    sys.exit(_peer(sys.argv[2:]))
+    from geotrain.process import exit_skipping_teardown
+
+    exit_skipping_teardown(_peer(sys.argv[2:]))

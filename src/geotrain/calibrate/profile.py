@@ -673,4 +673,6 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
 
 
 if __name__ == "__main__":
-    sys.exit(pool_worker_main(sys.argv[1:]))
+    from geotrain.process import exit_skipping_teardown
+
+    exit_skipping_teardown(pool_worker_main(sys.argv[1:]))   # output written; gloo threads may abort a normal exit

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
+from geotrain.process import exit_skipping_teardown
 from geotrain.runtime.trainer import RunConfig, train
 
 
@@ -79,16 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 -- every failure must be reported to the launcher
         _write_error(e)
         traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(2 if isinstance(e, GeotrainError) else 1)
-    # Success: every output is written and closed and the process group destroyed. Skip the
-    # interpreter's teardown: C++ threads that gloo, the TCPStore client and the WAN transport's
-    # sockets leave behind can be destroyed while still joinable during static destruction,
-    # which aborts the process ("terminate called without an active exception", seen after
-    # checkpointed runs over the emulated WAN) and turns a finished run into a failed one.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        exit_skipping_teardown(2 if isinstance(e, GeotrainError) else 1)
+    # Success: every output is written and closed and the process group destroyed.
+    exit_skipping_teardown(0)
 
 
 if __name__ == "__main__":
