@@ -272,3 +272,18 @@ def test_data_path_is_resolved_against_the_spec(tmp_path, capsys):
         write_specs(tmp_path, {"experiment.toml": ("micro_batch = 4", f'micro_batch = 4\ndata = "{value}"')})
         assert main(["validate", str(tmp_path / "experiment.toml")]) == 0, capsys.readouterr().err
         assert load_spec(tmp_path / "experiment.toml").job.data == value
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`geotrain plan SPEC | head -1`: the pipe closes under the plan's printing."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "geotrain", "plan", "examples/tiny_2dc.toml", "--compare"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()                       # like `head -1` exiting
+    err = p.stderr.read().decode()
+    p.wait(timeout=120)
+    assert "Traceback" not in err, err
+    assert p.returncode in (0, 141)
