@@ -274,12 +274,14 @@ def test_data_path_is_resolved_against_the_spec(tmp_path, capsys):
         assert load_spec(tmp_path / "experiment.toml").job.data == value
 
 
-def test_a_reader_that_leaves_early_gets_no_traceback():
-    """`geotrain plan SPEC | head -1`: the pipe closes under the plan's printing."""
+def test_a_reader_that_leaves_early_gets_no_traceback_and_the_plan_is_kept(tmp_path):
+    """`geotrain plan SPEC --out P | head -1`: the pipe closes under the plan's printing."""
     import subprocess
     import sys
 
-    p = subprocess.Popen([sys.executable, "-m", "geotrain", "plan", "examples/tiny_2dc.toml", "--compare"],
+    out = tmp_path / "plan.json"
+    p = subprocess.Popen([sys.executable, "-m", "geotrain", "plan", "examples/tiny_2dc.toml", "--compare",
+                          "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.readline()
     p.stdout.close()                       # like `head -1` exiting
@@ -287,3 +289,4 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     p.wait(timeout=120)
     assert "Traceback" not in err, err
     assert p.returncode in (0, 141)
+    assert out.exists()

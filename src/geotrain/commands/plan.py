@@ -43,14 +43,15 @@ def run(args: argparse.Namespace) -> int:
     from geotrain.plan.search import make_plan
 
     res = make_plan(spec, top_k=args.top_k)
-    _print_plan(spec, res)
-    if args.compare:
-        _print_compare(spec, res)
-    if args.out:
+    if args.out:   # written before anything is printed: a closed pipe must not lose the plan
         extra = {"estimate_s": res.estimate_s, "simulated_s": res.iteration_s, "lower_bound_s": res.lower_bound_s,
                  "bottleneck": res.bottleneck, "explanation": res.explanation,
                  "gpus_per_dc": res.plan.gpus_per_dc()}
         save_plan(args.out, res.plan, spec_path=str(args.spec), extra=extra)
+    _print_plan(spec, res)
+    if args.compare:
+        _print_compare(spec, res)
+    if args.out:
         print(f"\nwrote {args.out}")
     return 0
 
