@@ -23,3 +23,19 @@ def test_overrun_halves_that_position_only():
     p.record(2, 0.2, True)
     assert p.budget(1) == pytest.approx(0.2)
     assert p.budget(2) == pytest.approx(0.1)
+
+
+def test_a_missed_position_wins_its_budget_back_over_clean_iterations():
+    p = BubblePredictor(margin_frac=0.0, margin_s=0.0, warmup_iterations=0)
+    p.record(2, 0.2, True)
+    p.record(2, 0.2, True)
+    p.next_iteration()
+    assert p.budget(2) == pytest.approx(0.05)
+    p.next_iteration()                 # a clean iteration
+    assert p.budget(2) == pytest.approx(0.0625)
+    for _ in range(10):
+        p.next_iteration()
+    assert p.budget(2) == pytest.approx(0.2)
+    p.record(2, 0.2, True)
+    p.next_iteration()                 # missed again in this iteration: no recovery
+    assert p.budget(2) == pytest.approx(0.1)
