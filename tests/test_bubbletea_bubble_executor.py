@@ -90,3 +90,123 @@ def test_a_request_of_a_vanished_rank_restarts_elsewhere():
     assert out.kv_shape[-2] == 40          # (2, layers, 1, kv_heads, tokens, head_dim)
     w2.close()
     ex.close()
+
+
+def _fake_service():
+    """A listening socket standing in for the executor: the test decides what it answers."""
+    import socket
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    return srv, srv.getsockname()[:2]
+
+
+def test_a_late_answer_ends_the_bubble_and_is_dropped_when_it_comes():
+    from geotrain.bubbletea.wire import recv_frame, send_frame
+
+    model = build_model(PRESETS["tiny"]).eval()
+    srv, addr = _fake_service()
+    w = BubbleWorker(addr, 0, model, PrefillCost(a=0.0, b=0.0001, c=0.0))
+    w.connect()
+    conn, _ = srv.accept()
+    recv_frame(conn)                                   # hello
+    got = []
+    th = threading.Thread(target=lambda: got.append(w.fill(0.03)), daemon=True)  # the service does not answer
+    th.start()
+    th.join(2)
+    assert not th.is_alive() and got[0] < 0.05        # the rank left at the bubble's end, not at the answer
+    recv_frame(conn)                                   # that poll
+    send_frame(conn, {"op": "chunk", "id": 1, "tokens": [1, 2, 3], "context": 0, "last": False})  # too late
+
+    def answer_next_poll():
+        msg, _ = recv_frame(conn)
+        assert msg["op"] == "poll"
+        send_frame(conn, {"op": "none"})
+
+    th = threading.Thread(target=answer_next_poll)
+    th.start()
+    w.fill(0.5)                                        # reads and drops the stale chunk, then gets "none"
+    th.join(5)
+    assert w.chunks == 0                               # the late proposal never ran
+    w.close()
+    conn.close()
+    srv.close()
+
+
+def test_a_proposal_that_no_longer_fits_is_not_run():
+    from geotrain.bubbletea.wire import recv_frame, send_frame
+
+    model = build_model(PRESETS["tiny"]).eval()
+    srv, addr = _fake_service()
+    w = BubbleWorker(addr, 0, model, PrefillCost(a=0.0, b=0.001, c=0.0))   # 20 tokens: 20 ms
+    w.connect()
+    conn, _ = srv.accept()
+    recv_frame(conn)
+
+    def answer():
+        recv_frame(conn)
+        send_frame(conn, {"op": "chunk", "id": 1, "tokens": list(range(1, 21)), "context": 0, "last": True})
+
+    th = threading.Thread(target=answer)
+    th.start()
+    w.fill(0.010)
+    th.join(5)
+    assert w.chunks == 0
+    w.close()
+    conn.close()
+    srv.close()
+
+
+def test_an_ignored_proposal_is_proposed_again():
+    """The service counts tokens as done only when told, so a rank may skip what it was offered."""
+    from geotrain.bubbletea.wire import recv_frame, send_frame
+
+    model = build_model(PRESETS["tiny"]).eval()
+    ex = BubbleExecutor(min_chunk=1)
+    prompt = list(range(1, 21))
+    fut = ex.submit(3, prompt)
+    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0))
+    w.connect()
+    send_frame(w._sock, {"op": "poll", "budget": 1.0})
+    offered, _ = recv_frame(w._sock)                   # taken, never run
+    assert offered["op"] == "chunk" and offered["context"] == 0
+    deadline = time.time() + 30
+    while not fut.done() and time.time() < deadline:
+        w.fill(0.2)
+    assert fut.result(timeout=1).first_token == prefill(model, prompt)[0]
+    assert w.chunks >= 1
+    w.close()
+    ex.close()
+
+
+def test_idle_priority_worker_computes_on_a_sched_idle_thread():
+    import os
+    import sys
+
+    model = build_model(PRESETS["tiny"]).eval()
+    ex = BubbleExecutor(min_chunk=1)
+    fut = ex.submit(1, list(range(1, 9)))
+    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0), priority="idle")
+    w.connect()
+    deadline = time.time() + 30
+    while not fut.done() and time.time() < deadline:
+        w.fill(0.1)
+    assert fut.result(timeout=1).first_token == prefill(model, list(range(1, 9)))[0]
+    if sys.platform.startswith("linux"):
+        assert w._runner.priority in ("idle", "nice 19")
+        tid = w._runner._thread.native_id
+        if w._runner.priority == "idle":
+            assert os.sched_getscheduler(tid) == os.SCHED_IDLE
+        assert os.sched_getscheduler(0) != getattr(os, "SCHED_IDLE", -1)   # the caller kept its priority
+    w.close()
+    ex.close()
+
+
+def test_chunks_slower_than_profiled_shrink_what_the_rank_asks_for():
+    model = build_model(PRESETS["tiny"]).eval()
+    w = BubbleWorker(("127.0.0.1", 1), 0, model, PrefillCost(a=0.0, b=0.001, c=0.0))
+    w._learn(measured=0.02, modelled=0.01)          # twice as slow as the profile: rise fast
+    assert w.slowdown == 1.5
+    assert w._predict({"tokens": [1] * 10, "context": 0}) == 0.015
+    for _ in range(200):                            # then as profiled again: fall slowly, never below 1
+        w._learn(measured=0.005, modelled=0.01)
+    assert w.slowdown == 1.0

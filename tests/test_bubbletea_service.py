@@ -1,6 +1,8 @@
 import http.client
 import json
+import os
 import socket
+import sys
 import threading
 
 import pytest
@@ -116,3 +118,60 @@ def test_concurrent_load_each_request_answered_once_or_refused(service):
     assert len(ok_ids) == len(set(ok_ids)) >= 4          # each accepted request answered exactly once
     assert sorted(svc.executor.submitted[before:]) == sorted(ok_ids)  # and prefilled exactly once
     assert any(s == 429 for s, _ in results)
+
+
+def test_no_rank_yet_answers_503_then_serves_once_a_rank_joins():
+    import time
+
+    from geotrain.bubbletea.bubble_executor import BubbleExecutor, BubbleWorker
+    from geotrain.bubbletea.prefill_cost import PrefillCost
+
+    model = build_model(PRESETS["tiny"]).eval()
+    ex = BubbleExecutor()
+    svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2)
+    host, port = svc.serve()
+    status, body, headers = call(host, port, "POST", "/v1/completions", {"tokens": [1, 2, 3]}, token=None)
+    assert status == 503 and "joined" in json.loads(body)["error"] and headers.get("Retry-After") == "1"
+    assert json.loads(call(host, port, "GET", "/healthz", token=None)[1])["ready"] is False
+    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0))
+    w.connect()
+    deadline = time.time() + 10
+    while not ex.ready() and time.time() < deadline:
+        time.sleep(0.01)
+    assert json.loads(call(host, port, "GET", "/healthz", token=None)[1])["ready"] is True
+    stop = threading.Event()
+    rank = threading.Thread(target=lambda: [w.fill(0.05) or time.sleep(0.01) for _ in iter(stop.is_set, True)])
+    rank.start()
+    status, body, _ = call(host, port, "POST", "/v1/completions", {"tokens": [1, 2, 3]}, token=None)
+    stop.set()
+    rank.join(5)
+    assert status == 200 and json.loads(body)["prefill_on"] == "rank 0"
+    w.close()
+    svc.close()
+    ex.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread scheduling policy is Linux's")
+def test_idle_priority_service_handles_requests_on_idle_threads():
+    from geotrain.bubbletea.idle_priority import lower_own_priority
+
+    model = build_model(PRESETS["tiny"]).eval()
+    seen = []
+
+    class Recording(DedicatedExecutor):
+        def submit(self, request_id, tokens):
+            seen.append(os.sched_getscheduler(0))          # runs on the request's handler thread
+            return super().submit(request_id, tokens)
+
+    probe = {}
+    t = threading.Thread(target=lambda: probe.update(got=lower_own_priority()))
+    t.start()
+    t.join()
+    ex = Recording(model)
+    svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2)
+    host, port = svc.serve(idle_priority=True)
+    assert call(host, port, "POST", "/v1/completions", {"tokens": [1, 2, 3]}, token=None)[0] == 200
+    svc.close()
+    ex.close()
+    assert seen == [os.SCHED_IDLE if probe["got"] == "idle" else os.SCHED_OTHER]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER        # the caller's thread is untouched

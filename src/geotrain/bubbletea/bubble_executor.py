@@ -7,13 +7,15 @@ oldest request that its fitted prefill cost says will finish inside that budget.
 once started, stays on its rank (its KV cache grows there); when its last chunk is done the
 rank sends the first token and the KV cache back, and the request's future resolves.
 
-The rank never waits for the service beyond one local round trip, and never starts a chunk
-that its cost model predicts will outlast the bubble: training does not wait for prefill.
+The rank never waits for the service past the bubble's budget (a late answer is dropped: the
+service counts tokens as done only when the rank reports them), and never starts a chunk that its
+cost model predicts will outlast the bubble: training does not wait for prefill.
 """
 
 from __future__ import annotations
 
 import collections
+import select
 import socket
 import threading
 import time
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from geotrain.bubbletea.executor import PrefillOutput
+from geotrain.bubbletea.idle_priority import IdlePriorityThread
 from geotrain.bubbletea.inference import KVCache, forward_with_cache
 from geotrain.bubbletea.prefill_cost import PrefillCost
 from geotrain.bubbletea.wire import ProtocolError, recv_frame, send_frame
@@ -82,6 +85,11 @@ class BubbleExecutor:
             self._jobs[request_id] = job
             self._pending.append(job)
         return fut
+
+    def ready(self) -> bool:
+        """Some training rank is connected: an accepted request can make progress."""
+        with self._lock:
+            return bool(self.ranks)
 
     def utilization_gained(self) -> float:
         with self._lock:
@@ -214,10 +222,16 @@ class BubbleWorker:
     model: UnitStack
     cost: PrefillCost
     margin_s: float = 0.0
+    priority: str = "normal"         # "idle": compute on a SCHED_IDLE thread (CPU ranks; see idle_priority)
     busy_s: float = 0.0
     chunks: int = 0
+    predicted_s: float = 0.0         # what the cost model said the chunks run would take
+    late_s: float = 0.0              # how far fills ran past their budget, summed
+    slowdown: float = 1.0            # measured / predicted chunk time, learnt (see _learn)
     _caches: dict[int, KVCache] = field(default_factory=dict)
     _sock: socket.socket | None = None
+    _runner: IdlePriorityThread | None = None
+    _unanswered: int = 0             # polls whose answers came too late (still to be read and dropped)
 
     def connect(self) -> None:
         if isinstance(self.address, str):
@@ -227,6 +241,8 @@ class BubbleWorker:
             self._sock = socket.create_connection(tuple(self.address))
         _nodelay(self._sock)
         send_frame(self._sock, {"rank": self.rank, "cost": [self.cost.a, self.cost.b, self.cost.c]})
+        if self.priority == "idle" and self._runner is None:
+            self._runner = IdlePriorityThread()
 
     def fill(self, budget_s: float) -> float:
         """Run prefill chunks for at most `budget_s` seconds (minus the margin); returns the
@@ -234,16 +250,56 @@ class BubbleWorker:
         if self._sock is None:
             return 0.0
         t0 = time.perf_counter()
+        if self._runner is not None:
+            self._runner.run(lambda: self._fill_until(t0, budget_s))
+        else:
+            self._fill_until(t0, budget_s)
+        used = time.perf_counter() - t0
+        self.late_s += max(0.0, used - budget_s)
+        return used
+
+    def _fill_until(self, t0: float, budget_s: float) -> None:
+        deadline = t0 + budget_s - self.margin_s
         while True:
-            left = budget_s - self.margin_s - (time.perf_counter() - t0)
+            left = deadline - time.perf_counter()
             if left <= self.cost.a:
-                break
-            send_frame(self._sock, {"op": "poll", "budget": left})
-            msg, _ = recv_frame(self._sock)
+                return
+            send_frame(self._sock, {"op": "poll", "budget": left / self.slowdown})
+            msg = self._reply(deadline)
+            if msg is None:          # the service was slow to answer: the bubble is over, not training
+                self._unanswered += 1
+                return
             if msg.get("op") != "chunk":
-                break
+                return
+            # A proposal is only a proposal: the service counts tokens as done when told, so a
+            # chunk that no longer fits (the reply came late) is left for the next bubble.
+            if self._predict(msg) > deadline - time.perf_counter():
+                return
             self._run_chunk(msg)
-        return time.perf_counter() - t0
+
+    def _reply(self, deadline: float) -> dict | None:
+        """The answer to the latest poll, or None if it has not come by `deadline`. Answers to
+        polls given up on earlier arrive first, in order, and are dropped."""
+        while True:
+            wait = deadline - time.perf_counter()
+            if wait <= 0 or not select.select([self._sock], [], [], wait)[0]:
+                return None
+            msg, _ = recv_frame(self._sock)   # a frame is sent whole: once readable, it is all there soon
+            if self._unanswered:
+                self._unanswered -= 1
+                continue
+            return msg
+
+    def _predict(self, msg: dict) -> float:
+        return self.cost.chunk_time(len(msg["tokens"]), int(msg["context"])) * self.slowdown
+
+    def _learn(self, measured: float, modelled: float) -> None:
+        """Track how much slower chunks run now than the start-up profile said (a busy machine,
+        cold caches after a training step): quick to rise, slow to fall, never below 1."""
+        self.predicted_s += modelled * self.slowdown
+        r = measured / max(modelled, 1e-9)
+        w = 0.5 if r > self.slowdown else 0.05
+        self.slowdown = max(1.0, (1 - w) * self.slowdown + w * r)
 
     def _run_chunk(self, msg: dict) -> None:
         rid = int(msg["id"])
@@ -253,6 +309,7 @@ class BubbleWorker:
         t = time.perf_counter()
         logits = forward_with_cache(self.model, torch.tensor([msg["tokens"]], dtype=torch.long), cache)
         busy = time.perf_counter() - t
+        self._learn(busy, self.cost.chunk_time(len(msg["tokens"]), int(msg["context"])))
         self.busy_s += busy
         self.chunks += 1
         done = {"op": "done", "id": rid, "n": len(msg["tokens"]), "busy": busy}
@@ -267,3 +324,6 @@ class BubbleWorker:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None

@@ -10,6 +10,7 @@ the real run (and shrink where a prefill ever ended after the data had arrived).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any
 
@@ -44,15 +45,22 @@ def _timed(fn) -> float:
 
 
 class BubbleHook:
-    def __init__(self, worker: BubbleWorker, predictor: BubblePredictor, recorder):
-        self.worker, self.predictor, self.recorder = worker, predictor, recorder
+    """duty: 0 fills every iteration; N > 0 alternates N steps without prefill and N with it
+    (steps 1..N off, N+1..2N on, ...), so one run measures both side by side under the same
+    machine state -- run-to-run noise here is several percent, the effect looked for is smaller."""
+
+    def __init__(self, worker: BubbleWorker, predictor: BubblePredictor, recorder, duty: int = 0):
+        self.worker, self.predictor, self.recorder, self.duty = worker, predictor, recorder, duty
+
+    def filling(self) -> bool:
+        return not self.duty or (max(0, self.recorder.iteration - 1) // self.duty) % 2 == 1
 
     def fill_and_wait(self, index: int, work, stage: int = -1) -> float:
         """Prefill inside the predicted bubble before action `index`, then wait for `work`.
         Returns the time the plain wait began (after any prefill)."""
         rec = self.recorder
         t_reach = rec.now()
-        budget = self.predictor.budget(index)
+        budget = self.predictor.budget(index) if self.filling() else 0.0
         done = getattr(work, "is_completed", None)
         used = 0.0
         if budget > 0 and not (done and done()):
@@ -73,20 +81,29 @@ class BubbleHook:
         self.predictor.next_iteration()
 
     def close(self) -> None:
-        self.worker.close()
+        w = self.worker
+        if w.chunks:
+            print(f"bubbletea rank {w.rank}: {w.chunks} chunks, {w.busy_s * 1e3:.1f} ms of prefill "
+                  f"({w.predicted_s * 1e3:.1f} ms predicted, slowdown now {w.slowdown:.2f}); fills ran "
+                  f"{w.late_s * 1e3:.1f} ms past their budgets in all", file=sys.stderr, flush=True)
+        w.close()
 
 
 def make_hook(conf: dict[str, Any], rank: int, recorder) -> BubbleHook | None:
     """conf: {"address": [host, port] or a Unix socket path, "inference_model": preset, "margin_frac", "margin_s",
-    "warmup_iterations"}. Returns None (and logs why) when the service cannot be reached."""
+    "warmup_iterations", "priority", "duty"}. Returns None (and logs why) when the service cannot be reached.
+
+    priority: "idle" (default on CPU ranks) computes prefill on a SCHED_IDLE thread, since CPU ranks
+    share cores; "normal" (default with CUDA, where the rank's own device is what idles) runs it in place."""
     from geotrain.models.llama import build_model
     from geotrain.models.presets import PRESETS
 
     model = build_model(PRESETS[conf.get("inference_model", "tiny")]).eval()
     cost = profile_prefill_cost(model)
     addr = conf["address"]
+    priority = conf.get("priority") or ("normal" if torch.cuda.is_available() else "idle")
     worker = BubbleWorker(addr if isinstance(addr, str) else tuple(addr), rank, model, cost,
-                          margin_s=float(conf.get("margin_s", 0.0)))
+                          margin_s=float(conf.get("margin_s", 0.0)), priority=priority)
     try:
         worker.connect()
     except OSError as e:
@@ -95,4 +112,4 @@ def make_hook(conf: dict[str, Any], rank: int, recorder) -> BubbleHook | None:
     predictor = BubblePredictor(margin_frac=float(conf.get("margin_frac", 0.3)),
                                 margin_s=float(conf.get("margin_s", 0.002)),
                                 warmup_iterations=int(conf.get("warmup_iterations", 2)))
-    return BubbleHook(worker, predictor, recorder)
+    return BubbleHook(worker, predictor, recorder, duty=int(conf.get("duty", 0)))

@@ -34,11 +34,17 @@ class RunningService:
 
 
 def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str = "tiny",
-                  token: str | None = None, max_queue: int = 64, unix: bool = True) -> RunningService:
+                  token: str | None = None, max_queue: int = 64, unix: bool = True,
+                  priority: str = "auto") -> RunningService:
     """HTTP API on host:port. Ranks fetch work from the executor over a Unix socket in a
     private temporary folder (it reaches ranks inside the emulated DCs' network namespaces,
     and its path stays short), or over local TCP with unix=False. The decode worker runs here,
-    on the launcher, as a separate decode machine would."""
+    on the launcher, as a separate decode machine would.
+
+    priority: "idle" runs the ranks' prefill on a SCHED_IDLE thread and this service's HTTP
+    threads (and decoding) at idle priority too (see idle_priority), "normal" runs both as usual,
+    "auto" picks idle on CPU and normal with CUDA, where the service has host cores of its own.
+    The executor threads that answer ranks keep normal priority."""
     import os
     import tempfile
 
@@ -55,7 +61,11 @@ def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str =
     svc = PrefillService(executor, DecodeWorker(model), max_queue=max_queue, token=token,
                          vocab=PRESETS[inference_model].vocab,
                          max_prompt_tokens=PRESETS[inference_model].seq_len - 16)
-    h, p = svc.serve(host, port)
+    if priority == "auto":
+        import torch
+
+        priority = "normal" if torch.cuda.is_available() else "idle"
+    h, p = svc.serve(host, port, idle_priority=priority == "idle")
     addr = executor.address if isinstance(executor.address, str) else list(executor.address)
-    conf = {"address": addr, "inference_model": inference_model}
+    conf = {"address": addr, "inference_model": inference_model, "priority": priority}
     return RunningService(svc, executor, f"http://{h}:{p}", conf, model, work_dir)

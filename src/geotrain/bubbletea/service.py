@@ -103,8 +103,17 @@ class PrefillService:
                 raise ServiceError(503, "shutting down, not accepting requests")
             if self.stats.in_flight >= self.max_queue:
                 raise ServiceError(429, "queue is full, retry later")
+            if not self.ready():
+                raise ServiceError(503, "no training rank has joined yet, retry shortly")
             self.stats.in_flight += 1
         return next(self._ids)
+
+    def ready(self) -> bool:
+        """Whether an accepted request would be served: executors that depend on training ranks
+        (BubbleExecutor) are not until a rank joins; queueing behind a cluster that is still
+        starting would only turn into seconds of TTFT, so such requests get 503 + Retry-After."""
+        ready = getattr(self.executor, "ready", None)
+        return ready() if ready is not None else True
 
     def release(self) -> None:
         with self.stats.lock:
@@ -146,11 +155,24 @@ class PrefillService:
         return "\n".join(lines) + "\n"
 
     # -- server -----------------------------------------------------------------------------
-    def serve(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-        """Start serving on a background thread; returns the bound address."""
-        self._server = _Server((host, port), _make_handler(self))
-        threading.Thread(target=self._server.serve_forever, name="bubbletea-http", daemon=True).start()
-        return self._server.server_address[:2]
+    def serve(self, host: str = "127.0.0.1", port: int = 0, idle_priority: bool = False) -> tuple[str, int]:
+        """Start serving on a background thread; returns the bound address.
+
+        idle_priority: the HTTP threads, and the decoding they run, take only CPU that nothing
+        else wants (handler threads inherit the server thread's priority) -- for a service that
+        shares cores with training ranks. Safe because ranks never wait for the service past
+        their bubble (see bubble_executor), so a starved service costs prefill, not training."""
+        from geotrain.bubbletea.idle_priority import lower_own_priority
+
+        self._server = server = _Server((host, port), _make_handler(self))
+
+        def run() -> None:
+            if idle_priority:
+                lower_own_priority()
+            server.serve_forever()
+
+        threading.Thread(target=run, name="bubbletea-http", daemon=True).start()
+        return server.server_address[:2]
 
     def stop_accepting(self) -> None:
         with self.stats.lock:
@@ -199,7 +221,7 @@ def _make_handler(svc: PrefillService):
 
         def do_GET(self) -> None:
             if self.path == "/healthz":
-                self._send(200, {"status": "ok"})
+                self._send(200, {"status": "ok", "ready": svc.ready()})
             elif self.path == "/metrics":
                 if not self._authorized():
                     return self._send(401, {"error": "missing or wrong bearer token"})

@@ -62,16 +62,18 @@ def _client(url: str, prompts: list[str], results: list, stop) -> None:
 
     u = urlparse(url)
     deadline = time.time() + 120
-    while not stop.is_set() and time.time() < deadline:  # wait for the service
+    while not stop.is_set() and time.time() < deadline:  # wait until a training rank has joined
         try:
             c = http.client.HTTPConnection(u.hostname, u.port, timeout=2)
             c.request("GET", "/healthz")
-            c.getresponse().read()
+            ready = json.loads(c.getresponse().read()).get("ready")
             c.close()
-            break
-        except OSError:
-            time.sleep(0.5)
-    time.sleep(8)  # let training warm up: the ranks learn their bubbles first
+            if ready:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.5)
+    time.sleep(2)  # let training warm up: the ranks learn their bubbles in the first iterations
     for p in prompts:
         if stop.is_set():
             return

@@ -34,6 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="BubbleTea: serve prefill requests on 127.0.0.1:PORT (0: any free port) and run them "
                         "in the ranks' pipeline bubbles while training")
     p.add_argument("--prefill-model", default="tiny", help="inference model preset for --serve-prefill (tiny)")
+    p.add_argument("--prefill-priority", default="auto", choices=["auto", "idle", "normal"],
+                   help="CPU priority of BubbleTea work: idle = prefill on a SCHED_IDLE thread and the HTTP "
+                        "service likewise, so they take only cores no training process wants (ranks sharing "
+                        "cores); normal = as usual; auto = idle on CPU, normal with CUDA (default)")
+    p.add_argument("--prefill-duty", type=int, default=0, metavar="N",
+                   help="measure BubbleTea's cost: alternate N steps without prefill and N with it "
+                        "(losses.jsonl marks each step's 'prefill'); default 0: always on")
     p.add_argument("--prefill-token", default=None, help="bearer token the prefill API requires (default: none)")
     p.add_argument("--wan", default="auto", choices=["auto", "kernel", "shaper", "off"],
                    help="the WAN between the plan's datacenters: kernel = one network namespace per DC joined by "
@@ -145,9 +152,11 @@ def run(args: argparse.Namespace) -> int:
 
         if args.prefill_model not in PRESETS:
             raise GeotrainError(f"--prefill-model: unknown preset {args.prefill_model!r}")
+        if args.prefill_duty < 0:
+            raise GeotrainError(f"--prefill-duty must be >= 0 (got {args.prefill_duty})")
         service = start_service(port=args.serve_prefill, inference_model=args.prefill_model,
-                                token=args.prefill_token)
-        cfg = replace(cfg, bubbletea=service.rank_config)
+                                token=args.prefill_token, priority=args.prefill_priority)
+        cfg = replace(cfg, bubbletea={**service.rank_config, "duty": args.prefill_duty})
         print(f"BubbleTea: POST {service.url}/v1/completions (metrics: {service.url}/metrics)", flush=True)
     try:
         run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,

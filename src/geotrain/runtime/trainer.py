@@ -291,9 +291,11 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             runner.run_iteration(batches, loss_scale=scaler.scale)
             dt = time.time() - t_step
             if losses_file is not None:
-                losses_file.write(json.dumps({"step": step, "loss": state["loss"], "skipped": state["skipped"],
-                                              "loss_scale": scaler.scale, "step_time_s": dt,
-                                              "tokens": tokens_per_step, "time": time.time() - recorder.t0}) + "\n")
+                row = {"step": step, "loss": state["loss"], "skipped": state["skipped"], "loss_scale": scaler.scale,
+                       "step_time_s": dt, "tokens": tokens_per_step, "time": time.time() - recorder.t0}
+                if bubble is not None:
+                    row["prefill"] = bubble.filling()      # BubbleTea was filling bubbles in this step
+                losses_file.write(json.dumps(row) + "\n")
                 losses_file.flush()
             if bar is not None:
                 bar.set_postfix(loss=f"{state['loss']:.4f}", tok_s=f"{tokens_per_step / dt:,.0f}",
