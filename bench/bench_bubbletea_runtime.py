@@ -1,16 +1,20 @@
 """BubbleTea for real: training step time with and without prefill in the bubbles.
 
-    .venv/bin/python bench/bench_bubbletea_runtime.py [--spec examples/tiny_2dc.toml] [--steps 30] [--rounds 2]
+    .venv/bin/python bench/bench_bubbletea_runtime.py [--spec examples/tiny_2dc.toml] [--rounds 3]
+        [--priority auto,normal] [--wan auto]
 
-Runs `geotrain train` alternately without and with `--serve-prefill` (same spec, same steps,
-same machine state), a client sending prompts all through the BubbleTea runs. Reports the mean
-step time (first steps dropped as warm-up) of each, their ratio, the GPU (here: rank) time the
-prefill used, and TTFT percentiles. Ratios are measured side by side: this machine is noisy.
+Trains what the README's demo trains -- the plan `geotrain plan SPEC` chooses, over the same WAN
+emulation (`--wan auto`: the kernel's where root) -- alternately without and with
+`--serve-prefill` (same plan, same steps, same machine state), clients sending prompts all
+through the BubbleTea runs. Reports the mean step time (first steps dropped as warm-up) of each,
+their ratio, the rank time the prefill used, and TTFT percentiles. Ratios are measured side by
+side: this machine is noisy.
 
-On this 2-core CPU every rank is a process; ranks share cores, so prefill on a waiting rank
-can still steal a core from a computing one (on GPUs each rank owns its device).
-`--spec examples/tiny_2dc_pp2.toml` (one rank per core) shows the mechanism without most of that
-effect; the launcher (HTTP, decode) and the clients still share the machine.
+On this 2-core CPU every rank is a process and the demo's four ranks share two cores, so a
+rank's bubble is not idle hardware: another rank may be computing on the core. `--priority`
+lists the BubbleTea arms: `auto`/`idle` runs prefill on a SCHED_IDLE thread (it only takes a
+core nobody else wants), `normal` in the rank's own thread (how a GPU rank runs it) -- the
+latter shows what sharing cores costs. `--spec examples/tiny_2dc_pp2.toml` gives one rank per core.
 """
 
 from __future__ import annotations
@@ -39,33 +43,47 @@ def free_port() -> int:
 
 
 def client(port: int, stop: threading.Event, out: list, interval: float) -> None:
-    i = 0
+    """One user sending prompts one after another over a kept-alive connection. Users are on
+    other machines; here they share this one, so the thread runs at idle priority to keep its
+    CPU out of the measurement."""
+    from geotrain.bubbletea.idle_priority import lower_own_priority
+
+    lower_own_priority()
+    i, c = 0, None
     while not stop.is_set():
         try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            c = c or http.client.HTTPConnection("127.0.0.1", port, timeout=120)
             c.request("POST", "/v1/completions", json.dumps({"tokens": [(7 * i + k) % 250 + 1 for k in range(48)],
                                                             "max_new_tokens": 1}))
             r = c.getresponse()
             doc = json.loads(r.read())
-            c.close()
             if r.status == 200:
                 out.append(doc["ttft_ms"] / 1e3)
+            elif r.status in (429, 503):
+                stop.wait(float(r.getheader("Retry-After", "1")))
             i += 1
-        except (OSError, ValueError):
-            pass  # not up yet, or shutting down
+        except (OSError, ValueError, http.client.HTTPException):
+            if c is not None:
+                c.close()
+            c = None  # not up yet, or shutting down
         stop.wait(interval)
+    if c is not None:
+        c.close()
 
 
-def run(spec: str, steps: int, warmup: int, serve: bool, interval: float, clients: int = 3) -> dict:
+def run(plan: str, steps: int, warmup: int, priority: str | None, interval: float, clients: int, wan: str,
+        duty: int = 0) -> dict:
+    """One training run; priority None: without BubbleTea."""
+    serve = priority is not None
     d = tempfile.mkdtemp(prefix="bench-bt-")
     if True:  # the run folder is kept when training fails, for its logs
-        argv = GEOTRAIN + ["train", spec, "--steps", str(steps), "--out", d, "--no-progress"]
+        argv = GEOTRAIN + ["train", plan, "--steps", str(steps), "--out", d, "--no-progress", "--wan", wan]
         ttfts: list[float] = []
         stop = threading.Event()
         th = None
         if serve:
             port = free_port()
-            argv += ["--serve-prefill", str(port)]
+            argv += ["--serve-prefill", str(port), "--prefill-priority", priority, "--prefill-duty", str(duty)]
             th = [threading.Thread(target=client, args=(port, stop, ttfts, interval), daemon=True)
                   for _ in range(clients)]
             for t in th:
@@ -79,6 +97,8 @@ def run(spec: str, steps: int, warmup: int, serve: bool, interval: float, client
             t.join(5)
         losses = [json.loads(x) for x in Path(d, "losses.jsonl").read_text().splitlines()]
         times = [x["step_time_s"] for x in losses][warmup:]
+        on = [x["step_time_s"] for x in losses[warmup:] if x.get("prefill")]
+        off = [x["step_time_s"] for x in losses[warmup:] if x.get("prefill") is False]
         prefill = total = 0.0
         for line in Path(d, "measured_trace.jsonl").read_text().splitlines():
             e = json.loads(line)
@@ -89,7 +109,8 @@ def run(spec: str, steps: int, warmup: int, serve: bool, interval: float, client
         nranks = len(list(Path(d, "trace").glob("rank*.jsonl"))) or 1
         total = sum(times) * nranks
         shutil.rmtree(d, ignore_errors=True)
-        return {"step": float(np.mean(times)), "prefill_frac": prefill / total if total else 0.0, "ttfts": ttfts}
+        return {"step": float(np.mean(times)), "prefill_frac": prefill / total if total else 0.0, "ttfts": ttfts,
+                "on": on, "off": off}
 
 
 def main() -> int:
@@ -100,24 +121,50 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--interval", type=float, default=0.05, help="seconds between a client's requests")
     ap.add_argument("--clients", type=int, default=3, help="concurrent clients (each waits for its answer)")
+    ap.add_argument("--priority", default="auto", help="BubbleTea arms, comma-separated: auto, idle, normal")
+    ap.add_argument("--wan", default="auto", choices=["auto", "kernel", "shaper", "off"])
+    ap.add_argument("--duty", type=int, default=0, metavar="N",
+                    help="also alternate N steps without and N with prefill inside each BubbleTea run "
+                         "(`train --prefill-duty`): a side-by-side comparison free of run-to-run noise")
     args = ap.parse_args()
-    base, bt = [], []
+    arms = [None] + [p.strip() for p in args.priority.split(",") if p.strip()]
+    work = tempfile.mkdtemp(prefix="bench-bt-plan-")
+    plan = str(Path(work, "plan.json"))
+    done = subprocess.run(GEOTRAIN + ["plan", args.spec, "--out", plan], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"geotrain plan failed: {done.stderr.strip()}")
+    res: dict = {a: [] for a in arms}
     for r in range(args.rounds):
-        for serve in (False, True):
-            res = run(args.spec, args.steps, args.warmup, serve, args.interval, args.clients)
-            (bt if serve else base).append(res)
-            print(f"round {r + 1}: {'with' if serve else 'without'} BubbleTea: step {res['step'] * 1e3:.1f} ms"
-                  + (f", prefill {res['prefill_frac']:.1%} of rank time, {len(res['ttfts'])} answered"
-                     if serve else ""), flush=True)
-    b = float(np.mean([x["step"] for x in base]))
-    w = float(np.mean([x["step"] for x in bt]))
-    ttfts = np.array([t for x in bt for t in x["ttfts"]] or [0.0])
-    print(f"\nspec {args.spec}, {args.steps} steps x {args.rounds} rounds each, alternated")
-    print(f"step time without BubbleTea  {b * 1e3:8.1f} ms")
-    print(f"step time with BubbleTea     {w * 1e3:8.1f} ms   ratio {w / b:.3f} (target <= 1.03)")
-    print(f"rank time used by prefill    {np.mean([x['prefill_frac'] for x in bt]):8.1%}  (utilization gained)")
-    print(f"TTFT p50 / p99               {np.percentile(ttfts, 50) * 1e3:.0f} / {np.percentile(ttfts, 99) * 1e3:.0f} ms"
-          f"  ({len(ttfts)} requests)")
+        for arm in arms:
+            x = run(plan, args.steps, args.warmup, arm, args.interval, args.clients, args.wan, args.duty)
+            res[arm].append(x)
+            name = "without BubbleTea" if arm is None else f"with BubbleTea ({arm})"
+            print(f"round {r + 1}: {name:<28} step {x['step'] * 1e3:6.1f} ms"
+                  + (f", prefill {x['prefill_frac']:.1%} of rank time, {len(x['ttfts'])} answered"
+                     if arm is not None else ""), flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    base = float(np.mean([x["step"] for x in res[None]]))
+    print(f"\nplan of {args.spec} (as the demo), WAN {args.wan}, {args.steps} steps x {args.rounds} rounds per arm, "
+          "alternated")
+    print(f"{'arm':<30} {'step ms':>8} {'ratio':>6} {'prefill':>8} {'TTFT p50':>9} {'p99':>7} {'answered':>9}")
+    print(f"{'without BubbleTea':<30} {base * 1e3:8.1f} {1:6.3f}")
+    for arm in arms[1:]:
+        w = float(np.mean([x["step"] for x in res[arm]]))
+        ttfts = np.array([t for x in res[arm] for t in x["ttfts"]] or [0.0])
+        print(f"{'with BubbleTea (' + arm + ')':<30} {w * 1e3:8.1f} {w / base:6.3f} "
+              f"{np.mean([x['prefill_frac'] for x in res[arm]]):8.1%} {np.percentile(ttfts, 50) * 1e3:7.0f}ms "
+              f"{np.percentile(ttfts, 99) * 1e3:5.0f}ms {len(ttfts):9d}")
+    if args.duty:
+        print(f"\nwithin each BubbleTea run, {args.duty} steps without prefill alternating with {args.duty} with it "
+              "(the service and its clients busy throughout):")
+        for arm in arms[1:]:
+            on = [t for x in res[arm] for t in x["on"]]
+            off = [t for x in res[arm] for t in x["off"]]
+            if on and off:
+                print(f"  {arm:<8} steps with prefill {np.mean(on) * 1e3:7.1f} ms, "
+                      f"without {np.mean(off) * 1e3:7.1f} ms, ratio {np.mean(on) / np.mean(off):.3f}  "
+                      f"({len(on)} / {len(off)} steps)")
+    print("target: ratio <= 1.03; prefill = rank time used by prefill (utilization gained)")
     return 0
 
 
