@@ -265,7 +265,8 @@ def test_message_overhead_follows_the_probed_latency_curve_and_queued_messages_p
     plan = plan_from_job(spec).with_(dp=1)
     link = calibrated_inputs(spec, plan, prof, mode="shaper").cluster.wan_links[0]
     lp = plan.link_between(*link.between)
-    stripe = 4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden / (max(1, lp.connections) if lp else 1)
+    wire = {"fp32": 4, "bf16": 2, "fp16": 2}[plan.precision]          # boundary tensors travel in the training dtype
+    stripe = wire * plan.micro_batch * spec.model.seq_len * spec.model.hidden / (max(1, lp.connections) if lp else 1)
     base = spec.cluster.wan_links[0]
     per_msg = stripe / (link.per_connection_gbps * 1e9 / 8)       # the stripes cross side by side
     assert per_msg == pytest.approx(stripe / (base.per_connection_gbps * 1e9 / 8) + 0.25e-3 * ratio)

@@ -111,3 +111,18 @@ def test_fp16_overflow_skips_the_step_on_every_rank(launched: Path) -> None:
     assert per_rank == [6 - len(skipped)] * 4
     assert all(torch.isfinite(torch.tensor(x["loss"])) for x in losses)
     assert losses[-1]["loss"] < losses[0]["loss"]
+
+
+@pytest.mark.slow
+def test_boundary_tensors_cross_the_wan_in_the_training_dtype(launched: Path) -> None:
+    """What the planner and simulator count per transfer is what crosses: fp16 here, half of fp32."""
+    from geotrain.cost import CostModel
+    from geotrain.trace.schema import Trace
+
+    spec = load_spec(SPEC)
+    plan = plan_from_job(spec)
+    xfers = [e for e in Trace.read_jsonl(launched / "fp16" / "measured_trace.jsonl").events if e.kind == "transfer"]
+    assert xfers
+    want = CostModel(spec.model, precision="fp16").boundary_bytes(plan.micro_batch)
+    assert {e.bytes for e in xfers} == {want}
+    assert want == plan.micro_batch * spec.model.seq_len * spec.model.hidden * 2

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.config.load import load_spec
+from geotrain.cost import CostModel
 from geotrain.errors import GeotrainError
 from geotrain.plan.manual import plan_from_job
 from geotrain.plan.plan import LinkPlan
@@ -182,7 +183,7 @@ def test_cross_dc_sends_are_recorded_as_transfers_on_their_wan_link(runs):
     xfers = [e for e in trace.events if e.kind == "transfer"]
     spec = load_spec(SPEC)
     plan = _plan()
-    boundary = plan.micro_batch * spec.model.seq_len * spec.model.hidden * 4   # fp32 on the wire
+    boundary = CostModel(spec.model, precision=plan.precision).boundary_bytes(plan.micro_batch)   # as simulated
     assert {e.link for e in xfers} == {"east->west", "west->east"}
     # every micro-batch's activation and gradient of every pipeline, every step
     assert len(xfers) == 2 * plan.num_microbatches * plan.dp * STEPS

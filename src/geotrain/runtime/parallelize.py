@@ -147,6 +147,15 @@ def autocast_context(precision: str, device: torch.device) -> Callable[[], conte
     return functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
 
 
+def wire_dtype(precision: str) -> torch.dtype:
+    """The dtype boundary tensors cross the WAN in: the training precision's, as the cost model,
+    planner and simulator count them (bf16/fp16: half the bytes of fp32). Weights stay fp32 under
+    autocast, so the residual stream between stages is fp32 and is rounded only for the trip."""
+    if precision not in PRECISIONS:
+        raise GeotrainError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
 def apply_fsdp(stack: UnitStack, mesh, sharding: str) -> nn.Module:
     """FSDP2 over the stage's DP mesh: one parameter group per block plus the chunk root.
 

@@ -2,7 +2,8 @@
 
 Each Action names a virtual stage, a micro-batch and a peer; the interpreter keeps, per
 (virtual stage, micro-batch), the stage input and output whose autograd graph the backward
-needs, and moves boundary tensors through a `Transport`. Sends are non-blocking (waited at the
+needs, and moves boundary tensors through a `Transport` in `boundary_dtype` (the training
+precision: what the planner counted), back in fp32 on arrival. Sends are non-blocking (waited at the
 end of the iteration); receives are posted a few actions early (`lookahead`) so a transfer can
 land while the rank computes, and waited for at their RECV action -- the waiting time is
 recorded as `recv_wait`.
@@ -193,7 +194,7 @@ class PipelineRank:
         if v == 0:
             inp = batches[mb][0]
         else:
-            inp = self._acts.pop((v, mb)).requires_grad_(True)
+            inp = self._acts.pop((v, mb)).to(torch.float32).requires_grad_(True)
         with self.autocast():
             out = chunk(inp)
         slot = _Slot(inp=inp)
@@ -219,7 +220,7 @@ class PipelineRank:
         if op == Op.BACKWARD_WEIGHT:           # deferred whole backward of the first stage
             grad = slot.grad
         else:
-            grad = None if v == self.last_virtual else self._grads.pop((v, mb))
+            grad = None if v == self.last_virtual else self._grads.pop((v, mb)).to(slot.out.dtype)
         if op == Op.BACKWARD_INPUT and v == 0:
             # The first stage has no input gradient to send: all of its backward runs at W.
             slot.weight_deferred, slot.grad = True, grad
