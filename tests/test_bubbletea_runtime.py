@@ -40,7 +40,7 @@ def test_requests_during_training_are_prefilled_by_ranks_and_answered_once(tmp_p
                 r = c.getresponse()
                 doc = json.loads(r.read())
                 c.close()
-                if r.status == 503 and "joined" in doc.get("error", ""):
+                if r.status == 503 and "no training rank" in doc.get("error", ""):
                     time.sleep(float(r.getheader("Retry-After", "1")))   # no rank yet: retry, as told
                     continue
                 with lock:

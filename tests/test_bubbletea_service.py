@@ -131,7 +131,7 @@ def test_no_rank_yet_answers_503_then_serves_once_a_rank_joins():
     svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2)
     host, port = svc.serve()
     status, body, headers = call(host, port, "POST", "/v1/completions", {"tokens": [1, 2, 3]}, token=None)
-    assert status == 503 and "joined" in json.loads(body)["error"] and headers.get("Retry-After") == "1"
+    assert status == 503 and "no training rank" in json.loads(body)["error"] and headers.get("Retry-After") == "1"
     assert json.loads(call(host, port, "GET", "/healthz", token=None)[1])["ready"] is False
     w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0))
     w.connect()

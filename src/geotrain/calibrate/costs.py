@@ -259,8 +259,7 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
         stage_costs.append(StageCost(forward=(t.forward + g_fwd) * ff + o, backward=(t.backward + g_bwd) * fb + o,
                                      backward_input=b_in * fb + o / 2,
                                      backward_weight=b_w * fb + o / 2,
-                                     send_bytes=4 * plan.micro_batch * spec.model.seq_len * spec.model.hidden
-                                     if v < last else 0))
+                                     send_bytes=boundary if v < last else 0))
     allreduce, optimizer = [], []
     sync = global_sync_s(spec, plan, profile, mode)
     ar = rt.get("allreduce", {})
