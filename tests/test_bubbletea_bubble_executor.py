@@ -76,7 +76,14 @@ def test_a_request_of_a_vanished_rank_restarts_elsewhere():
     fut = ex.submit(7, list(range(1, 41)))
     w1 = BubbleWorker(ex.address, 0, model, cost)
     w1.connect()
-    w1.fill(0.012)             # ~12 tokens, then the rank dies
+    # Exactly one chunk of ~12 tokens (a fill could run several: real chunks beat this cost model),
+    # then the rank dies.
+    from geotrain.bubbletea.wire import recv_frame, send_frame
+
+    send_frame(w1._sock, {"op": "poll", "budget": 0.012})
+    chunk, _ = recv_frame(w1._sock)
+    assert chunk["op"] == "chunk" and 0 < len(chunk["tokens"]) < 40
+    w1._run_chunk(chunk)
     w1.close()
     time.sleep(0.2)
     w2 = BubbleWorker(ex.address, 1, model, cost)

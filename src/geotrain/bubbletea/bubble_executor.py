@@ -87,9 +87,10 @@ class BubbleExecutor:
         return fut
 
     def ready(self) -> bool:
-        """Some training rank is connected: an accepted request can make progress."""
+        """A training rank has joined: an accepted request can make progress. (Requests that
+        arrive after the last rank left are still accepted: `finish_locally` answers them.)"""
         with self._lock:
-            return bool(self.ranks)
+            return bool(self._ranks_seen)
 
     def utilization_gained(self) -> float:
         with self._lock:

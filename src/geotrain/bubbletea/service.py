@@ -104,7 +104,7 @@ class PrefillService:
             if self.stats.in_flight >= self.max_queue:
                 raise ServiceError(429, "queue is full, retry later")
             if not self.ready():
-                raise ServiceError(503, "no training rank is connected, retry shortly")
+                raise ServiceError(503, "no training rank has joined yet, retry shortly")
             self.stats.in_flight += 1
         return next(self._ids)
 
