@@ -137,23 +137,22 @@ def apply_checkpointing(stack: UnitStack, mode: str) -> None:
             unit.forward = _checkpointed(unit.forward, selective=mode == "selective")
 
 
-def autocast_context(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
-    """A factory of the autocast context for forward passes (fp32: none)."""
-    if precision not in PRECISIONS:
-        raise GeotrainError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
-    if precision == "fp32":
-        return contextlib.nullcontext
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
-
-
-def wire_dtype(precision: str) -> torch.dtype:
-    """The dtype boundary tensors cross the WAN in: the training precision's, as the cost model,
-    planner and simulator count them (bf16/fp16: half the bytes of fp32). Weights stay fp32 under
-    autocast, so the residual stream between stages is fp32 and is rounded only for the trip."""
+def precision_dtype(precision: str) -> torch.dtype:
+    """The torch dtype of a plan's precision: what autocast computes in, and what boundary tensors
+    cross the WAN in -- the bytes the cost model, planner and simulator count (bf16/fp16: half of
+    fp32). Weights stay fp32 under autocast, so the residual stream between stages is fp32 and is
+    rounded only for the trip."""
     if precision not in PRECISIONS:
         raise GeotrainError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def autocast_context(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of the autocast context for forward passes (fp32: none)."""
+    dtype = precision_dtype(precision)
+    if dtype == torch.float32:
+        return contextlib.nullcontext
+    return functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
 
 
 def apply_fsdp(stack: UnitStack, mesh, sharding: str) -> nn.Module:

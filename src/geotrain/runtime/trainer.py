@@ -161,7 +161,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         apply_tp,
         autocast_context,
         optimizer_param_groups,
-        wire_dtype,
+        precision_dtype,
     )
     from geotrain.runtime.pipeline import PipelineRank
     from geotrain.runtime.recorder import Recorder
@@ -264,7 +264,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     runner = PipelineRank(plan=plan, schedule=schedule, stage=stage, replica=replica, tp_rank=tp_rank, chunks=chunks,
                           transport=transport, recorder=recorder,
                           autocast=autocast_context(plan.precision, device), boundary_shape=boundary,
-                          boundary_dtype=wire_dtype(plan.precision),
+                          boundary_dtype=precision_dtype(plan.precision),
                           dp_group=dp_group, on_optimizer=on_optimizer, bubble=bubble)
 
     bar = None
