@@ -230,7 +230,7 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
     cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
                      optimizer=spec.job.optimizer, profile=cost_profile(profile))
     mode = mode or profile_mode(profile)
-    boundary = plan.micro_batch * spec.model.seq_len * spec.model.hidden * cost.dtype_bytes  # as the runtime sends it
+    boundary = cost.boundary_bytes(plan.micro_batch)   # what the runtime sends: the training dtype
     cluster = calibrated_cluster(spec, profile, background, mode, boundary, message_scale, plan)
     sched = plan_schedule(plan)
     per_action = float(rt.get("per_action_s", 0.0))

@@ -629,7 +629,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
     cost = CostModel(m, precision=precision, checkpointing="none", optimizer=job.optimizer)
     stage_grad = cost.grad_bytes(plan.stages[0].units)
     grad_fp32 = stage_grad * 4 // cost.dtype_bytes            # the runtime reduces fp32 gradients
-    boundary = m.seq_len * m.hidden * cost.dtype_bytes * mbs[0]   # boundary tensors travel in the training dtype
+    boundary = cost.boundary_bytes(mbs[0])                    # boundary tensors travel in the training dtype
     link = next(iter(spec.cluster.wan_links), None)
     world = 4 if not quick else 2
     task = {"model": m.model_dump(), "micro_batch": mbs[0], "precision": precision,
