@@ -200,7 +200,7 @@ def test_idle_priority_worker_computes_on_a_sched_idle_thread():
     assert fut.result(timeout=1).first_token == prefill(model, list(range(1, 9)))[0]
     if sys.platform.startswith("linux"):
         assert w._runner.priority in ("idle", "nice 19")
-        tid = w._runner._thread.native_id
+        tid = w._runner.native_id
         if w._runner.priority == "idle":
             assert os.sched_getscheduler(tid) == os.SCHED_IDLE
         assert os.sched_getscheduler(0) != getattr(os, "SCHED_IDLE", -1)   # the caller kept its priority

@@ -19,10 +19,10 @@ computes, so the main thread's waiting costs nothing.
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -45,42 +45,22 @@ def lower_own_priority() -> str:
 
 
 class IdlePriorityThread:
-    """One daemon thread at the lowest CPU priority that runs the callables it is handed."""
+    """One worker thread at the lowest CPU priority that runs the callables it is handed: a
+    one-thread ThreadPoolExecutor whose initializer lowers its thread, started at once so that
+    `priority` (what the OS granted) and `native_id` are known from construction on."""
 
     def __init__(self, name: str = "bubbletea-prefill"):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.priority = "starting"
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(ready,), name=name, daemon=True)
-        self._thread.start()
-        ready.wait()
+        self.priority, self.native_id = "starting", None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=self._lower)
+        self._pool.submit(int).result()
 
-    def _loop(self, ready: threading.Event) -> None:
+    def _lower(self) -> None:
+        self.native_id = threading.get_native_id()
         self.priority = lower_own_priority()
-        ready.set()
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, box, done = job
-            try:
-                box.append((True, fn()))
-            except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
-                box.append((False, e))
-            done.set()
 
     def run(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the low-priority thread; block until it returns (or raise what it raised)."""
-        if not self._thread.is_alive():
-            raise RuntimeError("the idle-priority thread has stopped")
-        box: list = []
-        done = threading.Event()
-        self._jobs.put((fn, box, done))
-        done.wait()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+        return self._pool.submit(fn).result()
 
     def close(self) -> None:
-        self._jobs.put(None)
+        self._pool.shutdown(wait=False)
