@@ -291,8 +291,12 @@ class BubbleWorker:
                 continue
             return msg
 
+    def _modelled(self, msg: dict) -> float:
+        """The chunk's time by the start-up profile."""
+        return self.cost.chunk_time(len(msg["tokens"]), int(msg["context"]))
+
     def _predict(self, msg: dict) -> float:
-        return self.cost.chunk_time(len(msg["tokens"]), int(msg["context"])) * self.slowdown
+        return self._modelled(msg) * self.slowdown
 
     def _learn(self, measured: float, modelled: float) -> None:
         """Track how much slower chunks run now than the start-up profile said (a busy machine,
@@ -310,7 +314,7 @@ class BubbleWorker:
         t = time.perf_counter()
         logits = forward_with_cache(self.model, torch.tensor([msg["tokens"]], dtype=torch.long), cache)
         busy = time.perf_counter() - t
-        self._learn(busy, self.cost.chunk_time(len(msg["tokens"]), int(msg["context"])))
+        self._learn(busy, self._modelled(msg))
         self.busy_s += busy
         self.chunks += 1
         done = {"op": "done", "id": rid, "n": len(msg["tokens"]), "busy": busy}
