@@ -76,41 +76,41 @@ def run(plan: str, steps: int, warmup: int, priority: str | None, interval: floa
     """One training run; priority None: without BubbleTea."""
     serve = priority is not None
     d = tempfile.mkdtemp(prefix="bench-bt-")
-    if True:  # the run folder is kept when training fails, for its logs
-        argv = GEOTRAIN + ["train", plan, "--steps", str(steps), "--out", d, "--no-progress", "--wan", wan]
-        ttfts: list[float] = []
-        stop = threading.Event()
-        th = None
-        if serve:
-            port = free_port()
-            argv += ["--serve-prefill", str(port), "--prefill-priority", priority, "--prefill-duty", str(duty)]
-            th = [threading.Thread(target=client, args=(port, stop, ttfts, interval), daemon=True)
-                  for _ in range(clients)]
-            for t in th:
-                t.start()
-        done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if done.returncode:
-            stop.set()
-            raise SystemExit(f"geotrain train failed ({done.returncode}): {done.stderr.strip()[-500:]} (run: {d})")
+    argv = GEOTRAIN + ["train", plan, "--steps", str(steps), "--out", d, "--no-progress", "--wan", wan]
+    ttfts: list[float] = []
+    stop = threading.Event()
+    th = None
+    if serve:
+        port = free_port()
+        argv += ["--serve-prefill", str(port), "--prefill-priority", priority, "--prefill-duty", str(duty)]
+        th = [threading.Thread(target=client, args=(port, stop, ttfts, interval), daemon=True)
+              for _ in range(clients)]
+        for t in th:
+            t.start()
+    done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
         stop.set()
-        for t in th or []:
-            t.join(5)
-        losses = [json.loads(x) for x in Path(d, "losses.jsonl").read_text().splitlines()]
-        times = [x["step_time_s"] for x in losses][warmup:]
-        on = [x["step_time_s"] for x in losses[warmup:] if x.get("prefill")]
-        off = [x["step_time_s"] for x in losses[warmup:] if x.get("prefill") is False]
-        prefill = total = 0.0
-        for line in Path(d, "measured_trace.jsonl").read_text().splitlines():
-            e = json.loads(line)
-            if "header" in e or e["iteration"] <= warmup:
-                continue
-            if e["kind"] == "prefill":
-                prefill += e["end"] - e["start"]
-        nranks = len(list(Path(d, "trace").glob("rank*.jsonl"))) or 1
-        total = sum(times) * nranks
-        shutil.rmtree(d, ignore_errors=True)
-        return {"step": float(np.mean(times)), "prefill_frac": prefill / total if total else 0.0, "ttfts": ttfts,
-                "on": on, "off": off}
+        # the run folder is kept when training fails, for its logs
+        raise SystemExit(f"geotrain train failed ({done.returncode}): {done.stderr.strip()[-500:]} (run: {d})")
+    stop.set()
+    for t in th or []:
+        t.join(5)
+    losses = [json.loads(x) for x in Path(d, "losses.jsonl").read_text().splitlines()]
+    times = [x["step_time_s"] for x in losses][warmup:]
+    on = [x["step_time_s"] for x in losses[warmup:] if x.get("prefill")]
+    off = [x["step_time_s"] for x in losses[warmup:] if x.get("prefill") is False]
+    prefill = 0.0
+    for line in Path(d, "measured_trace.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if "header" in e or e["iteration"] <= warmup:
+            continue
+        if e["kind"] == "prefill":
+            prefill += e["end"] - e["start"]
+    nranks = len(list(Path(d, "trace").glob("rank*.jsonl"))) or 1
+    total = sum(times) * nranks
+    shutil.rmtree(d, ignore_errors=True)
+    return {"step": float(np.mean(times)), "prefill_frac": prefill / total if total else 0.0, "ttfts": ttfts,
+            "on": on, "off": off}
 
 
 def main() -> int:
