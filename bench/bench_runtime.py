@@ -105,7 +105,8 @@ def saved_bytes(spec_path: Path) -> int:
     from geotrain.config.load import load_spec
     from geotrain.models.llama import build_model
     from geotrain.plan.manual import plan_from_job
-    from geotrain.runtime.parallelize import apply_checkpointing, autocast_context
+    from geotrain.runtime.checkpointing import apply_checkpointing
+    from geotrain.runtime.parallelize import autocast_context
 
     spec = load_spec(spec_path)
     plan = plan_from_job(spec)

@@ -155,8 +155,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     from geotrain.models.llama import build_units
     from geotrain.plan.plan import save_plan
     from geotrain.runtime.checkpoint import Checkpointer
+    from geotrain.runtime.checkpointing import apply_checkpointing
     from geotrain.runtime.parallelize import (
-        apply_checkpointing,
         apply_fsdp,
         apply_tp,
         autocast_context,
