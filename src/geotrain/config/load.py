@@ -130,6 +130,8 @@ def _model_from_dict(data: dict[str, Any], file: str, prefix: str = "", default_
     if not isinstance(data, dict):
         raise SpecError(file, prefix or "(top level)", "must be a table")
     data = dict(data)
+    if "hf" in data:
+        return _hf_model(data, file, prefix, default_name)
     preset = data.pop("preset", None)
     if preset is not None:
         if not isinstance(preset, str) or preset not in PRESETS:
@@ -139,6 +141,40 @@ def _model_from_dict(data: dict[str, Any], file: str, prefix: str = "", default_
     elif default_name is not None and "name" not in data:
         data["name"] = default_name
     return _validate(ModelSpec, data, file, prefix)
+
+
+# Keys a model table may set beside `hf`: everything else comes from the weights' config.json.
+_HF_OVERRIDES = {"hf", "name", "seq_len"}
+
+
+def _hf_model(data: dict[str, Any], file: str, prefix: str, default_name: str | None) -> ModelSpec:
+    """A model whose shape and weights come from a Hugging Face directory (`hf = "DIR"`, relative
+    to the file naming it); `seq_len` may shorten the trained context."""
+    from geotrain.config.hf import HFConfigError, is_hf_dir, read_hf_config
+
+    ref = data["hf"]
+    if not isinstance(ref, str) or not ref:
+        raise SpecError(file, _join(prefix, "hf"), "must be the path of a Hugging Face model directory")
+    extra = sorted(set(data) - _HF_OVERRIDES)
+    if extra:
+        raise SpecError(file, _join(prefix, extra[0]), "the shape comes from the hf directory's config.json; "
+                                                       "only name and seq_len may be set beside hf")
+    path = Path(ref).expanduser()
+    if not path.is_absolute():
+        path = Path(file).parent / path
+    if not is_hf_dir(path):
+        raise SpecError(file, _join(prefix, "hf"), f"{path}: not a directory with a config.json")
+    try:
+        shape = read_hf_config(path)
+    except HFConfigError as e:
+        field, _, reason = str(e).partition(": ")
+        raise SpecError(str(path / "config.json"), field, reason) from None
+    seq_len = data.get("seq_len", shape["seq_len"])
+    if isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > shape["seq_len"]:
+        raise SpecError(file, _join(prefix, "seq_len"), f"{seq_len} is past the model's max_position_embeddings "
+                                                        f"{shape['seq_len']}")
+    name = data.get("name", default_name or path.name)
+    return _validate(ModelSpec, {**shape, "name": name, "seq_len": seq_len, "hf": str(path.resolve())}, file, prefix)
 
 
 def load_cluster(path: str | Path, *, referred_from: str | None = None, field: str = "") -> Cluster:
@@ -157,6 +193,8 @@ def load_model(ref: str | Path, base: Path | None = None, *, referred_from: str 
     if str(ref) in PRESETS:
         return PRESETS[str(ref)]
     path = Path(ref) if base is None else base / ref
+    if path.is_dir():
+        return _model_from_dict({"hf": str(path.resolve())}, referred_from or str(path), field)
     if path.suffix != ".toml" and not path.exists():
         raise SpecError(referred_from or str(ref), field,
                         f"{str(ref)!r} is neither a model preset ({', '.join(PRESETS)}) nor a file")

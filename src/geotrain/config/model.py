@@ -18,6 +18,12 @@ class ModelSpec(Strict):
     seq_len: PositiveInt
     norm_eps: float = Field(1e-5, gt=0)
     rope_theta: float = Field(10000.0, gt=0)
+    # A Hugging Face Llama directory (config.json + safetensors) the weights come from; the shape
+    # fields above are then read from its config.json (config.hf). None: deterministic init.
+    hf: str | None = None
+    # The HF checkpoint ties the output head to the embedding. geotrain loads the tied matrix
+    # into both (a pipeline keeps them on different stages) and trains them as two matrices.
+    tie_embeddings: bool = False
 
     @model_validator(mode="after")
     def _check_shape(self) -> ModelSpec:

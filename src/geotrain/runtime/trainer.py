@@ -198,6 +198,10 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         apply_checkpointing(module, plan.checkpointing)
         if plan.sharding in ("zero2", "zero3"):
             apply_fsdp(module, dp_mesh, plan.sharding)
+        if spec.model.hf:      # start from HF weights: this chunk's tensors only, into its own shards
+            from geotrain.models.hf import load_hf_weights
+
+            load_hf_weights(module, spec.model.hf, spec.model.layers, spec.model.tie_embeddings)
         chunks[c * plan.pp + stage] = module
     params = [p for m in chunks.values() for p in m.parameters()]
     optimizer = make_optimizer(optimizer_param_groups(params) if plan.tp > 1 else params, job, plan.sharding,

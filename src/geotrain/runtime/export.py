@@ -1,0 +1,84 @@
+"""A training run's latest distributed checkpoint as a Hugging Face Llama directory.
+
+The checkpoint is read with torch.distributed.checkpoint in one process (`no_dist`), only the
+model tensors (not the optimizer state): DCP assembles FSDP2 shards and the stages' slices into
+full tensors by name, `stage{s}.model.v{v}.units.{i}.*`. The names are mapped to HF's
+(`models.hf`), written with safetensors beside a config.json, so `transformers` loads the
+directory as it loads any LlamaForCausalLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from geotrain.errors import GeotrainError
+
+_KEY = re.compile(r"^stage\d+\.model\.v\d+\.(units\.\d+\..+)$")
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    pointer = run_dir / "checkpoints" / "latest"
+    path = run_dir / "checkpoints" / pointer.read_text().strip() if pointer.is_file() else None
+    if path is None or not (path / ".metadata").is_file():
+        raise GeotrainError(f"{run_dir}: no complete checkpoint in {run_dir / 'checkpoints'} (train with "
+                            "--checkpoint-every N, or job.checkpoint_every, to save one)")
+    return path
+
+
+def checkpoint_model_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """`units.{i}.*` -> full tensor, read from a DCP checkpoint directory (model state only)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    wanted: dict[str, torch.Tensor] = {}
+    names: dict[str, str] = {}
+    for key, info in meta.state_dict_metadata.items():
+        m = _KEY.match(key)
+        if m and isinstance(info, TensorStorageMetadata):
+            wanted[key] = torch.empty(info.size, dtype=info.properties.dtype)
+            names[key] = m.group(1)
+    if not wanted:
+        raise GeotrainError(f"{path}: no model tensors in this checkpoint")
+    with warnings.catch_warnings():   # "torch.distributed is uninitialized": one process is the intent
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(wanted, checkpoint_id=str(path), no_dist=True)
+    return {names[k]: t for k, t in wanted.items()}
+
+
+def export_hf(run_dir: str | Path, out: str | Path, model_spec, tokenizer_dir: str | None = None) -> Path:
+    """Write OUT/config.json + OUT/model.safetensors (+ the tokenizer files of the model's HF source)."""
+    from safetensors.torch import save_file
+
+    from geotrain.models.hf import hf_config, to_hf_state
+
+    run_dir, out = Path(run_dir), Path(out)
+    tensors = checkpoint_model_tensors(latest_checkpoint(run_dir))
+    expected = {f"units.{i}" for i in range(model_spec.num_units)}
+    have = {".".join(n.split(".")[:2]) for n in tensors}
+    if have != expected:
+        raise GeotrainError(f"{run_dir}: the checkpoint holds units {sorted(have)}, the model has "
+                            f"{model_spec.num_units}: not this run's model")
+    state = to_hf_state(tensors.items(), model_spec.layers)
+    dtypes = {t.dtype for t in state.values()}
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    dtype = str(next(iter(dtypes))).removeprefix("torch.") if len(dtypes) == 1 else "float32"
+    (tmp / "config.json").write_text(json.dumps(hf_config(model_spec, dtype), indent=2) + "\n")
+    if tokenizer_dir:
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (Path(tokenizer_dir) / name).is_file():
+                shutil.copy(Path(tokenizer_dir) / name, tmp / name)
+    if out.exists():
+        shutil.rmtree(out)
+    os.rename(tmp, out)
+    return out
