@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from geotrain.plan.manual import plan_from_job
 
     spec = load_spec(args.spec)
-    plan = plan_from_job(spec, virtual_per_stage=2 if spec.job.schedule == "interleaved" else 1)
+    plan = plan_from_job(spec, virtual_per_stage=2 if spec.job.schedule == "interleaved" else 1, fit=False)
     profile = _load_profile(args.profile) if args.profile else None
     try:
         cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,

@@ -66,7 +66,6 @@ def run(args: argparse.Namespace) -> int:
     from geotrain.config import load_spec
     from geotrain.console import format_table, human_bytes, human_rate, human_seconds
     from geotrain.errors import GeotrainError
-    from geotrain.plan.manual import plan_from_job
     from geotrain.plan.plan import load_plan, save_plan
     from geotrain.report.build import build_report
     from geotrain.report.compare import compare_schedules, schedule_variant
@@ -97,16 +96,15 @@ def run(args: argparse.Namespace) -> int:
         plan, _ = load_plan(args.plan)
         if args.schedule:
             plan, _ = schedule_variant(plan, args.schedule, spec.model.num_units, spec)
-    elif spec.job.pp is None and spec.job.dp is None:
+    else:
         from geotrain.plan.search import make_plan
 
-        print(f"planning {spec.name} (the job pins no layout; pass --plan to simulate another)", flush=True)
-        plan = make_plan(spec).plan  # what `geotrain plan SPEC` chooses (the estimate-only pick can differ)
+        # What `geotrain plan SPEC` chooses -- also for a job that pins pp/dp, so plan, simulate and
+        # train place it alike (the estimate-only pick can differ from the simulated one).
+        print(f"planning {spec.name} (pass --plan to simulate another plan)", flush=True)
+        plan = make_plan(spec).plan
         if args.schedule:
             plan, _ = schedule_variant(plan, args.schedule, spec.model.num_units, spec)
-    else:
-        plan = plan_from_job(spec, schedule=args.schedule,
-                             virtual_per_stage=2 if (args.schedule or spec.job.schedule) == "interleaved" else 1)
     check_plan_for_spec(spec, plan)
     show = False if args.no_progress else None
     try:

@@ -72,6 +72,11 @@ def _config(args: argparse.Namespace):
         if not spec_path.is_absolute() and not spec_path.exists():
             spec_path = path.parent / spec_path
         plan_dict = plan.to_dict()
+    else:  # a spec: the plan `geotrain plan SPEC` chooses, pinned layout or not (every rank gets the same)
+        from geotrain.config import load_spec
+        from geotrain.plan.search import make_plan
+
+        plan_dict = make_plan(load_spec(path)).plan.to_dict()
     overrides = {k: v for k, v in (("schedule", args.schedule), ("precision", args.precision),
                                     ("checkpointing", args.checkpointing), ("sharding", args.sharding)) if v}
     # A plan file's own name ("plan") says nothing: name the run after the experiment.

@@ -21,9 +21,9 @@ from geotrain.config.load import Spec
 from geotrain.errors import GeotrainError
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.estimate import inflight
-from geotrain.plan.manual import assign_stages_to_dcs, split_even
 from geotrain.plan.placement import divisors
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
+from geotrain.plan.split import split_even
 
 BASELINES = ("dp-across-dcs", "naive-pp", "varuna", "single-dc")
 
@@ -61,6 +61,22 @@ def _cheapest_fit(ctx: PlanningContext, plan: Plan) -> Plan | None:
                    for s, st in enumerate(plan.stages)):
                 return plan.with_(checkpointing=ckpt, sharding=sharding)
     return None
+
+
+def assign_stages_to_dcs(gpus: list[int], pp: int) -> list[int]:
+    """naive-pp's placement: index of the DC of each stage, DCs in input order, stage counts
+    proportional to GPU counts, every DC at least one stage while stages remain."""
+    n = len(gpus)
+    if pp < n:
+        counts = [1] * pp + [0] * (n - pp)
+    else:
+        total = sum(gpus)
+        counts = [max(1, round(pp * g / total)) for g in gpus]
+        while sum(counts) > pp:
+            counts[max(range(n), key=lambda i: counts[i])] -= 1
+        while sum(counts) < pp:
+            counts[max(range(n), key=lambda i: gpus[i] / counts[i])] += 1
+    return [i for i, c in enumerate(counts) for _ in range(c)]
 
 
 def _linked_in_order(ctx: PlanningContext, names: list[str]) -> bool:

@@ -1,81 +1,57 @@
-"""A plan taken straight from the job spec (fixed pp/dp), with an even layer split.
+"""The plan of a job that pins its layout (pp, dp, ...): placed by the planner's own search.
 
-This is what `simulate` and `train` use when the user pins the layout, and the starting
-point the planner improves on: it makes no search, only the obvious choices.
+`simulate`, `train`, `estimate` and the calibration runs use this when they get a spec and no
+plan file, so a pinned job is laid out the way `geotrain plan` lays it out: the same layout
+enumeration (DC chains, stages per DC fastest GPUs first, a time-balanced layer split), the same
+memory fitting and the same analytical score -- only the simulator's confirmation of the best few
+is left to the caller above (`geotrain plan`, `geotrain simulate` and `geotrain train` all go
+through it). What is pinned stays pinned; what is "auto" the search chooses.
+
+A pin that cannot be placed says why with the numbers of each DC (`plan.pins`).
 """
 
 from __future__ import annotations
 
 from geotrain.config.load import Spec
 from geotrain.errors import InfeasibleError
-from geotrain.plan.plan import LinkPlan, Plan, StagePlan
+from geotrain.plan.context import PlanningContext
+from geotrain.plan.explain import infeasible_reason
+from geotrain.plan.pins import ZB_SELECTIVE, pin_problem
+from geotrain.plan.plan import Plan
+from geotrain.plan.search import Candidate, Layout, Scorer, enumerate_layouts, search
+from geotrain.plan.split import split_even
 
 
-def split_even(num_units: int, parts: int) -> list[tuple[int, int]]:
-    """Cut units 0..num_units into `parts` contiguous, near-equal ranges."""
-    if parts > num_units:
-        raise InfeasibleError(f"cannot cut {num_units} model units into {parts} pipeline stages")
-    base, extra = divmod(num_units, parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
+def plan_from_job(spec: Spec, schedule: str | None = None, virtual_per_stage: int = 1, fit: bool = True) -> Plan:
+    """The planner's best layout (by its analytical estimate) among those the job allows.
+
+    schedule / virtual_per_stage: force a schedule kind (virtual_per_stage 2 means interleaved).
+    fit=False: when nothing fits in memory, the placement of the layout with the lowest bound
+    anyway, with the job's first checkpointing/sharding choices (what `estimate` reports on)."""
+    ctx = PlanningContext(spec)
+    problem = pin_problem(ctx)
+    if problem:
+        raise InfeasibleError(problem)
+    kind = schedule or ("interleaved" if virtual_per_stage > 1 else None)
+    if kind == "zb-h1" and ctx.checkpointing_options() == ("selective",):
+        raise InfeasibleError(ZB_SELECTIVE)
+    scorer = Scorer(ctx, kinds=(kind,) if kind else None)
+    layouts = enumerate_layouts(ctx)
+    best = search(ctx, scorer, layouts, keep=1) if layouts else []
+    if best:
+        return best[0].to_plan(ctx).with_(name=spec.name)
+    if fit and layouts or not layouts:
+        raise InfeasibleError(infeasible_reason(ctx, scorer.tightest))
+    return _unfitted(ctx, scorer, min(layouts, key=lambda lay: lay.bound), kind).with_(name=spec.name)
 
 
-def assign_stages_to_dcs(gpus: list[int], pp: int) -> list[int]:
-    """Index of the DC of each stage: DCs in order, stage counts proportional to GPU counts,
-    every DC at least one stage while stages remain."""
-    n = len(gpus)
-    if pp < n:
-        counts = [1] * pp + [0] * (n - pp)
-    else:
-        total = sum(gpus)
-        counts = [max(1, round(pp * g / total)) for g in gpus]
-        while sum(counts) > pp:
-            counts[max(range(n), key=lambda i: counts[i])] -= 1
-        while sum(counts) < pp:
-            counts[max(range(n), key=lambda i: gpus[i] / counts[i])] += 1
-    return [i for i, c in enumerate(counts) for _ in range(c)]
+def _unfitted(ctx: PlanningContext, scorer: Scorer, lay: Layout, kind: str | None) -> Plan:
+    kind = kind or (ctx.job.schedule if ctx.job.schedule != "auto" else "1f1b")
+    v = 2 if kind == "interleaved" else 1
+    ckpt = ctx.checkpointing_options()[0]
+    chunks = scorer.split(lay.stage_dcs, lay.micro_batch, ckpt, v)
+    conns = tuple(scorer.connections(a, b, lay.dp, "fair") for a, b in zip(lay.chain, lay.chain[1:]))
+    return Candidate(lay, kind, v, ckpt, ctx.sharding_options()[0], chunks, (), "fair", conns, None).to_plan(ctx)
 
 
-def plan_from_job(spec: Spec, schedule: str | None = None, virtual_per_stage: int = 1) -> Plan:
-    job, cluster = spec.job, spec.cluster
-    dcs = cluster.datacenters
-    pp = job.pp or len(dcs)
-    stage_dc = assign_stages_to_dcs([d.gpus for d in dcs], pp)
-    per_dc = {i: stage_dc.count(i) for i in set(stage_dc)}
-    dp = job.dp or min(dcs[i].gpus // (c * job.tp) for i, c in per_dc.items())
-    if dp < 1:
-        raise InfeasibleError("a datacenter has fewer GPUs than the stages placed on it need")
-    for i, c in per_dc.items():
-        if c * dp * job.tp > dcs[i].gpus:
-            raise InfeasibleError(
-                f"datacenter {dcs[i].name} has {dcs[i].gpus} GPUs but {c} stages x dp={dp} x tp={job.tp} "
-                f"need {c * dp * job.tp}")
-    mb = job.micro_batch if isinstance(job.micro_batch, int) else 1
-    if job.global_batch % (dp * mb):
-        raise InfeasibleError(f"global_batch={job.global_batch} is not a multiple of dp={dp} x micro_batch={mb}")
-    m = job.global_batch // (dp * mb)
-    ranges = split_even(spec.model.num_units, pp * virtual_per_stage)
-    stages = tuple(
-        StagePlan(dc=dcs[stage_dc[s]].name, chunks=tuple(ranges[c * pp + s] for c in range(virtual_per_stage)))
-        for s in range(pp)
-    )
-    links = []
-    for s in range(pp - 1):
-        a, b = stages[s].dc, stages[s + 1].dc
-        if a != b:
-            wl = cluster.link(a, b)
-            if wl is None:
-                raise InfeasibleError(f"stages {s} and {s + 1} sit in {a} and {b}, which no WAN link joins")
-            links.append(LinkPlan(src_dc=a, dst_dc=b, connections=wl.connections_to_saturate(), sharing="fair"))
-    kind = schedule or (job.schedule if job.schedule != "auto" else "1f1b")
-    return Plan(
-        stages=stages, dp=dp, tp=job.tp, micro_batch=mb, num_microbatches=m, schedule=kind,
-        precision=job.precision,
-        checkpointing=job.checkpointing if job.checkpointing != "auto" else "none",
-        sharding=job.sharding if job.sharding != "auto" else "replicate",
-        links=tuple(links), name=f"{spec.name}-manual",
-    )
+__all__ = ["plan_from_job", "split_even"]

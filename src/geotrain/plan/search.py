@@ -23,9 +23,10 @@ from geotrain.config.load import Spec
 from geotrain.errors import InfeasibleError
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.estimate import BoundaryCosts, Estimate, StageCosts, estimate, inflight
+from geotrain.plan.pins import pin_problem, respects_pins
 from geotrain.plan.placement import chains, distribute_stages, iter_dp, pp_candidates, stage_dcs
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
-from geotrain.plan.split import balanced_split
+from geotrain.plan.split import balanced_split, split_even
 from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, pipeline_offsets
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -139,7 +140,6 @@ class Scorer:
         if out is None:
             pp = len(dcs)
             if self.even_split:
-                from geotrain.plan.manual import split_even
                 ranges = split_even(ctx.num_units, pp * v)
             else:
                 prefixes = [ctx.table(types[i % pp], mb, ckpt).step for i in range(pp * v)]
@@ -415,6 +415,9 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate: b
 
     t0 = time.perf_counter()
     ctx = PlanningContext(spec)
+    problem = pin_problem(ctx)
+    if problem:
+        raise InfeasibleError(problem)
     scorer = Scorer(ctx)
     layouts = enumerate_layouts(ctx)
     if not layouts:
@@ -428,7 +431,8 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate: b
     best = finalists[0]
     if best.sharing == "temporal":
         plans.append((apply_fair(best.to_plan(ctx)).with_(name=f"{best.name}-fair"), best))
-    plans += [(p, None) for p in _upgraded_baselines(spec, ctx)]
+    # A baseline picks its own dp, schedule, ...: for a pinned job only those keeping the pins count.
+    plans += [(p, None) for p in _upgraded_baselines(spec, ctx) if respects_pins(p, spec.job)]
     t_search = time.perf_counter() - t0
     if log:
         log(f"searched {len(layouts)} layouts, scored {scorer.scored} candidates in {t_search:.2f} s")
@@ -450,7 +454,7 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate: b
                 best_t, chosen_plan, chosen_cand, chosen_sim = t, plan, cand, res
     t_sim = time.perf_counter() - t1
     if chosen_cand is None:
-        chosen_cand = _score_plan(ctx, chosen_plan)
+        chosen_cand = score_plan(ctx, chosen_plan)
     # Candidates are numbered internally ("geotrain-3"); the plan a user gets is named after the experiment.
     chosen_plan = chosen_plan.with_(name=spec.name)
     if chosen_sim is not None:
@@ -505,7 +509,7 @@ def _upgraded_baselines(spec: Spec, ctx: PlanningContext) -> list[Plan]:
         from geotrain.plan.temporal import with_connections
 
         up = with_connections(plan, conns).with_(name=f"{name}+wan")
-        cand = _score_plan(ctx, up)
+        cand = score_plan(ctx, up)
         period = cand.est.period if cand else 0.0
         up = apply_temporal(up, ctx.cluster, ctx.boundary_bytes(up.micro_batch), period)
         out.append(up)
@@ -514,7 +518,7 @@ def _upgraded_baselines(spec: Spec, ctx: PlanningContext) -> list[Plan]:
     return out
 
 
-def _score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
+def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
     """The analytical estimate of an existing plan (for baselines and the explanation)."""
     chain = []
     counts = []

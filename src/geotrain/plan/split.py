@@ -14,6 +14,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
 
+from geotrain.errors import InfeasibleError
+
 
 def prefix_sums(values: Sequence[float]) -> list[float]:
     """[0, v0, v0+v1, ...]: the time of units [a, b) is p[b] - p[a]."""
@@ -68,3 +70,16 @@ def balanced_split(prefixes: Sequence[Sequence[float]], rel_tol: float = 1e-4) -
 
 def stage_time(prefix: Sequence[float], rng: tuple[int, int]) -> float:
     return prefix[rng[1]] - prefix[rng[0]]
+
+
+def split_even(num_units: int, parts: int) -> list[tuple[int, int]]:
+    """Cut units 0..num_units into `parts` contiguous, near-equal ranges (by count, not time)."""
+    if parts > num_units:
+        raise InfeasibleError(f"cannot cut {num_units} model units into {parts} pipeline stages")
+    base, extra = divmod(num_units, parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
