@@ -4,9 +4,11 @@ Each Action names a virtual stage, a micro-batch and a peer; the interpreter kee
 (virtual stage, micro-batch), the stage input and output whose autograd graph the backward
 needs, and moves boundary tensors through a `Transport` in `boundary_dtype` (the training
 precision: what the planner counted), back in fp32 on arrival. Sends are non-blocking (waited at the
-end of the iteration); receives are posted a few actions early (`lookahead`) so a transfer can
-land while the rank computes, and waited for at their RECV action -- the waiting time is
-recorded as `recv_wait`.
+optimizer step); receives are posted a few actions early (`lookahead`, where
+`schedule.posting.post_points` says: the one posting that `check_schedule` proves cannot deadlock
+on an in-order transport such as NCCL) so a transfer can land while the rank computes, and waited
+for at their RECV action -- the waiting time is recorded as `recv_wait`. Receive buffers and the
+loss live on the rank's `device`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from geotrain.runtime.parallelize import allreduce_grads, fsdp_no_sync, fsdp_red
 from geotrain.runtime.recorder import Recorder
 from geotrain.runtime.transport import Transport, make_tag
 from geotrain.schedule.actions import Action, Op, Schedule
+from geotrain.schedule.posting import RECVS, RUNTIME_LOOKAHEAD, post_points
 
 ACT, GRAD = 0, 1
 
@@ -61,8 +64,9 @@ class PipelineRank:
     # stage (after the row-parallel layers every TP rank holds the full activation).
     tp_rank: int = 0
     dp_group: dist.ProcessGroup | None = None
-    lookahead: int = 2
+    lookahead: int = RUNTIME_LOOKAHEAD
     boundary_dtype: torch.dtype = torch.float32
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     on_optimizer: Callable[[float], None] | None = None   # gets this rank's loss sum so far
     bubble: object | None = None   # BubbleTea hook: fill_and_wait(index, work, stage), end_iteration()
     _slots: dict[tuple[int, int], _Slot] = field(default_factory=dict)
@@ -75,6 +79,7 @@ class PipelineRank:
         missing = {a.stage for a in self.actions if a.op.is_compute and a.stage not in self.chunks}
         if missing:
             raise RuntimeError(f"stage {self.stage} has actions for virtual stages {sorted(missing)} it does not hold")
+        self._posts = post_points(self.actions, self.lookahead)
 
     # -- helpers ---------------------------------------------------------------------------
     def rank_of(self, virtual_stage: int) -> int:
@@ -85,22 +90,28 @@ class PipelineRank:
 
     def _post_recv(self, i: int) -> None:
         a = self.actions[i]
-        if i in self._posted:
-            return
-        buf = torch.empty(self.boundary_shape, dtype=self.boundary_dtype)
+        buf = torch.empty(self.boundary_shape, dtype=self.boundary_dtype, device=self.device)
         kind = ACT if a.op == Op.RECV_ACT else GRAD
-        src = self.rank_of(a.peer)
-        if src == self.my_rank:  # two virtual stages of this rank are neighbours (pp == 1, interleaved)
-            self._posted[i] = (self._local.pop((kind, a.peer, a.mb)), None)
-        else:
-            self._posted[i] = (buf, self.transport.recv(buf, src, self._tag(kind, a.peer, a.mb)))
+        self._posted[i] = (buf, self.transport.recv(buf, self.rank_of(a.peer), self._tag(kind, a.peer, a.mb)))
+
+    def _post(self, i: int) -> None:
+        """Post the transfers `post_points` places before action i: receives get a buffer, sends
+        their tensor (computed by an earlier action)."""
+        for batch in self._posts[i]:
+            for j in batch:
+                a = self.actions[j]
+                if a.op in RECVS:
+                    self._post_recv(j)
+                elif a.op == Op.SEND_ACT:
+                    self._send(ACT, a, self._slots[(a.stage, a.mb)].out)
+                else:
+                    self._send(GRAD, a, self._slots[(a.stage, a.mb)].inp.grad)
 
     def _send(self, kind: int, a: Action, tensor: torch.Tensor) -> None:
         dst = self.rank_of(a.peer)
-        t = tensor.detach().to(self.boundary_dtype).contiguous()
         if dst == self.my_rank:
-            self._local[(kind, a.stage, a.mb)] = t.clone()
-            return
+            raise RuntimeError(f"{a}: a schedule sends only between physical stages (check_schedule)")
+        t = tensor.detach().to(self.boundary_dtype).contiguous()
         t_start = self.recorder.now()
         work = self.transport.send(t, dst, self._tag(kind, a.stage, a.mb))
         src_dc, dst_dc = self.plan.stages[self.stage].dc, self.plan.stages[a.peer % self.plan.pp].dc
@@ -113,28 +124,18 @@ class PipelineRank:
         first or last virtual stage. Returns the sum over micro-batches of this replica's loss / m
         (0.0 on ranks without the last virtual stage)."""
         m = self.schedule.num_microbatches
-        self._slots, self._posted, self._local, self._sends = {}, {}, {}, []
+        self._slots, self._posted, self._sends = {}, {}, []
         self._acts: dict[tuple[int, int], torch.Tensor] = {}
         self._grads: dict[tuple[int, int], torch.Tensor] = {}
-        recv_idx = [i for i, a in enumerate(self.actions) if a.op in (Op.RECV_ACT, Op.RECV_GRAD)]
         for chunk in self.chunks.values():
             if is_fsdp(chunk):
                 fsdp_no_sync(chunk)
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=self.device)
         rec = self.recorder
-        next_recv = 0
         for i, a in enumerate(self.actions):
-            # Keep up to `lookahead` receives posted ahead of the current action (a local hand-off
-            # between two virtual stages of this rank can only be taken once it happened).
-            while next_recv < len(recv_idx) and (recv_idx[next_recv] <= i or len(self._posted) < self.lookahead):
-                j = recv_idx[next_recv]
-                if j > i and self.rank_of(self.actions[j].peer) == self.my_rank:
-                    break
-                self._post_recv(j)
-                next_recv += 1
+            self._post(i)
             op, v, mb = a.op, a.stage, a.mb
-            if op in (Op.RECV_ACT, Op.RECV_GRAD):
-                self._post_recv(i)
+            if op in RECVS:
                 buf, work = self._posted.pop(i)
                 t0 = rec.now()
                 if work is not None and self.bubble is not None:
@@ -149,13 +150,12 @@ class PipelineRank:
                 loss_sum += self._forward(v, mb, batches, m, loss_scale)
                 rec.add("forward", t0, rec.now(), stage=v, mb=mb)
             elif op == Op.SEND_ACT:
-                self._send(ACT, a, self._slots[(v, mb)].out)
+                pass                                   # posted by _post
             elif op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
                 t0 = rec.now()
                 self._backward(op, v, mb)
                 rec.add(op.value, t0, rec.now(), stage=v, mb=mb)
             elif op == Op.SEND_GRAD:
-                self._send(GRAD, a, self._slots[(v, mb)].inp.grad)
                 if self._slots[(v, mb)].param_groups is None and not self._slots[(v, mb)].weight_deferred:
                     del self._slots[(v, mb)]
             elif op == Op.ALLREDUCE:
@@ -204,7 +204,7 @@ class PipelineRank:
             slot.out = loss * loss_scale if loss_scale != 1.0 else loss
             return loss.detach()
         slot.out = out
-        return torch.zeros(())
+        return torch.zeros((), device=self.device)
 
     def _backward(self, op: Op, v: int, mb: int) -> None:
         from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight

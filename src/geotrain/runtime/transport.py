@@ -9,8 +9,12 @@ Rules every implementation follows:
     transfer is complete (for `recv`: until `tensor` holds the data);
   * `recv` fills the caller's preallocated `tensor` in place (shape and dtype agreed in advance);
   * messages between one (src, dst) pair with the same `tag` are delivered in the order sent;
-    different tags may be matched independently (gloo honours tags; NCCL matches in posting
-    order, which the interpreter respects by posting in schedule order);
+    different tags may be matched independently (gloo honours tags). NCCL ignores tags and runs a
+    communicator's operations in posting order, a large send waiting for its receive: so
+    `TorchTransport` sends each direction of each neighbour-stage pair in a process group of its
+    own (`directed_groups`), where posting order per direction is the schedule's send order on
+    one end and its receive order on the other -- the same order (`schedule.inorder` proves it for
+    the interpreter's look-ahead), so nothing can wait on a later message;
   * tensors only: nothing received is ever unpickled.
 """
 
@@ -46,18 +50,54 @@ class _Done:
 class TorchTransport:
     """The default transport: torch.distributed isend/irecv (gloo on CPU, NCCL on GPUs).
 
-    `group` is the process group the peers are addressed in (global ranks; default: world)."""
+    `groups[(src, dst)]` is the process group that carries src -> dst (global ranks), from
+    `directed_groups`; a pair not listed uses `group` (default: world)."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None):
+    def __init__(self, group: dist.ProcessGroup | None = None,
+                 groups: dict[tuple[int, int], dist.ProcessGroup] | None = None):
         self.group = group
+        self.groups = dict(groups or {})
+        self.rank = dist.get_rank()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
-        if dst == dist.get_rank():
+        if dst == self.rank:
             raise ValueError("a transport sends only to other ranks")
-        return dist.isend(tensor.contiguous(), dst=dst, group=self.group, tag=tag)
+        return dist.isend(tensor.contiguous(), dst=dst, group=self.groups.get((self.rank, dst), self.group), tag=tag)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
-        return dist.irecv(tensor, src=src, group=self.group, tag=tag)
+        return dist.irecv(tensor, src=src, group=self.groups.get((src, self.rank), self.group), tag=tag)
+
+
+def stage_directions(schedule) -> list[tuple[int, int]]:
+    """(sending physical stage, receiving physical stage) of every boundary transfer of the schedule, sorted."""
+    pp = schedule.num_stages
+    return sorted({(s, a.peer % pp) for s, acts in enumerate(schedule.actions) for a in acts
+                   if a.op.is_comm and a.op.value.startswith("send") and a.peer % pp != s})
+
+
+def direction_pairs(plan, schedule) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """Per direction between two neighbouring stages (sorted): the group's members (the ranks of
+    both stages) and the (src rank, dst rank) pairs it carries -- replica d, TP index t of one stage
+    to the same (d, t) of the other, so inside a group each rank has one peer and one direction."""
+    out = []
+    for a, b in stage_directions(schedule):
+        members = sorted(plan.rank(s, d, t) for s in (a, b) for d in range(plan.dp) for t in range(plan.tp))
+        pairs = [(plan.rank(a, d, t), plan.rank(b, d, t)) for d in range(plan.dp) for t in range(plan.tp)]
+        out.append((members, pairs))
+    return out
+
+
+def directed_groups(plan, schedule) -> dict[tuple[int, int], dist.ProcessGroup]:
+    """One process group per direction between neighbouring stages (`direction_pairs`); returns
+    {(src rank, dst rank): group} for the pairs this rank is in. Collective: every rank calls it, in
+    the same order. A backend that runs all of a group's operations on one stream (NCCL) then
+    keeps them in the order both ends posted them."""
+    me = dist.get_rank()
+    out: dict[tuple[int, int], dist.ProcessGroup] = {}
+    for members, pairs in direction_pairs(plan, schedule):
+        group = dist.new_group(members)
+        out.update({pair: group for pair in pairs if me in pair})
+    return out
 
 
 class RoutedTransport:
@@ -97,4 +137,5 @@ def make_tag(kind: int, src_virtual_stage: int, mb: int, num_virtual: int, num_m
     return (kind * num_virtual + src_virtual_stage) * num_microbatches + mb
 
 
-__all__ = ["RoutedTransport", "Transport", "TorchTransport", "Work", "make_tag"]
+__all__ = ["RoutedTransport", "Transport", "TorchTransport", "Work", "direction_pairs", "directed_groups", "make_tag",
+           "stage_directions"]

@@ -100,7 +100,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
     from geotrain.runtime import transport as T
 
     _BUILT[0] += 1
-    default = T.TorchTransport()
+    default = T.TorchTransport(groups=T.directed_groups(plan, schedule))   # collective: every rank, same order
     if not wan:
         return default
     stage, replica, t = plan.coords(rank)

@@ -7,6 +7,11 @@ when a full round makes no progress while some stage is still waiting, the sched
 Transfers travel on FIFO channels, one per (sending virtual stage, receiving virtual stage,
 activation|gradient); with fifo="physical" one per (sending physical stage, receiving physical
 stage, activation|gradient) -- what a runtime that does not tag messages by virtual stage needs.
+
+Then `inorder.check_in_order` runs the lists once more the way the runtime posts them (receives
+`lookahead` actions early) over an in-order, rendezvous transport (NCCL semantics: tags ignored,
+one stream per communicator, a send completes only against a running receive), with the runtime's
+stream layout -- so a schedule that passes cannot deadlock on NCCL either.
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ from collections import defaultdict, deque
 
 from geotrain.schedule.actions import Action, Op, Schedule
 from geotrain.schedule.errors import ScheduleError
+from geotrain.schedule.inorder import check_in_order
+from geotrain.schedule.posting import RUNTIME_LOOKAHEAD
 
 _WEIGHT_GRAD = (Op.BACKWARD, Op.BACKWARD_WEIGHT)
 
 
-def check_schedule(schedule: Schedule, fifo: str = "virtual") -> None:
+def check_schedule(schedule: Schedule, fifo: str = "virtual", lookahead: int | None = RUNTIME_LOOKAHEAD,
+                   streams: str | None = "directed") -> None:
     """Raise ScheduleError, a ValueError (naming stage, position and action) if `schedule` is not runnable.
 
     Checks: each physical stage lists only its own virtual stages (v % pp); each (virtual stage,
@@ -27,11 +35,15 @@ def check_schedule(schedule: Schedule, fifo: str = "virtual") -> None:
     BACKWARD_WEIGHT, forward first; a backward runs only after the gradient of the downstream
     stage's backward was received; every send has exactly one matching receive, in the order
     sent per channel; no deadlock; one ALLREDUCE per stage after all its weight gradients and
-    one OPTIMIZER after it.
+    one OPTIMIZER after it. Then, unless streams is None, that the runtime's posting (`lookahead`)
+    completes over an in-order transport with that stream layout ("directed": the runtime's,
+    "shared": one stream per rank).
     """
     if fifo not in ("virtual", "physical"):
         raise ScheduleError(f"fifo must be 'virtual' or 'physical', got {fifo!r}")
     _Executor(schedule, fifo).run()
+    if streams is not None:
+        check_in_order(schedule, lookahead, streams)
 
 
 def peak_inflight(schedule: Schedule) -> list[int]:
