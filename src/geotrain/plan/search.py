@@ -259,11 +259,15 @@ class Scorer:
             extra = self._wanted_warmup(compute, bounds, m)
             if not any(extra):
                 return None  # identical to 1f1b
+        wanted = extra
+        best: Candidate | None = None
         for sharding in ctx.sharding_options():
+            # Every sharding that fits is scored, not only the leanest: sharding the optimizer
+            # state also shards the optimizer step, which can make a heavier one faster.
             if kind == "wan-1f1b":
-                extra = self._fit_warmup(lay, chunks, extra, sharding, ckpt)
+                extra = self._fit_warmup(lay, chunks, wanted, sharding, ckpt)
                 if not any(extra):
-                    return None
+                    continue
             if not all(ctx.stage_fits(chunks[s], dcs[s], mb, inflight(kind, pp, m, s, extra, v), sharding, dp, ckpt)
                        for s in range(pp)):
                 continue
@@ -274,7 +278,10 @@ class Scorer:
             if sharing == "temporal":
                 span = offsets_span(dp, stagger, est.period)
                 est = estimate(costs, bounds, m, kind, v, extra, span, wan_lat)
-            return Candidate(lay, kind, v, ckpt, sharding, chunks, extra, sharing, conns, est)
+            if best is None or est.total < best.est.total:
+                best = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, sharing, conns, est)
+        if best is not None:
+            return best
         if self.scored == 0:
             self._record_miss(lay, kind, v, ckpt, chunks, extra)
         return None

@@ -1,0 +1,108 @@
+"""Every plan a small cluster allows, for checking the search against the true optimum.
+
+The search prunes (stage counts per DC fastest GPUs first, a pp ladder, lower-bound cut-off,
+cheapest checkpointing/sharding that fits, the top few estimates confirmed). This module prunes
+nothing the job leaves open: every chain of linked DCs, every number of stages on each DC of it
+(all compositions, not only fastest-first), every dp and pp, every micro-batch, schedule kind,
+checkpointing and sharding that fits in memory, temporal and fair WAN sharing. What it keeps
+from the planner are the pieces that are optimal or fixed by construction: the time-balanced
+layer split (optimal for per-stage compute), the saturating TCP connection counts and the
+wan-1f1b warm-up sized to the WAN round trip within memory.
+
+It only lists plans: scoring them with the simulator is the caller's part (tests and
+bench/bench_planner.py), so the plan layer stays below the simulator. Meant for clusters of a
+few DCs with a few GPUs each; `limit` guards against a big one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from geotrain.config.load import Spec
+from geotrain.plan.context import PlanningContext
+from geotrain.plan.estimate import inflight
+from geotrain.plan.placement import chains, iter_dp
+from geotrain.plan.plan import Plan
+from geotrain.plan.search import MICRO_BATCHES, Candidate, Layout, Scorer, schedule_kinds, score_plan
+from geotrain.plan.temporal import apply_temporal
+
+DEFAULT_LIMIT = 20_000
+
+
+def compositions(pp: int, caps: list[int]) -> Iterator[tuple[int, ...]]:
+    """Every (c_0, ..., c_{k-1}) with 1 <= c_i <= caps[i] and sum = pp."""
+    if not caps:
+        if pp == 0:
+            yield ()
+        return
+    rest = sum(caps[1:])
+    for c in range(max(1, pp - rest), min(caps[0], pp - (len(caps) - 1)) + 1):
+        for tail in compositions(pp - c, caps[1:]):
+            yield (c, *tail)
+
+
+def all_layouts(ctx: PlanningContext) -> Iterator[Layout]:
+    job, cl, tp = ctx.job, ctx.cluster, ctx.tp
+    gb = job.global_batch
+    mbs = [job.micro_batch] if isinstance(job.micro_batch, int) else [b for b in MICRO_BATCHES if gb % b == 0]
+    for chain in chains(cl):
+        gpus = [cl.dc(d).gpus for d in chain]
+        for mb in mbs:
+            for dp in iter_dp(gb, mb, min(gpus) // tp):
+                if job.dp is not None and dp != job.dp:
+                    continue
+                caps = [g // (dp * tp) for g in gpus]
+                m = gb // (dp * mb)
+                for pp in range(len(chain), min(sum(caps), ctx.model.layers) + 1):
+                    if job.pp is not None and pp != job.pp:
+                        continue
+                    for counts in compositions(pp, caps):
+                        yield Layout(chain, counts, dp, mb, m)
+
+
+def all_plans(spec: Spec, limit: int = DEFAULT_LIMIT) -> list[Plan]:
+    """Every plan the job allows that fits in memory (see the module docstring), named exhaustive-i."""
+    ctx = PlanningContext(spec)
+    out: list[Plan] = []
+    for lay in all_layouts(ctx):
+        for sharing in (("temporal", "fair") if len(lay.chain) > 1 and lay.dp > 1 else ("fair",)):
+            for kind in schedule_kinds(ctx, len(lay.chain)):
+                for ckpt in ctx.checkpointing_options():
+                    for sharding in ctx.sharding_options():
+                        plan = _plan(ctx, lay, kind, ckpt, sharding, sharing)
+                        if plan is not None:
+                            out.append(plan.with_(name=f"exhaustive-{len(out)}"))
+                            if len(out) > limit:
+                                raise ValueError(f"more than {limit} plans: the cluster is too big to enumerate")
+    return out
+
+
+def _plan(ctx: PlanningContext, lay: Layout, kind: str, ckpt: str, sharding: str, sharing: str) -> Plan | None:
+    pp, m = lay.pp, lay.m
+    v = 2 if kind == "interleaved" else 1
+    if v > 1 and (pp < 2 or m % pp or ctx.num_units < pp * v):
+        return None
+    if kind == "zb-h1" and ckpt == "selective":
+        return None
+    if kind in ("1f1b", "wan-1f1b", "zb-h1", "interleaved") and m < pp:
+        return None
+    # One Scorer per (checkpointing, sharding) choice: it then scores only that combination.
+    scorer = Scorer(ctx, sharing=(sharing,), kinds=(kind,))
+    dcs = lay.stage_dcs
+    chunks = scorer.split(dcs, lay.micro_batch, ckpt, v)
+    conns = tuple(scorer.connections(a, b, lay.dp, sharing) for a, b in zip(lay.chain, lay.chain[1:]))
+    extra: tuple[int, ...] = ()
+    if kind == "wan-1f1b":
+        compute = scorer.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
+        bounds, _ = scorer.boundaries(lay, sharing, conns, 1)
+        extra = scorer._fit_warmup(lay, chunks, scorer._wanted_warmup(compute, bounds, m), sharding, ckpt)
+        if not any(extra):
+            return None
+    if not all(ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, inflight(kind, pp, m, s, extra, v), sharding,
+                              lay.dp, ckpt) for s in range(pp)):
+        return None
+    plan = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, "fair", conns, None).to_plan(ctx)
+    if sharing == "temporal":  # the offsets wrap around the steady-state period the estimate gives
+        est = score_plan(ctx, plan)
+        plan = apply_temporal(plan, ctx.cluster, ctx.boundary_bytes(lay.micro_batch), est.est.period if est else 0.0)
+    return plan
