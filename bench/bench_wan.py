@@ -32,6 +32,7 @@ def _peer(a: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
+    from geotrain.emulation.ports import spread_port_connections
     from geotrain.wan.striped import StripedTransport
 
     store = dist.TCPStore(a.store_host, a.store_port, 2, is_master=a.role == "send",
@@ -40,7 +41,8 @@ def _peer(a: argparse.Namespace) -> int:
     results = []
     for k in COUNTS:
         me, peer = (100 * k, 100 * k + 1) if a.role == "send" else (100 * k + 1, 100 * k)
-        tr = StripedTransport(me, store, host=a.host, connections=k, prefix=f"bench/{k}")
+        tr = StripedTransport(me, store, host=a.host, connections=k, prefix=f"bench/{k}",
+                              connect=spread_port_connections)
         for rep in range(a.reps):
             if a.role == "send":
                 x = torch.randn(numel)
@@ -80,7 +82,7 @@ def main() -> int:
         exit_skipping_teardown(_peer(a))    # a TCPStore's C++ threads can abort a normal exit
 
     from geotrain.config import Cluster
-    from geotrain.wan import WanEmulation, emulation_available
+    from geotrain.emulation import WanEmulation, emulation_available
 
     ok, why = emulation_available()
     if not ok:
@@ -96,14 +98,14 @@ def main() -> int:
     link = cluster.wan_links[0]
     with WanEmulation(cluster) as wan:
         east, west = wan.address("east"), wan.address("west")
-        srv = wan.popen("west", [PY, "-m", "geotrain.wan.probe", "serve", "--host", west], stdout=subprocess.PIPE,
+        srv = wan.popen("west", [PY, "-m", "geotrain.emulation.probe", "serve", "--host", west], stdout=subprocess.PIPE,
                         text=True)
         port = srv.stdout.readline().split()[1]
-        rtt = json.loads(wan.exec_in("east", [PY, "-m", "geotrain.wan.probe", "ping", "--host", west, "--port", port])
-                         .stdout)["rtt_ms"]
+        rtt = json.loads(wan.exec_in("east", [PY, "-m", "geotrain.emulation.probe", "ping", "--host", west,
+                                              "--port", port]).stdout)["rtt_ms"]
         raw = {}
         for k in COUNTS:
-            r = wan.exec_in("east", [PY, "-m", "geotrain.wan.probe", "send", "--host", west, "--port", port,
+            r = wan.exec_in("east", [PY, "-m", "geotrain.emulation.probe", "send", "--host", west, "--port", port,
                                      "--connections", str(k), "--seconds", str(a.seconds)])
             raw[k] = json.loads(r.stdout)["gbps"]
         common = [PY, os.path.abspath(__file__), "--store-host", east, "--store-port", "29655",

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from geotrain.calibrate.messages import global_sync, message_overheads, waiting_overhead
+from geotrain.emulation.shaper import Shaper, ShaperConfig
 from geotrain.trace.schema import Event, Trace
-from geotrain.wan.shaper import Shaper, ShaperConfig
 
 
 def _pp2_trace(latency: float, ser: float, extra_waiting: float, extra_busy: float) -> Trace:

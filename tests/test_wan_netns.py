@@ -41,7 +41,7 @@ def _cluster(latency_ms=LATENCY_MS, cap=CAP_GBPS, link=LINK_GBPS):
 
 @pytest.fixture(scope="module")
 def wan():
-    from geotrain.wan import WanEmulation
+    from geotrain.emulation import WanEmulation
 
     with WanEmulation(_cluster()) as w:
         yield w
@@ -49,13 +49,13 @@ def wan():
 
 @pytest.fixture(scope="module")
 def probe_port(wan):
-    srv = wan.popen("west", [PY, "-m", "geotrain.wan.probe", "serve", "--host", wan.address("west")],
+    srv = wan.popen("west", [PY, "-m", "geotrain.emulation.probe", "serve", "--host", wan.address("west")],
                     stdout=subprocess.PIPE, text=True)
     return int(srv.stdout.readline().split()[1])
 
 
 def _probe(wan, *args) -> dict:
-    r = wan.exec_in("east", [PY, "-m", "geotrain.wan.probe", *args, "--host", wan.address("west")], timeout=60)
+    r = wan.exec_in("east", [PY, "-m", "geotrain.emulation.probe", *args, "--host", wan.address("west")], timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -89,8 +89,8 @@ def test_striped_transport_reassembles_exactly_across_namespaces(wan, tmp_path):
 
 
 def test_teardown_leaves_nothing_and_watchdog_restarts_a_dead_delayer():
-    from geotrain.wan import WanEmulation
-    from geotrain.wan.netns import existing_namespaces, process_alive
+    from geotrain.emulation import WanEmulation
+    from geotrain.emulation.netns import existing_namespaces, process_alive
 
     with WanEmulation(_cluster(latency_ms=5)) as w:
         names = set(w.state.all_namespaces())
@@ -102,10 +102,10 @@ def test_teardown_leaves_nothing_and_watchdog_restarts_a_dead_delayer():
         while time.time() < deadline and (w.delayer.pid == old or not w.delayer_alive()):
             time.sleep(0.05)
         assert w.delayer_alive() and w.delayer.pid != old
-        srv = w.popen("west", [PY, "-m", "geotrain.wan.probe", "serve", "--host", w.address("west")],
+        srv = w.popen("west", [PY, "-m", "geotrain.emulation.probe", "serve", "--host", w.address("west")],
                       stdout=subprocess.PIPE, text=True)
         p = srv.stdout.readline().split()[1]
-        r = w.exec_in("east", [PY, "-m", "geotrain.wan.probe", "ping", "--host", w.address("west"), "--port", p,
+        r = w.exec_in("east", [PY, "-m", "geotrain.emulation.probe", "ping", "--host", w.address("west"), "--port", p,
                                "--count", "5"], timeout=30)
         assert r.returncode == 0 and json.loads(r.stdout)["rtt_ms"] >= 9.5, r.stderr
         delayer_pid, state_path = w.delayer.pid, w.state.path
@@ -140,7 +140,7 @@ def test_cli_up_status_down(tmp_path):
 CRASHER = """
 import sys, time
 from geotrain.config import Cluster
-from geotrain.wan import WanEmulation
+from geotrain.emulation import WanEmulation
 c = Cluster.model_validate_json(sys.argv[1])
 w = WanEmulation(c).start()
 s = w.popen(c.datacenters[0].name, ["sleep", "300"])
@@ -150,7 +150,7 @@ time.sleep(300)
 
 
 def _crash(kill_delayer: bool):
-    from geotrain.wan.netns import WanState
+    from geotrain.emulation.netns import WanState
 
     child = subprocess.Popen([PY, "-c", CRASHER, _cluster(latency_ms=1).model_dump_json()], stdout=subprocess.PIPE,
                              text=True)
@@ -164,14 +164,14 @@ def _crash(kill_delayer: bool):
 
 
 def _gone(st, sleeper: int) -> bool:
-    from geotrain.wan.netns import existing_namespaces, process_alive
+    from geotrain.emulation.netns import existing_namespaces, process_alive
 
     return not set(st.all_namespaces()) & existing_namespaces() and not st.path.exists() and not process_alive(sleeper)
 
 
 def test_stale_setup_from_a_crashed_run_is_cleaned():
     """Owner and delayer both SIGKILLed: the next emulation (or `wan down`) finds the state file and cleans."""
-    from geotrain.wan.netns import clean_stale, existing_namespaces
+    from geotrain.emulation.netns import clean_stale, existing_namespaces
 
     st, sleeper = _crash(kill_delayer=True)
     assert set(st.all_namespaces()) <= existing_namespaces()
@@ -194,6 +194,7 @@ def _peer(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
+    from geotrain.emulation.ports import spread_port_connections
     from geotrain.wan.striped import StripedTransport
 
     ap = argparse.ArgumentParser()
@@ -206,7 +207,8 @@ def _peer(argv: list[str]) -> int:
     store = dist.TCPStore(a.store_host, a.store_port, 2, is_master=a.rank == 0, timeout=__import__("datetime")
                           .timedelta(seconds=30))
     host = a.bind_east if a.rank == 0 else a.bind_west
-    tr = StripedTransport(a.rank, store, host=host, connections=4, min_chunk_bytes=1 << 10)
+    tr = StripedTransport(a.rank, store, host=host, connections=4, min_chunk_bytes=1 << 10,
+                          connect=spread_port_connections)
     gen = torch.Generator().manual_seed(7)
     sizes = [(0,), (1,), (3, 7), (1023,), (257, 129), (100_003,)]
     tensors = [torch.randn(s, generator=gen).to(torch.bfloat16 if i % 2 else torch.float32)

@@ -8,9 +8,9 @@ import socket
 import pytest
 
 from geotrain.config import Cluster
-from geotrain.wan import netns as N
-from geotrain.wan.shaping import BUCKETS, bucket_of_port, htb_commands
-from geotrain.wan.sockets import open_connections
+from geotrain.emulation import netns as N
+from geotrain.emulation.ports import spread_port_connections as open_connections
+from geotrain.emulation.shaping import BUCKETS, bucket_of_port, htb_commands
 
 
 def _cluster():
@@ -55,7 +55,8 @@ def test_namespace_and_interface_names_fit_linux_limits():
 
 
 def test_not_root_falls_back_and_says_so(monkeypatch, capsys):
-    from geotrain.wan import emulation, fallback
+    from geotrain.emulation import fallback
+    from geotrain.emulation import network as emulation
 
     monkeypatch.setattr(emulation.os, "geteuid", lambda: 1000)
     assert emulation.emulation_available() == (False, "not root")

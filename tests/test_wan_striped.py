@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from geotrain.wan.shaper import ShaperConfig
+from geotrain.emulation.shaper import ShaperConfig
 from geotrain.wan.striped import HEADER, HELLO, MAGIC, TRAILER, StripedTransport, TransportError
 
 

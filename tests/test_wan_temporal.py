@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from geotrain.wan.shaper import ShaperConfig
+from geotrain.emulation.shaper import ShaperConfig
 from geotrain.wan.striped import StripedTransport
 from geotrain.wan.temporal import FairSharing, LocalTurns, TurnArbiter, TurnTimeout, turns_via_store
 

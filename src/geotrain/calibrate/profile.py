@@ -367,8 +367,8 @@ def _wan_rates(rank: int, wan: dict) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
+    from geotrain.emulation.shaper import ShaperConfig
     from geotrain.runtime.wan import MIN_CHUNK_BYTES
-    from geotrain.wan.shaper import ShaperConfig
     from geotrain.wan.striped import StripedTransport
 
     store = dist.distributed_c10d._get_default_store()
@@ -420,8 +420,8 @@ def _wan_messages(rank: int, wan: dict, nbytes: int, repeats: int = 6, burst: in
     import torch
     import torch.distributed as dist
 
+    from geotrain.emulation.shaper import ShaperConfig
     from geotrain.runtime.wan import MIN_CHUNK_BYTES
-    from geotrain.wan.shaper import ShaperConfig
     from geotrain.wan.striped import StripedTransport
 
     store = dist.distributed_c10d._get_default_store()

@@ -32,9 +32,9 @@ def _cluster(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    from geotrain.emulation import netns as N
+    from geotrain.emulation.network import WanEmulation, cluster_tag, emulation_available
     from geotrain.errors import GeotrainError
-    from geotrain.wan import netns as N
-    from geotrain.wan.emulation import WanEmulation, cluster_tag, emulation_available
 
     try:
         if args.action == "status":

@@ -2,7 +2,7 @@
 
 Launcher side (`open_wan`): `--wan kernel` builds the emulated datacenters (one network namespace
 per DC, a router namespace adding each link's latency, capacity and per-connection cap; see
-geotrain.wan.emulation) and starts every rank inside its DC's namespace, gloo bound to the
+geotrain.emulation.network) and starts every rank inside its DC's namespace, gloo bound to the
 namespace's interface and MASTER_ADDR in rank 0's namespace; tear-down follows the run, also on
 failure and Ctrl-C. `--wan shaper` keeps every rank on 127.0.0.1 and emulates delay and rates
 inside the project's own transport (the fallback where namespaces are impossible). `auto` picks
@@ -138,15 +138,19 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
             conns[peer] = max(1, int(lp.connections))
             if turn is not None:
                 turns[peer] = turn
-    shaper = None
+    hooks: dict[str, Any] = {}      # the emulation's instruments; a real WAN gets none of them
     if wan["mode"] == "shaper":
-        from geotrain.wan.fallback import fallback_shaper
+        from geotrain.emulation.fallback import fallback_shaper
 
-        shaper = fallback_shaper(spec.cluster, lambda r: plan.stages[plan.coords(r)[0]].dc, my_dc,
-                                 float(wan.get("rate_scale", 1.0)))
-    striped = StripedTransport(rank, store, host=host, connections=lambda d: conns.get(d, 1), shaper=shaper,
+        hooks["shaper"] = fallback_shaper(spec.cluster, lambda r: plan.stages[plan.coords(r)[0]].dc, my_dc,
+                                          float(wan.get("rate_scale", 1.0)))
+    elif wan["mode"] == "kernel":
+        from geotrain.emulation.ports import spread_port_connections
+
+        hooks["connect"] = spread_port_connections   # one htb per-connection bucket per connection
+    striped = StripedTransport(rank, store, host=host, connections=lambda d: conns.get(d, 1),
                                turns=turns.get, prefix=f"{run}/striped", min_chunk_bytes=MIN_CHUNK_BYTES,
-                               timeout_s=timeout)
+                               timeout_s=timeout, **hooks)
     for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it
         how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
         print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.stages[peer_stage].dc}): "
@@ -223,7 +227,7 @@ def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = 
     fast = max((ln.capacity_gbps * rate_scale for ln in spec.cluster.wan_links), default=0.0)
     why = ""
     if mode in ("auto", "kernel"):
-        from geotrain.wan.emulation import WanEmulation, WanUnavailable, emulation_available
+        from geotrain.emulation.network import WanEmulation, WanUnavailable, emulation_available
 
         ok, why = emulation_available()
         if ok:

@@ -1,12 +1,11 @@
-"""WAN emulation and WAN-aware transport (Atlas mechanisms made real).
+"""The WAN-aware transport a real cluster runs (Atlas mechanisms made real).
 
-* `emulation.WanEmulation`: datacenters as network namespaces joined through a router namespace
-  that adds each link's latency (user-space TUN delayer), capacity and per-connection cap (htb).
 * `striped.StripedTransport`: one tensor striped over K TCP connections, reassembled and verified;
-  with an optional user-space `shaper.ShaperConfig` (the fallback where namespaces are not possible).
+  optional hooks for how connections are opened and paced (the emulation plugs in there).
 * `temporal`: DP pipelines sharing a WAN link take turns (one at a time at full rate) or share fairly.
 
-Names are imported lazily, so light helpers (the probes, the delayer) start without pydantic or torch.
+The emulated WAN (namespaces, delayer, htb, user-space shaper) lives in `geotrain.emulation`.
+Names are imported lazily.
 """
 
 from __future__ import annotations
@@ -14,10 +13,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "WanEmulation": "geotrain.wan.emulation", "WanUnavailable": "geotrain.wan.emulation",
-    "emulation_available": "geotrain.wan.emulation",
     "StripedTransport": "geotrain.wan.striped", "TransportError": "geotrain.wan.striped",
-    "ShaperConfig": "geotrain.wan.shaper", "shaper_for_link": "geotrain.wan.shaper",
     "TurnArbiter": "geotrain.wan.temporal", "LocalTurns": "geotrain.wan.temporal",
     "RemoteTurns": "geotrain.wan.temporal", "FairSharing": "geotrain.wan.temporal",
 }

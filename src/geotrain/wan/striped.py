@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from geotrain.wan.shaper import ConnectionShaper, Shaper, ShaperConfig
 from geotrain.wan.sockets import open_connections, recv_exact, tune
 
 MAGIC = 0x47545350                      # "GTSP"
@@ -128,11 +127,11 @@ class _Peer:
         o = self.owner
         host, port = o._lookup(self.dst)
         k = o.connections_for(self.dst)
-        self.socks = open_connections(host, port, k, bind_host=o.host)
+        self.socks = o._open(host, port, k, bind_host=o.host)
         for s in self.socks:
             _limit_unsent(s)
         shaper_cfg = o.shaper_for(self.dst)
-        shaper = Shaper(shaper_cfg) if shaper_cfg is not None and shaper_cfg.active else None
+        shaper = shaper_cfg.pacing() if shaper_cfg is not None and shaper_cfg.active else None
         for i, s in enumerate(self.socks):
             s.sendall(HELLO.pack(MAGIC, o.rank, i))
             lane: queue.Queue = queue.Queue()
@@ -176,7 +175,7 @@ class _Peer:
             work._finish(error)
 
     @staticmethod
-    def _write(sock: socket.socket, lane: queue.Queue, pacing: ConnectionShaper | None, delay_us: int) -> None:
+    def _write(sock: socket.socket, lane: queue.Queue, pacing, delay_us: int) -> None:
         while True:
             item = lane.get()
             if item is None:
@@ -245,16 +244,21 @@ class StripedTransport:
     """Multi-connection point-to-point transport (see module docstring).
 
     connections: K per destination (int, or a function of the destination rank).
-    shaper: user-space rate/delay limits per destination (ShaperConfig, or a function returning one
-        or None) -- the no-root fallback and unit tests; None on the kernel-emulated WAN.
+    shaper: a pacing hook per destination (or a function of the destination returning one or None):
+        an object with `active`, `delay_ms` and `pacing()`, whose `connection()` gives each connection
+        a `wait_for(nbytes)` -- the emulation's user-space shaper (geotrain.emulation.shaper) plugs in
+        here; None (a real WAN, or the kernel emulation) sends at the wire's pace.
+    connect: opens the K connections to a peer (default `sockets.open_connections`, plain sockets);
+        the kernel emulation passes its source-port-spreading variant.
     turns: temporal link sharing, a function dst -> object with acquire()/release(), or None.
     """
 
     def __init__(self, rank: int, store, *, host: str = "127.0.0.1",
                  connections: int | Callable[[int], int] = 4,
-                 shaper: ShaperConfig | Callable[[int], ShaperConfig | None] | None = None,
+                 shaper: object | Callable[[int], object | None] | None = None,
                  turns: Callable[[int], object | None] | None = None,
-                 prefix: str = "geotrain/striped", min_chunk_bytes: int = 64 << 10, timeout_s: float = 600.0):
+                 prefix: str = "geotrain/striped", min_chunk_bytes: int = 64 << 10, timeout_s: float = 600.0,
+                 connect: Callable[..., list[socket.socket]] = open_connections):
         self.rank = rank
         self.store = store
         self.host = host
@@ -263,6 +267,7 @@ class StripedTransport:
         self.timeout_s = timeout_s
         self._connections = connections
         self._shaper = shaper
+        self._open = connect
         self._turns = turns
         self._lock = threading.Lock()
         self._peers: dict[int, _Peer] = {}
@@ -289,7 +294,7 @@ class StripedTransport:
         k = self._connections(dst) if callable(self._connections) else self._connections
         return max(1, int(k))
 
-    def shaper_for(self, dst: int) -> ShaperConfig | None:
+    def shaper_for(self, dst: int):
         return self._shaper(dst) if callable(self._shaper) else self._shaper
 
     def turns_for(self, dst: int):

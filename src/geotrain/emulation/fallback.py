@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable
 
 from geotrain.config import Cluster
-from geotrain.wan.emulation import WanEmulation, WanUnavailable, emulation_available
-from geotrain.wan.shaper import ShaperConfig, shaper_for_link
+from geotrain.emulation.network import WanEmulation, WanUnavailable, emulation_available
+from geotrain.emulation.shaper import ShaperConfig, shaper_for_link
 
 FALLBACK_NOTICE = ("geotrain wan: kernel WAN emulation unavailable ({why}); emulating WAN delay and rate limits "
                    "inside the project's own transport (StripedTransport shaper) instead -- only its cross-DC "

@@ -1,8 +1,8 @@
 """Measure a (possibly emulated) WAN path with plain TCP: round-trip time and throughput.
 
-    python -m geotrain.wan.probe serve --host ADDR            # prints "port N", serves until killed
-    python -m geotrain.wan.probe ping  --host ADDR --port N   # prints JSON {"rtt_ms": median}
-    python -m geotrain.wan.probe send  --host ADDR --port N --connections K --seconds S
+    python -m geotrain.emulation.probe serve --host ADDR            # prints "port N", serves until killed
+    python -m geotrain.emulation.probe ping  --host ADDR --port N   # prints JSON {"rtt_ms": median}
+    python -m geotrain.emulation.probe send  --host ADDR --port N --connections K --seconds S
 
 Throughput is measured at the receiver (the bottleneck side): each connection's bytes arriving
 after a warm-up (slow start, queue fill) divided by the time they took, summed over connections.
@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 
-from geotrain.wan.sockets import open_connections, recv_exact, tune
+from geotrain.emulation.ports import spread_port_connections as open_connections
+from geotrain.wan.sockets import recv_exact, tune
 
 PING_SIZE = 64
 SINK_HDR = struct.Struct("!cd")         # mode, warm-up seconds

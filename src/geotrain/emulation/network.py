@@ -31,9 +31,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 from geotrain.config import Cluster
+from geotrain.emulation import netns as N
+from geotrain.emulation.shaping import htb_commands
 from geotrain.errors import GeotrainError
-from geotrain.wan import netns as N
-from geotrain.wan.shaping import htb_commands
 
 ROUTE_TABLE = "100"
 
@@ -268,8 +268,8 @@ class WanEmulation:
         return json.dumps(out)
 
     def _start_delayer(self) -> None:
-        argv = [sys.executable, "-m", "geotrain.wan.delayer", "--tun", N.TUN_IFNAME, "--links", self._links_json(),
-                "--lifetime", str(self.lifetime_s), "--state", str(self.state.path)]
+        argv = [sys.executable, "-m", "geotrain.emulation.delayer", "--tun", N.TUN_IFNAME,
+                "--links", self._links_json(), "--lifetime", str(self.lifetime_s), "--state", str(self.state.path)]
         if self.state.owner_pid is not None:
             argv += ["--owner-pid", str(self.state.owner_pid)]
         # A manual set-up outlives this process: its delayer must not hold our stderr (a caller

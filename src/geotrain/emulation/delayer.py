@@ -1,6 +1,6 @@
 """User-space packet delayer: the WAN's propagation delay (this kernel has no netem).
 
-Runs inside the router namespace (`python -m geotrain.wan.delayer ...`). Policy routing sends every
+Runs inside the router namespace (`python -m geotrain.emulation.delayer ...`). Policy routing sends every
 packet forwarded between DC namespaces into a TUN device; this process reads each IP packet, holds
 it for the one-way latency of the link between its source and destination DC, and writes it back
 into the TUN, from where the kernel forwards it to the destination (through the htb rate limits).
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if why in ("owner", "lifetime") and a.state:
         from pathlib import Path
 
-        from geotrain.wan.netns import WanState, teardown
+        from geotrain.emulation.netns import WanState, teardown
 
         try:
             print(f"geotrain wan delayer: {why} ended; tearing the emulation down", file=sys.stderr, flush=True)

@@ -39,6 +39,10 @@ class ShaperConfig:
     def active(self) -> bool:
         return bool(self.per_connection_gbps or self.aggregate_gbps or self.delay_ms)
 
+    def pacing(self) -> Shaper:
+        """StripedTransport's pacing hook: one Shaper per (sender, destination)."""
+        return Shaper(self)
+
 
 def shaper_for_link(link, rate_scale: float = 1.0, exact: bool = True) -> ShaperConfig:
     """The fallback shaping for one WanLink (geotrain.config.WanLink)."""

@@ -1,0 +1,39 @@
+"""Connections the emulated WAN can cap one by one: K sockets on consecutive even source ports.
+
+The router's htb puts each TCP connection in a bucket chosen by source-port bits 1..6 (`shaping`),
+as a real long fat pipe limits each connection by its window. Binding the K connections of one
+transfer to consecutive even ports of a block aligned to 128 puts them in K different buckets.
+A real cluster needs none of this: `StripedTransport` gets this as its `connect` hook only inside
+the emulation.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+from geotrain.emulation.shaping import BUCKETS
+from geotrain.wan.sockets import connect
+
+PORT_LO, PORT_HI = 32768, 60928
+
+
+def spread_port_connections(host: str, port: int, k: int, bind_host: str | None = None,
+                            timeout: float = 30.0) -> list[socket.socket]:
+    """K connected TCP sockets to (host, port), each in its own source-port bucket when possible."""
+    if k > BUCKETS:
+        return [connect(host, port, bind_host, 0, timeout) for _ in range(k)]
+    rng = random.Random()
+    for _attempt in range(20):
+        base = rng.randrange(PORT_LO, PORT_HI - 2 * k, 128) // 128 * 128
+        socks: list[socket.socket] = []
+        try:
+            for i in range(k):
+                socks.append(connect(host, port, bind_host or "", base + 2 * i, timeout))
+            return socks
+        except OSError as e:
+            for s in socks:
+                s.close()
+            if e.errno not in (98, 99):        # EADDRINUSE / EADDRNOTAVAIL: try another block
+                raise
+    return [connect(host, port, bind_host, 0, timeout) for _ in range(k)]
