@@ -135,11 +135,13 @@ def test_activation_memory_scales_with_inflight_and_checkpointing():
     sel = CostModel(spec, checkpointing="selective")
     a = [none.stage_memory(units, A100, 1, k, "zero1", 8).activations for k in (1, 2, 5)]
     assert a[1] == 2 * a[0] and a[2] == 5 * a[0]
-    assert a[0] == 8 * none.unit_activation_bytes(1, 1)
-    # full keeps each block's input and, during backward, one block's full set while recomputing
+    fp32_input = 4096 * 4096 * 4   # a non-first stage keeps its fp32 input
+    assert a[0] == 8 * none.unit_activation_bytes(1, 1) + fp32_input
+    # full keeps each block's fp32 output and, during backward, one block's full set while recomputing
     f = full.stage_memory(units, A100, 1, 5, "zero1", 8).activations
-    assert f == 5 * 8 * full.boundary_bytes(1) + none.unit_activation_bytes(1, 1)
-    assert full.unit_activation_bytes(1, 1) == full.boundary_bytes(1) == 4096 * 4096 * 2
+    assert f == 5 * (8 * full.unit_activation_bytes(1, 1) + fp32_input) + none.unit_activation_bytes(1, 1) \
+        - full.unit_activation_bytes(1, 1)
+    assert full.unit_activation_bytes(1, 1) == 2 * full.boundary_bytes(1) == 4096 * 4096 * 4
     assert full.unit_activation_bytes(1, 1) < sel.unit_activation_bytes(1, 1) < none.unit_activation_bytes(1, 1)
     # checkpointing applies to blocks only
     for u in (0, spec.num_units - 1):

@@ -1,115 +1,110 @@
-"""Saved-for-backward bytes of the real model, counted with saved-tensor hooks, against the model.
+"""The cost model's activation bytes against what the real model keeps alive, for every
+(precision, checkpointing) pair, per unit kind, on two shapes (GQA and plain multi-head).
 
-What is counted: every tensor autograd saves during the forward, deduplicated by storage (views
-of one buffer count once), excluding parameters and registered buffers (the RoPE tables): those
-are model state, accounted as weights, not activations.
-
-Tolerance 0.1%: units.py lists the saved tensors one by one, so the only difference expected is
-cross-entropy's 0-d `total_weight` (one scalar, 2-4 bytes) on the head; anything larger -- a
-missed tensor, a wrong dtype, a new copy in llama.py -- is at least T*4 bytes, far above it.
+Measured the way the runtime runs a unit: fp32 weights, `autocast_context` for bf16/fp16, blocks
+wrapped by `runtime.checkpointing.apply_checkpointing`, the loss in fp32 outside autocast
+(`pipeline.lm_loss`). Two witnesses:
+  * `LiveBytes` (runtime/memory.py): storages created by the forward that are still alive after
+    it -- the only witness that sees inside checkpointed regions, whose tensors torch keeps in
+    its own frames (non-reentrant checkpoint's recompute closure, selective checkpointing's
+    cache), out of reach of saved-tensor hooks;
+  * without checkpointing, also `saved_tensors_hooks` (deduplicated by storage): what autograd
+    saves, plus the unit's output, must be the same bytes.
+The model is derived op by op in cost/activations.py; equality is exact.
 """
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
+from geotrain.config.model import ModelSpec
 from geotrain.cost import CostModel
-from geotrain.models.llama import build_model, build_units
+from geotrain.cost.activations import stage_input_bytes
+from geotrain.models.llama import build_units
 from geotrain.models.presets import PRESETS
+from geotrain.runtime.checkpointing import apply_checkpointing
+from geotrain.runtime.memory import LiveBytes, tensor_bytes
+from geotrain.runtime.parallelize import autocast_context
+from geotrain.runtime.pipeline import lm_loss
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MB = 2
+SHAPES = {"tiny": PRESETS["tiny"],
+          "mha": ModelSpec(name="mha", layers=2, hidden=48, heads=3, kv_heads=3, ffn=100, vocab=96, seq_len=32)}
+PAIRS = [(p, c) for p in ("fp32", "bf16", "fp16") for c in ("none", "full", "selective")]
 
 
-class SavedBytes:
-    """Context manager: unique storages autograd saves inside it, minus the given module's state."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.state = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
-        self.seen: dict[int, int] = {}
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        if st.data_ptr() not in self.state:
-            self.seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    def __enter__(self):
-        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._ctx.__exit__(*exc)
-
-    @property
-    def total(self) -> int:
-        return sum(self.seen.values())
-
-
-def run_unit(spec, index, unit, dtype, full=False):
-    """Forward one unit the way a pipeline stage runs it; the head includes the loss."""
+def unit_input(spec, index):
     g = torch.Generator().manual_seed(index)
     if index == 0:
-        return unit(torch.randint(0, spec.vocab, (MB, spec.seq_len), generator=g))
-    x = torch.randn(MB, spec.seq_len, spec.hidden, generator=g).to(dtype).requires_grad_()
+        return torch.randint(0, spec.vocab, (MB, spec.seq_len), generator=g)
+    return torch.randn(MB, spec.seq_len, spec.hidden, generator=g).requires_grad_()
+
+
+TARGETS = {}  # made outside the measurement: targets are data, counted with the batch
+
+
+def forward(spec, index, unit, x, precision):
+    """One unit's forward as a pipeline stage runs it; the head includes the loss."""
+    with autocast_context(precision, torch.device("cpu"))():
+        out = unit(x)
     if index == spec.num_units - 1:
-        targets = torch.randint(0, spec.vocab, (MB * spec.seq_len,), generator=g)
-        return F.cross_entropy(unit(x).flatten(0, 1), targets)
-    # Reentrant checkpointing saves its inputs with save_for_backward, which the hooks see.
-    return checkpoint(unit, x, use_reentrant=True) if full else unit(x)
+        out = lm_loss(out, TARGETS.setdefault(spec.name, torch.zeros(MB, spec.seq_len, dtype=torch.long)))
+    return out
 
 
-@pytest.mark.parametrize("name", ["tiny", "small"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("precision", "checkpointing"), PAIRS)
+def test_live_bytes_per_unit_kind(shape, precision, checkpointing):
+    spec = SHAPES[shape]
+    cost = CostModel(spec, precision=precision, checkpointing=checkpointing)
+    model = build_units(spec)
+    apply_checkpointing(model, checkpointing)
+    TARGETS.setdefault(spec.name, torch.zeros(MB, spec.seq_len, dtype=torch.long))
+    for i in (0, 1, spec.num_units - 1):      # embedding, a block, the head
+        x = unit_input(spec, i)
+        with LiveBytes() as live:
+            out = forward(spec, i, model.units[str(i)], x, precision)
+        assert live.current == cost.unit_activation_bytes(i, MB), (i, live.current)
+        out.float().sum().backward()           # the graph was a real one
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_saved_bytes_per_unit_without_checkpointing(name, precision):
-    spec = PRESETS[name]
+def test_saved_tensor_hooks_agree_without_checkpointing(shape, precision):
+    spec = SHAPES[shape]
     cost = CostModel(spec, precision=precision, checkpointing="none")
-    model = build_units(spec).to(DTYPES[precision])
-    for i, unit in model.units.items():
-        with SavedBytes(model) as saved:
-            run_unit(spec, int(i), unit, DTYPES[precision])
-        assert saved.total == pytest.approx(cost.unit_activation_bytes(int(i), MB), rel=1e-3), i
+    model = build_units(spec)
+    state = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
+    TARGETS.setdefault(spec.name, torch.zeros(MB, spec.seq_len, dtype=torch.long))
+    for i in (0, 1, spec.num_units - 1):
+        x = unit_input(spec, i)
+        saved: dict[int, int] = {}
+
+        def pack(t, saved=saved):
+            st = t.untyped_storage()
+            saved[st._cdata] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = forward(spec, i, model.units[str(i)], x, precision)
+        data = {x.untyped_storage()._cdata, TARGETS[spec.name].untyped_storage()._cdata}
+        for key in state | data:  # weights, RoPE tables, the unit's input, the targets
+            saved.pop(key, None)
+        saved[out.untyped_storage()._cdata] = out.untyped_storage().nbytes()  # passed on to the next unit
+        assert sum(saved.values()) == cost.unit_activation_bytes(i, MB), i
 
 
-def test_whole_model_saved_bytes_are_the_sum_of_units():
-    """No storage is shared between units (or double counted by the per-unit view)."""
+@pytest.mark.parametrize("checkpointing", ["none", "full", "selective"])
+def test_a_stage_keeps_the_sum_of_its_units_and_its_input(checkpointing):
+    """Units of one chunk share no storage; a non-first stage also keeps its fp32 input."""
     spec = PRESETS["tiny"]
-    cost = CostModel(spec, precision="fp32")
-    model = build_model(spec)
-    tokens = torch.randint(0, spec.vocab, (MB, spec.seq_len))
-    with SavedBytes(model) as saved:
-        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
-    predicted = sum(cost.unit_activation_bytes(u, MB) for u in range(spec.num_units))
-    assert saved.total == pytest.approx(predicted, rel=1e-3)
-
-
-@pytest.mark.parametrize("name", ["tiny", "small"])
-def test_full_checkpointing_keeps_only_the_block_input(name):
-    spec = PRESETS[name]
-    cost = CostModel(spec, precision="fp32", checkpointing="full")
-    none = CostModel(spec, precision="fp32", checkpointing="none")
-    model = build_units(spec)
-    for i in range(1, spec.layers + 1):
-        with SavedBytes(model) as saved:
-            run_unit(spec, i, model.units[str(i)], torch.float32, full=True)
-        assert saved.total == cost.unit_activation_bytes(i, MB) == cost.boundary_bytes(MB)
-        assert saved.total < none.unit_activation_bytes(i, MB) / 10
-
-
-def test_selective_checkpointing_drops_the_core_attention_outputs(monkeypatch):
-    """Wrap SDPA in a checkpoint (recompute attention internals, Megatron's selective scheme)."""
-    spec = PRESETS["small"]
-    cost = CostModel(spec, precision="fp32", checkpointing="selective")
-    sdpa = F.scaled_dot_product_attention
-
-    def recomputed_sdpa(q, k, v, **kw):
-        return checkpoint(lambda a, b, c: sdpa(a, b, c, **kw), q, k, v, use_reentrant=True)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", recomputed_sdpa)
-    model = build_units(spec)
-    with SavedBytes(model) as saved:
-        run_unit(spec, 1, model.units["1"], torch.float32)
-    assert saved.total == pytest.approx(cost.unit_activation_bytes(1, MB), rel=1e-3)
-    assert saved.total < CostModel(spec, precision="fp32").unit_activation_bytes(1, MB)
+    cost = CostModel(spec, precision="bf16", checkpointing=checkpointing)
+    stage = build_units(spec, 2, spec.num_units)  # blocks 2..4 and the head
+    apply_checkpointing(stage, checkpointing)
+    TARGETS.setdefault(spec.name, torch.zeros(MB, spec.seq_len, dtype=torch.long))
+    with LiveBytes() as live:
+        x = unit_input(spec, 2).detach().to(torch.bfloat16).to(torch.float32).requires_grad_()
+        loss = forward(spec, spec.num_units - 1, stage, x, "bf16")
+    want = sum(cost.unit_activation_bytes(u, MB) for u in range(2, spec.num_units)) + stage_input_bytes(spec, MB)
+    assert live.current == want
+    assert tensor_bytes([x]) == stage_input_bytes(spec, MB)
+    loss.backward()

@@ -20,6 +20,7 @@ from typing import Any
 from geotrain.config.cluster import Datacenter, GPUType
 from geotrain.config.model import ModelSpec
 from geotrain.cost import comm
+from geotrain.cost.activations import stage_input_bytes
 from geotrain.cost.memory import (
     DTYPE_BYTES,
     OPTIMIZERS,
@@ -204,9 +205,10 @@ class CostModel:
         fw, fg, fo = sharded_fractions(sharding, dp)
         p = self.dtype_bytes
         a_e, a_b, a_h, a_none = self._activations(micro_batch, tp)
-        acts = inflight * (e * a_e + n * a_b + h * a_h)
-        if self.checkpointing == "full" and n and inflight:
-            acts += a_none
+        per_mb = e * a_e + n * a_b + h * a_h + (0 if e else stage_input_bytes(self.model, micro_batch))
+        acts = inflight * per_mb
+        if self.checkpointing != "none" and n and inflight:
+            acts += a_none - a_b   # one block's recomputed tensors while its backward runs
         buffers = 4.0 * self.boundary_bytes(micro_batch)
         if h:
             buffers += p * micro_batch * self.model.seq_len * self.model.vocab / tp

@@ -14,24 +14,9 @@ FLOPs follow the usual convention (Kaplan et al., PaLM appendix B, Megatron):
   * the embedding is a gather (0 FLOPs); norms, RoPE, SiLU, softmax and residual adds are
     element-wise and left out (they are memory-bound; the GPU's efficiency factor absorbs them).
 
-Saved-for-backward bytes are counted tensor by tensor from what autograd really keeps for the
-code in llama.py (checked in tests/test_cost_activations.py with saved-tensor hooks, exact to a
-few bytes), with p = bytes of the training dtype and T = micro_batch * seq_len tokens:
-  * RMSNorm (each of the two in a block, and the head's): the fp32 copy of its input (4*T*h; in
-    fp32 that is the input itself), the fp32 1/rms (4*T), the normalized value cast back (p*T*h)
-    and the weighted output that the next linear saves (p*T*h)  ->  (4 + 2p)*T*h + 4*T;
-  * attention: q and k after RoPE (p*T*h, p*T*kv), v (p*T*kv), the SDPA output (p*T*h) and its
-    fp32 log-sum-exp (4*b*heads*s), the re-laid-out output that wo saves (p*T*h) -- no s^2 term,
-    the fused SDPA kernels never store the attention matrix;
-  * SwiGLU: gate output, silu(gate), up output and their product (4 * p*T*ffn);
-  * embedding: the int64 token ids (8*T); head: the norm as above, the log-softmax of the logits
-    that cross-entropy keeps (p*T*vocab) and the int64 targets (8*T).
-Checkpointing applies to blocks only (as Megatron does): "full" keeps a block's input (p*T*h)
-and recomputes its forward during backward; "selective" recomputes only the core attention
-(SDPA), so it drops the SDPA output and log-sum-exp and recomputes 4*b*s^2*h FLOPs.
+Saved-for-backward bytes (activations) are derived op by op in `activations.py`.
 
-Mixed precision here means the training dtype is the compute dtype of weights and activations
-(FSDP MixedPrecisionPolicy(param_dtype=bf16) style), with fp32 master weights in the optimizer.
+Mixed precision means the runtime's autocast: fp32 weights, matmuls computed in bf16/fp16.
 """
 
 from __future__ import annotations
@@ -39,10 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from geotrain.config.model import ModelSpec
+from geotrain.cost.activations import (  # noqa: F401 -- re-exported: the unit counts in one place
+    BLOCK,
+    CHECKPOINTING,
+    EMBEDDING,
+    HEAD,
+    KindActivations,
+    kind_activations,
+)
 
-EMBEDDING, BLOCK, HEAD = "embedding", "block", "head"
 KINDS = (EMBEDDING, BLOCK, HEAD)
-CHECKPOINTING = ("none", "full", "selective")
 
 
 def unit_kind(spec: ModelSpec, unit: int) -> str:
@@ -104,43 +95,3 @@ def kind_flops(spec: ModelSpec, micro_batch: int) -> dict[str, KindFlops]:
         out[kind] = KindFlops(forward=matmul + attn, backward_input=matmul + 2 * attn,
                               backward_weight=matmul, attention_forward=attn)
     return out
-
-
-@dataclass(frozen=True)
-class KindActivations:
-    """Bytes saved for backward by one unit for one micro-batch.
-
-    `replicated` is held whole on every tensor-parallel rank (norms, unit inputs); `sharded` is
-    split across tensor-parallel ranks (Megatron column/row-parallel attention and MLP, a
-    vocab-parallel head)."""
-
-    replicated: float
-    sharded: float
-
-    def per_gpu(self, tp: int) -> float:
-        return self.replicated + self.sharded / tp
-
-
-def kind_activations(spec: ModelSpec, micro_batch: int, dtype_bytes: int,
-                     checkpointing: str) -> dict[str, KindActivations]:
-    if checkpointing not in CHECKPOINTING:
-        raise ValueError(f"unknown checkpointing {checkpointing!r} (known: {', '.join(CHECKPOINTING)})")
-    p, b, s, h = dtype_bytes, micro_batch, spec.seq_len, spec.hidden
-    T = b * s
-    kv = spec.kv_heads * spec.head_dim
-    norm = (4 + 2 * p) * T * h + 4 * T
-    sdpa_out = p * T * h + 4 * b * spec.heads * s  # output + fp32 log-sum-exp
-    attn_inputs = p * T * h + 2 * p * T * kv       # q, k after RoPE; v
-    wo_input = p * T * h
-    mlp = 4 * p * T * spec.ffn
-    if checkpointing == "none":
-        block = KindActivations(2 * norm, attn_inputs + sdpa_out + wo_input + mlp)
-    elif checkpointing == "selective":
-        block = KindActivations(2 * norm, attn_inputs + wo_input + mlp)
-    else:  # full: only the block's input survives the forward
-        block = KindActivations(p * T * h, 0)
-    return {
-        EMBEDDING: KindActivations(8 * T, 0),
-        BLOCK: block,
-        HEAD: KindActivations(norm + 8 * T, p * T * spec.vocab),
-    }

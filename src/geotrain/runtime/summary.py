@@ -18,7 +18,7 @@ from geotrain.runtime.recorder import Recorder, merge_rank_traces
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
 COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall", "optimizer_steps",
-           "params_bytes", "grads_bytes", "optimizer_bytes", "max_rss_bytes")
+           "params_bytes", "grads_bytes", "optimizer_bytes", "max_rss_bytes", "peak_bytes")
 
 
 def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, steps_run: int,
@@ -35,7 +35,7 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
     row[rank] = torch.tensor([sum(tot.get(k, 0.0) for k in COMPUTE), tot.get("recv_wait", 0.0),
                               tot.get("allreduce", 0.0), tot.get("optimizer", 0.0), wall, optimizer_steps,
                               *(float((memory or {}).get(k, 0)) for k in ("params", "grads", "optimizer")),
-                              _max_rss()],
+                              _max_rss(), float((memory or {}).get("peak", 0))],
                              dtype=torch.float64)
     dist.all_reduce(row)
     dist.barrier()
@@ -57,7 +57,7 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
                "skipped_steps": sum(1 for x in losses if x.get("skipped")),
                "optimizer_steps_per_rank": [int(x) for x in row[:, 5].tolist()],
                "memory_per_rank": [{"params": int(r[6]), "grads": int(r[7]), "optimizer": int(r[8]),
-                                    "max_rss": int(r[9])} for r in row.tolist()],
+                                    "max_rss": int(r[9]), "peak": int(r[10])} for r in row.tolist()],
                "time_fractions": per_stage}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.predict:

@@ -8,6 +8,7 @@ and one TP group of consecutive ranks (inside a node) per stage replica.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -156,6 +157,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     from geotrain.plan.plan import save_plan
     from geotrain.runtime.checkpoint import Checkpointer
     from geotrain.runtime.checkpointing import apply_checkpointing
+    from geotrain.runtime.memory import StepPeak, state_tensors
     from geotrain.runtime.parallelize import (
         apply_fsdp,
         apply_tp,
@@ -280,6 +282,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         else:
             bar = _LineProgress(steps, start)
     losses_file = open(out / "losses.jsonl", "a") if rank == 0 else None  # noqa: SIM115 -- closed below
+    # The peak is measured on one steady-state step: the second (optimizer state exists by then).
+    peak, peak_step = StepPeak(device), min(steps, start + 2)
     run_start = time.time()
     try:
         for step in range(start + 1, steps + 1):
@@ -287,15 +291,19 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                 raise RuntimeError(f"injected failure at step {step} (GEOTRAIN_FAIL_AT)")
             state["step"] = step
             recorder.iteration = step
-            batches = {}
-            if holds_data:
-                batches = {j: tuple(t.to(device) for t in source.batch(step - 1, replica, j))
-                           for j in range(plan.num_microbatches)}
-            t_step = time.time()
-            if step == start + 1 and first_delay > 0:
-                time.sleep(first_delay)
-            runner.run_iteration(batches, loss_scale=scaler.scale)
-            dt = time.time() - t_step
+            measuring = peak.step(state_tensors(chunks.values(), optimizer)) if step == peak_step \
+                else contextlib.nullcontext()
+            with measuring:
+                batches = {}
+                if holds_data:
+                    batches = {j: tuple(t.to(device) for t in source.batch(step - 1, replica, j))
+                               for j in range(plan.num_microbatches)}
+                t_step = time.time()
+                if step == start + 1 and first_delay > 0:
+                    time.sleep(first_delay)
+                runner.run_iteration(batches, loss_scale=scaler.scale)
+                dt = time.time() - t_step
+                del batches
             if losses_file is not None:
                 row = {"step": step, "loss": state["loss"], "skipped": state["skipped"], "loss_scale": scaler.scale,
                        "step_time_s": dt, "tokens": tokens_per_step, "time": time.time() - recorder.t0}
@@ -324,7 +332,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     wall = time.time() - run_start
     result = write_outputs(cfg, spec, plan, recorder, out, wall=wall, steps_run=steps - start,
                            tokens_per_step=tokens_per_step, optimizer_steps=state["optimizer_steps"],
-                           memory=state.get("memory"))
+                           memory={**state.get("memory", {}), "peak": peak.bytes})
     if hasattr(transport, "close"):
         dist.barrier()             # every rank's last transfer (and turn) is done before any closes
         transport.close()
