@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: job.steps)")
     p.add_argument("--out", default=None, metavar="RUN_DIR", help="run directory (default: runs/<name>)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's latest checkpoint")
+    p.add_argument("--resume-from", default=None, metavar="RUN_DIR",
+                   help="start from another run's latest complete checkpoint, resharded onto this plan's layout "
+                        "(pp split, dp, sharding may differ; same model and global batch)")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="save every N steps (default: job.checkpoint_every; 0: never)")
     p.add_argument("--data", default=None, help="text file or directory to train on, or 'synthetic' "
@@ -84,8 +87,17 @@ def _config(args: argparse.Namespace):
     every = args.checkpoint_every
     if every is not None and every < 0:
         raise SpecError("--checkpoint-every", "", f"must be >= 0 (got {every})")
+    if args.resume and args.resume_from:
+        raise SpecError("--resume-from", "", "give --resume (this run's own checkpoint) or --resume-from, not both")
     if args.resume:
         every = _check_resumable(Path(out), every)
+    resume_from = None
+    if args.resume_from:
+        from geotrain.runtime.checkpoint import latest_checkpoint
+
+        if latest_checkpoint(Path(args.resume_from) / "checkpoints") is None:
+            raise SpecError("--resume-from", "", f"no complete checkpoint in {Path(args.resume_from) / 'checkpoints'}")
+        resume_from = str(Path(args.resume_from).resolve())
     profile = None
     if args.profile:
         from geotrain.calibrate.profile import load_profile
@@ -93,7 +105,7 @@ def _config(args: argparse.Namespace):
         load_profile(args.profile)           # a missing or foreign file is a user error now, not after training
         profile = str(Path(args.profile).resolve())
     return RunConfig(spec=str(spec_path), out=out, plan=plan_dict, overrides=overrides, steps=args.steps,
-                     resume=args.resume, checkpoint_every=every, data=args.data,
+                     resume=args.resume, resume_from=resume_from, checkpoint_every=every, data=args.data,
                      progress=not args.no_progress, profile=profile)
 
 

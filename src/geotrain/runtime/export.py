@@ -2,7 +2,7 @@
 
 The checkpoint is read with torch.distributed.checkpoint in one process (`no_dist`), only the
 model tensors (not the optimizer state): DCP assembles FSDP2 shards and the stages' slices into
-full tensors by name, `stage{s}.model.v{v}.units.{i}.*`. The names are mapped to HF's
+full tensors by name, `model.units.{i}.*` (the plain model's names, whatever the layout). The names are mapped to HF's
 (`models.hf`), written with safetensors beside a config.json, so `transformers` loads the
 directory as it loads any LlamaForCausalLM.
 """
@@ -20,7 +20,7 @@ import torch
 
 from geotrain.errors import GeotrainError
 
-_KEY = re.compile(r"^stage\d+\.model\.v\d+\.(units\.\d+\..+)$")
+_KEY = re.compile(r"^model\.(units\.\d+\..+)$")
 
 
 def latest_checkpoint(run_dir: Path) -> Path:

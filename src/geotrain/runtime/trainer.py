@@ -33,6 +33,7 @@ class RunConfig:
     overrides: dict[str, Any] = field(default_factory=dict)   # Plan fields to replace
     steps: int | None = None                    # None: job.steps
     resume: bool = False
+    resume_from: str | None = None              # another run's RUN_DIR: start from its latest checkpoint, resharded
     checkpoint_every: int | None = None         # None: job.checkpoint_every
     data: str | None = None                     # None: job.data, then the built-in corpus
     progress: bool = True
@@ -155,7 +156,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
 
     from geotrain.models.llama import build_units
     from geotrain.plan.plan import save_plan
-    from geotrain.runtime.checkpoint import Checkpointer
+    from geotrain.runtime.checkpoint import Checkpointer, latest_checkpoint
     from geotrain.runtime.checkpointing import apply_checkpointing
     from geotrain.runtime.memory import StepPeak, state_tensors
     from geotrain.runtime.parallelize import (
@@ -217,18 +218,24 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     dist.broadcast(t0, src=0)
     recorder = Recorder(rank, float(t0.item()), enabled=cfg.trace)
 
-    ckpt = Checkpointer(out / "checkpoints", stage, replica, chunks, optimizer, scaler)
+    ckpt = Checkpointer(out / "checkpoints", stage, replica, chunks, optimizer, scaler,
+                        layout=(plan.pp, plan.dp, plan.tp))
     start = 0
-    if cfg.resume:
-        latest = ckpt.latest()
+    if cfg.resume or cfg.resume_from:
+        latest = latest_checkpoint(Path(cfg.resume_from) / "checkpoints") if cfg.resume_from else ckpt.latest()
         if latest is not None:
-            start, loader_state = ckpt.load(latest)
+            start, loader_state = ckpt.load(latest)    # any layout: keys are the plain model's names
             if loader_state is not None and hasattr(source, "load_state_dict"):
                 source.load_state_dict(loader_state)
+        elif cfg.resume_from:
+            raise GeotrainError(f"--resume-from: no complete checkpoint in {Path(cfg.resume_from) / 'checkpoints'}")
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         save_plan(out / "plan.json", plan, spec_path=str(Path(cfg.spec).resolve()))
-        _trim_losses(out / "losses.jsonl", start)
+        if cfg.resume_from and Path(cfg.resume_from).resolve() != out.resolve():
+            _carry_losses(Path(cfg.resume_from) / "losses.jsonl", out / "losses.jsonl", start)
+        else:
+            _trim_losses(out / "losses.jsonl", start)
 
     inject_inf = _parse_hook("GEOTRAIN_INJECT_INF") | {tuple(x) for x in cfg.inject_inf}
     fail_at = _parse_hook("GEOTRAIN_FAIL_AT") | {tuple(x) for x in cfg.fail_at}
@@ -309,6 +316,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                        "step_time_s": dt, "tokens": tokens_per_step, "time": time.time() - recorder.t0}
                 if bubble is not None:
                     row["prefill"] = bubble.filling()      # BubbleTea was filling bubbles in this step
+                if step == start + 1 and cfg.resume_from:
+                    row["resumed_from"] = str(cfg.resume_from)   # the curve continues on a new layout here
+                    row["layout"] = {"pp": plan.pp, "dp": plan.dp, "tp": plan.tp, "sharding": plan.sharding}
                 losses_file.write(json.dumps(row) + "\n")
                 losses_file.flush()
             if bar is not None:
@@ -368,4 +378,11 @@ def _trim_losses(path: Path, start: int) -> None:
         path.write_text("")
         return
     keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= start]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def _carry_losses(source: Path, path: Path, start: int) -> None:
+    """Resumed from another run: its loss lines up to the checkpoint open this run's curve."""
+    lines = source.read_text().splitlines() if source.exists() else []
+    keep = [line for line in lines if line.strip() and json.loads(line)["step"] <= start]
     path.write_text("".join(line + "\n" for line in keep))

@@ -1,0 +1,83 @@
+"""Resharded resume: a pp=2 x dp=2 checkpoint continues on the layouts left after losing a DC.
+
+Launch 1 (4 ranks) trains pp=2 x dp=2 (zero3, fp32) for 10 steps with checkpoints, the same run
+uninterrupted to step 15 (the reference), and the 10-step run continued from its checkpoint to
+step 15 on the same layout. Launch 2
+(2 ranks) resumes the same checkpoint with `resume_from` on pp=2 x dp=1 (a different layer split,
+replicated) and on pp=1 x dp=2 (zero1, whose optimizer partitions regroup by parameter name).
+Same global batch and micro-batch, so the same math: steps 11-15 must equal the reference's,
+and step 11 must continue the curve rather than start again from the initial loss.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from geotrain.config.load import load_spec
+from geotrain.plan.manual import plan_from_job
+from geotrain.plan.plan import StagePlan
+from geotrain.runtime.launch import launch
+from geotrain.runtime.trainer import RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "tiny_2dc.toml"
+
+
+def _losses(run: Path) -> dict[int, dict]:
+    return {d["step"]: d for d in map(json.loads, (run / "losses.jsonl").read_text().splitlines())}
+
+
+def _cfg(out: Path, plan, steps: int, **kw) -> RunConfig:
+    return RunConfig(spec=str(SPEC), out=str(out), plan=plan.to_dict(), steps=steps, data="synthetic",
+                     progress=False, predict=False, trace=False, checkpoint_every=10, **kw)
+
+
+@pytest.mark.slow
+def test_checkpoint_resumes_on_other_layouts(tmp_path: Path) -> None:
+    full = plan_from_job(load_spec(SPEC)).with_(precision="fp32", sharding="zero3")
+    assert (full.pp, full.dp, full.micro_batch, full.num_microbatches) == (2, 2, 2, 4)
+    units = full.stages[-1].chunks[-1][1]
+    pp2_dp1 = full.with_(dp=1, num_microbatches=8, sharding="replicate", pipeline_offsets=(),
+                         stages=(StagePlan("east", ((0, 2),)), StagePlan("west", ((2, units),))))
+    pp1_dp2 = full.with_(sharding="zero1", links=(), pipeline_offsets=(),
+                         stages=(StagePlan("west", ((0, units),)),))
+
+    first, reference, same = tmp_path / "first", tmp_path / "reference", tmp_path / "same"
+    launch([_cfg(first, full, 10), _cfg(reference, full, 15), _cfg(same, full, 15, resume_from=str(first))], 4,
+           tmp_path / "l1", timeout_s=180)
+    assert (first / "checkpoints" / "latest").read_text().strip() == "step_00000010"
+    b, c = tmp_path / "pp2_dp1", tmp_path / "pp1_dp2"
+    launch([_cfg(b, pp2_dp1, 15, resume_from=str(first)), _cfg(c, pp1_dp2, 15, resume_from=str(first))], 2,
+           tmp_path / "l2", timeout_s=180)
+
+    want, before = _losses(reference), _losses(first)
+    assert sorted(want) == list(range(1, 16))
+    for step in range(1, 11):
+        assert abs(want[step]["loss"] - before[step]["loss"]) <= 1e-6 * want[step]["loss"]
+        assert _losses(same)[step]["loss"] == before[step]["loss"]   # the resumed curve opens with these lines
+    for run in (same, b, c):
+        got = _losses(run)
+        assert sorted(got) == list(range(1, 16)), run
+        assert got[11]["resumed_from"] == str(first)
+        for step in range(11, 16):
+            assert abs(got[step]["loss"] - want[step]["loss"]) <= 1e-5 * abs(want[step]["loss"]), \
+                (run.name, step, got[step]["loss"], want[step]["loss"])
+    # Continues the curve: step 11 is near step 10, far below where training started.
+    l1, l10, l11 = want[1]["loss"], want[10]["loss"], want[11]["loss"]
+    assert l1 - l10 > 0.1, (l1, l10)
+    assert abs(l11 - l10) < 0.5 * (l1 - l10), (l1, l10, l11)
+
+
+def test_resume_from_a_run_without_checkpoint_is_refused(tmp_path: Path, capsys) -> None:
+    from geotrain.cli import main
+
+    (tmp_path / "gone" / "checkpoints").mkdir(parents=True)
+    rc = main(["train", str(SPEC), "--out", str(tmp_path / "new"), "--resume-from", str(tmp_path / "gone"),
+               "--wan", "off"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--resume-from" in err and "no complete checkpoint" in err and len(err.strip().splitlines()) == 1
+    rc = main(["train", str(SPEC), "--resume", "--resume-from", str(tmp_path / "gone"), "--wan", "off"])
+    assert rc == 2 and "not both" in capsys.readouterr().err
