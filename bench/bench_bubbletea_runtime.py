@@ -53,12 +53,12 @@ def client(port: int, stop: threading.Event, out: list, interval: float) -> None
     while not stop.is_set():
         try:
             c = c or http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-            c.request("POST", "/v1/completions", json.dumps({"tokens": [(7 * i + k) % 250 + 1 for k in range(48)],
-                                                            "max_new_tokens": 1}))
+            c.request("POST", "/v1/completions", json.dumps({"prompt": [(7 * i + k) % 250 + 1 for k in range(48)],
+                                                            "max_tokens": 1}))
             r = c.getresponse()
             doc = json.loads(r.read())
             if r.status == 200:
-                out.append(doc["ttft_ms"] / 1e3)
+                out.append(doc["choices"][0]["ttft_ms"] / 1e3)
             elif r.status in (429, 503):
                 stop.wait(float(r.getheader("Retry-After", "1")))
             i += 1

@@ -1,16 +1,26 @@
+"""The OpenAI-compatible BubbleTea API: answers, errors, abuse, admission, exactly-once."""
+
+import glob
 import http.client
 import json
+import logging
 import os
 import socket
 import sys
+import tempfile
 import threading
+import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from geotrain.bubbletea.executor import DecodeWorker, DedicatedExecutor
+from geotrain.bubbletea.inference import prefill
 from geotrain.bubbletea.service import PrefillService
 from geotrain.models.llama import build_model
 from geotrain.models.presets import PRESETS
+
+MODEL = "geotrain-tiny"
 
 
 class CountingExecutor(DedicatedExecutor):
@@ -24,11 +34,15 @@ class CountingExecutor(DedicatedExecutor):
 
 
 @pytest.fixture(scope="module")
-def service():
-    model = build_model(PRESETS["tiny"]).eval()
+def model():
+    return build_model(PRESETS["tiny"]).eval()
+
+
+@pytest.fixture(scope="module")
+def service(model):
     ex = CountingExecutor(model)
     svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_prompt_tokens=48, max_new_tokens=8,
-                         token="s3cret")
+                         token="s3cret", read_timeout_s=1.0)
     host, port = svc.serve()
     yield svc, host, port
     svc.close()
@@ -46,43 +60,81 @@ def call(host, port, method, path, body=None, token="s3cret", raw=None):
     return out
 
 
-def test_completion_returns_first_token_and_rest(service):
+def test_completion_greedy_first_token_is_the_prefills(service, model):
     _, host, port = service
-    status, body, _ = call(host, port, "POST", "/v1/completions", {"prompt": "def f(x):", "max_new_tokens": 5})
+    status, body, _ = call(host, port, "POST", "/v1/completions",
+                           {"model": MODEL, "prompt": "def f(x):", "max_tokens": 5, "temperature": 0})
     assert status == 200
     doc = json.loads(body)
-    assert doc["prompt_tokens"] == 9 and len(doc["tokens"]) == 5 and doc["tokens"][0] == doc["first_token"]
+    ch = doc["choices"][0]
+    assert doc["object"] == "text_completion" and doc["usage"] == {"prompt_tokens": 9, "completion_tokens": 5,
+                                                                   "total_tokens": 14}
+    assert len(ch["token_ids"]) == 5 and ch["finish_reason"] == "length"
+    assert ch["token_ids"][0] == prefill(model, list(b"def f(x):"))[0]
 
 
-def test_streaming_sends_first_token_then_the_rest(service):
+def test_streaming_is_server_sent_events_ending_done_with_the_same_text(service):
     _, host, port = service
-    status, body, headers = call(host, port, "POST", "/v1/completions",
-                                 {"tokens": [1, 2, 3], "max_new_tokens": 4, "stream": True})
-    assert status == 200 and headers["Content-Type"] == "application/x-ndjson"
-    lines = [json.loads(x) for x in body.decode().splitlines()]
-    assert "first_token" in lines[0] and [x for x in lines if "token" in x and "first_token" not in x]
-    assert lines[-1] == {"done": True, "tokens": 4}
+    req = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 6, "temperature": 0}
+    whole = json.loads(call(host, port, "POST", "/v1/completions", req)[1])["choices"][0]
+    status, body, headers = call(host, port, "POST", "/v1/completions", {**req, "stream": True})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [x for x in body.decode().split("\n\n") if x]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_seeded_sampling_repeats_and_stop_strings_cut(service):
+    _, host, port = service
+    req = {"model": MODEL, "prompt": "abc", "max_tokens": 8, "temperature": 1.0, "top_p": 0.9, "seed": 7}
+    a, b = (json.loads(call(host, port, "POST", "/v1/completions", req)[1])["choices"][0] for _ in range(2))
+    assert a["token_ids"] == b["token_ids"]
+    greedy = json.loads(call(host, port, "POST", "/v1/completions", {**req, "temperature": 0})[1])["choices"][0]
+    stop = greedy["text"][2:4]
+    cut = json.loads(call(host, port, "POST", "/v1/completions", {**req, "temperature": 0, "stop": [stop]})[1])
+    assert cut["choices"][0]["finish_reason"] == "stop" and stop not in cut["choices"][0]["text"]
+    assert greedy["text"].startswith(cut["choices"][0]["text"])
 
 
 @pytest.mark.parametrize("body,status", [
-    (b"not json", 400), (b"[1,2]", 400), (b'{"prompt": ""}', 400), (b'{"tokens": [1, "a"]}', 400),
-    (b'{"tokens": [999]}', 400), (b'{"prompt": "x", "tokens": [1]}', 400), (b'{"prompt": "x", "bogus": 1}', 400),
-    (b'{"prompt": "x", "max_new_tokens": 1000}', 400), (json.dumps({"prompt": "y" * 100}).encode(), 413),
+    (b"not json", 400), (b"[1,2]", 400), (b'{"prompt": ""}', 400), (b'{"prompt": [1, "a"]}', 400),
+    (b'{"prompt": [999]}', 400), (b'{"prompt": "x", "bogus": 1}', 400), (b'{"prompt": "x", "max_tokens": 1000}', 400),
+    (b'{"prompt": "\\ud800"}', 400), (b"[" * 100000, 400), (b'{"prompt": [' + b"7" * 5000 + b"]}", 400),
+    (b'{"prompt": "x", "temperature": "hot"}', 400), (b'{"prompt": "x", "model": "gpt-4"}', 404),
+    (b"\xff\xfe", 400), (json.dumps({"prompt": "y" * 100}).encode(), 400), (b"x" * (2 << 20), 413),
 ])
-def test_malformed_requests_get_4xx_and_service_keeps_serving(service, body, status):
+def test_malformed_requests_get_4xx_json_and_service_keeps_serving(service, body, status):
     _, host, port = service
-    assert call(host, port, "POST", "/v1/completions", raw=body)[0] == status
-    assert call(host, port, "POST", "/v1/completions", {"prompt": "ok"})[0] == 200
+    got, text, _ = call(host, port, "POST", "/v1/completions", raw=body)
+    assert got == status and "message" in json.loads(text)["error"]
+    assert call(host, port, "POST", "/v1/completions", {"prompt": "ok", "max_tokens": 1})[0] == 200
 
 
-def test_auth_paths_and_health(service):
+def test_404_and_401_with_a_body_leave_the_keep_alive_connection_usable(service):
     _, host, port = service
-    assert call(host, port, "POST", "/v1/completions", {"prompt": "x"}, token="wrong")[0] == 401
+    c = http.client.HTTPConnection(host, port, timeout=30)
+    for path, token in (("/v1/nope", "s3cret"), ("/v1/completions", "wrong")):
+        c.request("POST", path, body=json.dumps({"prompt": "x" * 500}), headers={"Authorization": f"Bearer {token}"})
+        r = c.getresponse()
+        assert r.status in (401, 404) and "error" in json.loads(r.read())
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "ok", "max_tokens": 1}),
+              headers={"Authorization": "Bearer s3cret"})
+    assert c.getresponse().status == 200
+    c.close()
+
+
+def test_auth_health_and_metrics_parse_with_prometheus_client(service):
+    _, host, port = service
+    assert call(host, port, "GET", "/v1/models", token="wrong")[0] == 401
     assert call(host, port, "GET", "/nope")[0] == 404
     assert call(host, port, "GET", "/healthz", token=None)[0] == 200
     status, body, _ = call(host, port, "GET", "/metrics")
-    text = body.decode()
-    assert status == 200 and "geotrain_bubbletea_queue_length" in text and "ttft_seconds_count" in text
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert status == 200 and "geotrain_bubbletea_queue_length" in families
+    assert any(s.name == "geotrain_bubbletea_ttft_seconds_count" and s.value > 0
+               for s in families["geotrain_bubbletea_ttft_seconds"].samples)
 
 
 def test_garbage_on_the_socket_does_not_kill_the_service(service):
@@ -94,15 +146,75 @@ def test_garbage_on_the_socket_does_not_kill_the_service(service):
     assert call(host, port, "GET", "/healthz", token=None)[0] == 200
 
 
+def test_slow_head_and_slow_body_are_cut_off(service):
+    _, host, port = service
+    drip = socket.create_connection((host, port))
+    drip.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")       # the head never ends
+    drip.settimeout(10)
+    t = time.monotonic()
+    assert drip.recv(1024) == b"" and time.monotonic() - t < 5             # closed after ~1 s
+    drip.close()
+    slow = socket.create_connection((host, port))
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+                 b"Content-Length: 100\r\n\r\n{\"pro")
+    slow.settimeout(10)
+    assert b" 408 " in slow.recv(4096).split(b"\r\n")[0] + b" "
+    slow.close()
+
+
+def test_connections_past_the_bound_get_503(model):
+    ex = DedicatedExecutor(model)
+    svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2, max_connections=6)
+    host, port = svc.serve()
+    held = []
+    for _ in range(6):
+        s = socket.create_connection((host, port))
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.recv(4096)
+        held.append(s)          # kept alive, idle
+    try:
+        assert call(host, port, "GET", "/healthz", token=None)[0] == 503
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.2)
+    assert call(host, port, "GET", "/healthz", token=None)[0] == 200
+    svc.close()
+    ex.close()
+
+
+def test_client_disconnect_mid_stream_is_one_log_line(service, caplog):
+    svc, host, port = service
+    before = svc.stats.disconnects
+    with caplog.at_level(logging.WARNING, logger="geotrain.bubbletea"):
+        s = socket.create_connection((host, port))
+        body = json.dumps({"prompt": "hello", "max_tokens": 8, "stream": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        while b"data: " not in got:
+            got += s.recv(4096)
+        s.close()
+        deadline = time.time() + 10
+        while svc.stats.disconnects == before and time.time() < deadline:
+            call(host, port, "GET", "/healthz", token=None)
+            time.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert svc.wait_idle(10)
+
+
 def test_concurrent_load_each_request_answered_once_or_refused(service):
     svc, host, port = service
-    results: list[tuple[int, int | None]] = []
+    results: list[tuple[int, str | None]] = []
     lock = threading.Lock()
 
     def client(i):
-        req = {"tokens": [i % 200 + 1] * 20, "max_new_tokens": 2}
-        status, body, _ = call(host, port, "POST", "/v1/completions", req)
+        req = {"prompt": [i % 200 + 1] * 20, "max_tokens": 2}
+        status, body, headers = call(host, port, "POST", "/v1/completions", req)
         rid = json.loads(body).get("id") if status == 200 else None
+        if status == 429:
+            assert headers.get("retry-after") == "1"
         with lock:
             results.append((status, rid))
 
@@ -116,22 +228,20 @@ def test_concurrent_load_each_request_answered_once_or_refused(service):
     assert {s for s, _ in results} <= {200, 429}
     ok_ids = [rid for s, rid in results if s == 200]
     assert len(ok_ids) == len(set(ok_ids)) >= 4          # each accepted request answered exactly once
-    assert sorted(svc.executor.submitted[before:]) == sorted(ok_ids)  # and prefilled exactly once
+    assert sorted(svc.executor.submitted[before:]) == sorted(int(r.split("-")[1]) for r in ok_ids)
     assert any(s == 429 for s, _ in results)
 
 
-def test_no_rank_yet_answers_503_then_serves_once_a_rank_joins():
-    import time
-
+def test_no_rank_yet_answers_503_then_serves_once_a_rank_joins(model):
     from geotrain.bubbletea.bubble_executor import BubbleExecutor, BubbleWorker
     from geotrain.bubbletea.prefill_cost import PrefillCost
 
-    model = build_model(PRESETS["tiny"]).eval()
     ex = BubbleExecutor()
     svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2)
     host, port = svc.serve()
-    status, body, headers = call(host, port, "POST", "/v1/completions", {"tokens": [1, 2, 3]}, token=None)
-    assert status == 503 and "no training rank" in json.loads(body)["error"] and headers.get("Retry-After") == "1"
+    status, body, headers = call(host, port, "POST", "/v1/completions", {"prompt": [1, 2, 3]}, token=None)
+    assert status == 503 and "no training rank" in json.loads(body)["error"]["message"]
+    assert headers.get("retry-after") == "1"
     assert json.loads(call(host, port, "GET", "/healthz", token=None)[1])["ready"] is False
     w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0))
     w.connect()
@@ -142,25 +252,41 @@ def test_no_rank_yet_answers_503_then_serves_once_a_rank_joins():
     stop = threading.Event()
     rank = threading.Thread(target=lambda: [w.fill(0.05) or time.sleep(0.01) for _ in iter(stop.is_set, True)])
     rank.start()
-    status, body, _ = call(host, port, "POST", "/v1/completions", {"tokens": [1, 2, 3]}, token=None)
+    status, body, _ = call(host, port, "POST", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 1}, token=None)
     stop.set()
     rank.join(5)
-    assert status == 200 and json.loads(body)["prefill_on"] == "rank 0"
+    assert status == 200 and json.loads(body)["choices"][0]["prefill_on"] == "rank 0"
     w.close()
     svc.close()
     ex.close()
 
 
+def test_port_in_use_is_one_line_exit_2_and_leaves_no_temp_dir():
+    import subprocess
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    pattern = os.path.join(tempfile.gettempdir(), "geotrain-bt-*")
+    before = set(glob.glob(pattern))
+    r = subprocess.run([sys.executable, "-m", "geotrain", "train", "examples/tiny_2dc.toml", "--steps", "1",
+                        "--no-progress", "--wan", "off", "--serve-prefill", str(port)],
+                       capture_output=True, text=True, timeout=120)
+    busy.close()
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "in use" in r.stderr, r.stderr
+    assert set(glob.glob(pattern)) <= before
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread scheduling policy is Linux's")
-def test_idle_priority_service_handles_requests_on_idle_threads():
+def test_idle_priority_service_handles_requests_on_idle_threads(model):
     from geotrain.bubbletea.idle_priority import lower_own_priority
 
-    model = build_model(PRESETS["tiny"]).eval()
     seen = []
 
     class Recording(DedicatedExecutor):
         def submit(self, request_id, tokens):
-            seen.append(os.sched_getscheduler(0))          # runs on the request's handler thread
+            seen.append(os.sched_getscheduler(0))          # runs on the server's thread
             return super().submit(request_id, tokens)
 
     probe = {}
@@ -170,7 +296,7 @@ def test_idle_priority_service_handles_requests_on_idle_threads():
     ex = Recording(model)
     svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2)
     host, port = svc.serve(idle_priority=True)
-    assert call(host, port, "POST", "/v1/completions", {"tokens": [1, 2, 3]}, token=None)[0] == 200
+    assert call(host, port, "POST", "/v1/completions", {"prompt": [1, 2, 3]}, token=None)[0] == 200
     svc.close()
     ex.close()
     assert seen == [os.SCHED_IDLE if probe["got"] == "idle" else os.SCHED_OTHER]

@@ -64,6 +64,7 @@ class BubbleExecutor:
         self._jobs: dict[int, _Job] = {}
         self.ranks: dict[int, _RankState] = {}       # connected ranks
         self._busy_total = 0.0                        # prefill seconds over every rank ever seen
+        self._bubble: dict[int, float] = {}           # per rank: measured bubble seconds (prefill + wait)
         self._ranks_seen: set[int] = set()
         self._t0 = time.monotonic()
         if unix_path is not None:
@@ -96,6 +97,12 @@ class BubbleExecutor:
         with self._lock:
             busy, n = self._busy_total, max(1, len(self._ranks_seen))
         return busy / (n * max(1e-9, time.monotonic() - self._t0))
+
+    def bubble_seconds(self) -> tuple[float, float]:
+        """(prefill seconds, bubble seconds) summed over ranks, as the ranks last reported: the
+        bubble is the time a rank spent where it would wait for data, prefill included."""
+        with self._lock:
+            return self._busy_total, sum(self._bubble.values())
 
     def close(self) -> None:
         self._closed = True
@@ -150,6 +157,8 @@ class BubbleExecutor:
             while True:
                 msg, payload = recv_frame(conn)
                 if msg.get("op") == "poll":
+                    with self._lock:
+                        self._bubble[rank] = max(self._bubble.get(rank, 0.0), float(msg.get("bubble_s", 0.0)))
                     send_frame(conn, self._next_chunk(rank, float(msg["budget"])))
                 elif msg.get("op") == "done":
                     self._chunk_done(rank, msg, payload)
@@ -228,6 +237,7 @@ class BubbleWorker:
     chunks: int = 0
     predicted_s: float = 0.0         # what the cost model said the chunks run would take
     late_s: float = 0.0              # how far fills ran past their budget, summed
+    bubble_s: float = 0.0            # time spent where the rank waits for data (prefill + wait), summed
     slowdown: float = 1.0            # measured / predicted chunk time, learnt (see _learn)
     _caches: dict[int, KVCache] = field(default_factory=dict)
     _sock: socket.socket | None = None
@@ -265,7 +275,7 @@ class BubbleWorker:
             left = deadline - time.perf_counter()
             if left <= self.cost.a:
                 return
-            send_frame(self._sock, {"op": "poll", "budget": left / self.slowdown})
+            send_frame(self._sock, {"op": "poll", "budget": left / self.slowdown, "bubble_s": self.bubble_s})
             msg = self._reply(deadline)
             if msg is None:          # the service was slow to answer: the bubble is over, not training
                 self._unanswered += 1

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from geotrain.bubbletea.inference import KVCache, decode, prefill
+from geotrain.bubbletea.inference import KVCache, Sampler, decode, greedy, last_logits, prefill
 from geotrain.models.llama import UnitStack
 
 
@@ -69,15 +69,30 @@ class DedicatedExecutor:
 
 
 class DecodeWorker:
-    """Receives (first token, KV cache bytes) and generates the rest of the completion."""
+    """Receives (first token, KV cache bytes) and generates the completion."""
 
     def __init__(self, model: UnitStack):
         self.model = model
         self._lock = threading.Lock()  # one decode at a time on this (CPU) worker
 
-    def generate(self, out: PrefillOutput, max_new_tokens: int) -> Iterator[int]:
+    @property
+    def context(self) -> int:
+        return self.model.spec.seq_len
+
+    def generate(self, out: PrefillOutput, max_new_tokens: int, sampler: Sampler | None = None,
+                 last_prompt_token: int | None = None) -> Iterator[int]:
+        """The completion's tokens, the first one included, at most `max_new_tokens`. Greedy
+        keeps the prefill's own first token; a sampler draws it again from the prefill's last
+        logits (recomputed from the cache, see inference.last_logits)."""
+        if max_new_tokens <= 0:
+            return
         cache = KVCache.from_bytes(out.kv_bytes, out.kv_shape, out.kv_dtype)
-        steps = decode(self.model, out.first_token, cache, max_new_tokens)
+        first = out.first_token
+        if sampler is not None and sampler.temperature > 0 and last_prompt_token is not None:
+            with self._lock:
+                first = sampler(last_logits(self.model, cache, last_prompt_token))
+        yield first
+        steps = decode(self.model, first, cache, max_new_tokens - 1, pick=sampler or greedy)
         while True:  # lock per step, so a slow reader does not stall other streams
             with self._lock:
                 tok = next(steps, None)

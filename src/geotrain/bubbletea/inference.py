@@ -99,11 +99,46 @@ def prefill(model: UnitStack, tokens: list[int], chunk: int | None = None) -> tu
     return int(torch.argmax(logits)), cache
 
 
-def decode(model: UnitStack, first: int, cache: KVCache, max_new_tokens: int):
-    """Greedy decode after a prefill: yields the following tokens one at a time."""
+def greedy(logits: torch.Tensor) -> int:
+    return int(torch.argmax(logits))
+
+
+class Sampler:
+    """OpenAI-style sampling of one token from logits: temperature 0 is greedy (argmax);
+    otherwise softmax(logits / temperature), cut to the smallest set of tokens whose probability
+    reaches top_p, drawn from a generator seeded by `seed` (the same seed, the same tokens)."""
+
+    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None):
+        self.temperature, self.top_p = temperature, top_p
+        self.gen = torch.Generator()
+        self.gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        if self.temperature <= 0:
+            return greedy(logits)
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_p, 0) - sorted_p < self.top_p   # always keeps the most likely
+            probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+        return int(torch.multinomial(probs, 1, generator=self.gen))
+
+
+def last_logits(model: UnitStack, cache: KVCache, last_token: int) -> torch.Tensor:
+    """The logits a prefill ended with, from its KV cache: the last prompt position is dropped
+    from the cache and run again (one decode step), leaving the cache as it was."""
+    n = cache.length - 1
+    cache.keys = [k[:, :, :n] for k in cache.keys]
+    cache.values = [v[:, :, :n] for v in cache.values]
+    return forward_with_cache(model, torch.tensor([[last_token]]), cache)
+
+
+def decode(model: UnitStack, first: int, cache: KVCache, max_new_tokens: int, pick=greedy):
+    """Decode after a prefill (greedy unless `pick` samples): yields the following tokens one at
+    a time, and stops where the context is full."""
     tok = first
     for _ in range(max_new_tokens):
         if cache.length >= model.spec.seq_len:
             return
-        tok = int(torch.argmax(forward_with_cache(model, torch.tensor([[tok]]), cache)))
+        tok = pick(forward_with_cache(model, torch.tensor([[tok]]), cache))
         yield tok

@@ -74,6 +74,7 @@ class BubbleHook:
         arrived_during = bool(used > 0 and done and done())
         t_wait = rec.now()
         work.wait()
+        self.worker.bubble_s += rec.now() - t_reach
         self.predictor.record(index, rec.now() - t_reach, data_was_waiting=arrived_during)
         return t_wait
 

@@ -35,37 +35,47 @@ class RunningService:
 
 def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str = "tiny",
                   token: str | None = None, max_queue: int = 64, unix: bool = True,
-                  priority: str = "auto") -> RunningService:
+                  priority: str = "auto", run_dir: str | None = None) -> RunningService:
     """HTTP API on host:port. Ranks fetch work from the executor over a Unix socket in a
     private temporary folder (it reaches ranks inside the emulated DCs' network namespaces,
     and its path stays short), or over local TCP with unix=False. The decode worker runs here,
-    on the launcher, as a separate decode machine would.
+    on the launcher, as a separate decode machine would. A port in use is a GeotrainError, and
+    nothing (temporary folder, executor socket) is left behind.
 
     priority: "idle" runs the ranks' prefill on a SCHED_IDLE thread and this service's HTTP
     threads (and decoding) at idle priority too (see idle_priority), "normal" runs both as usual,
     "auto" picks idle on CPU and normal with CUDA, where the service has host cores of its own.
     The executor threads that answer ranks keep normal priority."""
     import os
+    import shutil
     import tempfile
 
     from geotrain.models.llama import build_model
     from geotrain.models.presets import PRESETS
 
-    work_dir = None
-    if unix:
-        work_dir = tempfile.mkdtemp(prefix="geotrain-bt-")
-        executor = BubbleExecutor(unix_path=os.path.join(work_dir, "work.sock"))
-    else:
-        executor = BubbleExecutor(host="127.0.0.1")
-    model = build_model(PRESETS[inference_model]).eval()
-    svc = PrefillService(executor, DecodeWorker(model), max_queue=max_queue, token=token,
-                         vocab=PRESETS[inference_model].vocab,
-                         max_prompt_tokens=PRESETS[inference_model].seq_len - 16)
     if priority == "auto":
         import torch
 
         priority = "normal" if torch.cuda.is_available() else "idle"
-    h, p = svc.serve(host, port, idle_priority=priority == "idle")
+    work_dir = tempfile.mkdtemp(prefix="geotrain-bt-") if unix else None
+    executor = None
+    try:
+        if unix:
+            executor = BubbleExecutor(unix_path=os.path.join(work_dir, "work.sock"))
+        else:
+            executor = BubbleExecutor(host="127.0.0.1")
+        spec = PRESETS[inference_model]
+        model = build_model(spec).eval()
+        svc = PrefillService(executor, DecodeWorker(model), max_queue=max_queue, token=token, vocab=spec.vocab,
+                             max_prompt_tokens=spec.seq_len - 1, model_name=f"geotrain-{inference_model}",
+                             run_dir=run_dir)
+        h, p = svc.serve(host, port, idle_priority=priority == "idle")
+    except BaseException:
+        if executor is not None:
+            executor.close()
+        if work_dir is not None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        raise
     addr = executor.address if isinstance(executor.address, str) else list(executor.address)
     conf = {"address": addr, "inference_model": inference_model, "priority": priority}
     return RunningService(svc, executor, f"http://{h}:{p}", conf, model, work_dir)

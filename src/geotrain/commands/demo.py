@@ -79,12 +79,13 @@ def _client(url: str, prompts: list[str], results: list, stop) -> None:
             return
         try:
             c = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
-            c.request("POST", "/v1/completions", json.dumps({"prompt": p, "max_new_tokens": 12}))
+            c.request("POST", "/v1/completions", json.dumps({"prompt": p, "max_tokens": 24, "temperature": 0}))
             r = c.getresponse()
-            results.append((p, r.status, json.loads(r.read())))
+            doc = json.loads(r.read())
+            results.append((p, r.status, doc["choices"][0] if r.status == 200 else doc.get("error", {})))
             c.close()
         except (OSError, ValueError) as e:
-            results.append((p, 0, {"error": str(e)}))
+            results.append((p, 0, {"message": str(e)}))
         time.sleep(0.6)   # all six land while training runs (about 8 s of steps here)
 
 
@@ -148,9 +149,9 @@ def run(args: argparse.Namespace) -> int:
         shown = prompt.replace("\n", "\\n")[:36]
         if status == 200:
             print(f"  {shown!r:40} -> TTFT {doc['ttft_ms']:7.0f} ms on {doc['prefill_on']:>8}, "
-                  f"{len(doc['tokens'])} tokens {doc['text'][:24]!r}")
+                  f"{len(doc['token_ids'])} tokens {doc['text'][:40]!r}")
         else:
-            print(f"  {shown!r:40} -> HTTP {status} {doc.get('error', '')}")
+            print(f"  {shown!r:40} -> HTTP {status} {doc.get('message', '')}")
     if not results:
         print("  (none: training ended before the first request; use --steps to train longer)")
 

@@ -172,9 +172,10 @@ def run(args: argparse.Namespace) -> int:
         if args.prefill_duty < 0:
             raise GeotrainError(f"--prefill-duty must be >= 0 (got {args.prefill_duty})")
         service = start_service(port=args.serve_prefill, inference_model=args.prefill_model,
-                                token=args.prefill_token, priority=args.prefill_priority)
+                                token=args.prefill_token, priority=args.prefill_priority, run_dir=cfg.out)
         cfg = replace(cfg, bubbletea={**service.rank_config, "duty": args.prefill_duty})
-        print(f"BubbleTea: POST {service.url}/v1/completions (metrics: {service.url}/metrics)", flush=True)
+        print(f"BubbleTea: OpenAI-compatible API at {service.url}/v1 (model {service.service.model_name}; "
+              f"metrics: {service.url}/metrics)", flush=True)
     try:
         run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
                      describe=describe, say=lambda line: print(line, flush=True))

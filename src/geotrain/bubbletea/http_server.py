@@ -1,0 +1,113 @@
+"""uvicorn on a background thread, with the limits a long-running service needs.
+
+* the listening socket is bound here first, so a port in use is one line (GeotrainError), not a
+  traceback from inside the server thread;
+* at most `max_connections` connections and requests at once (uvicorn answers 503 beyond);
+* a connection must deliver a complete request head within `header_timeout_s` of opening (or of
+  its previous answer): uvicorn's own keep-alive timer is reset by every byte, so a client
+  dripping a header a byte at a time would hold its connection forever;
+* uvicorn's logging is left to the process's (one line per event, no access log).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import threading
+import time
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from geotrain.errors import GeotrainError
+
+log = logging.getLogger("geotrain.bubbletea")
+
+
+class _HeadTimeoutH11(H11Protocol):
+    """H11Protocol that closes a connection whose request head is not complete in time."""
+
+    head_timeout_s = 10.0
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer = None
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc) -> None:
+        if getattr(self, "_head_timer", None) is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        waiting_for_head = self.cycle is None or self.cycle.response_complete
+        if waiting_for_head and not self.transport.is_closing():
+            log.info("bubbletea: closed a connection from %s that sent no complete request in %.0f s",
+                     self.client, self.head_timeout_s)
+            self.transport.close()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise GeotrainError(f"--serve-prefill: port {port} on {host} is already in use") from None
+        raise GeotrainError(f"--serve-prefill: cannot listen on {host}:{port} ({e.strerror or e})") from None
+    sock.listen(512)        # the default backlog resets connections under a burst
+    sock.set_inheritable(True)
+    return sock
+
+
+class HttpServer:
+    def __init__(self, app, max_connections: int = 256, header_timeout_s: float = 10.0):
+        self.app, self.max_connections, self.header_timeout_s = app, max_connections, header_timeout_s
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, host: str, port: int, idle_priority: bool = False) -> tuple[str, int]:
+        """idle_priority: the server thread, and the worker threads it starts (decoding), take
+        only CPU nothing else wants -- for a service sharing cores with training ranks. Safe
+        because ranks never wait for the service past their bubble (see bubble_executor)."""
+        from geotrain.bubbletea.idle_priority import lower_own_priority
+
+        sock = bind(host, port)
+        protocol = type("HeadTimeoutH11", (_HeadTimeoutH11,), {"head_timeout_s": self.header_timeout_s})
+        config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off", http=protocol,
+                                limit_concurrency=self.max_connections, timeout_keep_alive=5,
+                                timeout_graceful_shutdown=2)
+        self._server = server = uvicorn.Server(config)
+
+        def run() -> None:
+            if idle_priority:
+                lower_own_priority()
+            server.run(sockets=[sock])
+
+        self._thread = threading.Thread(target=run, name="bubbletea-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not server.started:
+            sock.close()
+            raise GeotrainError(f"--serve-prefill: the HTTP server on {host}:{port} did not start")
+        return sock.getsockname()[:2]
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)

@@ -1,0 +1,109 @@
+"""/metrics in Prometheus text format through `prometheus_client`: the service's own counters
+and, when it serves beside a training run, that run's progress.
+
+A custom collector builds every family at scrape time from the service's `Stats`, the
+executor's prefill accounting and the last line of the run's `losses.jsonl` (rank 0 appends one
+per step): nothing is updated on the request path, and each service has its own registry.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def last_step(losses: Path) -> dict | None:
+    """The last complete line of a losses.jsonl (read from its end: the file grows every step)."""
+    try:
+        with open(losses, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 8192))
+            lines = f.read().split(b"\n")
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            return row
+    return None
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+class ServiceCollector:
+    def __init__(self, svc):
+        self.svc = svc
+
+    def collect(self):
+        svc, s = self.svc, self.svc.stats
+        with s.lock:
+            ttfts = sorted(s.ttfts)
+            responses = dict(s.responses)
+            in_flight, prompt_tokens, completion_tokens = s.in_flight, s.prefill_tokens, s.completion_tokens
+            up = max(1e-9, time.monotonic() - s.t0)
+            disconnects = s.disconnects
+        p = "geotrain_bubbletea_"
+        yield GaugeMetricFamily(p + "queue_length", "Accepted requests not yet answered.", value=in_flight)
+        c = CounterMetricFamily(p + "responses", "Responses by HTTP status.", labels=["code"])
+        for code, n in sorted(responses.items()):
+            c.add_metric([str(code)], n)
+        yield c
+        buckets = [(str(b), sum(1 for t in ttfts if t <= b)) for b in TTFT_BUCKETS] + [("+Inf", len(ttfts))]
+        yield HistogramMetricFamily(p + "ttft_seconds", "Time to first token.", buckets=buckets, sum_value=sum(ttfts))
+        q = GaugeMetricFamily(p + "ttft_quantile_seconds", "Time to first token, quantiles of every request.",
+                              labels=["quantile"])
+        for x in (0.5, 0.99):
+            q.add_metric([str(x)], quantile(ttfts, x))
+        yield q
+        yield CounterMetricFamily(p + "prefill_tokens", "Prompt tokens prefilled.", value=prompt_tokens)
+        yield CounterMetricFamily(p + "completion_tokens", "Tokens generated.", value=completion_tokens)
+        yield CounterMetricFamily(p + "client_disconnects", "Clients gone before their answer ended.",
+                                  value=disconnects)
+        yield GaugeMetricFamily(p + "prefill_tokens_per_second", "Mean prefill tokens/s since start.",
+                                value=prompt_tokens / up)
+        ex = svc.executor
+        yield GaugeMetricFamily(p + "utilization_gained", "Fraction of the ranks' time used by prefill "
+                                "(the prefill share of rank time).", value=ex.utilization_gained())
+        bubble = getattr(ex, "bubble_seconds", None)
+        if bubble is not None:
+            prefill_s, bubble_s = bubble()
+            yield GaugeMetricFamily(p + "bubble_fill", "Fraction of the ranks' measured bubble time that ran "
+                                    "prefill.", value=prefill_s / bubble_s if bubble_s > 0 else 0.0)
+        yield from self._training()
+
+    def _training(self):
+        if not self.svc.run_dir:
+            return
+        row = last_step(Path(self.svc.run_dir) / "losses.jsonl")
+        if row is None:
+            return
+        p = "geotrain_train_"
+        dt = float(row.get("step_time_s") or 0.0)
+        yield GaugeMetricFamily(p + "step", "Last optimizer step finished.", value=float(row["step"]))
+        yield GaugeMetricFamily(p + "loss", "Training loss of the last step.", value=float(row.get("loss", 0.0)))
+        yield GaugeMetricFamily(p + "step_time_seconds", "Wall time of the last step.", value=dt)
+        yield GaugeMetricFamily(p + "tokens_per_second", "Training tokens/s of the last step.",
+                                value=float(row.get("tokens", 0)) / dt if dt > 0 else 0.0)
+
+
+def metrics_text(svc) -> bytes:
+    registry = getattr(svc, "_registry", None)
+    if registry is None:
+        registry = svc._registry = CollectorRegistry(auto_describe=False)
+        registry.register(ServiceCollector(svc))
+    return generate_latest(registry)
