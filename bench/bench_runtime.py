@@ -69,7 +69,7 @@ def init_single_rank() -> None:
 def runtime_step_times(spec: Path, out: Path, steps: int) -> list[float]:
     from geotrain.runtime.trainer import RunConfig, train
 
-    train(RunConfig(spec=str(spec), out=str(out), steps=steps, data="synthetic", progress=False, predict=False,
+    train(RunConfig(spec=str(spec), out=str(out), steps=steps, data="synthetic", progress=False,
                     checkpoint_every=0))
     lines = [json.loads(x) for x in (out / "losses.jsonl").read_text().splitlines()]
     return [x["step_time_s"] for x in lines[1:]]  # drop the warm-up step
@@ -194,7 +194,7 @@ def main() -> None:
         for sh in ("replicate", "zero1", "zero2", "zero3"):
             specs[sh] = write_spec(tmp, args.model, ranks, sharding=sh)
             cases.append(RunConfig(spec=str(specs[sh]), out=str(tmp / f"sh{ranks}-{sh}"), steps=2, data="synthetic",
-                                   progress=False, predict=False, checkpoint_every=0, trace=False))
+                                   progress=False, checkpoint_every=0, trace=False))
         launch(cases, ranks, tmp / f"launch{ranks}", timeout_s=600)
         for sh in ("replicate", "zero1", "zero2", "zero3"):
             mem = json.loads((tmp / f"sh{ranks}-{sh}" / "summary.json").read_text())["memory_per_rank"]

@@ -107,7 +107,7 @@ def measure(spec, plans: dict, out: Path, rounds: int, steps: int, mode: str) ->
         for name, plan in plans.items():
             d = out / f"{name}-r{r}"
             cases.append(RunConfig(spec=str(spec.path), out=str(d), plan=plan.to_dict(), steps=steps,
-                                   data="synthetic", progress=False, predict=False, trace=False, checkpoint_every=0))
+                                   data="synthetic", progress=False, trace=False, checkpoint_every=0))
             where.append((name, d))
     said = []
     t = time.time()

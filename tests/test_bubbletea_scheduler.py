@@ -5,8 +5,8 @@ from geotrain.bubbletea.prefill_cost import PrefillCost
 from geotrain.bubbletea.scheduler import BubbleScheduler, Request
 from geotrain.bubbletea.simulate import check_no_overlap, run_bubbletea
 from geotrain.bubbletea.workload import Workload
-from geotrain.config.model import ModelSpec
 from geotrain.models.presets import PRESETS
+from geotrain.models.shape import ModelShape
 from geotrain.trace.schema import Event, Trace
 
 
@@ -91,7 +91,7 @@ def test_flops_cost_scales_with_model_size():
     small = PrefillCost.from_flops(PRESETS["llama2-7b"], gpu)
     big = PrefillCost.from_flops(PRESETS["llama2-13b"], gpu)
     assert big.b > small.b and big.c > small.c
-    assert isinstance(PRESETS["tiny"], ModelSpec)
+    assert isinstance(PRESETS["tiny"], ModelShape)
 
 
 def test_bubbletea_on_a_simulated_plan_fills_bubbles_and_leaves_training_alone():

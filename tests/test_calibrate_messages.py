@@ -4,6 +4,7 @@ the shaper's exact pacing those numbers rely on, and `train --profile`'s calibra
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
@@ -75,7 +76,7 @@ def test_exact_pacing_keeps_the_bulk_rate_and_the_binding_cap():
 def test_train_profile_writes_a_calibrated_prediction(tmp_path):
     from geotrain.calibrate.cases import Case, case_plan, write_spec
     from geotrain.calibrate.profile import save_profile, time_unit
-    from geotrain.runtime.summary import _write_prediction
+    from geotrain.orchestrate.predict import write_prediction
     from geotrain.sim import simulate
 
     case = Case("train-profile", latency_ms=10, per_connection_mbps=50)
@@ -87,8 +88,7 @@ def test_train_profile_writes_a_calibrated_prediction(tmp_path):
     prof["runtime"] = {"cores": 2, "per_action_s": 2e-5, "wan_message_overhead_s": 1e-3,
                        "calibration_run": {"background_runnable": 0.0, "wan_mode": "shaper", "global_sync_s": 2e-3}}
     save_profile(prof, tmp_path / "profile.json")
-    cfg = SimpleNamespace(profile=str(tmp_path / "profile.json"), wan={"mode": "shaper"})
-    _write_prediction(cfg, spec, plan, tmp_path, iterations=2)
+    assert write_prediction(spec, plan, tmp_path, str(tmp_path / "profile.json"), "shaper", iterations=2)
     pred = Trace.read_jsonl(tmp_path / "predicted_trace.jsonl")
     assert pred.meta["calibrated"]["wan_mode"] == "shaper"
     # The measured block time, not the peak-FLOP estimate, sets the forward of a stage.
@@ -110,7 +110,7 @@ def test_profile_pool_probes_the_per_message_overhead_over_latency():
 
     m = PRESETS["tiny"]
     boundary = 4 * 2 * m.seq_len * m.hidden
-    task = {"model": m.model_dump(), "micro_batch": 2, "precision": "bf16", "contention_s": 0.05,
+    task = {"model": asdict(m), "micro_batch": 2, "precision": "bf16", "contention_s": 0.05,
             "dp_sizes": [2], "allreduce_bytes": [4096], "p2p_bytes": [4096], "boundary_bytes": boundary,
             "wan": {"per_connection_gbps": 0.1, "aggregate_gbps": 1.0, "latency_ms": 5.0, "connections": [1],
                     "seconds": 0.05}}

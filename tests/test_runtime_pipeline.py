@@ -52,7 +52,7 @@ def _case_config(tmp: Path, name: str, overrides: dict, vps: int) -> RunConfig:
     spec = load_spec(SPEC)
     plan = plan_from_job(spec, virtual_per_stage=vps).with_(precision="fp32", **overrides)
     return RunConfig(spec=str(SPEC), out=str(tmp / name), plan=plan.to_dict(), steps=STEPS, data="synthetic",
-                     progress=False, predict=False, checkpoint_every=0)
+                     progress=False, checkpoint_every=0)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def launched(tmp_path_factory) -> Path:
     cases = [_case_config(tmp, n, o, v) for n, o, v in CASES]
     spec = load_spec(SPEC)
     fp16 = RunConfig(spec=str(SPEC), out=str(tmp / "fp16"), steps=6, data="synthetic", progress=False,
-                     predict=False, checkpoint_every=0, overrides={"precision": "fp16", "sharding": "zero3"},
+                     checkpoint_every=0, overrides={"precision": "fp16", "sharding": "zero3"},
                      inject_inf=[[3, 3]])
     assert plan_from_job(spec).num_ranks == 4
     launch(cases + [fp16], 4, tmp / "launch", timeout_s=240)

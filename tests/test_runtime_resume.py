@@ -22,7 +22,7 @@ SPEC = ROOT / "examples" / "tiny_2dc.toml"
 
 
 def _cfg(out: Path, **kw) -> RunConfig:
-    return RunConfig(spec=str(SPEC), out=str(out), steps=6, data="synthetic", progress=False, predict=False,
+    return RunConfig(spec=str(SPEC), out=str(out), steps=6, data="synthetic", progress=False,
                      checkpoint_every=2, overrides={"precision": "fp32", "sharding": "zero3"}, **kw)
 
 

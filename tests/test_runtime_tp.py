@@ -63,7 +63,7 @@ def read_losses(run_dir: Path) -> list[float]:
 def launched(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("runtime_tp")
     cases = [RunConfig(spec=str(SPEC), out=str(tmp / name), plan=_plan(pp, dp, m, **kw).to_dict(), steps=STEPS,
-                       data="synthetic", progress=False, predict=False, checkpoint_every=0)
+                       data="synthetic", progress=False, checkpoint_every=0)
              for name, pp, dp, m, kw in CASES]
     launch(cases, 4, tmp / "launch", timeout_s=120)
     return tmp

@@ -44,7 +44,7 @@ def _plan(connections: int = 1, sharing: str = "fair", offsets=()):
 
 def _cfg(out: Path, plan, trace: bool = False) -> RunConfig:
     return RunConfig(spec=str(SPEC), out=str(out), plan=plan.to_dict(), steps=STEPS, data="synthetic",
-                     progress=False, predict=False, checkpoint_every=0, trace=trace)
+                     progress=False, checkpoint_every=0, trace=trace)
 
 
 def _losses(run_dir: Path) -> list[float]:

@@ -290,3 +290,26 @@ def test_a_reader_that_leaves_early_gets_no_traceback_and_the_plan_is_kept(tmp_p
     assert "Traceback" not in err, err
     assert p.returncode in (0, 141)
     assert out.exists()
+
+
+def test_a_model_that_cannot_fit_even_fully_sharded_is_refused(tmp_path, capsys):
+    """gpt3-175b's training state (16 B/param, ~2.8 TB) on 32 x 80 GiB (2.5 TiB): refused at load time."""
+    write_specs(tmp_path, {"experiment.toml": ('model = "small"', 'model = "gpt3-175b"')})
+    line = validate_err(capsys, tmp_path / "experiment.toml")
+    assert "experiment.toml: model: gpt3-175b needs" in line and "cannot fit even fully sharded" in line
+    write_specs(tmp_path, {"experiment.toml": ('model = "small"', 'model = "llama2-70b"')})
+    assert main(["validate", str(tmp_path / "experiment.toml")]) == 0
+
+
+def test_presets_are_the_model_packages_shapes(tmp_path):
+    """A preset named in a spec is validated into a ModelSpec equal, field by field, to the model
+    package's own shape of it (one table of presets, read by both)."""
+    from dataclasses import asdict
+
+    from geotrain.models.presets import PRESETS
+
+    write_specs(tmp_path)
+    spec = load_spec(tmp_path / "experiment.toml")
+    assert spec.model.shape == PRESETS["small"]
+    assert spec.model.model_dump() == asdict(PRESETS["small"])
+    assert spec.model.param_count() == PRESETS["small"].param_count()

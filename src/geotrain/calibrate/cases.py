@@ -105,7 +105,7 @@ def case_plan(spec, case: Case):
     """The plan the case pins: the job's layout with its WAN link settings (and wan-1f1b warm-up)."""
     from geotrain.plan.manual import plan_from_job
     from geotrain.plan.plan import LinkPlan
-    from geotrain.report.compare import wan_warmup_for
+    from geotrain.plan.variants import wan_warmup_for
 
     plan = plan_from_job(spec)
     link = LinkPlan(src_dc="east", dst_dc="west", connections=case.connections, sharing=case.sharing,

@@ -246,7 +246,7 @@ def _interpreter(spec_path: str, micro_batch: int, num_microbatches: int, steps:
         dist.init_process_group("gloo", rank=0, world_size=1)
         try:
             train(RunConfig(spec=spec_path, out=tmp, plan=plan.to_dict(), steps=steps, progress=False,
-                            predict=False, data="synthetic", checkpoint_every=0))
+                            data="synthetic", checkpoint_every=0))
         finally:
             dist.destroy_process_group()
         trace = Trace.read_jsonl(Path(tmp) / "measured_trace.jsonl")

@@ -131,7 +131,7 @@ def run_plan(spec, plan, out: Path, steps: int, mode: str = DEFAULT_MODE, warmup
 
     out = Path(out)
     cfg = RunConfig(spec=str(spec.path), out=str(out), plan=plan.to_dict(), steps=steps, progress=False,
-                    predict=False, data="synthetic", checkpoint_every=0)
+                    data="synthetic", checkpoint_every=0)
     (out / "losses.jsonl").unlink(missing_ok=True)
     t0 = time.time()
     with _Sampling(out / "losses.jsonl") as sampling:

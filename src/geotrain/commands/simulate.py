@@ -66,14 +66,15 @@ def run(args: argparse.Namespace) -> int:
     from geotrain.config import load_spec
     from geotrain.console import format_table, human_bytes, human_rate, human_seconds
     from geotrain.errors import GeotrainError
+    from geotrain.orchestrate.schedules import compare_schedules
     from geotrain.plan.plan import load_plan, save_plan
+    from geotrain.plan.variants import schedule_variant
     from geotrain.report.build import build_report
-    from geotrain.report.compare import compare_schedules, schedule_variant
-    from geotrain.report.layout import rank_layout
     from geotrain.report.summary import bubble_summary, gpu_memory_per_dc, metrics_document
     from geotrain.schedule.builders import BUILDERS
     from geotrain.sim import simulate
     from geotrain.trace.chrome import write_chrome
+    from geotrain.trace.layout import rank_layout
 
     if args.iterations < 1:
         raise GeotrainError(f"--iterations must be >= 1 (got {args.iterations})")

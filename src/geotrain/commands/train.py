@@ -98,15 +98,20 @@ def _config(args: argparse.Namespace):
         if latest_checkpoint(Path(args.resume_from) / "checkpoints") is None:
             raise SpecError("--resume-from", "", f"no complete checkpoint in {Path(args.resume_from) / 'checkpoints'}")
         resume_from = str(Path(args.resume_from).resolve())
-    profile = None
-    if args.profile:
-        from geotrain.calibrate.profile import load_profile
-
-        load_profile(args.profile)           # a missing or foreign file is a user error now, not after training
-        profile = str(Path(args.profile).resolve())
     return RunConfig(spec=str(spec_path), out=out, plan=plan_dict, overrides=overrides, steps=args.steps,
                      resume=args.resume, resume_from=resume_from, checkpoint_every=every, data=args.data,
-                     progress=not args.no_progress, profile=profile)
+                     progress=not args.no_progress)
+
+
+def _profile(args: argparse.Namespace) -> str | None:
+    """The --profile file, checked now: a missing or foreign file is a user error before training,
+    not after it."""
+    if not args.profile:
+        return None
+    from geotrain.calibrate.profile import load_profile
+
+    load_profile(args.profile)
+    return str(Path(args.profile).resolve())
 
 
 def _check_resumable(out: Path, every: int | None) -> int | None:
@@ -131,9 +136,11 @@ def _check_resumable(out: Path, every: int | None) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     from geotrain.errors import GeotrainError
+    from geotrain.orchestrate.predict import write_prediction
     from geotrain.runtime.trainer import resolve
 
     cfg = _config(args)
+    profile = _profile(args)
     if args.steps is not None and args.steps < 1:
         raise GeotrainError("--steps must be at least 1")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEOTRAIN_LAUNCHER_PID" not in os.environ:
@@ -145,7 +152,12 @@ def run(args: argparse.Namespace) -> int:
             from dataclasses import replace
 
             cfg = replace(cfg, wan={"mode": "shaper", "rate_scale": args.wan_rate_scale})
-        run_cases([cfg])  # under torchrun: this process is one rank (auto: the real network is the WAN)
+        # Under torchrun this process is one rank (auto: the real network is the WAN).
+        run_cases([cfg], bubble_hook=None)
+        if os.environ["RANK"] == "0":
+            spec, plan = resolve(cfg)
+            mode = (cfg.wan or {}).get("mode", "off")
+            write_prediction(spec, plan, Path(cfg.out), profile, mode, iterations=_predicted_iterations(cfg, spec))
         return 0
     spec, plan = resolve(cfg)  # user errors surface here, before any process starts
     from geotrain.runtime.launch import run_with_wan
@@ -161,11 +173,13 @@ def run(args: argparse.Namespace) -> int:
         return f"stage {s}, replica {d}, {plan.stages[s].dc}"
 
     service = None
+    entry = "geotrain.runtime.worker"
     if args.serve_prefill is not None:
         from dataclasses import replace
 
         from geotrain.bubbletea.serve import start_service
         from geotrain.models.presets import PRESETS
+        from geotrain.orchestrate.rank import ENTRY as RANK_ENTRY
 
         if args.prefill_model not in PRESETS:
             raise GeotrainError(f"--prefill-model: unknown preset {args.prefill_model!r}")
@@ -174,12 +188,20 @@ def run(args: argparse.Namespace) -> int:
         service = start_service(port=args.serve_prefill, inference_model=args.prefill_model,
                                 token=args.prefill_token, priority=args.prefill_priority, run_dir=cfg.out)
         cfg = replace(cfg, bubbletea={**service.rank_config, "duty": args.prefill_duty})
+        entry = RANK_ENTRY  # the worker with BubbleTea's hook installed
         print(f"BubbleTea: OpenAI-compatible API at {service.url}/v1 (model {service.service.model_name}; "
               f"metrics: {service.url}/metrics)", flush=True)
     try:
-        run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
-                     describe=describe, say=lambda line: print(line, flush=True))
+        wan = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
+                           describe=describe, say=lambda line: print(line, flush=True), entry=entry)
     finally:
         if service is not None:
             service.close()
+    write_prediction(spec, plan, Path(cfg.out), profile, wan.mode, iterations=_predicted_iterations(cfg, spec))
     return 0
+
+
+def _predicted_iterations(cfg, spec) -> int:
+    """Iterations to simulate beside the run: a few (3), fewer if the run was shorter."""
+    steps = cfg.steps or spec.job.steps
+    return min(3, max(1, steps))

@@ -22,6 +22,19 @@ ShardingOrAuto = Literal["replicate", "zero1", "zero2", "zero3", "auto"]
 ScheduleOrAuto = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "wan-1f1b", "auto"]
 
 
+def training_state_bytes_per_param(precision: str, optimizer: str) -> int:
+    """Bytes of training state per parameter, before sharding and activations.
+
+    Mixed precision (bf16/fp16) with Adam: 2 (weights) + 2 (grads) + 4 (fp32 master) + 8 (m, v)
+    = 16 B. fp32 Adam: 4 + 4 + 8 = 16 B. SGD drops the 8 B of moments. A fact of the job's
+    precision and optimizer, kept here so the loader can refuse a model that cannot fit at all;
+    the cost model (`cost.memory`) builds on it."""
+    moments = 0 if optimizer == "sgd" else 8
+    if precision == "fp32":
+        return 4 + 4 + moments
+    return 2 + 2 + 4 + moments
+
+
 class JobSpec(Strict):
     global_batch: PositiveInt = Field(description="sequences per optimizer step")
     micro_batch: PositiveInt | Literal["auto"] = "auto"

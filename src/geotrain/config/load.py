@@ -13,16 +13,17 @@ user fixes one line at a time and a wall of pydantic output hides the one that m
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from geotrain.config.cluster import Cluster
-from geotrain.config.job import JobSpec
+from geotrain.config.job import JobSpec, training_state_bytes_per_param
 from geotrain.config.model import ModelSpec
 from geotrain.errors import SpecError
+from geotrain.models.presets import PRESETS
 
 try:
     import tomllib
@@ -125,8 +126,6 @@ def _short(value: Any) -> str:
 
 
 def _model_from_dict(data: dict[str, Any], file: str, prefix: str = "", default_name: str | None = None) -> ModelSpec:
-    from geotrain.models.presets import PRESETS
-
     if not isinstance(data, dict):
         raise SpecError(file, prefix or "(top level)", "must be a table")
     data = dict(data)
@@ -137,7 +136,7 @@ def _model_from_dict(data: dict[str, Any], file: str, prefix: str = "", default_
         if not isinstance(preset, str) or preset not in PRESETS:
             raise SpecError(file, _join(prefix, "preset"),
                             f"unknown model preset {_short(preset)} (known: {', '.join(PRESETS)})")
-        data = {**PRESETS[preset].model_dump(), **data}
+        data = {**asdict(PRESETS[preset]), **data}
     elif default_name is not None and "name" not in data:
         data["name"] = default_name
     return _validate(ModelSpec, data, file, prefix)
@@ -188,10 +187,8 @@ def load_cluster(path: str | Path, *, referred_from: str | None = None, field: s
 def load_model(ref: str | Path, base: Path | None = None, *, referred_from: str | None = None,
                field: str = "") -> ModelSpec:
     """A model from a preset name or a TOML file path (relative to `base` when given)."""
-    from geotrain.models.presets import PRESETS
-
     if str(ref) in PRESETS:
-        return PRESETS[str(ref)]
+        return ModelSpec(**asdict(PRESETS[str(ref)]))
     path = Path(ref) if base is None else base / ref
     if path.is_dir():
         return _model_from_dict({"hf": str(path.resolve())}, referred_from or str(path), field)
@@ -285,8 +282,6 @@ def check_fits(spec: Spec) -> None:
 
     Mixed-precision Adam keeps ~16 bytes per parameter (weights, grads, fp32 master and two
     moments); fp32 Adam also 16; SGD 8 (fp32) -- before any activation."""
-    from geotrain.cost.memory import training_state_bytes_per_param
-
     per_param = training_state_bytes_per_param(spec.job.precision, spec.job.optimizer)
     need = spec.model.param_count() * per_param
     have = spec.cluster.total_memory_bytes

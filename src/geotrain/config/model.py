@@ -1,10 +1,16 @@
-"""Model spec: the shape of a decoder-only (Llama-style) transformer."""
+"""Model spec: the validated shape of a decoder-only (Llama-style) transformer.
+
+`ModelSpec` checks what a user wrote; `shape` hands the model package its own `ModelShape`,
+which also holds the shape's arithmetic (head size, units, parameters) so it exists once."""
 
 from __future__ import annotations
+
+from functools import cached_property
 
 from pydantic import Field, PositiveInt, model_validator
 
 from geotrain.config.base import Strict
+from geotrain.models.shape import ModelShape
 
 
 class ModelSpec(Strict):
@@ -35,17 +41,19 @@ class ModelSpec(Strict):
             raise ValueError("hidden: head dimension must be even for rotary embeddings")
         return self
 
+    @cached_property
+    def shape(self) -> ModelShape:
+        """This shape as the model package's own type (built once: the spec is frozen)."""
+        return ModelShape(**self.model_dump())
+
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.shape.head_dim
 
     @property
     def num_units(self) -> int:
         """Pipeline-cuttable units: embedding, `layers` blocks, then final norm + head."""
-        return self.layers + 2
+        return self.shape.num_units
 
     def param_count(self) -> int:
-        h, f, v = self.hidden, self.ffn, self.vocab
-        kv = self.kv_heads * self.head_dim
-        block = h * h * 2 + 2 * h * kv + 3 * h * f + 2 * h  # q,o + k,v + gate,up,down + 2 norms
-        return v * h + self.layers * block + h + h * v  # embedding + blocks + final norm + head
+        return self.shape.param_count()

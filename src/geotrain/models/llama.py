@@ -2,7 +2,8 @@
 
 The model is a flat sequence of *units* -- embedding, `layers` blocks, final norm + head -- so a
 pipeline stage is just a contiguous slice of units (`build_units`), and the full model is the
-slice covering all of them. Nothing here knows about processes, devices or sharding.
+slice covering all of them. Nothing here knows about processes, devices or sharding, nor about
+specs: `spec` is a `ModelShape` (or anything with its fields, such as a validated config `ModelSpec`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geotrain.config.model import ModelSpec
+from geotrain.models.shape import ModelShape
 
 
 class RMSNorm(nn.Module):
@@ -28,7 +29,7 @@ class RMSNorm(nn.Module):
         return out.type_as(x) * self.weight
 
 
-def rope_tables(spec: ModelSpec, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(spec: ModelShape, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     half = spec.head_dim // 2
     inv = 1.0 / (spec.rope_theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half))
     t = torch.arange(spec.seq_len, device=device, dtype=torch.float32)
@@ -45,7 +46,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelShape):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, spec.head_dim
         self.wq = nn.Linear(spec.hidden, spec.heads * spec.head_dim, bias=False)
@@ -64,7 +65,7 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelShape):
         super().__init__()
         self.w_gate = nn.Linear(spec.hidden, spec.ffn, bias=False)
         self.w_up = nn.Linear(spec.hidden, spec.ffn, bias=False)
@@ -75,7 +76,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelShape):
         super().__init__()
         self.attn_norm = RMSNorm(spec.hidden, spec.norm_eps)
         self.attn = Attention(spec)
@@ -91,7 +92,7 @@ class Block(nn.Module):
 
 
 class Embedding(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelShape):
         super().__init__()
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
 
@@ -100,7 +101,7 @@ class Embedding(nn.Module):
 
 
 class Head(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelShape):
         super().__init__()
         self.norm = RMSNorm(spec.hidden, spec.norm_eps)
         self.out = nn.Linear(spec.hidden, spec.vocab, bias=False)
@@ -109,7 +110,7 @@ class Head(nn.Module):
         return self.out(self.norm(x))
 
 
-def build_unit(spec: ModelSpec, index: int) -> nn.Module:
+def build_unit(spec: ModelShape, index: int) -> nn.Module:
     """Unit 0 is the embedding, 1..layers are blocks, layers+1 is the final norm and head."""
     if index == 0:
         return Embedding(spec)
@@ -120,7 +121,7 @@ def build_unit(spec: ModelSpec, index: int) -> nn.Module:
     raise IndexError(f"unit {index} out of range 0..{spec.layers + 1}")
 
 
-def init_weights(module: nn.Module, spec: ModelSpec, unit_index: int) -> None:
+def init_weights(module: nn.Module, spec: ModelShape, unit_index: int) -> None:
     """Deterministic per-unit init (seeded by unit index), so a stage built alone gets the
     same weights as the same units inside the full model."""
     g = torch.Generator().manual_seed(1234 + unit_index)
@@ -141,7 +142,7 @@ class UnitStack(nn.Module):
     `units` is an nn.ModuleDict keyed by the global unit index (as a string) so parameter names
     -- and thus checkpoints -- are the same whether the model is whole or cut into stages."""
 
-    def __init__(self, spec: ModelSpec, start: int, end: int):
+    def __init__(self, spec: ModelShape, start: int, end: int):
         super().__init__()
         if not 0 <= start < end <= spec.num_units:
             raise ValueError(f"bad unit range [{start}, {end}) for {spec.num_units} units")
@@ -166,10 +167,10 @@ class UnitStack(nn.Module):
         return self.end == self.spec.num_units
 
 
-def build_units(spec: ModelSpec, start: int = 0, end: int | None = None) -> UnitStack:
+def build_units(spec: ModelShape, start: int = 0, end: int | None = None) -> UnitStack:
     return UnitStack(spec, start, spec.num_units if end is None else end)
 
 
-def build_model(spec: ModelSpec) -> UnitStack:
+def build_model(spec: ModelShape) -> UnitStack:
     """The whole model: tokens (B, T) -> logits (B, T, vocab)."""
     return build_units(spec)

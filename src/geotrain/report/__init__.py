@@ -3,7 +3,6 @@
     draw_timeline(trace, path, plan=None)              one trace, a row per GPU
     draw_timelines([(name, trace), ...], path, plan)   stacked (predicted over measured)
     compare_traces(predicted, measured) -> [CompareRow]
-    compare_schedules(spec, plan) -> [ScheduleRow]     the plan under every schedule kind
     build_report(dir, trace, metrics, ...)             timeline.png + report.html
     rebuild(run_dir)                                   `geotrain report`
 """
@@ -13,10 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Lazy: importing geotrain.report.layout (as the Chrome export does) must not pull in matplotlib.
+# Lazy: importing one part of the report (say its comparisons) must not pull in matplotlib.
 _EXPORTS = {
     "ReportFiles": "build", "build_report": "build", "rebuild": "build",
-    "CompareRow": "compare", "ScheduleRow": "compare", "compare_schedules": "compare", "compare_traces": "compare",
+    "CompareRow": "compare", "ScheduleRow": "compare", "compare_traces": "compare",
     "draw_timeline": "timeline", "draw_timelines": "timeline",
 }
 __all__ = sorted(_EXPORTS)

@@ -22,8 +22,8 @@ from geotrain.errors import GeotrainError
 from geotrain.plan.plan import Plan
 from geotrain.report.compare import CompareRow, ScheduleRow, compare_metrics
 from geotrain.report.html import write_html
-from geotrain.report.layout import num_ranks, plan_of, rank_layout
 from geotrain.report.timeline import draw_timeline, draw_timelines
+from geotrain.trace.layout import num_ranks, plan_of, rank_layout
 from geotrain.trace.metrics import Metrics, compute_metrics
 from geotrain.trace.schema import Trace
 

@@ -14,8 +14,8 @@ from typing import Any
 from geotrain.console import human_bytes, human_rate, human_seconds
 from geotrain.plan.plan import Plan
 from geotrain.report.compare import CompareRow, ScheduleRow, format_rel, format_value
-from geotrain.report.layout import RankInfo
 from geotrain.report.summary import bubble_summary, stage_rows
+from geotrain.trace.layout import RankInfo
 from geotrain.trace.metrics import Metrics
 
 CSS = """

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from geotrain.plan.plan import Plan
-from geotrain.report.layout import RankInfo
+from geotrain.trace.layout import RankInfo
 from geotrain.trace.metrics import Metrics
 
 

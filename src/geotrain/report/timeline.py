@@ -25,7 +25,7 @@ from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from geotrain.plan.plan import Plan  # noqa: E402
-from geotrain.report.layout import RankInfo, plan_of, rank_layout  # noqa: E402
+from geotrain.trace.layout import RankInfo, plan_of, rank_layout  # noqa: E402
 from geotrain.trace.metrics import Columns, trace_columns  # noqa: E402
 from geotrain.trace.schema import Trace  # noqa: E402
 

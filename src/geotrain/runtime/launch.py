@@ -91,8 +91,10 @@ def _first_failure(err_dir: Path, procs: list[subprocess.Popen], describe) -> st
 
 def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int = 1,
            env: dict[str, str] | None = None, describe=lambda r: f"rank {r}", timeout_s: float | None = None,
-           rank0_stdout: bool = True, wan=None) -> None:
-    """Run `cases` on `world_size` local processes; raise GeotrainError naming the first failed rank."""
+           rank0_stdout: bool = True, wan=None, entry: str = "geotrain.runtime.worker") -> None:
+    """Run `cases` on `world_size` local processes; raise GeotrainError naming the first failed rank.
+    `entry` is the module each rank runs (`python -m ENTRY CONFIG.json`): the worker, or one that
+    installs a plug-in first (`geotrain.orchestrate.rank`)."""
     check_local_world_size(world_size)
     if wan is not None and wan.rank_config() is not None:
         from dataclasses import replace
@@ -127,7 +129,7 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
             log = open(logs / f"rank{r}.log", "w")  # noqa: SIM115 -- closed in finally
             files.append(log)
             out = None if (r == 0 and rank0_stdout) else log
-            argv = [sys.executable, "-m", "geotrain.runtime.worker", str(cfg_path)]
+            argv = [sys.executable, "-m", entry, str(cfg_path)]
             env_r = {**base, "RANK": str(r), "LOCAL_RANK": str(r), **(wan.env(r, port) if wan is not None else {})}
             start = wan.popen if wan is not None else (lambda _r, a, env, **kw: subprocess.Popen(a, env=env, **kw))
             procs.append(start(r, argv, env_r, stdout=out, stderr=log, stdin=subprocess.DEVNULL,

@@ -1,4 +1,7 @@
-"""End of a run: write the measured trace, the simulator's prediction and a where-the-time-went summary.
+"""End of a run: write the measured trace and a where-the-time-went summary.
+
+(The simulator's prediction beside it is written by the caller, `orchestrate.predict`: the
+runtime executes and measures, it does not predict.)
 
 Per-rank time totals travel as one tensor all-reduce (a row per rank); trace files are written
 per rank and merged by rank 0 from disk, so no Python objects cross the network.
@@ -60,8 +63,6 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
                                     "max_rss": int(r[9]), "peak": int(r[10])} for r in row.tolist()],
                "time_fractions": per_stage}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if cfg.predict:
-        _write_prediction(cfg, spec, plan, out, iterations=min(3, max(1, steps_run)))
     if cfg.progress:
         print(format_summary(summary, out), file=sys.stdout, flush=True)
     return {"losses": losses, "summary": summary}
@@ -85,27 +86,3 @@ def format_summary(summary: dict[str, Any], out: Path) -> str:
                      f"{f['optimizer']:>9.0%}  {f['other']:>5.0%}")
     lines.append(f"run directory: {out}  (measured_trace.jsonl, losses.jsonl; see `geotrain report {out}`)")
     return "\n".join(lines)
-
-
-def _write_prediction(cfg, spec, plan, out: Path, iterations: int) -> None:
-    """The simulator's prediction of the same plan, if the simulator is available: with `cfg.profile`
-    (a `geotrain profile` file) from the calibrated inputs of geotrain.calibrate.costs -- measured unit
-    times, runtime overheads, the WAN mode this run used -- else from the plain cost model."""
-    try:
-        from geotrain.sim import simulate
-    except ImportError:
-        return
-    try:
-        if cfg.profile:
-            from geotrain.calibrate.costs import predict
-            from geotrain.calibrate.profile import load_profile
-
-            mode = (cfg.wan or {}).get("mode", "off")
-            result, details = predict(spec, plan, load_profile(cfg.profile), iterations=iterations, mode=mode)
-            result.trace.meta.update(calibrated={"profile": str(cfg.profile), "wan_mode": mode,
-                                                 "contention_factors": details["contention_factors"]})
-        else:
-            result = simulate(spec, plan, iterations=iterations)
-        result.trace.write_jsonl(out / "predicted_trace.jsonl")
-    except Exception as e:  # noqa: BLE001 -- a prediction failure must not fail a finished training run
-        print(f"note: no simulator prediction written ({type(e).__name__}: {e})", file=sys.stderr)

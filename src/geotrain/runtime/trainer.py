@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ import torch
 import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
+
+# (conf, rank, recorder) -> an object with fill(...)/filling()/close(), or None; see PipelineRank's `bubble`.
+BubbleHookFactory = Callable[[dict[str, Any], int, Any], Any]
 
 
 @dataclass
@@ -37,8 +41,6 @@ class RunConfig:
     checkpoint_every: int | None = None         # None: job.checkpoint_every
     data: str | None = None                     # None: job.data, then the built-in corpus
     progress: bool = True
-    predict: bool = True                        # write the simulator's prediction beside the measurement
-    profile: str | None = None                  # `geotrain profile` file: predict with calibrated inputs
     trace: bool = True
     # Test hooks, [[rank, step], ...] (steps 1-based); also settable by env GEOTRAIN_INJECT_INF /
     # GEOTRAIN_FAIL_AT = "rank:step,...". inject_inf puts an inf into one gradient of that rank
@@ -150,8 +152,12 @@ def make_source(spec, plan, data: str | None, seed: int):
         raise GeotrainError(f"data: {e}") from None
 
 
-def train(cfg: RunConfig) -> dict[str, Any]:
-    """Train on this rank. Returns a small result dict (losses on rank 0)."""
+def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[str, Any]:
+    """Train on this rank. Returns a small result dict (losses on rank 0).
+
+    `bubble_hook(conf, rank, recorder)` builds what runs in this rank's pipeline bubbles when
+    `cfg.bubbletea` is set; the caller installs it (`orchestrate.rank` installs BubbleTea's), so the
+    runtime never imports what plugs into it."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from geotrain.models.llama import build_units
@@ -268,9 +274,10 @@ def train(cfg: RunConfig) -> dict[str, Any]:
 
     bubble = None
     if cfg.bubbletea:
-        from geotrain.bubbletea.runtime_hook import make_hook
-
-        bubble = make_hook(cfg.bubbletea, rank, recorder)
+        if bubble_hook is None:
+            raise GeotrainError("the run config asks for BubbleTea but no bubble hook was installed (start the "
+                                "ranks with `python -m geotrain.orchestrate.rank`, as `geotrain train` does)")
+        bubble = bubble_hook(cfg.bubbletea, rank, recorder)
     boundary = (plan.micro_batch, spec.model.seq_len, spec.model.hidden)
     transport = build_transport(cfg.wan, spec, plan, schedule, rank)
     first_delay = start_delay(plan, replica)     # the plan's pipeline offset: staggered DP pipelines

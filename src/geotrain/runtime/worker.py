@@ -1,5 +1,6 @@
 """Per-rank entry point: `python -m geotrain.runtime.worker CONFIG.json` (started by `launch.py`),
-or `run_cases` called in-process when `geotrain train` itself runs under torchrun.
+or `run_cases` called in-process when `geotrain train` itself runs under torchrun. An entry that
+plugs something into the runtime (`geotrain.orchestrate.rank`: BubbleTea) calls `main` with it.
 
 CONFIG.json holds a list of RunConfig dicts run one after another on the same process group,
 which lets tests pay the few seconds of process start-up once for several cases. A failing
@@ -24,7 +25,7 @@ import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
 from geotrain.process import exit_skipping_teardown
-from geotrain.runtime.trainer import RunConfig, train
+from geotrain.runtime.trainer import BubbleHookFactory, RunConfig, train
 
 
 def _die_with_parent() -> None:
@@ -50,11 +51,11 @@ def init_distributed() -> None:
     dist.init_process_group(backend=backend, timeout=timeout)
 
 
-def run_cases(cases: list[RunConfig]) -> list[dict]:
+def run_cases(cases: list[RunConfig], bubble_hook: BubbleHookFactory | None = None) -> list[dict]:
     torch.set_num_threads(int(os.environ.get("GEOTRAIN_THREADS", 1)))
     init_distributed()
     try:
-        return [train(c) for c in cases]
+        return [train(c, bubble_hook) for c in cases]
     finally:
         dist.destroy_process_group()
 
@@ -71,12 +72,12 @@ def _write_error(e: BaseException) -> None:
     path.write_text(json.dumps(doc))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, bubble_hook: BubbleHookFactory | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _die_with_parent()
     cases = [RunConfig(**c) for c in json.loads(Path(argv[0]).read_text())]
     try:
-        run_cases(cases)
+        run_cases(cases, bubble_hook)
     except BaseException as e:  # noqa: BLE001 -- every failure must be reported to the launcher
         _write_error(e)
         traceback.print_exc()

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.plan.plan import Plan
+from geotrain.trace.layout import dc_order, rank_layout
 from geotrain.trace.metrics import trace_columns
 from geotrain.trace.schema import Trace
 
@@ -93,8 +94,6 @@ def _meta(ph_name: str, pid: int, tid: int | None, value: Any, key: str = "name"
 
 def to_chrome(trace: Trace, plan: Plan | None = None) -> dict[str, Any]:
     """The Chrome trace document as a dict ({"traceEvents": [...], ...})."""
-    from geotrain.report.layout import dc_order, rank_layout
-
     layout = rank_layout(trace, plan)
     dcs = dc_order(layout)
     pid_of_dc = {dc: i + 1 for i, dc in enumerate(dcs)}
