@@ -5,6 +5,7 @@ which also holds the shape's arithmetic (head size, units, parameters) so it exi
 
 from __future__ import annotations
 
+from dataclasses import fields
 from functools import cached_property
 
 from pydantic import Field, PositiveInt, model_validator
@@ -43,8 +44,9 @@ class ModelSpec(Strict):
 
     @cached_property
     def shape(self) -> ModelShape:
-        """This shape as the model package's own type (built once: the spec is frozen)."""
-        return ModelShape(**self.model_dump())
+        """This shape as the model package's own type (built once: the spec is frozen). Where the
+        weights come from (`hf`, `tie_embeddings`) is not part of the shape."""
+        return ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)})
 
     @property
     def head_dim(self) -> int:
