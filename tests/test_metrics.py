@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from _toy import toy_cluster, toy_plan, uniform_costs
 
 from geotrain.sim import simulate_costs
-from geotrain.sim.toy import toy_cluster, toy_plan, uniform_costs
 from geotrain.trace.metrics import columns_from_events, compute_metrics
 from geotrain.trace.schema import Event, Trace
 

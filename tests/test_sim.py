@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from _toy import toy_cluster, toy_plan, uniform_costs
 
 from geotrain.schedule.actions import Op
 from geotrain.sim import simulate_costs
-from geotrain.sim.toy import toy_cluster, toy_plan, uniform_costs
 
 FREE = dict(latency_ms=0.0, capacity_gbps=1e12, per_connection_gbps=1e12, intra_gbps=1e12, intra_latency_us=0.0)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import pytest
+from _toy import random_case
 
 from geotrain.sim import simulate_costs
-from geotrain.sim.toy import random_case
 
 EPS = 1e-9
 GBPS = 1e9 / 8

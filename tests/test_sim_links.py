@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from _toy import toy_cluster, toy_plan, uniform_costs
 
 from geotrain.sim import simulate_costs
 from geotrain.sim.links import FairLink, TemporalLink
-from geotrain.sim.toy import toy_cluster, toy_plan, uniform_costs
 
 
 def run(plan, cluster, costs, iterations=1):

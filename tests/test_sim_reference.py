@@ -11,10 +11,10 @@ time for every compute action.
 from __future__ import annotations
 
 import pytest
+from _toy import random_case
 
 from geotrain.schedule.actions import Op
 from geotrain.sim import simulate_costs
-from geotrain.sim.toy import random_case
 
 COMPUTE = {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.OPTIMIZER}
 

@@ -1,4 +1,4 @@
-"""Synthetic clusters, plans and costs with round numbers, for tests, benchmarks and what-ifs.
+"""Test fixture: synthetic clusters, plans and costs with round numbers (moved out of the package).
 
 A chain of DCs, each WAN link with the given latency and bandwidth; stages spread over the DCs
 in contiguous blocks; uniform per-stage costs. Closed-form checks need such hand-sized inputs.
