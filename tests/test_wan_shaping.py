@@ -54,14 +54,12 @@ def test_namespace_and_interface_names_fit_linux_limits():
     assert len(N.router_ifname(254)) <= 15 and len(N.TUN_IFNAME) <= 15
 
 
-def test_not_root_falls_back_and_says_so(monkeypatch, capsys):
+def test_not_root_means_no_kernel_emulation_and_the_fallback_shapes_cross_dc_pairs(monkeypatch):
     from geotrain.emulation import fallback
     from geotrain.emulation import network as emulation
 
     monkeypatch.setattr(emulation.os, "geteuid", lambda: 1000)
     assert emulation.emulation_available() == (False, "not root")
-    assert fallback.start_wan(_cluster()) is None
-    assert "emulating WAN delay and rate limits inside" in capsys.readouterr().err
     dcs = {0: "East Coast", 1: "west", 2: "eu", 3: "eu"}
     shaper = fallback.fallback_shaper(_cluster(), dcs.__getitem__, "west")
     assert shaper(0).delay_ms == 30 and shaper(0).per_connection_gbps == pytest.approx(0.1)

@@ -69,10 +69,6 @@ def cost_profile(profile: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in profile.items() if k in PROFILE_KEYS}
 
 
-def runtime_part(profile: dict[str, Any]) -> dict[str, Any]:
-    return profile.get(RUNTIME_KEY, {})
-
-
 # -- single-process timings ----------------------------------------------------------------------
 
 def _median_times(fn, repeats: int, warmup: int = 2) -> tuple[float, float]:

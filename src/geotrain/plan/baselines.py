@@ -148,14 +148,6 @@ def pipeline_baselines(spec: Spec, ctx: PlanningContext | None = None) -> dict[s
     return {"naive-pp": naive_pp(spec, ctx)[0], "varuna": varuna(spec, ctx)[0], "single-dc": single_dc(spec, ctx)[0]}
 
 
-def baseline_plans(spec: Spec) -> dict[str, Plan]:
-    """The baselines that are plans ("naive-pp", "varuna", "single-dc"; those that fit).
-
-    "dp-across-dcs" is not among them: DP across the WAN breaks the plan's layout rule; its
-    numbers come from `dp_across_dcs` (and `evaluate_baselines`)."""
-    return {k: v for k, v in pipeline_baselines(spec).items() if v is not None}
-
-
 def dp_across_dcs(spec: Spec, ctx: PlanningContext | None = None) -> BaselineResult:
     """Pure DP over all GPUs of all DCs, gradient all-reduce over the WAN, computed analytically
     (the simulator's all-reduce is intra-DC only).

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from math import ceil
 
 
 @dataclass(frozen=True)
@@ -83,18 +82,6 @@ def inflight(kind: str, pp: int, m: int, stage: int, extra: Sequence[int] = (), 
         chunks = min(m * v, (v - 1) * pp + 2 * (pp - 1 - stage) + 1)
         return chunks / v
     return min(m, pp - stage + e)
-
-
-def needed_extra_warmup(steps: Sequence[float], delays: Sequence[float], m: int) -> list[int]:
-    """Extra warm-up forwards per stage so each stage's round trip is covered at the compute rate."""
-    pp = len(steps)
-    t = max(steps)
-    out = []
-    for s in range(pp):
-        loop = sum(steps[s:]) + 2 * sum(delays[s:])
-        need = ceil(loop / t - 1e-9) - (pp - s)
-        out.append(max(0, min(need, m - (pp - s))))
-    return out
 
 
 def estimate(stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts], m: int, kind: str,

@@ -68,10 +68,6 @@ def balanced_split(prefixes: Sequence[Sequence[float]], rel_tol: float = 1e-4) -
     return list(zip(starts, best, strict=True))
 
 
-def stage_time(prefix: Sequence[float], rng: tuple[int, int]) -> float:
-    return prefix[rng[1]] - prefix[rng[0]]
-
-
 def split_even(num_units: int, parts: int) -> list[tuple[int, int]]:
     """Cut units 0..num_units into `parts` contiguous, near-equal ranges (by count, not time)."""
     if parts > num_units:

@@ -34,10 +34,6 @@ img{max-width:100%;border:1px solid #eee}
 """
 
 
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequence[bool] | None = None) -> str:
     """An HTML table; cells are escaped; `numeric` columns are right-aligned."""
     numeric = numeric or [False] * len(headers)

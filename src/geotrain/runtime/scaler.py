@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.distributed as dist
 
 
 class GlobalLossScaler:
@@ -58,9 +57,3 @@ class GlobalLossScaler:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor gradient (FSDP2), or the tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
-
-
-def global_any(flag: bool, group: dist.ProcessGroup | None = None) -> bool:
-    t = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return bool(t.item() > 0)

@@ -40,13 +40,6 @@ class Transport(Protocol):
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work: ...
 
 
-class _Done:
-    """A Work that is already complete (e.g. a local copy)."""
-
-    def wait(self) -> bool:
-        return True
-
-
 class TorchTransport:
     """The default transport: torch.distributed isend/irecv (gloo on CPU, NCCL on GPUs).
 

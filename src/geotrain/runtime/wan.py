@@ -25,7 +25,6 @@ failed rank. `sends_per_boundary` is the schedule check behind the first claim.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -261,7 +260,3 @@ def leftover_namespaces(emulation_tag: str) -> list[str]:
     """Namespaces of emulation `emulation_tag` still present (tests: tear-down left nothing)."""
     r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     return [ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith(f"gt-{emulation_tag}")]
-
-
-def is_root() -> bool:
-    return sys.platform.startswith("linux") and os.geteuid() == 0

@@ -24,12 +24,6 @@ def gpipe_order(pp: int, m: int) -> list[list[Action]]:
     return [[Action(F, s, j) for j in range(m)] + [Action(B, s, j) for j in range(m)] for s in range(pp)]
 
 
-def default_warmup(pp: int, m: int) -> list[int]:
-    """1F1B warm-up forwards per stage: pp - 1 - s, capped at m. A stage then holds
-    warm-up + 1 micro-batches' activations at its peak."""
-    return [min(m, pp - 1 - s) for s in range(pp)]
-
-
 def one_f_one_b_order(pp: int, m: int, warmup: list[int] | None = None) -> list[list[Action]]:
     """1F1B: stage s runs `warmup[s]` forwards (default pp - 1 - s), then alternates one forward
     and one backward, then drains the remaining backwards."""
