@@ -45,13 +45,30 @@ def test_fair_link_caps_each_flow_and_serializes_one_flow():
 
 def test_temporal_link_order_and_latency_overlap():
     link = TemporalLink(flow_rate=2.0, latency=5.0, priority=(1, 0))
-    assert link.arrive(0.0, 4, 1, 10, 0, replica=0) == 0.0
-    assert link.arrive(0.0, 4, 2, 11, 0, replica=1) is None
-    # Replica 1 comes first in the plan order; the link is busy only for bytes / rate = 2 s.
-    u, slot, arrival, nxt = link.dispatch(0.0)
-    assert (u, slot, arrival, nxt) == (11, 0, 7.0, 2.0)
-    u, slot, arrival, nxt = link.dispatch(2.0)
-    assert (u, slot, arrival, nxt) == (10, 0, 9.0, None)
+    assert link.arrive(0.0, 4, 1, 10, 0, replica=0, flow=0) == 0.0     # an admission is scheduled now
+    assert link.arrive(0.0, 4, 2, 11, 0, replica=1, flow=1) is None    # ... and covers this one too
+    # Replica 1 comes first in the plan order; one slot: the link is busy for bytes / rate = 2 s.
+    assert link.admit(0.0) == [(11, 0)]
+    assert link.next_completion() == pytest.approx(2.0)
+    done, started = link.complete(2.0)
+    assert done == [(11, 0)] and started == [(10, 0)]                  # delivered at 2 + 5 = 7
+    assert link.next_completion() == pytest.approx(4.0)
+
+
+def test_temporal_link_is_work_conserving():
+    """One transfer's connections fill a quarter of the link: four transfers hold it at once
+    (strict turns sent one at a time and left three quarters idle); a flow's transfers still go
+    one after the other."""
+    link = TemporalLink(flow_rate=2.0, latency=0.0, priority=(0, 1, 2, 3, 4), capacity=8.0, slots=4)
+    for r in range(5):
+        link.arrive(0.0, 4, r, r, 0, replica=r, flow=r)
+    link.arrive(0.0, 4, 9, 0, 1, replica=0, flow=0)                     # behind flow 0's first
+    assert sorted(link.admit(0.0)) == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    assert link.next_completion() == pytest.approx(2.0)                  # each at the full flow rate
+    done, started = link.complete(2.0)
+    assert sorted(done) == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    assert sorted(started) == [(0, 1), (4, 0)]
+    assert link.next_completion() == pytest.approx(4.0)
 
 
 # -- whole simulations ------------------------------------------------------------------------
@@ -137,3 +154,23 @@ def test_fair_sharing_respects_capacity():
         assert all(b - a >= n / flow - 1e-12 for a, b, n in xs)
         first, last = xs[0][0], max(x[1] for x in xs)
         assert sum(n for _, _, n in xs) <= cap * (last - first) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("per_connection", [10.0, 2.5])
+@pytest.mark.parametrize("d", [2, 4, 8])
+def test_temporal_never_slower_than_fair_on_a_saturated_link(d, per_connection):
+    """d pipelines, pp=2 across one WAN link that their transfers saturate (one connection fills
+    it, or needs four): temporal <= fair, and start offsets never beat lockstep by losing."""
+    from geotrain.plan.temporal import pipeline_offsets
+
+    cluster = toy_cluster(2, latency_ms=20.0, capacity_gbps=10.0, per_connection_gbps=per_connection)
+    costs = uniform_costs(2, 0.01, 0.02, send_bytes=3 * 10**7)          # 24 ms per transfer at 10 Gbit/s
+    kw = dict(dcs=2, connections=1, order=tuple(range(d)))
+    fair = run(toy_plan(2, d, 8, sharing="fair", **kw), cluster, costs).metrics.iteration_time
+    lockstep = run(toy_plan(2, d, 8, sharing="temporal", **kw), cluster, costs).metrics.iteration_time
+    assert lockstep <= fair * (1 + 1e-9)
+    if per_connection == 10.0:
+        assert lockstep < fair          # full-rate turns: every pipeline but the last gets its data early
+    offsets = pipeline_offsets(d, 3 * 10**7 / (min(per_connection, 10.0) * 1.25e8), 0.1)
+    staggered = run(toy_plan(2, d, 8, sharing="temporal", pipeline_offsets=offsets, **kw), cluster, costs)
+    assert lockstep <= staggered.metrics.iteration_time * (1 + 1e-9)

@@ -1,5 +1,6 @@
-"""Temporal link sharing: pipelines take turns in the plan's order, one transfer at a time;
-over TCP (arbiter service) and inside StripedTransport; fair sharing as the no-op baseline."""
+"""Temporal link sharing: pipelines take turns one transfer at a time, in the plan's cyclic order
+among those waiting, never waiting for one that has nothing ready (work-conserving); over TCP
+(arbiter service) and inside StripedTransport; fair sharing as the no-op baseline."""
 
 from __future__ import annotations
 
@@ -42,10 +43,18 @@ def _no_overlap(log) -> bool:
     return all(a[2] <= b[1] + 1e-4 for a, b in zip(log, log[1:]))
 
 
+def _cyclic(keys, order) -> bool:
+    """Every grant after the first goes to the next pipeline in `order` (all are waiting then)."""
+    n = len(order)
+    return all(order[(order.index(a) + 1) % n] == b for a, b in zip(keys, keys[1:]))
+
+
 def test_in_process_turns_follow_the_order_one_at_a_time():
     arb = TurnArbiter([2, 0, 1])
     log = _run_pipelines(lambda k: LocalTurns(arb, k), [2, 0, 1])
-    assert [k for k, _, _ in log] == [2, 0, 1] * 4
+    keys = [k for k, _, _ in log]
+    assert sorted(keys) == sorted([2, 0, 1] * 4)
+    assert _cyclic(keys, [2, 0, 1])
     assert _no_overlap(log)
 
 
@@ -60,22 +69,43 @@ def test_remote_turns_over_tcp():
         return client
 
     log = _run_pipelines(make, [0, 1, 2], sends_each=3)
-    assert [k for k, _, _ in log] == [0, 1, 2] * 3
+    keys = [k for k, _, _ in log]
+    assert sorted(keys) == sorted([0, 1, 2] * 3)
     assert _no_overlap(log)
     arbiters[0].close()
 
 
-def test_leave_lets_the_others_continue_and_timeouts_name_the_holder():
-    arb = TurnArbiter([0, 1], timeout_s=0.3)
+def test_a_ready_pipeline_never_waits_for_an_idle_turn():
+    """Pipeline 1's turn, but it has nothing to send: pipeline 0 gets the link at once (strict
+    turns kept the link idle and timed out here)."""
+    arb = TurnArbiter([0, 1], timeout_s=0.5)
     arb.acquire(0)
     arb.release(0)
-    with pytest.raises(TurnTimeout, match="pipeline 1's turn"):
-        arb.acquire(0)
+    t0 = time.monotonic()
+    arb.acquire(0)
+    assert time.monotonic() - t0 < 0.1
+    arb.release(0)
+    assert arb.grants == [0, 0]
+
+
+def test_slots_let_several_transfers_fill_the_link_and_timeouts_name_the_holders():
+    arb = TurnArbiter([0, 1, 2], timeout_s=0.3, slots=2)
+    arb.acquire(0)
+    arb.acquire(1)                      # a second slot: both hold the link
+    with pytest.raises(TurnTimeout, match=r"held by pipeline\(s\) \[0, 1\]"):
+        arb.acquire(2)
+    arb.release(0)
+    arb.acquire(2)
     arb.leave(1)
-    arb.acquire(0)
-    arb.release(0)
-    arb.acquire(0)
-    arb.release(0)
+    arb.release(2)
+    assert arb.grants == [0, 1, 2]
+
+
+def test_concurrent_turns_fill_the_link():
+    from geotrain.wan.temporal import concurrent_turns
+
+    assert concurrent_turns(10.0, 10.0) == 1 and concurrent_turns(10.0, 20.0) == 1
+    assert concurrent_turns(10.0, 2.5) == 4 and concurrent_turns(10.0, 3.0) == 4
 
 
 def test_fair_sharing_overlaps():
@@ -84,7 +114,7 @@ def test_fair_sharing_overlaps():
 
 
 def test_striped_transport_consults_turns_around_each_send():
-    """Two senders to one receiver: with turns their transfers never overlap and alternate in order."""
+    """Two senders to one receiver: with turns their transfers never overlap."""
     store = dist.HashStore()
     arb = TurnArbiter([1, 0])
     intervals, lock = [], threading.Lock()
@@ -112,7 +142,7 @@ def test_striped_transport_consults_turns_around_each_send():
             w.wait()
         assert all(torch.equal(outs[(r, i)], x[i]) for r, i in outs)
         intervals.sort(key=lambda v: v[1])
-        assert [k for k, _, _ in intervals] == [1, 0] * 3
+        assert sorted(k for k, _, _ in intervals) == [0, 0, 0, 1, 1, 1]
         assert _no_overlap(intervals)
     finally:
         for s in [*senders, recv]:

@@ -27,7 +27,8 @@ from geotrain.plan.pins import pin_problem, respects_pins
 from geotrain.plan.placement import chains, distribute_stages, iter_dp, pp_candidates, stage_dcs
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
 from geotrain.plan.split import balanced_split, split_even
-from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, pipeline_offsets
+from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, pipeline_offsets, turn_rate_gbps
+from geotrain.wan.temporal import concurrent_turns
 
 MICRO_BATCHES = (1, 2, 4, 8)
 
@@ -176,12 +177,14 @@ class Scorer:
             link = ctx.link(a, b)
             n = conns[wan_i]
             wan_i += 1
-            full = link.rate_gbps(n) * GBIT
             lat = link.latency_ms * 1e-3
             if sharing == "temporal" and dp > 1:
-                delay = lat + nbytes / full
-                occ = dp * nbytes / full
-                stagger = max(stagger, nbytes / full)
+                # Work-conserving turns: a few transfers at once fill the link (concurrent_turns).
+                rate = turn_rate_gbps(link, n, dp) * GBIT
+                slots = min(dp, concurrent_turns(link.capacity_gbps, link.rate_gbps(n)))
+                delay = lat + nbytes / rate
+                occ = dp * nbytes / (slots * rate)
+                stagger = max(stagger, nbytes / rate)
             else:
                 agg = min(dp * link.rate_gbps(n), link.capacity_gbps) * GBIT
                 delay = lat + nbytes * dp / agg
@@ -436,8 +439,10 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate: b
     plans = [(c.to_plan(ctx), c) for c in finalists]
     # Variants of the best: the other sharing policy, and the baselines upgraded with our WAN use.
     best = finalists[0]
-    if best.sharing == "temporal":
+    if best.sharing == "temporal":  # fair where temporal does not pay; start offsets where they do
         plans.append((apply_fair(best.to_plan(ctx)).with_(name=f"{best.name}-fair"), best))
+        plans.append((apply_temporal(best.to_plan(ctx), ctx.cluster, ctx.boundary_bytes(best.layout.micro_batch),
+                                     best.est.period, offsets=True).with_(name=f"{best.name}-offsets"), best))
     # A baseline picks its own dp, schedule, ...: for a pinned job only those keeping the pins count.
     plans += [(p, None) for p in _upgraded_baselines(spec, ctx) if respects_pins(p, spec.job)]
     t_search = time.perf_counter() - t0

@@ -110,7 +110,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
         # cross-DC peer, and skipping the barrier there made ranks 1 and 2 lose their gloo peers).
         return T.RoutedTransport(default)
     from geotrain.wan.striped import StripedTransport
-    from geotrain.wan.temporal import turns_via_store
+    from geotrain.wan.temporal import concurrent_turns, turns_via_store
 
     store = dist.distributed_c10d._get_default_store()
     run = f"geotrain/rt{_BUILT[0]}"
@@ -126,8 +126,10 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
             order = turn_order(lp, plan.dp)
             # With tp > 1 each TP index has its own boundary traffic (same t to same t): its own ring of turns.
             key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.tp > 1 else "")
+            wl = spec.cluster.link(lp.src_dc, lp.dst_dc)
             turn, arbiter = turns_via_store(store, key, replica, order, host=host,
-                                            is_host=replica == order[0], timeout_s=timeout)
+                                            is_host=replica == order[0], timeout_s=timeout,
+                                            slots=concurrent_turns(wl.capacity_gbps, wl.rate_gbps(lp.connections)))
             if arbiter is not None:
                 arbiters.append(arbiter)
         elif lp.sharing != "fair":

@@ -13,8 +13,8 @@ go through a global event heap, processed in time order (links.py: fair sharing 
 That is exact, not an approximation: every event pushed on the heap is at or after the heap's
 current time, because a unit only runs when woken by something that happened at or before its
 own clock (start, an arrival, a collective's end), and its clock never goes back. Ties at one
-instant: link arrivals and fair-share completions first (phase 0), then temporal dispatches
-(phase 1), so a temporal link picks among *all* transfers ready at that instant by plan order.
+instant: link arrivals and link completions first (phase 0), then temporal admissions (phase 1),
+so a temporal link picks among *all* transfers ready at that instant by plan order.
 
 What it records: for each unit and program slot, one float -- when the action started (a
 receive: when the GPU reached it; a WAN send: when the transfer entered the link) -- and for
@@ -31,6 +31,7 @@ from heapq import heappop, heappush
 from geotrain.errors import GeotrainError
 from geotrain.sim.links import FairLink, TemporalLink
 from geotrain.sim.program import ALLREDUCE, COMPUTE, RECV, SEND_INTRA, SEND_LOCAL, SEND_WAN, Program
+from geotrain.wan.temporal import concurrent_turns
 
 _ARRIVE, _FAIR_DONE, _DISPATCH = 0, 1, 2
 
@@ -62,7 +63,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
     wait = [-1] * U            # slot a unit is blocked on (-1 running/runnable, -2 in a collective)
     links: list[FairLink | TemporalLink] = [
         FairLink(w.capacity, w.flow_rate, w.latency) if w.sharing == "fair"
-        else TemporalLink(w.flow_rate, w.latency, w.priority)
+        else TemporalLink(w.flow_rate, w.latency, w.priority, w.capacity, concurrent_turns(w.capacity, w.flow_rate))
         for w in prog.wan
     ]
     wan_of = [p.wan for p in prog.stages]
@@ -170,7 +171,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
                 if nxt is not None:
                     heappush(heap, (nxt, 0, seq, _FAIR_DONE, li, link.version))
             else:
-                nxt = link.arrive(now, nbytes_of[s][y], seq, x, y, x % dp)
+                nxt = link.arrive(now, nbytes_of[s][y], seq, x, y, x % dp, x * U + x + ddst_of[s][y])
                 if nxt is not None:
                     heappush(heap, (nxt, 1, seq, _DISPATCH, li, 0))
         elif code == _FAIR_DONE:
@@ -186,14 +187,13 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
             if link.heads:
                 seq += 1
                 heappush(heap, (link.next_completion(), 0, seq, _FAIR_DONE, x, link.version))
-        else:                                    # _DISPATCH
+        else:                                    # _DISPATCH: a temporal link admits waiting transfers
             link = links[x]
-            u, slot, when, nxt = link.dispatch(now)
-            start[u][slot] = now
-            deliver(u, slot, when)
-            if nxt is not None:
+            for u, slot in link.admit(now):
+                start[u][slot] = now
+            if link.heads:
                 seq += 1
-                heappush(heap, (nxt, 1, seq, _DISPATCH, x, 0))
+                heappush(heap, (link.next_completion(), 0, seq, _FAIR_DONE, x, link.version))
     if bar is not None:
         bar.update(total - shown)
         bar.close()

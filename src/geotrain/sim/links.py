@@ -13,10 +13,13 @@ the next completion in O(log k); a change of k only changes the rate. The last b
 the receiver one latency after it left. With one flow on the direction this is exactly the
 temporal policy (one transfer at a time at the flow rate).
 
-TemporalLink -- transfers take turns, each at its full flow rate; the waiting transfer with the
-earliest ready time goes next, ties broken by the plan's pipeline order. The link is busy only
-for the serialization time (bytes / rate): the next transfer starts while the previous one's
-bytes are still propagating, so latency overlaps.
+TemporalLink -- transfers take turns, and the turns are work-conserving: a ready transfer
+never waits while the link has capacity to spare. At most `slots` transfers are on the link at
+once (`geotrain.wan.temporal.concurrent_turns`: 1 when one transfer's connections fill the link,
+else as many as it takes to fill it), sharing it like FairLink; the others wait, the one ready
+first going next (ties: the plan's pipeline order). A transfer that finds a free slot starts at
+once -- no pipeline waits for the turn of one that has nothing to send. The last byte reaches the
+receiver one latency after it left, so latency overlaps with the next transfer.
 """
 
 from __future__ import annotations
@@ -90,30 +93,85 @@ class FairLink:
 
 
 class TemporalLink:
-    __slots__ = ("flow_rate", "latency", "priority", "free_at", "waiting", "pending")
+    """Same virtual-service accounting as FairLink, over the admitted transfers only. A flow's
+    transfers go one after the other (as on its connections), as in FairLink."""
 
-    def __init__(self, flow_rate: float, latency: float, priority: tuple[int, ...]):
+    __slots__ = ("capacity", "flow_rate", "latency", "priority", "slots", "served", "t", "heads", "waiting",
+                 "busy", "pending", "version")
+
+    def __init__(self, flow_rate: float, latency: float, priority: tuple[int, ...], capacity: float | None = None,
+                 slots: int = 1):
         self.flow_rate, self.latency, self.priority = flow_rate, latency, priority
-        self.free_at = 0.0
-        self.waiting: list[tuple[float, int, int, int, int, int]] = []  # (ready, prio, seq, nbytes, unit, slot)
-        self.pending = False   # a dispatch is scheduled
+        self.capacity = flow_rate if capacity is None else capacity
+        self.slots = max(1, slots)
+        self.served = 0.0
+        self.t = 0.0
+        self.heads: list[tuple[float, int, int, int, int]] = []   # admitted: (finish level, seq, flow, unit, slot)
+        self.waiting: list[tuple] = []  # eligible: (ready, prio, seq, nbytes, unit, slot, flow)
+        self.busy: dict[int, deque] = {}  # flow with an admitted transfer -> its transfers queued behind it
+        self.pending = False   # an admission is scheduled
+        self.version = 0
 
-    def arrive(self, now: float, nbytes: int, seq: int, unit: int, slot: int, replica: int) -> float | None:
-        """A transfer is ready; returns the time of a dispatch to schedule, or None if one is
-        already scheduled."""
-        heappush(self.waiting, (now, self.priority[replica], seq, nbytes, unit, slot))
-        if self.pending:
+    def _rate(self) -> float:
+        share = self.capacity / len(self.heads)
+        return self.flow_rate if self.flow_rate < share else share
+
+    def _advance(self, now: float) -> None:
+        if self.heads:
+            self.served += self._rate() * (now - self.t)
+        else:
+            self.served = 0.0
+        self.t = now
+
+    def arrive(self, now: float, nbytes: int, seq: int, unit: int, slot: int, replica: int,
+               flow: int = -1) -> float | None:
+        """A transfer is ready. Returns `now` when an admission is to be scheduled (at this instant,
+        after every other arrival of the instant, so ties go by plan order), else None: the link
+        is full, or the transfer's flow is sending, and it waits."""
+        entry = (now, self.priority[replica], seq, nbytes, unit, slot, flow)
+        q = self.busy.get(flow)
+        if q is not None:
+            q.append(entry)
+            return None
+        heappush(self.waiting, entry)
+        if self.pending or len(self.heads) >= self.slots:
             return None
         self.pending = True
-        return now if now > self.free_at else self.free_at
+        return now
 
-    def dispatch(self, now: float) -> tuple[int, int, float, float | None]:
-        """Start the next transfer: returns (unit, slot, arrival time at the receiver, time of
-        the next dispatch to schedule or None)."""
-        _, _, _, nbytes, unit, slot = heappop(self.waiting)
-        self.free_at = now + nbytes / self.flow_rate
-        arrival = self.free_at + self.latency
-        if self.waiting:
-            return unit, slot, arrival, self.free_at
+    def admit(self, now: float) -> list[tuple[int, int]]:
+        """Move waiting transfers onto free slots; returns the (unit, slot) of those that start.
+        The caller schedules next_completion() under the new `version` if heads remain."""
         self.pending = False
-        return unit, slot, arrival, None
+        self._advance(now)
+        started = []
+        while self.waiting and len(self.heads) < self.slots:
+            entry = heappop(self.waiting)
+            _, _, seq, nbytes, unit, slot, flow = entry
+            q = self.busy.get(flow)
+            if q is not None:          # its flow is sending: it goes when that transfer is done
+                q.append(entry)
+                continue
+            self.busy[flow] = deque()
+            heappush(self.heads, (self.served + nbytes, seq, flow, unit, slot))
+            started.append((unit, slot))
+        self.version += 1
+        return started
+
+    def next_completion(self) -> float:
+        return self.t + max(0.0, self.heads[0][0] - self.served) / self._rate()
+
+    def complete(self, now: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """As FairLink.complete: the transfers whose last byte left now, and those that start on
+        the slots they free."""
+        self._advance(now)
+        level = self.heads[0][0]
+        self.served = max(self.served, level)
+        tol = 1e-9 * (abs(level) + 1.0)
+        done = []
+        while self.heads and self.heads[0][0] <= self.served + tol:
+            _, _, flow, u, s = heappop(self.heads)
+            done.append((u, s))
+            for entry in self.busy.pop(flow):   # eligible again, in their ready order
+                heappush(self.waiting, entry)
+        return done, self.admit(now)
