@@ -81,8 +81,11 @@ def test_temporal_sharing_order_and_offsets(a100):
     for lp in temporal:
         assert lp.order == tuple(range(plan.dp))
         assert lp.stagger_s > 0
-    assert len(plan.pipeline_offsets) == plan.dp
-    assert plan.pipeline_offsets[0] == 0.0 and plan.pipeline_offsets[1] == pytest.approx(temporal[0].stagger_s)
+    # Lockstep start unless the simulator preferred the staggered-start variant it was offered.
+    names = [name for name, _, _ in res.finalists]
+    assert any(n.endswith("-offsets") for n in names) and any(n.endswith("-fair") for n in names)
+    if plan.pipeline_offsets:
+        assert plan.pipeline_offsets[0] == 0.0 and plan.pipeline_offsets[1] == pytest.approx(temporal[0].stagger_s)
 
 
 def test_baselines_are_all_evaluated(a100):

@@ -203,7 +203,10 @@ class Scorer:
         pp, m, dp = lay.pp, lay.m, lay.dp
         kinds = kinds or self.kinds or schedule_kinds(ctx, len(lay.chain))
         wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(lay.chain, lay.chain[1:]))
-        sharings = self.sharing if len(lay.chain) > 1 and dp > 1 else ("fair",)
+        # Temporal only where it can differ: some link whose turns hold fewer than dp transfers.
+        sharings = self.sharing if len(lay.chain) > 1 and dp > 1 and any(
+            concurrent_turns(ctx.link(a, b).capacity_gbps, ctx.link(a, b).rate_gbps(
+                self.connections(a, b, dp, "temporal"))) < dp for a, b in zip(lay.chain, lay.chain[1:])) else ("fair",)
         variants = []
         for sharing in sharings:
             conns = tuple(self.connections(a, b, dp, sharing) for a, b in zip(lay.chain, lay.chain[1:]))

@@ -122,17 +122,17 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
     arbiters = []
     for peer_stage, lp in links.items():
         turn = None
-        if lp.sharing == "temporal":
+        wl = spec.cluster.link(lp.src_dc, lp.dst_dc)
+        slots = concurrent_turns(wl.capacity_gbps, wl.rate_gbps(lp.connections)) if wl is not None else 1
+        if lp.sharing == "temporal" and slots < plan.dp:   # else every pipeline always has a slot: no turns
             order = turn_order(lp, plan.dp)
             # With tp > 1 each TP index has its own boundary traffic (same t to same t): its own ring of turns.
             key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.tp > 1 else "")
-            wl = spec.cluster.link(lp.src_dc, lp.dst_dc)
             turn, arbiter = turns_via_store(store, key, replica, order, host=host,
-                                            is_host=replica == order[0], timeout_s=timeout,
-                                            slots=concurrent_turns(wl.capacity_gbps, wl.rate_gbps(lp.connections)))
+                                            is_host=replica == order[0], timeout_s=timeout, slots=slots)
             if arbiter is not None:
                 arbiters.append(arbiter)
-        elif lp.sharing != "fair":
+        elif lp.sharing not in ("fair", "temporal"):
             raise GeotrainError(f"link {lp.src_dc}-{lp.dst_dc}: unknown sharing {lp.sharing!r} (fair, temporal)")
         for d in range(plan.dp):
             peer = plan.rank(peer_stage, d, t)   # boundary tensors go to the same TP index
