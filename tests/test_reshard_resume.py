@@ -64,6 +64,7 @@ def test_checkpoint_resumes_on_other_layouts(tmp_path: Path) -> None:
         got = _losses(run)
         assert sorted(got) == list(range(1, 16)), run
         assert got[11]["resumed_from"] == str(first)
+        assert all(got[step] == before[step] for step in range(1, 11))   # carried over, not trained again
         for step in range(11, 16):
             assert abs(got[step]["loss"] - want[step]["loss"]) <= 1e-5 * abs(want[step]["loss"]), \
                 (run.name, step, got[step]["loss"], want[step]["loss"])

@@ -24,6 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume-from", default=None, metavar="RUN_DIR",
                    help="start from another run's latest complete checkpoint, resharded onto this plan's layout "
                         "(pp split, dp, sharding may differ; same model and global batch)")
+    p.add_argument("--elastic", action="store_true",
+                   help="when a datacenter's ranks die, re-plan without it (`geotrain replan`) and resume from the "
+                        "last checkpoint on the new layout; RUN_DIR/elastic.jsonl and losses.png mark each re-plan")
+    p.add_argument("--cut-dc", default=None, metavar="DC:STEP",
+                   help="rehearsal: kill every rank of datacenter DC once step STEP is logged (with --elastic the run "
+                        "continues on the rest)")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="save every N steps (default: job.checkpoint_every; 0: never)")
     p.add_argument("--data", default=None, help="text file or directory to train on, or 'synthetic' "
@@ -148,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
 
         if args.wan == "kernel":
             raise GeotrainError("--wan kernel starts the ranks itself; under torchrun use --wan shaper, auto or off")
+        if args.elastic or args.cut_dc:
+            raise GeotrainError("--elastic and --cut-dc need geotrain's own launcher (under torchrun, re-plan with "
+                                "`geotrain replan` and restart with --resume-from)")
         if args.wan == "shaper":
             from dataclasses import replace
 
@@ -168,10 +177,6 @@ def run(args: argparse.Namespace) -> int:
               f"{plan.schedule}, {plan.precision}, checkpointing={plan.checkpointing}, sharding={plan.sharding}, "
               f"global batch {plan.global_batch} x {spec.model.seq_len} tokens -> {cfg.out}", flush=True)
 
-    def describe(r: int) -> str:
-        s, d, _ = plan.coords(r)
-        return f"stage {s}, replica {d}, {plan.stages[s].dc}"
-
     service = None
     entry = "geotrain.runtime.worker"
     if args.serve_prefill is not None:
@@ -191,13 +196,36 @@ def run(args: argparse.Namespace) -> int:
         entry = RANK_ENTRY  # the worker with BubbleTea's hook installed
         print(f"BubbleTea: OpenAI-compatible API at {service.url}/v1 (model {service.service.model_name}; "
               f"metrics: {service.url}/metrics)", flush=True)
+    from geotrain.orchestrate.elastic import CutWatcher, parse_cut, plot_losses, train_elastic
+
+    cut = parse_cut(args.cut_dc, plan) if args.cut_dc else None
+    if args.elastic and not (cfg.checkpoint_every or spec.job.checkpoint_every):
+        raise GeotrainError("--elastic resumes from checkpoints: give --checkpoint-every N (or job.checkpoint_every)")
+    last = {}
+
+    def launch_once(cfg, spec, plan, watch) -> None:
+        def describe(r: int) -> str:
+            s, d, _ = plan.coords(r)
+            return f"stage {s}, replica {d}, {plan.stages[s].dc}"
+
+        last["plan"] = plan
+        last["wan"] = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
+                                   describe=describe, say=lambda line: print(line, flush=True), entry=entry,
+                                   watch=watch)
+
     try:
-        wan = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
-                           describe=describe, say=lambda line: print(line, flush=True), entry=entry)
+        if args.elastic:
+            events = train_elastic(cfg, spec, plan, launch_once, say=lambda line: print(line, flush=True), cut=cut)
+            if events:
+                print(f"elastic: {len(events)} re-plan(s), see {Path(cfg.out) / 'elastic.jsonl'} and "
+                      f"{plot_losses(Path(cfg.out))}", flush=True)
+        else:
+            launch_once(cfg, spec, plan, CutWatcher(cut, plan, Path(cfg.out) / "losses.jsonl") if cut else None)
     finally:
         if service is not None:
             service.close()
-    write_prediction(spec, plan, Path(cfg.out), profile, wan.mode, iterations=_predicted_iterations(cfg, spec))
+    write_prediction(spec, last["plan"], Path(cfg.out), profile, last["wan"].mode,
+                     iterations=_predicted_iterations(cfg, spec))
     return 0
 
 

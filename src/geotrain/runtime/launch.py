@@ -68,18 +68,39 @@ def _kill_all(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
             pass
 
 
-def _first_failure(err_dir: Path, procs: list[subprocess.Popen], describe) -> str:
+class RankFailure(GeotrainError):
+    """A rank failed: the one-line message, and which ranks went first, for whoever reacts
+    (the elastic launcher re-plans without their datacenter).
+
+    killed: ranks that died by a signal before the launcher stopped anyone (a lost host, an OOM
+    kill); first: the rank whose error came first (None if none wrote one); user_error: a bad plan
+    or input, which no re-plan mends."""
+
+    def __init__(self, message: str, killed: list[int], first: int | None, user_error: bool):
+        super().__init__(message)
+        self.killed, self.first, self.user_error = killed, first, user_error
+
+
+def _first_error(err_dir: Path) -> dict | None:
     docs = []
     for f in err_dir.glob("rank*.json"):
         try:
             docs.append(json.loads(f.read_text()))
         except (OSError, json.JSONDecodeError):
             continue
-    if docs:
-        # A user error (bad plan) wins; else the earliest failure -- the others usually lost their peer.
-        d = min(docs, key=lambda d: (not d["user_error"], d["time"]))
-        if d["user_error"]:
-            return d["message"]
+    # A user error (bad plan) wins; else the earliest failure -- the others usually lost their peer.
+    return min(docs, key=lambda d: (not d["user_error"], d["time"])) if docs else None
+
+
+def _first_failure(err_dir: Path, procs: list[subprocess.Popen], describe, killed: list[int] = ()) -> str:
+    d = _first_error(err_dir)
+    if d is not None and d["user_error"]:
+        return d["message"]
+    if killed:   # a rank killed from outside went first; its peers' errors only say they lost it
+        r = killed[0]
+        more = f" (and {len(killed) - 1} more)" if len(killed) > 1 else ""
+        return f"rank {r} ({describe(r)}) was killed by signal {-procs[r].returncode}{more}"
+    if d is not None:
         msg = f"{d['type']}: {d['message']}" if d["message"] else d["type"]
         return f"rank {d['rank']} ({describe(d['rank'])}) failed: {msg}"
     for r, p in enumerate(procs):
@@ -91,10 +112,11 @@ def _first_failure(err_dir: Path, procs: list[subprocess.Popen], describe) -> st
 
 def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int = 1,
            env: dict[str, str] | None = None, describe=lambda r: f"rank {r}", timeout_s: float | None = None,
-           rank0_stdout: bool = True, wan=None, entry: str = "geotrain.runtime.worker") -> None:
-    """Run `cases` on `world_size` local processes; raise GeotrainError naming the first failed rank.
+           rank0_stdout: bool = True, wan=None, entry: str = "geotrain.runtime.worker", watch=None) -> None:
+    """Run `cases` on `world_size` local processes; raise RankFailure naming the first failed rank.
     `entry` is the module each rank runs (`python -m ENTRY CONFIG.json`): the worker, or one that
-    installs a plug-in first (`geotrain.orchestrate.rank`)."""
+    installs a plug-in first (`geotrain.orchestrate.rank`). `watch(procs)`, if given, is called on
+    every poll (rehearsals cut a datacenter's ranks from it)."""
     check_local_world_size(world_size)
     if wan is not None and wan.rank_config() is not None:
         from dataclasses import replace
@@ -138,13 +160,18 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
         while True:
             codes = [p.poll() for p in procs]
             if any(c not in (0, None) for c in codes):
+                killed = [r for r, c in enumerate(codes) if c is not None and c < 0]
                 time.sleep(0.3)  # let the failing rank's peers notice, then pick the first failure
-                raise GeotrainError(_first_failure(err_dir, procs, describe) + f" (logs: {logs})")
+                first = _first_error(err_dir)
+                raise RankFailure(_first_failure(err_dir, procs, describe, killed) + f" (logs: {logs})", killed,
+                                  first["rank"] if first else None, bool(first and first["user_error"]))
             if all(c == 0 for c in codes):
                 return
             broken = getattr(getattr(wan, "emulation", None), "failed", None)
             if broken:
                 raise GeotrainError(f"{broken} (logs: {logs})")
+            if watch is not None:
+                watch(procs)
             if deadline is not None and time.time() > deadline:
                 raise GeotrainError(f"training did not finish within {timeout_s:.0f} s (logs: {logs})")
             time.sleep(0.05)

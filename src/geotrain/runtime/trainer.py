@@ -226,11 +226,13 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[
 
     ckpt = Checkpointer(out / "checkpoints", stage, replica, chunks, optimizer, scaler,
                         layout=(plan.pp, plan.dp, plan.tp))
-    start = 0
+    start, resumed = 0, {}
     if cfg.resume or cfg.resume_from:
         latest = latest_checkpoint(Path(cfg.resume_from) / "checkpoints") if cfg.resume_from else ckpt.latest()
         if latest is not None:
+            t_load = time.time()
             start, loader_state = ckpt.load(latest)    # any layout: keys are the plain model's names
+            resumed = {"load_start": t_load, "load_end": time.time()}   # wall clock, for bench_elastic
             if loader_state is not None and hasattr(source, "load_state_dict"):
                 source.load_state_dict(loader_state)
         elif cfg.resume_from:
@@ -320,12 +322,14 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[
                 del batches
             if losses_file is not None:
                 row = {"step": step, "loss": state["loss"], "skipped": state["skipped"], "loss_scale": scaler.scale,
-                       "step_time_s": dt, "tokens": tokens_per_step, "time": time.time() - recorder.t0}
+                       "step_time_s": dt, "tokens": tokens_per_step, "time": time.time() - recorder.t0,
+                       "wall": time.time()}
                 if bubble is not None:
                     row["prefill"] = bubble.filling()      # BubbleTea was filling bubbles in this step
                 if step == start + 1 and cfg.resume_from:
                     row["resumed_from"] = str(cfg.resume_from)   # the curve continues on a new layout here
                     row["layout"] = {"pp": plan.pp, "dp": plan.dp, "tp": plan.tp, "sharding": plan.sharding}
+                    row["resume_wall"] = {**resumed, "step_start": t_step, "step_end": time.time()}
                 losses_file.write(json.dumps(row) + "\n")
                 losses_file.flush()
             if bar is not None:

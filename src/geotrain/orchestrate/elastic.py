@@ -1,0 +1,205 @@
+"""Elastic training: when a datacenter's ranks die, re-plan without it and resume from the last checkpoint.
+
+`train --elastic` runs the launch in a loop. A launch that ends in `RankFailure` names the
+ranks killed from outside (a lost host, a preemption) or the first rank that failed; their
+datacenter is dropped, `replan` plans the run again for what is left (the run's model, global
+batch and precision), and the next launch resumes the run directory's own last complete
+checkpoint on the new layout (`resume_from` = the run itself: DCP reshards on load). Every
+re-plan is a line of RUN_DIR/elastic.jsonl (what failed, the checkpoint step, the layouts and the
+wall-clock times of failure, detection, re-plan and relaunch) and the resumed step's line in
+losses.jsonl says `resumed_from` and its layout; `losses.png` draws the curve over wall time with
+each re-plan's gap.
+
+A rehearsal cuts a datacenter on purpose (`--cut-dc DC:STEP`): once losses.jsonl shows STEP,
+the launcher SIGKILLs that DC's rank process groups, which is what a lost DC looks like to the
+survivors. On a real cluster nobody cuts; the ranks of a lost DC just die.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from geotrain.errors import GeotrainError
+from geotrain.orchestrate.replan import describe, replan
+from geotrain.plan.plan import save_plan
+from geotrain.runtime.checkpoint import latest_checkpoint
+from geotrain.runtime.launch import RankFailure
+
+MAX_REPLANS = 4
+
+
+@dataclass
+class Cut:
+    dc: str
+    after_step: int
+
+
+def parse_cut(text: str, plan) -> Cut:
+    dc, sep, step = text.replace("@", ":").partition(":")
+    names = [st.dc for st in plan.stages]
+    if not sep or not step.isdigit() or int(step) < 1:
+        raise GeotrainError(f"--cut-dc expects DC:STEP with STEP >= 1 (got {text!r})")
+    if dc not in names:
+        raise GeotrainError(f"--cut-dc: datacenter {dc!r} holds no stage of this plan (stages sit in "
+                            f"{', '.join(dict.fromkeys(names))})")
+    return Cut(dc, int(step))
+
+
+class CutWatcher:
+    """Called by the launcher on every poll: SIGKILLs every rank of `cut.dc` once the run has
+    logged step `cut.after_step`. Only the launch whose plan still has that DC is cut."""
+
+    def __init__(self, cut: Cut, plan, losses: Path):
+        self.cut, self.losses = cut, losses
+        self.ranks = [r for r in range(plan.num_ranks) if plan.stages[plan.coords(r)[0]].dc == cut.dc]
+        self.at: float | None = None
+        self._size = -1
+
+    def __call__(self, procs) -> None:
+        if self.at is not None or not self.ranks:
+            return
+        try:
+            size = self.losses.stat().st_size
+        except OSError:
+            return
+        if size == self._size:
+            return
+        self._size = size
+        lines = self.losses.read_text().splitlines()
+        if not lines or json.loads(lines[-1])["step"] < self.cut.after_step:
+            return
+        self.at = time.time()
+        for r in self.ranks:
+            try:
+                os.killpg(procs[r].pid, signal.SIGKILL)   # each rank leads its own process group
+            except ProcessLookupError:
+                pass
+
+
+def failed_dc(plan, failure) -> str | None:
+    """The datacenter to drop: where most ranks were killed from outside, else that of the first
+    rank that failed on its own (None: nothing points at one DC)."""
+    dc_of = [plan.stages[plan.coords(r)[0]].dc for r in range(plan.num_ranks)]
+    killed = [dc_of[r] for r in failure.killed if r < len(dc_of)]
+    if killed:
+        return max(dict.fromkeys(killed), key=killed.count)
+    if failure.first is not None and failure.first < len(dc_of):
+        return dc_of[failure.first]
+    return None
+
+
+def train_elastic(cfg, spec, plan, launch_once, say=print, cut: Cut | None = None,
+                  max_replans: int = MAX_REPLANS) -> list[dict]:
+    """Run `launch_once(cfg, spec, plan, watch)` until it finishes, re-planning after each DC loss.
+    Returns the re-plan events (also in RUN_DIR/elastic.jsonl)."""
+    out = Path(cfg.out)
+    events: list[dict] = []
+    dropped: list[str] = []
+    log = out / "elastic.jsonl"
+    if not cfg.resume and not cfg.resume_from and log.exists():
+        log.unlink()
+    while True:
+        watcher = CutWatcher(cut, plan, out / "losses.jsonl") if cut is not None else None
+        t_launch = time.time()
+        try:
+            launch_once(cfg, spec, plan, watcher)
+            return events
+        except RankFailure as failure:
+            t_detect = time.time()
+            dc = failed_dc(plan, failure)
+            if failure.user_error or dc is None:
+                raise
+            if len(events) >= max_replans:
+                raise GeotrainError(f"{failure}; --elastic gave up after {max_replans} re-plans") from None
+            ckpt = latest_checkpoint(out / "checkpoints")
+            if ckpt is None:
+                raise GeotrainError(f"{failure}; --elastic: no checkpoint to resume from (save some with "
+                                    "--checkpoint-every N)") from None
+            dropped.append(dc)
+            say(f"elastic: {failure}")
+            say(f"elastic: datacenter {dc} lost; re-planning without {', '.join(dropped)} and resuming from "
+                f"{ckpt.name}")
+            try:
+                r = replan(out, without=dropped)
+            except GeotrainError as why:
+                raise GeotrainError(f"{failure}; --elastic cannot go on without {', '.join(dropped)}: {why}") from None
+            t_replan = time.time()
+            new_plan = out / f"replan{len(events) + 1}.json"
+            save_plan(new_plan, r.after, spec_path=r.spec_path,
+                      extra={"simulated_s": r.after_s, "replan": {"run": str(out.resolve()), "dropped": dropped}})
+            for line in describe(r):
+                say(line)
+            resume_step = int(ckpt.name.split("_")[-1]) + 1
+            event = {"replan": len(events) + 1, "lost_dc": dc, "killed_ranks": failure.killed,
+                     "first_failed_rank": failure.first, "error": str(failure), "checkpoint": ckpt.name,
+                     "resume_step": resume_step, "plan": str(new_plan),
+                     # what the lost layout logged past the checkpoint: the new layout computes these steps again
+                     "lost_losses": {s: x for s, x in _losses(out).items() if s >= resume_step},
+                     "before": _layout(r.before), "after": _layout(r.after),
+                     "predicted_iteration_s": {"before": r.before_s, "after": r.after_s},
+                     "wall": {"launch": t_launch, "cut": watcher.at if watcher else None, "detected": t_detect,
+                              "replanned": t_replan}}
+            events.append(event)
+            with log.open("a") as f:
+                f.write(json.dumps(event) + "\n")
+            plan = r.after
+            cfg = replace(cfg, plan=plan.to_dict(), resume=False, resume_from=str(out))
+            cut = cut if watcher is None or watcher.at is None else None
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    path = run_dir / "losses.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return {r["step"]: r["loss"] for r in rows}
+
+
+def _layout(plan) -> dict:
+    return {"pp": plan.pp, "dp": plan.dp, "tp": plan.tp, "gpus": plan.gpus_per_dc(), "sharding": plan.sharding,
+            "micro_batch": plan.micro_batch, "num_microbatches": plan.num_microbatches}
+
+
+def plot_losses(run_dir: Path) -> Path | None:
+    """RUN_DIR/losses.png: loss over wall-clock time, each re-plan a shaded gap from the failure to
+    the first resumed step, labelled with the layouts before and after."""
+    import matplotlib  # heavy: only when a run had a plot to draw
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(x) for x in (run_dir / "losses.jsonl").read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if "wall" in r]
+    if not rows:
+        return None
+    events = [json.loads(x) for x in (run_dir / "elastic.jsonl").read_text().splitlines()] \
+        if (run_dir / "elastic.jsonl").exists() else []
+    t0 = rows[0]["wall"] - rows[0].get("step_time_s", 0.0)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    pieces: list[list[dict]] = [[]]
+    for r in rows:                      # one line per launch: nothing was trained across a gap
+        if "resumed_from" in r and pieces[-1]:
+            pieces.append([])
+        pieces[-1].append(r)
+    for piece in pieces:
+        ax.plot([r["wall"] - t0 for r in piece], [r["loss"] for r in piece], marker=".", color="tab:blue")
+    for e in events:
+        resumed = next((r for r in rows if r["step"] == e["resume_step"] and "resumed_from" in r), None)
+        start = (e["wall"].get("cut") or e["wall"]["detected"]) - t0
+        end = (resumed["wall"] - t0) if resumed else start
+        ax.axvspan(start, end, color="tab:red", alpha=0.15)
+        b, a = e["before"], e["after"]
+        ax.annotate(f"lost {e['lost_dc']}: pp{b['pp']}xdp{b['dp']} -> pp{a['pp']}xdp{a['dp']}, "
+                    f"resumed at step {e['resume_step']}", (start, max(r["loss"] for r in rows)),
+                    fontsize=8, color="tab:red", va="top")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{run_dir.name}: loss" + (f", {len(events)} re-plan(s)" if events else ""))
+    fig.tight_layout()
+    path = run_dir / "losses.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

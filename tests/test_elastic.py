@@ -1,0 +1,64 @@
+"""train --elastic: one DC's ranks are killed mid-run over the emulated WAN; the run re-plans
+without it, resumes from the last checkpoint on the rest and finishes.
+
+The kill is real (the launcher SIGKILLs the rank process groups of `west` once step 3 is logged,
+`--cut-dc`); the WAN is the kernel emulation as root, else the user-space shaper (`--wan auto`):
+the same elastic code either way. The steps the lost layout logged past the checkpoint are
+computed again by the new one: same global batch and micro-batch in fp32, so they must agree
+(relative 1e-5) -- the resumed run continues the curve, not a fresh one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from geotrain.cli import main
+from geotrain.plan.plan import load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "tiny_2dc.toml"
+
+
+@pytest.mark.slow
+def test_losing_a_dc_mid_run_replans_and_finishes_on_the_rest(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    rc = main(["train", str(SPEC), "--elastic", "--cut-dc", "west:3", "--steps", "6", "--checkpoint-every", "2",
+               "--precision", "fp32", "--data", "synthetic", "--out", str(run), "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "datacenter west lost" in out and "was killed by signal 9" in out
+    events = [json.loads(x) for x in (run / "elastic.jsonl").read_text().splitlines()]
+    assert len(events) == 1
+    e = events[0]
+    assert e["lost_dc"] == "west" and e["killed_ranks"] and set(e["killed_ranks"]) <= {2, 3}
+    assert e["before"]["gpus"] == {"east": 2, "west": 2} and set(e["after"]["gpus"]) == {"east"}
+    new_plan, _ = load_plan(e["plan"])
+    assert {st.dc for st in new_plan.stages} == {"east"} and new_plan.global_batch == 16
+    assert e["checkpoint"] in ("step_00000002", "step_00000004") and e["resume_step"] in (3, 5)
+
+    rows = [json.loads(x) for x in (run / "losses.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 7))        # every step once, none lost, none twice
+    resumed = [r for r in rows if "resumed_from" in r]
+    assert [r["step"] for r in resumed] == [e["resume_step"]]
+    assert resumed[0]["layout"]["pp"] * resumed[0]["layout"]["dp"] <= 2
+    # Resumed, not restarted: the steps before the checkpoint are the first launch's lines (logged
+    # before the cut), the rest were trained after the failure was detected.
+    assert all(r["wall"] < e["wall"]["cut"] for r in rows if r["step"] < e["resume_step"])
+    assert all(r["wall"] > e["wall"]["detected"] for r in rows if r["step"] >= e["resume_step"])
+    lost = {int(s): x for s, x in e["lost_losses"].items()}
+    assert lost and min(lost) == e["resume_step"]                # west died after logging these
+    by_step = {r["step"]: r["loss"] for r in rows}
+    for step, loss in lost.items():
+        assert abs(by_step[step] - loss) <= 1e-5 * abs(loss), (step, by_step[step], loss)
+    assert (run / "losses.png").stat().st_size > 0
+    # No rank of either launch outlived the run.
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                environ = (proc / "environ").read_bytes()
+            except OSError:
+                continue
+            assert str(run / "logs" / "errors").encode() not in environ, f"orphan rank process {proc.name}"
