@@ -11,6 +11,8 @@ import json
 import socket
 import struct
 
+from geotrain.wan.sockets import recv_exact
+
 MAX_HEADER = 1 << 20
 MAX_PAYLOAD = 1 << 31
 
@@ -21,12 +23,7 @@ class ProtocolError(Exception):
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("peer closed the connection")
-        got += k
+    recv_exact(sock, memoryview(buf))     # the project's one read-exactly loop
     return bytes(buf)
 
 
