@@ -137,7 +137,8 @@ def load_or_measure_profile(spec, a: argparse.Namespace) -> dict | None:
     if a.no_calibrate:
         return None
     try:
-        from geotrain.calibrate.profile import load_profile, measure_profile
+        from geotrain.calibrate.measure import measure_profile
+        from geotrain.calibrate.profile import load_profile
     except ImportError as e:
         print(f"# calibrated costs unavailable ({e}); ratios from the plain cost model only")
         return None

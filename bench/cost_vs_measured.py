@@ -1,5 +1,5 @@
 """Cost model vs the real model on this machine: per-unit times predicted from FLOPs on the
-built-in "cpu" GPU type, next to times measured with geotrain.cost.measure, in one run.
+built-in "cpu" GPU type, next to times measured with geotrain.calibrate.timers (as the runtime runs them), in one run.
 
     .venv/bin/python bench/cost_vs_measured.py [--model small] [--micro-batches 1 4] [--repeats 5]
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from geotrain.calibrate.timers import measure_units
 from geotrain.config.cluster import BUILTIN_GPU_TYPES
 from geotrain.console import format_table, human_seconds
 from geotrain.cost import CostModel
-from geotrain.cost.measure import measure_profile
 from geotrain.models.presets import PRESETS
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     spec, cpu = PRESETS[args.model], BUILTIN_GPU_TYPES["cpu"]
     for precision in args.precision:
-        prof = measure_profile(spec, args.micro_batches, precision, args.repeats)
+        prof = measure_units(spec, args.micro_batches, precision, args.repeats)
         cost = CostModel(spec, precision=precision)
         rows = []
         for kind, unit in (("embedding", 0), ("block", 1), ("head", spec.layers + 1)):

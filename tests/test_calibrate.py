@@ -17,7 +17,8 @@ from geotrain.calibrate.compare import (
     summarize,
 )
 from geotrain.calibrate.costs import calibrated_inputs, compute_concurrency, predict, slowdown
-from geotrain.calibrate.profile import cost_profile, fit_line, load_profile, save_profile, time_unit
+from geotrain.calibrate.profile import cost_profile, load_profile, save_profile
+from geotrain.calibrate.timers import fit_line, time_unit
 from geotrain.cost import CostModel
 from geotrain.errors import GeotrainError
 from geotrain.plan.manual import plan_from_job

@@ -75,7 +75,8 @@ def test_exact_pacing_keeps_the_bulk_rate_and_the_binding_cap():
 
 def test_train_profile_writes_a_calibrated_prediction(tmp_path):
     from geotrain.calibrate.cases import Case, case_plan, write_spec
-    from geotrain.calibrate.profile import save_profile, time_unit
+    from geotrain.calibrate.profile import save_profile
+    from geotrain.calibrate.timers import time_unit
     from geotrain.orchestrate.predict import write_prediction
     from geotrain.sim import simulate
 
@@ -105,7 +106,7 @@ def test_profile_pool_probes_the_per_message_overhead_over_latency():
     boundary tensor's cost beyond latency + size / rate at each probed latency, and the gap of
     back-to-back messages. Each must be a real, small positive time -- were the probe's delay not
     applied the overhead would clamp to 0; were the latency not taken off, it would reach 20-40 ms."""
-    from geotrain.calibrate.profile import PROBE_LATENCIES_MS, run_pool
+    from geotrain.calibrate.pool import PROBE_LATENCIES_MS, run_pool
     from geotrain.models.presets import PRESETS
 
     m = PRESETS["tiny"]

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from geotrain.calibrate.cases import Case, run_case
-from geotrain.calibrate.profile import time_unit
+from geotrain.calibrate.timers import time_unit
 
 
 @pytest.fixture(scope="module")

@@ -284,10 +284,10 @@ def test_stage_queries_are_fast():
 
 
 def test_measured_profile_feeds_the_cost_model():
-    from geotrain.cost.measure import measure_profile
+    from geotrain.calibrate.timers import measure_units
 
     spec = PRESETS["tiny"]
-    prof = measure_profile(spec, micro_batches=(1, 2), precision="fp32", repeats=1)
+    prof = measure_units(spec, micro_batches=(1, 2), precision="fp32", repeats=1)
     assert set(prof) == {"embedding", "block", "head"}
     assert all(set(t) == {"1", "2"} and all(v > 0 for v in t["1"] + t["2"]) for t in prof.values())
     cost = CostModel(spec, precision="fp32", profile=prof)

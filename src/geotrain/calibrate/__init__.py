@@ -1,9 +1,11 @@
 """Calibrate the simulator against the real runtime, and measure how well it predicts.
 
-profile.py   -- `measure_profile(spec)`: per-unit compute times measured the way the runtime runs
-                them, the DP all-reduce, the optimizer step, CPU contention between ranks, per-action
-                interpreter overhead, process start-up and the achieved WAN rate with n connections.
-                Written as the cost model's profile format plus one extra key, "runtime".
+profile.py   -- the profile file: the cost model's profile format plus one extra key, "runtime".
+measure.py   -- `measure_profile(spec)`, in order: timers.py (per-unit compute times measured the way
+                the runtime runs them, the optimizer step, split backward, process start-up),
+                overheads.py (per-action interpreter overhead on one real rank), pool.py (CPU
+                contention between ranks, the DP all-reduce, p2p and the achieved WAN rate with n
+                connections, on the runtime's launcher), calibration_run.py (a real 2-stage pipeline).
 costs.py     -- `calibrated_costs(spec, plan, profile)`: the StageCosts, all-reduce and optimizer
                 times that `geotrain.sim.simulate_costs` takes, with the measured effects modelled;
                 `predict(spec, plan, profile)` simulates with them.
@@ -15,6 +17,7 @@ compare.py   -- predicted vs measured rows (iteration time, busy fraction, bubbl
 cases.py     -- the validation set; validate.py runs it and writes the markdown table.
 """
 
-from geotrain.calibrate.profile import load_profile, measure_profile, save_profile
+from geotrain.calibrate.measure import measure_profile
+from geotrain.calibrate.profile import load_profile, save_profile
 
 __all__ = ["load_profile", "measure_profile", "save_profile"]

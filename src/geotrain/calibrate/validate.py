@@ -21,7 +21,8 @@ def run_validation(out: Path, quick: bool = False, profile: dict | None = None, 
     (default: the tiny model of the first case). `mode`: the runtime WAN of every run (wanrun.py)."""
     from geotrain.calibrate.cases import CASES, QUICK, write_spec
     from geotrain.calibrate.compare import markdown_table, summarize
-    from geotrain.calibrate.profile import measure_profile, save_profile
+    from geotrain.calibrate.measure import measure_profile
+    from geotrain.calibrate.profile import save_profile
     from geotrain.errors import GeotrainError
 
     out = Path(out)

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from geotrain.calibrate.profile import measure_profile, save_profile
+    from geotrain.calibrate.measure import measure_profile
+    from geotrain.calibrate.profile import save_profile
     from geotrain.config.load import load_spec
     from geotrain.errors import GeotrainError
 

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -117,19 +118,34 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
     `entry` is the module each rank runs (`python -m ENTRY CONFIG.json`): the worker, or one that
     installs a plug-in first (`geotrain.orchestrate.rank`). `watch(procs)`, if given, is called on
     every poll (rehearsals cut a datacenter's ranks from it)."""
-    check_local_world_size(world_size)
+    check_local_world_size(world_size)  # before anything is written
     if wan is not None and wan.rank_config() is not None:
         from dataclasses import replace
 
         cases = [replace(c, wan=wan.rank_config()) for c in cases]
-    run_dir = Path(run_dir)
-    logs = run_dir / "logs"
+    logs = Path(run_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    cfg_path = logs / "run_config.json"
+    cfg_path.write_text(json.dumps([asdict(c) for c in cases], indent=1))
+    launch_ranks([sys.executable, "-m", entry, str(cfg_path)], world_size, logs, threads=threads, env=env,
+                 describe=describe, timeout_s=timeout_s, rank0_stdout=rank0_stdout, wan=wan, watch=watch)
+
+
+def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1, env: dict[str, str] | None = None,
+                 describe=lambda r: f"rank {r}", timeout_s: float | None = None, rank0_stdout: bool = True,
+                 wan=None, watch: Callable[[list[subprocess.Popen]], None] | None = None) -> None:
+    """Start `argv` once per rank with the torchrun environment, wait for all, clean up always.
+
+    The one launcher: training ranks (`launch`) and the profiler's measurement processes
+    (`calibrate.pool`) both start here. Each rank's output goes to LOGS/rank<R>.log; a rank that
+    fails writes GEOTRAIN_ERROR_DIR/rank<R>.json, from which the error names the first failure.
+    `watch(procs)` is called at every poll (rehearsals cut a datacenter's ranks; the profiler samples
+    the CPU load meanwhile)."""
+    check_local_world_size(world_size)
     logs.mkdir(parents=True, exist_ok=True)
     err_dir = logs / "errors"
     for old in err_dir.glob("rank*.json"):
         old.unlink()
-    cfg_path = logs / "run_config.json"
-    cfg_path.write_text(json.dumps([asdict(c) for c in cases], indent=1))
     port = free_port()
     base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "GEOTRAIN_THREADS": str(threads),
@@ -151,7 +167,6 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
             log = open(logs / f"rank{r}.log", "w")  # noqa: SIM115 -- closed in finally
             files.append(log)
             out = None if (r == 0 and rank0_stdout) else log
-            argv = [sys.executable, "-m", entry, str(cfg_path)]
             env_r = {**base, "RANK": str(r), "LOCAL_RANK": str(r), **(wan.env(r, port) if wan is not None else {})}
             start = wan.popen if wan is not None else (lambda _r, a, env, **kw: subprocess.Popen(a, env=env, **kw))
             procs.append(start(r, argv, env_r, stdout=out, stderr=log, stdin=subprocess.DEVNULL,
@@ -173,7 +188,7 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
             if watch is not None:
                 watch(procs)
             if deadline is not None and time.time() > deadline:
-                raise GeotrainError(f"training did not finish within {timeout_s:.0f} s (logs: {logs})")
+                raise GeotrainError(f"the ranks did not finish within {timeout_s:.0f} s (logs: {logs})")
             time.sleep(0.05)
     finally:
         _kill_all(procs)

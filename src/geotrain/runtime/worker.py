@@ -60,7 +60,8 @@ def run_cases(cases: list[RunConfig], bubble_hook: BubbleHookFactory | None = No
         dist.destroy_process_group()
 
 
-def _write_error(e: BaseException) -> None:
+def write_error(e: BaseException) -> None:
+    """ERROR_DIR/rank<R>.json for the launcher (`runtime.launch` names the first failure from these)."""
     err_dir = os.environ.get("GEOTRAIN_ERROR_DIR")
     if not err_dir:
         return
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None, bubble_hook: BubbleHookFactory | None = 
     try:
         run_cases(cases, bubble_hook)
     except BaseException as e:  # noqa: BLE001 -- every failure must be reported to the launcher
-        _write_error(e)
+        write_error(e)
         traceback.print_exc()
         exit_skipping_teardown(2 if isinstance(e, GeotrainError) else 1)
     # Success: every output is written and closed and the process group destroyed.

@@ -1,0 +1,88 @@
+"""The calibration run: a real 2-stage pipeline of the spec's model, compared with its simulation.
+
+From its trace come the profile's compute factors (what the runtime adds to isolated unit times
+when ranks run side by side), the per-message WAN overhead and the global all-reduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+from geotrain.calibrate.compare import drop_warmup
+from geotrain.calibrate.costs import predict
+from geotrain.calibrate.messages import global_sync, waiting_overhead
+from geotrain.calibrate.profile import RUNTIME_KEY
+from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
+from geotrain.plan.manual import plan_from_job, split_even
+from geotrain.plan.plan import StagePlan
+from geotrain.trace.metrics import compute_metrics
+from geotrain.trace.schema import Trace
+
+
+def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
+                     mode: str | None = None) -> tuple[dict[str, float], float, dict]:
+    """Run a 2-stage pipeline of the spec's model for real (over the spec's WAN, through the runtime's
+    launcher in WAN `mode`, as validation runs and `geotrain train` do) and compare each compute kind's
+    mean duration with the calibrated simulation's: the ratio is what the runtime adds to the isolated
+    unit times when ranks run side by side (the other rank's transfers and threads, the allocator, the
+    recorder), beyond the CPU sharing costs.py models. From the same trace: the per-message WAN
+    transport overhead and the global all-reduce (messages.py)."""
+    base = plan_from_job(spec)
+    dcs = [st.dc for st in base.stages]
+    dcs = (dcs[0], dcs[-1])
+    stages = tuple(StagePlan(dc=d, chunks=(r,)) for d, r in zip(dcs, split_even(spec.model.num_units, 2)))
+    # The job's DP degree and sharding stay: with dp > 1 the ranks outnumber the cores here and the DP
+    # collectives (FSDP all-gathers in every forward/backward under zero3) wait for partners that
+    # are not running; the compute factors then carry that for the layout the job trains.
+    plan = base.with_(stages=stages, schedule="1f1b", checkpointing="none",
+                      num_microbatches=max(2, min(base.num_microbatches, 4)), extra_warmup=(), pipeline_offsets=(),
+                      links=tuple(dataclasses.replace(lp, order=()) for lp in base.links),
+                      name="profile-calibration")
+    with tempfile.TemporaryDirectory() as tmp:
+        path, cond = run_plan(spec, plan, Path(tmp) / "run", steps=steps, mode=mode or DEFAULT_MODE, warmup=warmup)
+        measured = drop_warmup(Trace.read_jsonl(path), warmup)
+    background, mode, slow = cond["background_runnable"], cond["mode"], cond["rank_slowdown"]
+    # The factors are measured against the CPU share the ranks really got (run-queue wait), so they
+    # hold what the runtime adds beyond CPU sharing, whatever else the machine ran meanwhile.
+    sim, det = predict(spec, plan, profile, iterations=steps - warmup, background=background, mode=mode,
+                       rank_slowdown=slow)
+    pred_events = sim.trace.events
+
+    def mean(events, kind):
+        d = [e.duration for e in events if e.kind == kind]
+        return sum(d) / len(d) if d else 0.0
+
+    factors = {}
+    for kind in ("forward", "backward", "optimizer"):
+        p, m = mean(pred_events, kind), mean(measured.events, kind)
+        if kind == "optimizer":       # the simulated step carries the global all-reduce; the trace records it apart
+            p -= det["global_sync_s"]
+        factors[kind] = m / p if p > 0 and m > 0 else 1.0
+    info = {"plan": f"pp=2 x dp={plan.dp} 1f1b {plan.sharding}", "num_microbatches": plan.num_microbatches,
+            "background_runnable": background, "steps": steps, "warmup": warmup, "wan_mode": mode,
+            "rank_slowdown": slow}
+    # What a WAN message and the global loss/overflow all-reduce cost, read off the trace
+    # (messages.py says why not a fit on the iteration time).
+    measured_it = compute_metrics(measured, 1).iteration_time
+    overhead = 0.0
+    a, b = plan.stages[0].dc, plan.stages[-1].dc
+    link = spec.cluster.link(a, b) if a != b else None
+    if link is not None:
+        lp = plan.link_between(a, b)
+        conns = max(1, lp.connections) if lp is not None else 1
+        rate_Bps = min(conns * link.per_connection_gbps, link.capacity_gbps) * 1e9 / 8
+        overhead = waiting_overhead(measured, plan, link.latency_ms * 1e-3, 1 / rate_Bps, 0) or 0.0
+    info["global_sync_s"] = global_sync(measured, 0) or 0.0
+    info["latency_ms"] = link.latency_ms if link is not None else 0.0
+    info["ranks"] = plan.num_ranks
+    info["measured_iteration_s"] = measured_it
+    # The background that makes the processor-sharing model (k ranks computing beside b others on C
+    # cores: (k + b) / C) give the slow-down the ranks really had: the default for predictions of runs
+    # nobody measured (`geotrain train --profile`).
+    if slow:
+        cores = int(profile[RUNTIME_KEY].get("cores", 1))
+        k = sum(det["compute_concurrency"]) / len(det["compute_concurrency"])
+        info["background_effective"] = max(0.0, cores * sum(slow.values()) / len(slow) - k)
+    return factors, overhead, info
