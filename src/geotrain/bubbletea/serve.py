@@ -33,7 +33,7 @@ class RunningService:
         return left
 
 
-def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str = "tiny",
+def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str = "tiny",  # a preset or HF dir
                   token: str | None = None, max_queue: int = 64, unix: bool = True,
                   priority: str = "auto", run_dir: str | None = None) -> RunningService:
     """HTTP API on host:port. Ranks fetch work from the executor over a Unix socket in a
@@ -50,8 +50,7 @@ def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str =
     import shutil
     import tempfile
 
-    from geotrain.models.llama import build_model
-    from geotrain.models.presets import PRESETS
+    from geotrain.bubbletea.model_source import load_inference_model
 
     if priority == "auto":
         import torch
@@ -64,11 +63,11 @@ def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str =
             executor = BubbleExecutor(unix_path=os.path.join(work_dir, "work.sock"))
         else:
             executor = BubbleExecutor(host="127.0.0.1")
-        spec = PRESETS[inference_model]
-        model = build_model(spec).eval()
+        served = load_inference_model(inference_model)
+        model, spec = served.model, served.spec
         svc = PrefillService(executor, DecodeWorker(model), max_queue=max_queue, token=token, vocab=spec.vocab,
-                             max_prompt_tokens=spec.seq_len - 1, model_name=f"geotrain-{inference_model}",
-                             run_dir=run_dir)
+                             max_prompt_tokens=spec.seq_len - 1, model_name=served.name, run_dir=run_dir,
+                             tokenizer=served.tokenizer)
         h, p = svc.serve(host, port, idle_priority=priority == "idle")
     except BaseException:
         if executor is not None:

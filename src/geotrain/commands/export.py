@@ -11,24 +11,14 @@ ORDER = 55
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="directory written by `geotrain train` (with a checkpoint)")
     p.add_argument("--hf", required=True, metavar="OUT", help="output directory (config.json + model.safetensors)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the written weights (default float32, what training keeps)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from geotrain.runtime.export import export_run
 
-    from geotrain.config.load import load_spec
-    from geotrain.errors import GeotrainError
-    from geotrain.plan.plan import load_plan
-    from geotrain.runtime.export import export_hf
-
-    run_dir = Path(args.run_dir)
-    if not (run_dir / "plan.json").is_file():
-        raise GeotrainError(f"{run_dir}: not a training run directory (no plan.json)")
-    _, doc = load_plan(run_dir / "plan.json")
-    if not doc.get("spec"):
-        raise GeotrainError(f"{run_dir / 'plan.json'}: does not name the experiment spec it was trained from")
-    model = load_spec(doc["spec"]).model
-    out = export_hf(run_dir, args.hf, model, tokenizer_dir=model.hf)
+    out, model = export_run(args.run_dir, args.hf, args.dtype)
     print(f"wrote {out}/config.json and model.safetensors ({model.name}: {model.layers} layers, "
-          f"{model.param_count() / 1e6:.2f} M parameters)")
+          f"{model.param_count() / 1e6:.2f} M parameters, {args.dtype})")
     return 0

@@ -42,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-prefill", type=int, default=None, metavar="PORT",
                    help="BubbleTea: serve prefill requests on 127.0.0.1:PORT (0: any free port) and run them "
                         "in the ranks' pipeline bubbles while training")
-    p.add_argument("--prefill-model", default="tiny", help="inference model preset for --serve-prefill (tiny)")
+    p.add_argument("--prefill-model", default="tiny", metavar="MODEL",
+                   help="model --serve-prefill serves: a preset (tiny, untrained), a Hugging Face Llama directory "
+                        "(with its tokenizer.json if any), or a training run directory (its latest checkpoint)")
     p.add_argument("--prefill-priority", default="auto", choices=["auto", "idle", "normal"],
                    help="CPU priority of BubbleTea work: idle = prefill on a SCHED_IDLE thread and the HTTP "
                         "service likewise, so they take only cores no training process wants (ranks sharing "
@@ -140,6 +142,39 @@ def _check_resumable(out: Path, every: int | None) -> int | None:
     return every
 
 
+def _prefill_model(ref: str, out: Path) -> str:
+    """--prefill-model as the service and ranks load it: a preset, or an absolute HF directory
+    (a training run's latest checkpoint is exported to RUN_DIR/prefill_model first)."""
+    from geotrain.bubbletea.model_source import describe_ref
+    from geotrain.models.presets import PRESETS
+
+    if ref in PRESETS:
+        return ref
+    path = Path(ref)
+    if path.is_dir() and (path / "plan.json").is_file() and not (path / "config.json").is_file():
+        from geotrain.runtime.export import export_run
+
+        path, _ = export_run(path, out / "prefill_model")
+    describe_ref(str(path))
+    return str(path.resolve())
+
+
+def _check_headroom(spec, plan, ref: str) -> None:
+    """The served model must fit beside training on every GPU that prefills (the planner's check)."""
+    from geotrain.bubbletea.model_source import model_spec
+    from geotrain.bubbletea.prefill_cost import headroom, inference_memory_bytes
+    from geotrain.console import human_bytes
+    from geotrain.errors import GeotrainError
+    from geotrain.sim.simulate import simulate
+
+    m = model_spec(ref)
+    room, _ = headroom(spec, plan, simulate(spec, plan).metrics.peak_memory)
+    need = inference_memory_bytes(m, m.seq_len)
+    if need > room:
+        raise GeotrainError(f"--prefill-model: {m.name} needs {human_bytes(need)} beside training (weights, KV cache "
+                            f"of {m.seq_len} tokens) but the tightest GPU has {human_bytes(room)} free")
+
+
 def run(args: argparse.Namespace) -> int:
     from geotrain.errors import GeotrainError
     from geotrain.orchestrate.predict import write_prediction
@@ -169,6 +204,11 @@ def run(args: argparse.Namespace) -> int:
             write_prediction(spec, plan, Path(cfg.out), profile, mode, iterations=_predicted_iterations(cfg, spec))
         return 0
     spec, plan = resolve(cfg)  # user errors surface here, before any process starts
+    if spec.model.hf and (Path(spec.model.hf) / "tokenizer.json").is_file() and cfg.data != "synthetic":
+        from geotrain.runtime.trainer import make_source
+
+        # Tokenize the text once here, into the memory-mapped cache every rank then opens.
+        make_source(spec, plan, cfg.data if cfg.data is not None else spec.job.data, spec.job.seed)
     from geotrain.runtime.launch import run_with_wan
 
     if not args.no_progress:
@@ -183,14 +223,13 @@ def run(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         from geotrain.bubbletea.serve import start_service
-        from geotrain.models.presets import PRESETS
         from geotrain.orchestrate.rank import ENTRY as RANK_ENTRY
 
-        if args.prefill_model not in PRESETS:
-            raise GeotrainError(f"--prefill-model: unknown preset {args.prefill_model!r}")
         if args.prefill_duty < 0:
             raise GeotrainError(f"--prefill-duty must be >= 0 (got {args.prefill_duty})")
-        service = start_service(port=args.serve_prefill, inference_model=args.prefill_model,
+        prefill_model = _prefill_model(args.prefill_model, Path(cfg.out))
+        _check_headroom(spec, plan, prefill_model)
+        service = start_service(port=args.serve_prefill, inference_model=prefill_model,
                                 token=args.prefill_token, priority=args.prefill_priority, run_dir=cfg.out)
         cfg = replace(cfg, bubbletea={**service.rank_config, "duty": args.prefill_duty})
         entry = RANK_ENTRY  # the worker with BubbleTea's hook installed

@@ -91,7 +91,7 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
         "ffn": _get(doc, "intermediate_size", int),
         "vocab": _get(doc, "vocab_size", int),
         "seq_len": _get(doc, "max_position_embeddings", int),
-        "norm_eps": float(_get(doc, "rms_norm_eps", (int, float))),
+        "norm_eps": float(_get({"rms_norm_eps": 1e-6, **doc}, "rms_norm_eps", (int, float))),  # LlamaConfig's
         "rope_theta": float(theta),
         "tie_embeddings": tie,
     }

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from geotrain.data.token_cache import jsonl_texts, tokenize_files
 from geotrain.errors import GeotrainError
 
 DEFAULT_MAX_BYTES = 8 * 2**20
@@ -28,7 +29,8 @@ _SEPARATOR = b"\n\n"
 
 @dataclass(frozen=True)
 class Corpus:
-    """Byte tokens (read-only uint8 array) and where they came from."""
+    """Token ids (a read-only uint8 array of bytes, or a memory-mapped array of tokenizer ids)
+    and where they came from."""
 
     tokens: np.ndarray
     files: tuple[str, ...]
@@ -84,6 +86,10 @@ def _concat(files: list[Path], max_bytes: int, skip_binary: bool) -> tuple[np.nd
             continue
         if not data or (skip_binary and _looks_binary(data[:8192])):
             continue
+        if f.suffix == ".jsonl":            # JSON lines: the documents are the lines' "text" fields
+            data = _SEPARATOR.join(t.encode("utf-8", "replace") for t in jsonl_texts(data, "text"))
+            if not data:
+                continue
         piece = data + _SEPARATOR
         chunks.append(piece[: max_bytes - total])
         used.append(str(f))
@@ -92,16 +98,28 @@ def _concat(files: list[Path], max_bytes: int, skip_binary: bool) -> tuple[np.nd
     return arr, tuple(used)
 
 
-def load_corpus(source: str | Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> Corpus:
-    """The built-in corpus (`source` None or "stdlib") or a user's text file / directory.
+def load_corpus(source: str | Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES, tokenizer=None) -> Corpus:
+    """The built-in corpus (`source` None or "stdlib") or a user's text file / directory (plain
+    text files, `.jsonl` files with a "text" field, or a directory of either).
 
+    tokenizer: None for byte tokens (uint8, in memory); an `HFTokenizer` for its ids, tokenized
+    once into a memory-mapped cache file (data.token_cache).
     Raises GeotrainError (one line, exit 2 from the CLI) for a missing path or empty text."""
     if max_bytes <= 0:
         raise ValueError("max_bytes must be positive")
     builtin = source is None or str(source) == BUILTIN
-    key = (BUILTIN if builtin else str(Path(source).resolve()), max_bytes)
+    key = (BUILTIN if builtin else str(Path(source).resolve()), max_bytes, str(getattr(tokenizer, "path", "")))
     if key in _CACHE:
         return _CACHE[key]
+    if tokenizer is not None and hasattr(tokenizer, "path"):
+        if not builtin and not Path(source).exists():
+            raise GeotrainError(f"data: {source}: no such file or directory")
+        files = stdlib_files() if builtin else _text_files(Path(source))
+        tokens = tokenize_files(files, tokenizer, max_bytes, skip_binary=builtin or Path(source).is_dir())
+        label = f"{'built-in corpus' if builtin else source} tokenized by {tokenizer.path}"
+        corpus = Corpus(tokens=tokens, files=tuple(map(str, files)), source=label)
+        _CACHE[key] = corpus
+        return corpus
     if builtin:
         tokens, files = _concat(stdlib_files(), max_bytes, skip_binary=True)
         label = f"Python {'.'.join(map(str, __import__('sys').version_info[:2]))} standard library"

@@ -1,4 +1,7 @@
-"""A byte-level tokenizer: token id = byte value, vocabulary of 256.
+"""Tokenizers: the built-in byte-level one (token id = byte value, vocabulary of 256), and a
+Hugging Face `tokenizer.json` through the `tokenizers` library (`HFTokenizer`, `load_tokenizer`).
+
+The byte tokenizer:
 
 No merges and no vocabulary file: any text (any language, any source code) encodes losslessly,
 nothing needs downloading, and a tiny model's embedding table stays 256 rows.
@@ -6,13 +9,17 @@ nothing needs downloading, and a tiny model's embedding table stays 256 rows.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
 
 class ByteTokenizer:
     vocab_size = 256
+    eos_id = None
+    chat_template = None
 
     def encode(self, text: str) -> list[int]:
         """UTF-8 bytes of `text` as token ids."""
@@ -33,3 +40,59 @@ class ByteTokenizer:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the byte vocabulary 0..255")
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A `tokenizers` tokenizer.json (a Hugging Face model directory's), with the EOS token and
+    chat template of its tokenizer_config.json when present."""
+
+    def __init__(self, directory: str | Path):
+        from tokenizers import Tokenizer
+
+        directory = Path(directory)
+        self.path = directory / "tokenizer.json"
+        try:
+            self.tok = Tokenizer.from_file(str(self.path))
+        except Exception as e:  # noqa: BLE001 -- the library raises its own Exception type
+            raise ValueError(f"{self.path}: not a tokenizer.json ({' '.join(str(e).split())[:120]})") from None
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        conf = {}
+        if (directory / "tokenizer_config.json").is_file():
+            try:
+                conf = json.loads((directory / "tokenizer_config.json").read_text())
+            except (OSError, ValueError):
+                conf = {}
+        self.chat_template = conf.get("chat_template") if isinstance(conf.get("chat_template"), str) else None
+        eos = conf.get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        self.eos_token = eos if isinstance(eos, str) else None
+        self.eos_id = self.tok.token_to_id(eos) if isinstance(eos, str) else None
+        bos = conf.get("bos_token")
+        self.bos_token = (bos.get("content") if isinstance(bos, dict) else bos) or ""
+
+    def encode(self, text: str) -> list[int]:
+        text.encode("utf-8")            # a lone surrogate is the caller's error, as with bytes
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        """The prompt text of a chat, rendered as transformers does (sandboxed Jinja)."""
+        from jinja2.sandbox import ImmutableSandboxedEnvironment  # optional: only chat needs it
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token or "")
+
+
+def load_tokenizer(model_dir: str | Path | None):
+    """The model directory's tokenizer.json when it has one, else the byte tokenizer."""
+    if model_dir is not None and (Path(model_dir) / "tokenizer.json").is_file():
+        return HFTokenizer(model_dir)
+    return ByteTokenizer()

@@ -53,7 +53,29 @@ def checkpoint_model_tensors(path: Path) -> dict[str, torch.Tensor]:
     return {names[k]: t for k, t in wanted.items()}
 
 
-def export_hf(run_dir: str | Path, out: str | Path, model_spec, tokenizer_dir: str | None = None) -> Path:
+def run_model_spec(run_dir: str | Path):
+    """The model spec a training run trained (from its plan.json's experiment spec)."""
+    from geotrain.config.load import load_spec
+    from geotrain.plan.plan import load_plan
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "plan.json").is_file():
+        raise GeotrainError(f"{run_dir}: not a training run directory (no plan.json)")
+    _, doc = load_plan(run_dir / "plan.json")
+    if not doc.get("spec"):
+        raise GeotrainError(f"{run_dir / 'plan.json'}: does not name the experiment spec it was trained from")
+    return load_spec(doc["spec"]).model
+
+
+def export_run(run_dir: str | Path, out: str | Path, dtype: str = "float32") -> tuple[Path, object]:
+    """export_hf for a run directory: its own model spec and, for a model that came from an HF
+    directory, that directory's tokenizer files. Returns (OUT, model spec)."""
+    model = run_model_spec(run_dir)
+    return export_hf(run_dir, out, model, tokenizer_dir=model.hf, dtype=dtype), model
+
+
+def export_hf(run_dir: str | Path, out: str | Path, model_spec, tokenizer_dir: str | None = None,
+              dtype: str = "float32") -> Path:
     """Write OUT/config.json + OUT/model.safetensors (+ the tokenizer files of the model's HF source)."""
     from safetensors.torch import save_file
 
@@ -66,13 +88,13 @@ def export_hf(run_dir: str | Path, out: str | Path, model_spec, tokenizer_dir: s
     if have != expected:
         raise GeotrainError(f"{run_dir}: the checkpoint holds units {sorted(have)}, the model has "
                             f"{model_spec.num_units}: not this run's model")
-    state = to_hf_state(tensors.items(), model_spec.layers)
-    dtypes = {t.dtype for t in state.values()}
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise GeotrainError(f"--dtype: {dtype!r} is not float32, bfloat16 or float16")
+    state = {k: t.to(getattr(torch, dtype)) for k, t in to_hf_state(tensors.items(), model_spec.layers).items()}
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    dtype = str(next(iter(dtypes))).removeprefix("torch.") if len(dtypes) == 1 else "float32"
     (tmp / "config.json").write_text(json.dumps(hf_config(model_spec, dtype), indent=2) + "\n")
     if tokenizer_dir:
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):

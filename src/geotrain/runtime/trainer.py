@@ -140,14 +140,19 @@ def make_source(spec, plan, data: str | None, seed: int):
     if data == "synthetic":
         return SyntheticTokens(spec.model.vocab, spec.model.seq_len, plan.micro_batch, plan.num_microbatches,
                                plan.dp, seed)
-    from geotrain.data import open_batches
+    from geotrain.data import ByteTokenizer, load_tokenizer, open_batches
 
-    if spec.model.vocab < 256:
-        raise GeotrainError(f"model vocab={spec.model.vocab} is smaller than the byte tokenizer's 256 symbols; "
-                            "use a model with vocab >= 256 or data = \"synthetic\"")
+    try:
+        tokenizer = load_tokenizer(spec.model.hf)        # the model directory's tokenizer.json, else bytes
+    except ValueError as e:
+        raise GeotrainError(f"tokenizer: {e}") from None
+    if spec.model.vocab < tokenizer.vocab_size:
+        raise GeotrainError(f"model vocab={spec.model.vocab} is smaller than the tokenizer's {tokenizer.vocab_size} "
+                            "symbols; use a model with a larger vocab or data = \"synthetic\"")
     try:
         return open_batches(data, seq_len=spec.model.seq_len, global_batch=plan.global_batch, dp=plan.dp,
-                            micro_batch=plan.micro_batch, seed=seed, spec_path=spec.path)
+                            micro_batch=plan.micro_batch, seed=seed, spec_path=spec.path,
+                            tokenizer=None if isinstance(tokenizer, ByteTokenizer) else tokenizer)
     except ValueError as e:
         raise GeotrainError(f"data: {e}") from None
 
