@@ -103,13 +103,24 @@ def test_seeded_sampling_repeats_and_stop_strings_cut(service):
     (b'{"prompt": [999]}', 400), (b'{"prompt": "x", "bogus": 1}', 400), (b'{"prompt": "x", "max_tokens": 1000}', 400),
     (b'{"prompt": "\\ud800"}', 400), (b"[" * 100000, 400), (b'{"prompt": [' + b"7" * 5000 + b"]}", 400),
     (b'{"prompt": "x", "temperature": "hot"}', 400), (b'{"prompt": "x", "model": "gpt-4"}', 404),
-    (b"\xff\xfe", 400), (json.dumps({"prompt": "y" * 100}).encode(), 400), (b"x" * (2 << 20), 413),
+    (b"\xff\xfe", 400), (json.dumps({"prompt": "y" * 100}).encode(), 400)
 ])
 def test_malformed_requests_get_4xx_json_and_service_keeps_serving(service, body, status):
     _, host, port = service
     got, text, _ = call(host, port, "POST", "/v1/completions", raw=body)
     assert got == status and "message" in json.loads(text)["error"]
     assert call(host, port, "POST", "/v1/completions", {"prompt": "ok", "max_tokens": 1})[0] == 200
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(service):
+    _, host, port = service
+    s = socket.create_connection((host, port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+              b"Content-Length: %d\r\n\r\n{\"prompt\": \"" % (2 << 20))
+    s.settimeout(10)
+    head = s.recv(4096)
+    assert head.startswith(b"HTTP/1.1 413") and b"connection: close" in head.lower()
+    s.close()
 
 
 def test_404_and_401_with_a_body_leave_the_keep_alive_connection_usable(service):

@@ -56,7 +56,7 @@ def load_inference_model(ref: str) -> InferenceModel:
     describe_ref(ref)
     spec = model_spec(ref)
     model = build_model(spec).eval()
-    if spec.hf:
+    if getattr(spec, "hf", None):        # presets are bare shapes: no weights to load
         try:
             load_hf_weights(model, spec.hf, spec.layers, spec.tie_embeddings)
             tokenizer = load_tokenizer(spec.hf)
