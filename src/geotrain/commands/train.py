@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     spec, plan = resolve(cfg)  # user errors surface here, before any process starts
     if spec.model.hf and (Path(spec.model.hf) / "tokenizer.json").is_file() and cfg.data != "synthetic":
-        from geotrain.runtime.trainer import make_source
+        from geotrain.runtime.batches import make_source
 
         # Tokenize the text once here, into the memory-mapped cache every rank then opens.
         make_source(spec, plan, cfg.data if cfg.data is not None else spec.job.data, spec.job.seed)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from geotrain.errors import GeotrainError
+
 
 class SyntheticTokens:
     """Sequences of arithmetic progressions mod vocab (start and stride random per sequence):
@@ -38,3 +40,26 @@ class SyntheticTokens:
 
     def load_state_dict(self, state: dict) -> None:
         self.seed = int(state["seed"])
+
+
+def make_source(spec, plan, data: str | None, seed: int):
+    """The batch source: "synthetic" (SyntheticTokens), else geotrain.data's corpus loader
+    (None / "stdlib": the built-in corpus; a path: the user's text)."""
+    if data == "synthetic":
+        return SyntheticTokens(spec.model.vocab, spec.model.seq_len, plan.micro_batch, plan.num_microbatches,
+                               plan.dp, seed)
+    from geotrain.data import ByteTokenizer, load_tokenizer, open_batches
+
+    try:
+        tokenizer = load_tokenizer(spec.model.hf)        # the model directory's tokenizer.json, else bytes
+    except ValueError as e:
+        raise GeotrainError(f"tokenizer: {e}") from None
+    if spec.model.vocab < tokenizer.vocab_size:
+        raise GeotrainError(f"model vocab={spec.model.vocab} is smaller than the tokenizer's {tokenizer.vocab_size} "
+                            "symbols; use a model with a larger vocab or data = \"synthetic\"")
+    try:
+        return open_batches(data, seq_len=spec.model.seq_len, global_batch=plan.global_batch, dp=plan.dp,
+                            micro_batch=plan.micro_batch, seed=seed, spec_path=spec.path,
+                            tokenizer=None if isinstance(tokenizer, ByteTokenizer) else tokenizer)
+    except ValueError as e:
+        raise GeotrainError(f"data: {e}") from None

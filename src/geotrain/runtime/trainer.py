@@ -132,31 +132,6 @@ def _parse_hook(name: str) -> set[tuple[int, int]]:
     return out
 
 
-def make_source(spec, plan, data: str | None, seed: int):
-    """The batch source: "synthetic" (SyntheticTokens), else geotrain.data's corpus loader
-    (None / "stdlib": the built-in corpus; a path: the user's text)."""
-    from geotrain.runtime.batches import SyntheticTokens
-
-    if data == "synthetic":
-        return SyntheticTokens(spec.model.vocab, spec.model.seq_len, plan.micro_batch, plan.num_microbatches,
-                               plan.dp, seed)
-    from geotrain.data import ByteTokenizer, load_tokenizer, open_batches
-
-    try:
-        tokenizer = load_tokenizer(spec.model.hf)        # the model directory's tokenizer.json, else bytes
-    except ValueError as e:
-        raise GeotrainError(f"tokenizer: {e}") from None
-    if spec.model.vocab < tokenizer.vocab_size:
-        raise GeotrainError(f"model vocab={spec.model.vocab} is smaller than the tokenizer's {tokenizer.vocab_size} "
-                            "symbols; use a model with a larger vocab or data = \"synthetic\"")
-    try:
-        return open_batches(data, seq_len=spec.model.seq_len, global_batch=plan.global_batch, dp=plan.dp,
-                            micro_batch=plan.micro_batch, seed=seed, spec_path=spec.path,
-                            tokenizer=None if isinstance(tokenizer, ByteTokenizer) else tokenizer)
-    except ValueError as e:
-        raise GeotrainError(f"data: {e}") from None
-
-
 def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[str, Any]:
     """Train on this rank. Returns a small result dict (losses on rank 0).
 
@@ -221,6 +196,8 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[
     optimizer = make_optimizer(optimizer_param_groups(params) if plan.tp > 1 else params, job, plan.sharding,
                                dp_group)
     scaler = GlobalLossScaler(plan.precision == "fp16")
+    from geotrain.runtime.batches import make_source
+
     source = make_source(spec, plan, cfg.data if cfg.data is not None else job.data, job.seed)
 
     # A common time origin: rank 0's wall clock after everyone arrived.
