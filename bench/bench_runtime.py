@@ -40,8 +40,9 @@ intra_dc_latency_us = 50
 
 
 def write_spec(tmp: Path, model: str, dp: int, precision: str = "fp32", checkpointing: str = "none",
-               sharding: str = "replicate", global_batch: int = 8, micro_batch: int = 2) -> Path:
-    path = tmp / f"{model}-{dp}-{precision}-{checkpointing}-{sharding}.toml"
+               sharding: str = "replicate", global_batch: int = 8, micro_batch: int = 2, schedule: str = "1f1b",
+               pp: int = 1) -> Path:
+    path = tmp / f"{model}-{pp}x{dp}-{precision}-{checkpointing}-{sharding}-{schedule}.toml"
     path.write_text(f"""name = "bench"
 model = "{model}"
 [job]
@@ -50,8 +51,8 @@ micro_batch = {micro_batch}
 precision = "{precision}"
 checkpointing = "{checkpointing}"
 sharding = "{sharding}"
-schedule = "1f1b"
-pp = 1
+schedule = "{schedule}"
+pp = {pp}
 dp = {dp}
 steps = 4
 lr = 1e-3

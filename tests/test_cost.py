@@ -103,27 +103,29 @@ def test_training_state_bytes_per_param_under_replicate(precision, optimizer, pe
 
 
 def test_sharding_divides_the_right_terms_by_dp():
+    """The runtime's state at a step's peak: fp32 weights and gradients (autocast), Adam's fp32
+    moments; zero1 shards the moments, FSDP (zero2/zero3) also the weights, but gathers them
+    during the step (zero2: all, zero3: the root group and one prefetched block) and accumulates
+    unsharded gradients until ALLREDUCE."""
     spec = PRESETS["llama2-13b"]
     cost = CostModel(spec, precision="bf16", checkpointing="full")
     units, dp = range(0, 11), 8
     rep = cost.stage_memory(units, A100, 2, 4, "replicate", dp)
     z = {s: cost.stage_memory(units, A100, 2, 4, s, dp) for s in ("zero1", "zero2", "zero3", "fsdp")}
     P = cost.stage_params(units)
-    assert (rep.params, rep.grads, rep.optimizer) == (2 * P, 2 * P, 12 * P)
-    assert (z["zero1"].params, z["zero1"].grads, z["zero1"].optimizer) == (2 * P, 2 * P, 12 * P / dp)
-    assert (z["zero2"].params, z["zero2"].grads, z["zero2"].optimizer) == (2 * P, 2 * P / dp, 12 * P / dp)
-    assert (z["zero3"].params, z["zero3"].grads, z["zero3"].optimizer) == (2 * P / dp, 2 * P / dp, 12 * P / dp)
+    assert (rep.params, rep.grads, rep.optimizer) == (4 * P, 4 * P, 8 * P)
+    assert (z["zero1"].params, z["zero1"].grads, z["zero1"].optimizer) == (4 * P, 4 * P, 8 * P / dp)
+    assert (z["zero2"].params, z["zero2"].grads, z["zero2"].optimizer) == (4 * P / dp, 4 * P, 8 * P / dp)
+    assert (z["zero3"].params, z["zero3"].grads, z["zero3"].optimizer) == (4 * P / dp, 4 * P, 8 * P / dp)
     assert z["fsdp"] == z["zero3"]
     for m in z.values():
         assert m.activations == rep.activations
-    # zero3 holds gathered weights of the biggest unit (here a block, 317M > embedding's 164M)
-    # plus a prefetched one, in bf16.
     block = 4 * 5120 * 5120 + 3 * 5120 * 13824 + 2 * 5120
-    assert block > spec.vocab * spec.hidden
-    assert z["zero3"].buffers - rep.buffers == 2 * 2 * block
+    assert z["zero2"].buffers - rep.buffers == 4 * P
+    assert z["zero3"].buffers - rep.buffers == 4 * (block + spec.vocab * spec.hidden)  # embedding + one block
     # tensor parallelism divides the training state by tp
     tp2 = cost.stage_memory(units, A100, 2, 4, "replicate", dp, tp=2)
-    assert (tp2.params, tp2.grads, tp2.optimizer) == (P, P, 6 * P)
+    assert (tp2.params, tp2.grads, tp2.optimizer) == (2 * P, 2 * P, 4 * P)
     assert tp2.total < rep.total
 
 
@@ -137,10 +139,13 @@ def test_activation_memory_scales_with_inflight_and_checkpointing():
     assert a[1] == 2 * a[0] and a[2] == 5 * a[0]
     fp32_input = 4096 * 4096 * 4   # a non-first stage keeps its fp32 input
     assert a[0] == 8 * none.unit_activation_bytes(1, 1) + fp32_input
-    # full keeps each block's fp32 output and, during backward, one block's full set while recomputing
-    f = full.stage_memory(units, A100, 1, 5, "zero1", 8).activations
-    assert f == 5 * (8 * full.unit_activation_bytes(1, 1) + fp32_input) + none.unit_activation_bytes(1, 1) \
-        - full.unit_activation_bytes(1, 1)
+    # full keeps each block's fp32 output; one block's full set is recomputed during its backward,
+    # beside the MLP's two T x ffn gradients
+    f = full.stage_memory(units, A100, 1, 5, "zero1", 8)
+    assert f.activations == 5 * (8 * full.unit_activation_bytes(1, 1) + fp32_input)
+    mlp_grads = 2 * 2 * 4096 * spec.ffn
+    assert f.transient == none.unit_activation_bytes(1, 1) - full.unit_activation_bytes(1, 1) + mlp_grads
+    assert none.stage_memory(units, A100, 1, 5, "zero1", 8).transient == mlp_grads
     assert full.unit_activation_bytes(1, 1) == 2 * full.boundary_bytes(1) == 4096 * 4096 * 4
     assert full.unit_activation_bytes(1, 1) < sel.unit_activation_bytes(1, 1) < none.unit_activation_bytes(1, 1)
     # checkpointing applies to blocks only
@@ -148,9 +153,25 @@ def test_activation_memory_scales_with_inflight_and_checkpointing():
         assert full.unit_activation_bytes(u, 1) == none.unit_activation_bytes(u, 1)
 
 
+def test_the_peak_comes_with_gradients_only_after_a_backward():
+    """GPipe with all micro-batches in flight peaks at its first backward (no gradients yet) or at
+    its second (one micro-batch fewer, every gradient); more micro-batches than in flight: both."""
+    spec = PRESETS["tiny"]
+    cost = CostModel(spec, precision="fp32")
+    units = range(0, spec.num_units)
+    cpu = BUILTIN_GPU_TYPES["cpu"]
+    gpipe = cost.stage_memory(units, cpu, 2, 4, "replicate", 1, num_microbatches=4)
+    steady = cost.stage_memory(units, cpu, 2, 4, "replicate", 1, num_microbatches=8)
+    per_mb = steady.activations / 4
+    assert steady.grads == 4 * cost.stage_params(units)
+    assert gpipe.grads == 0 and gpipe.activations == steady.activations   # activations outweigh the grads
+    assert steady.total - gpipe.total == pytest.approx(steady.grads + 4 * 16 * 2 * spec.seq_len)  # + data
+    assert per_mb > steady.grads
+
+
 def test_total_is_the_sum_of_the_parts():
     m = CostModel(PRESETS["tiny"]).stage_memory(range(0, 3), BUILTIN_GPU_TYPES["cpu"], 2, 2, "zero2", 2)
-    assert m.total == m.params + m.grads + m.optimizer + m.activations + m.buffers
+    assert m.total == m.params + m.grads + m.optimizer + m.activations + m.buffers + m.transient + m.data
 
 
 # -- time ------------------------------------------------------------------------------------

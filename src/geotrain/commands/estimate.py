@@ -139,21 +139,23 @@ def run(args: argparse.Namespace) -> int:
                         "DP sync", "optimizer"], rows))
     print(f"busiest stage: {busiest[1]} ({human_seconds(busiest[0])} of compute per iteration)")
 
-    print(f"\nPer stage: memory per GPU (in flight = micro-batches whose activations are held at the "
-          f"{plan.schedule} peak) {note}".rstrip())
+    print(f"\nPer stage: peak memory per GPU of one step (in flight = micro-batches whose activations are "
+          f"held at the {plan.schedule} peak; transient = logits and their gradients, a recomputed block; "
+          f"buffers = boundary receives/sends, gathered FSDP weights, RoPE tables; data = token ids) {note}".rstrip())
     rows, all_fit = [], True
     for s, st in enumerate(plan.stages):
         dc = cluster.dc(st.dc)
         gpu = cluster.gpu(dc.gpu_type)
-        m = cost.stage_memory(st.units, gpu, mb, held[s], plan.sharding, plan.dp, tp)
+        m = cost.stage_memory(st.units, gpu, mb, held[s], plan.sharding, plan.dp, tp,
+                              num_microbatches=plan.num_microbatches)
         fits = m.total <= gpu.memory_bytes
         all_fit &= fits
-        rows.append([s, held[s], human_bytes(m.params), human_bytes(m.grads), human_bytes(m.optimizer),
-                     human_bytes(m.activations), human_bytes(m.buffers), human_bytes(m.total),
+        rows.append([s, held[s], *(human_bytes(x) for x in (m.params, m.grads, m.optimizer, m.activations,
+                                                               m.transient, m.buffers, m.data, m.total)),
                      human_bytes(gpu.memory_bytes), f"{100 * m.total / gpu.memory_bytes:.0f}%",
                      "yes" if fits else "NO"])
-    print(format_table(["stage", "in flight", "params", "grads", "optimizer", "activations", "buffers", "total",
-                        "GPU memory", "used", "fits"], rows))
+    print(format_table(["stage", "in flight", "params", "grads", "optimizer", "activations", "transient", "buffers",
+                        "data", "peak", "GPU memory", "used", "fits"], rows))
     print("all stages fit" if all_fit else "some stages do NOT fit: raise dp with zero sharding, checkpoint, "
           "or lower the micro-batch")
     return 0

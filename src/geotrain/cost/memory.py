@@ -40,3 +40,28 @@ def sharded_fractions(sharding: str, dp: int) -> tuple[float, float, float]:
     level = SHARDINGS.index(sharding)
     s = 1.0 / dp
     return (s if level >= 3 else 1.0, s if level >= 2 else 1.0, s if level >= 1 else 1.0)
+
+
+def runtime_state_bytes_per_param(precision: str, optimizer: str, sharding: str, dp: int) -> dict[str, float]:
+    """Bytes per parameter that `geotrain.runtime` holds at a step's peak, per GPU.
+
+    What the runtime does today (the planner's numbers must be the run's): weights stay fp32
+    whatever the precision (autocast makes bf16/fp16 copies per micro-batch, counted with the
+    activations), so do gradients, and Adam keeps two fp32 moments. ZeRO-1 partitions the
+    optimizer state over dp; zero2/zero3 (FSDP2) shard the weights and keep them gathered from the
+    forward (zero2: all of them at the peak) or the backward (zero3: at the peak, which comes at a
+    backward's start, the root group -- embedding, head -- and the one block FSDP2 prefetched;
+    `gathered` is per gathered parameter) until the gradients are reduced, and accumulate
+    unsharded gradients over the micro-batches (no gradient sync until ALLREDUCE, like
+    torch.distributed.pipelining), so at the peak a rank holds its shard, the gathered weights and
+    the full gradients. `precision` is accepted for the day the runtime keeps 16-bit weights."""
+    if precision not in DTYPE_BYTES:
+        raise ValueError(f"unknown precision {precision!r} (known: {', '.join(DTYPE_BYTES)})")
+    if sharding == "fsdp":
+        sharding = "zero3"
+    if sharding not in SHARDINGS:
+        raise ValueError(f"unknown sharding {sharding!r} (known: {', '.join(SHARDINGS)})")
+    fsdp = sharding in ("zero2", "zero3")
+    moments = 0 if optimizer == "sgd" else 8
+    return {"params": 4.0 / dp if fsdp else 4.0, "gathered": 4.0 if fsdp else 0.0, "grads": 4.0,
+            "optimizer": moments / dp if sharding != "replicate" else float(moments)}

@@ -26,6 +26,7 @@ from geotrain.cost.memory import (
     OPTIMIZERS,
     optimizer_state_bytes_per_param,
     optimizer_step_bytes_per_param,
+    runtime_state_bytes_per_param,
     sharded_fractions,
 )
 from geotrain.cost.profile import Profile
@@ -66,10 +67,13 @@ class MemoryBreakdown:
     optimizer: float
     activations: float
     buffers: float
+    transient: float = 0.0   # working set at the peak: logits and their gradients, a recomputed block
+    data: float = 0.0        # the step's token ids and targets
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+        return (self.params + self.grads + self.optimizer + self.activations + self.buffers + self.transient
+                + self.data)
 
 
 class CostModel:
@@ -190,33 +194,55 @@ class CostModel:
         return StageTimes(forward=fwd, backward=b_in + b_w, backward_input=b_in, backward_weight=b_w)
 
     def stage_memory(self, units: Sequence[int], gpu: GPUType, micro_batch: int, inflight: int,
-                     sharding: str, dp: int, tp: int = 1) -> MemoryBreakdown:
-        """Bytes per GPU of a stage replica (tensor-parallel rank).
+                     sharding: str, dp: int, tp: int = 1, num_microbatches: int | None = None,
+                     sends: int = 0) -> MemoryBreakdown:
+        """Peak bytes of one step on one GPU of a stage replica (tensor-parallel rank).
 
-        params/grads in the training dtype, optimizer state per `memory.py`, each divided by dp
-        from the sharding level that shards it (zero1: optimizer, zero2: + grads, zero3: +
-        params). Activations: `inflight` micro-batches of saved tensors, plus, under full
-        checkpointing, one block's un-checkpointed tensors while it is recomputed. Buffers:
-        send/receive buffers for activations and gradients at both stage boundaries (4 x
-        boundary), the logits gradient on the head's stage, and under zero3 the gathered weights
-        of the current and the prefetched unit."""
+        State as the runtime keeps it (`memory.runtime_state_bytes_per_param`). Activations: the
+        schedule's `inflight` micro-batches of saved tensors (`activations.py`, plus the fp32
+        input of a non-first stage). The step peaks at a backward with `inflight` micro-batches
+        alive -- with every gradient allocated once a backward came before (more micro-batches
+        than in flight), else at the first backward (no gradients yet) or the second ((inflight
+        - 1) micro-batches and all gradients) -- or at the last warm-up forward; `transient` is
+        the larger working set of that moment: the loss's logits and their gradients on the
+        head's stage, one checkpointed block's recomputed tensors. Buffers: two posted receives
+        and the sends still in flight (`sends`: the schedule's count of unfinished sends at the
+        peak; their bytes are held until the iteration's end), in the boundary dtype. Data: the
+        step's token ids and targets (int64) on the stages that read them. See docs/MEMORY.md."""
         e, n, h = self._counts(units)
         P = e * self._params[0] + n * self._params[1] + h * self._params[2]
-        fw, fg, fo = sharded_fractions(sharding, dp)
-        p = self.dtype_bytes
+        # Unknown micro-batch count: assume a backward came before the peak (gradients allocated).
+        m = inflight + 1 if num_microbatches is None else num_microbatches
+        state = runtime_state_bytes_per_param(self.precision, self.optimizer, sharding, dp)
+        T = micro_batch * self.model.seq_len
+        V = self.model.vocab
+        autocast = self.dtype_bytes < 4
         a_e, a_b, a_h, a_none = self._activations(micro_batch, tp)
         per_mb = e * a_e + n * a_b + h * a_h + (0 if e else stage_input_bytes(self.model, micro_batch))
-        acts = inflight * per_mb
-        if self.checkpointing != "none" and n and inflight:
-            acts += a_none - a_b   # one block's recomputed tensors while its backward runs
-        buffers = 4.0 * self.boundary_bytes(micro_batch)
-        if h:
-            buffers += p * micro_batch * self.model.seq_len * self.model.vocab / tp
-        if fw < 1.0:
-            biggest = max(e * self._params[0], min(n, 1) * self._params[1], h * self._params[2])
-            buffers += 2.0 * biggest * p / tp
-        return MemoryBreakdown(params=P * p / tp * fw, grads=P * p / tp * fg,
-                               optimizer=P * self._state_bytes / tp * fo, activations=acts, buffers=buffers)
+        grads = P * state["grads"] / tp
+        recompute = (a_none - a_b) if self.checkpointing != "none" and n else 0.0
+        # A block's backward peaks in the MLP: two T x ffn gradients live before its saved tensors go.
+        mlp_grads = 2.0 * self.dtype_bytes * T * self.model.ffn / tp if n else 0.0
+        fwd_ws = max(recompute, h * (self.dtype_bytes + (4 if autocast else 0)) * T * V / tp)
+        bwd_ws = max(recompute + mlp_grads, h * (8 + (self.dtype_bytes if autocast else 0)) * T * V / tp)
+        if inflight <= 0:
+            acts, grads_held, transient = 0.0, grads, 0.0
+        else:
+            candidates = [(inflight * per_mb, 0.0, fwd_ws),
+                          (inflight * per_mb, grads if m > inflight else 0.0, bwd_ws)]
+            if m > 1:
+                candidates.append(((inflight - 1) * per_mb, grads, bwd_ws))
+            acts, grads_held, transient = max(candidates, key=sum)
+        buffers = (2 + sends) * self.boundary_bytes(micro_batch) if not (e and h) else 0.0
+        gathered = P
+        if sharding in ("zero3", "fsdp"):  # resharded after forward: the root group and one prefetched block
+            gathered = e * self._params[0] + min(n, 1) * self._params[1] + h * self._params[2]
+        buffers += gathered * state["gathered"] / tp
+        data = 16.0 * T * (num_microbatches or inflight) if (e or h) else 0.0
+        buffers += n * 4.0 * self.model.seq_len * self.model.head_dim  # each block's fp32 RoPE tables
+        return MemoryBreakdown(params=P * state["params"] / tp, grads=grads_held,
+                               optimizer=P * state["optimizer"] / tp, activations=acts, buffers=buffers,
+                               transient=transient, data=data)
 
     def memory_bandwidth(self, gpu: GPUType) -> float:
         """HBM bytes/s assumed for memory-bound work (see MACHINE_BALANCE_FLOP_PER_BYTE)."""

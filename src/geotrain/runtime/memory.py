@@ -25,6 +25,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from geotrain.cost import CostModel, MemoryBreakdown
+
 
 def _storage(t: torch.Tensor):
     if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
@@ -37,18 +39,24 @@ def _storage(t: torch.Tensor):
 class LiveBytes(TorchDispatchMode):
     """Bytes of the storages created under the mode that are still alive, and their peak."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: Iterable = ()) -> None:
         super().__init__()
         self.live: dict[int, int] = {}
         self.current = 0
-        self.peak = 0
+        # Storages allocated and freed by resizing (FSDP2's gathered weights): no op creates them,
+        # so their size is read after every op instead.
+        self.watch = {st._cdata: st for st in watch}
+        self.peak = self._watched()
+
+    def _watched(self) -> int:
+        return sum(st.nbytes() for st in self.watch.values())
 
     def _free(self, key: int) -> None:
         self.current -= self.live.pop(key, 0)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 -- torch's signature
         out = func(*args, **(kwargs or {}))
-        inputs = set()
+        inputs = set(self.watch)
         for t in tree_flatten((args, kwargs))[0]:
             if isinstance(t, torch.Tensor) and (st := _storage(t)) is not None:
                 inputs.add(st._cdata)
@@ -60,12 +68,28 @@ class LiveBytes(TorchDispatchMode):
                 continue
             self.live[key] = st.nbytes()
             self.current += st.nbytes()
-            self.peak = max(self.peak, self.current)
             weakref.finalize(st, self._free, key)
+        self.peak = max(self.peak, self.current + (self._watched() if self.watch else 0))
         return out
 
     def reset_peak(self) -> None:
-        self.peak = self.current
+        self.peak = self.current + self._watched()
+
+
+def fsdp_gathered_storages(modules: Iterable[torch.nn.Module]) -> list:
+    """The storages FSDP2 gathers weights into (allocated by `resize_` at each all-gather, freed by
+    resizing to 0), found through FSDP2's parameter groups -- private attributes, read defensively:
+    if a torch version renames them, the gathered weights go uncounted rather than the run failing."""
+    out = []
+    for root in modules:
+        for sub in root.modules():
+            get_state = getattr(sub, "_get_fsdp_state", None)
+            group = getattr(get_state(), "_fsdp_param_group", None) if get_state is not None else None
+            for fp in getattr(group, "fsdp_params", ()) or ():
+                for t in [*getattr(fp, "all_gather_outputs", ()), *getattr(fp, "_unsharded_inner_tensors", ())]:
+                    if isinstance(t, torch.Tensor):
+                        out.append(t.untyped_storage())
+    return out
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -95,7 +119,7 @@ class StepPeak:
 
     CUDA: the allocator's peak since the step began (everything allocated, weights included).
     CPU: `baseline` (the distinct storages of `state`, counted when the step begins) plus the
-    peak of what the step itself allocates (LiveBytes)."""
+    peak of what the step itself allocates (LiveBytes, with `watch`: FSDP2's gathered weights)."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -103,7 +127,7 @@ class StepPeak:
         self.baseline = 0
 
     @contextlib.contextmanager
-    def step(self, state: Iterable[torch.Tensor]):
+    def step(self, state: Iterable[torch.Tensor], watch: Iterable = ()):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -113,7 +137,25 @@ class StepPeak:
             self.bytes = torch.cuda.max_memory_allocated(self.device)
             return
         self.baseline = tensor_bytes(state)
-        mode = LiveBytes()
+        mode = LiveBytes(watch)
         with mode:
             yield
         self.bytes = self.baseline + mode.peak
+
+
+def predicted_stage_peaks(spec, plan, schedule) -> list[MemoryBreakdown]:
+    """The cost model's peak per stage (one GPU of it) for this plan and its schedule: the
+    number the planner checked against GPU memory, to set beside the measured peak."""
+    from geotrain.schedule.validate import peak_inflight
+
+    cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
+                     optimizer=spec.job.optimizer)
+    inflight = peak_inflight(schedule)
+    v = plan.virtual_per_stage
+    out = []
+    for s, st in enumerate(plan.stages):
+        gpu = spec.cluster.gpu(spec.cluster.dc(st.dc).gpu_type)
+        held = -(-inflight[s] // v)  # (virtual stage, micro-batch) pairs -> whole-stage micro-batches
+        out.append(cost.stage_memory(st.units, gpu, plan.micro_batch, held, plan.sharding, plan.dp, plan.tp,
+                                     num_microbatches=plan.num_microbatches))
+    return out

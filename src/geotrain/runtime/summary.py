@@ -1,7 +1,8 @@
 """End of a run: write the measured trace and a where-the-time-went summary.
 
 (The simulator's prediction beside it is written by the caller, `orchestrate.predict`: the
-runtime executes and measures, it does not predict.)
+runtime executes and measures, it does not simulate. It does set the cost model's peak memory per
+stage -- the number the plan's fit was checked with, a lookup -- beside the peak it measured.)
 
 Per-rank time totals travel as one tensor all-reduce (a row per rank); trace files are written
 per rank and merged by rank 0 from disk, so no Python objects cross the network.
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from geotrain.console import human_bytes
 from geotrain.runtime.recorder import Recorder, merge_rank_traces
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
@@ -61,11 +63,30 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
                "optimizer_steps_per_rank": [int(x) for x in row[:, 5].tolist()],
                "memory_per_rank": [{"params": int(r[6]), "grads": int(r[7]), "optimizer": int(r[8]),
                                     "max_rss": int(r[9]), "peak": int(r[10])} for r in row.tolist()],
-               "time_fractions": per_stage}
+               "time_fractions": per_stage,
+               "memory_per_stage": _memory_per_stage(spec, plan, row[:, 10].tolist())}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.progress:
         print(format_summary(summary, out), file=sys.stdout, flush=True)
     return {"losses": losses, "summary": summary}
+
+
+def _memory_per_stage(spec, plan, peaks: list[float]) -> list[dict[str, Any]]:
+    """Predicted (cost model, this plan's schedule) against measured (runtime.memory.StepPeak, the
+    largest over the stage's ranks) peak bytes of one steady-state step, per stage."""
+    from geotrain.runtime.memory import predicted_stage_peaks
+    from geotrain.schedule.builders import schedule_for_plan
+
+    predicted = predicted_stage_peaks(spec, plan, schedule_for_plan(plan))
+    out = []
+    for s, pred in enumerate(predicted):
+        ranks = [plan.rank(s, r, t) for r in range(plan.dp) for t in range(plan.tp)]
+        measured = max(peaks[r] for r in ranks)
+        out.append({"stage": s, "predicted_peak": pred.total, "measured_peak": measured,
+                    "error": pred.total / measured - 1 if measured else None,
+                    "predicted": {k: getattr(pred, k) for k in ("params", "grads", "optimizer", "activations",
+                                                                "transient", "buffers", "data")}})
+    return out
 
 
 def _max_rss() -> float:
@@ -84,5 +105,12 @@ def format_summary(summary: dict[str, Any], out: Path) -> str:
     for s, f in summary["time_fractions"].items():
         lines.append(f"  {s:>5}  {f['compute']:>7.0%}  {f['waiting']:>7.0%}  {f['allreduce']:>10.0%}  "
                      f"{f['optimizer']:>9.0%}  {f['other']:>5.0%}")
+    mem = summary.get("memory_per_stage") or []
+    if mem and any(m["measured_peak"] for m in mem):
+        lines.append("peak memory per GPU of one step (predicted by the cost model / measured):")
+        for m in mem:
+            err = f"{m['error']:+.0%}" if m["error"] is not None else "-"
+            lines.append(f"  stage {m['stage']}: {human_bytes(m['predicted_peak'])} / {human_bytes(m['measured_peak'])}"
+                         f"  ({err})")
     lines.append(f"run directory: {out}  (measured_trace.jsonl, losses.jsonl; see `geotrain report {out}`)")
     return "\n".join(lines)

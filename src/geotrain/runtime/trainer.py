@@ -144,7 +144,7 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[
     from geotrain.plan.plan import save_plan
     from geotrain.runtime.checkpoint import Checkpointer, latest_checkpoint
     from geotrain.runtime.checkpointing import apply_checkpointing
-    from geotrain.runtime.memory import StepPeak, state_tensors
+    from geotrain.runtime.memory import StepPeak, fsdp_gathered_storages, state_tensors
     from geotrain.runtime.parallelize import (
         apply_fsdp,
         apply_tp,
@@ -289,8 +289,10 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[
                 raise RuntimeError(f"injected failure at step {step} (GEOTRAIN_FAIL_AT)")
             state["step"] = step
             recorder.iteration = step
-            measuring = peak.step(state_tensors(chunks.values(), optimizer)) if step == peak_step \
-                else contextlib.nullcontext()
+            measuring = contextlib.nullcontext()
+            if step == peak_step:
+                measuring = peak.step(state_tensors(chunks.values(), optimizer),
+                                      fsdp_gathered_storages(chunks.values()))
             with measuring:
                 batches = {}
                 if holds_data:

@@ -100,7 +100,8 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
                          if plan.dp > 1 else 0.0)
         optimizer.append(cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp))
         held = -(-inflight[s] // vps)  # (virtual stage, micro-batch) pairs -> whole-stage micro-batches
-        mem = cost.stage_memory(units, gpu, mb, held, plan.sharding, plan.dp, tp).total
+        mem = cost.stage_memory(units, gpu, mb, held, plan.sharding, plan.dp, tp,
+                                 num_microbatches=plan.num_microbatches).total
         for d in range(plan.dp):
             for t in range(tp):
                 peak_memory[plan.rank(s, d, t)] = mem

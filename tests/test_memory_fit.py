@@ -1,0 +1,111 @@
+"""Fit checked: the cost model's peak per stage against the peak the runtime measures, over a grid
+of small plans (precision x checkpointing x sharding x schedule), and the planner's refusal of a
+plan predicted not to fit.
+
+Measured by `runtime.memory.StepPeak` on the second step (on CPU: live tensor bytes, see
+runtime/memory.py), predicted by `CostModel.stage_memory` with the schedule's in-flight counts;
+both land in summary.json's `memory_per_stage`. Single-rank cases run in one process, two-rank
+cases (pipeline, ZeRO-1, FSDP2) in one two-process launch.
+"""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from geotrain.config.load import load_spec
+from geotrain.errors import InfeasibleError
+from geotrain.plan.manual import plan_from_job
+from geotrain.runtime.launch import launch
+from geotrain.runtime.memory import predicted_stage_peaks
+from geotrain.runtime.trainer import RunConfig
+from geotrain.schedule.builders import schedule_for_plan
+
+TOLERANCE = 0.10
+
+SINGLE = [  # precision, checkpointing, sharding, schedule, pp, dp
+    ("fp32", "none", "replicate", "1f1b", 1, 1),
+    ("bf16", "full", "replicate", "gpipe", 1, 1),
+    ("fp16", "selective", "replicate", "1f1b", 1, 1),
+    ("bf16", "none", "replicate", "gpipe", 1, 1),
+]
+TWO_RANKS = [
+    ("fp32", "none", "replicate", "1f1b", 2, 1),
+    ("bf16", "full", "replicate", "gpipe", 2, 1),
+    ("bf16", "none", "zero3", "1f1b", 1, 2),
+    ("fp32", "selective", "zero2", "1f1b", 1, 2),
+    ("fp16", "none", "zero1", "gpipe", 1, 2),
+]
+
+
+def write_spec(tmp: Path, precision, checkpointing, sharding, schedule, pp, dp, memory_gib=4.0) -> Path:
+    path = tmp / f"{precision}-{checkpointing}-{sharding}-{schedule}-{pp}x{dp}-{memory_gib}.toml"
+    path.write_text(f"""name = "fit"
+model = "tiny"
+[job]
+global_batch = {8 * dp}
+micro_batch = 2
+precision = "{precision}"
+checkpointing = "{checkpointing}"
+sharding = "{sharding}"
+schedule = "{schedule}"
+pp = {pp}
+dp = {dp}
+steps = 2
+lr = 1e-3
+[cluster]
+name = "fit"
+[cluster.gpu_types.box]
+bf16_tflops = 0.1
+fp16_tflops = 0.02
+fp32_tflops = 0.06
+memory_gib = {memory_gib}
+[[cluster.datacenters]]
+name = "local"
+gpu_type = "box"
+gpus = 2
+gpus_per_node = 2
+""")
+    return path
+
+
+def run_grid(tmp: Path, grid, ranks: int) -> list[tuple[str, dict]]:
+    cases, names = [], []
+    for row in grid:
+        spec = write_spec(tmp, *row)
+        names.append(spec.stem)
+        cases.append(RunConfig(spec=str(spec), out=str(tmp / spec.stem), steps=2, data="synthetic", progress=False,
+                               checkpoint_every=0, trace=False))
+    launch(cases, ranks, tmp / f"launch{ranks}", timeout_s=300)
+    return [(n, s) for n in names for s in json.loads((tmp / n / "summary.json").read_text())["memory_per_stage"]]
+
+
+def check(results) -> None:
+    bad = [(name, s["stage"], s["predicted_peak"], s["measured_peak"], s["error"]) for name, s in results
+           if not s["measured_peak"] or abs(s["error"]) > TOLERANCE]
+    assert not bad, f"predicted peak off by more than {TOLERANCE:.0%}: {bad}"
+
+
+def test_single_rank_grid_peaks_are_predicted(tmp_path):
+    check(run_grid(tmp_path, SINGLE, 1))
+
+
+def test_two_rank_grid_peaks_are_predicted(tmp_path):
+    """Two-stage pipelines (1F1B, GPipe) and two replicas under ZeRO-1 and FSDP2 (zero2, zero3)."""
+    results = run_grid(tmp_path, TWO_RANKS, 2)
+    assert len(results) == 2 * 2 + 3  # two stages for each pipeline, one stage for each dp case
+    check(results)
+
+
+def test_the_planner_refuses_a_plan_predicted_not_to_fit(tmp_path):
+    """The planner's fit check is the predicted peak: a GPU just below it refuses the job's only
+    layout, one just above accepts it."""
+    row = ("fp32", "none", "replicate", "1f1b", 1, 1)
+    spec = load_spec(write_spec(tmp_path, *row))
+    plan = plan_from_job(spec)
+    peak = predicted_stage_peaks(spec, plan, schedule_for_plan(plan))[0].total
+    gib = peak / 2**30
+    with pytest.raises(InfeasibleError, match="GiB per GPU"):
+        plan_from_job(load_spec(write_spec(tmp_path, *row, memory_gib=round(gib * 0.97, 6))))
+    assert plan_from_job(load_spec(write_spec(tmp_path, *row, memory_gib=round(gib * 1.3, 6)))) == replace(plan)
