@@ -77,6 +77,25 @@ def test_requests_during_training_are_prefilled_by_ranks_and_answered_once(tmp_p
     assert on_ranks, [d["prefill_on"] for d in ok]               # training ranks did the prefill
     trace = (tmp_path / "run" / "measured_trace.jsonl").read_text()
     assert '"kind": "prefill"' in trace
+    _check_report(tmp_path / "run", answered=len(ok) + 2)
+
+
+def _check_report(run, answered: int) -> None:
+    """The run's report says what is predicted (uncalibrated here) and what measured, has a
+    BubbleTea section from the service's own numbers, and a Chrome trace sits beside it."""
+    import subprocess
+
+    doc = json.loads((run / "bubbletea.json").read_text())
+    assert doc["answered"] >= answered and doc["prefill_s"] > 0 and doc["bubble_s"] > doc["prefill_s"]
+    chrome = json.loads((run / "measured_trace.chrome.json").read_text())
+    assert any(ev.get("ph") == "X" and ev.get("name") == "prefill" for ev in chrome["traceEvents"])
+    r = subprocess.run([sys.executable, "-m", "geotrain", "report", str(run)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "predicted, uncalibrated" in r.stdout and "--profile" in r.stdout
+    assert "BubbleTea (measured)" in r.stdout and "TTFT p99" in r.stdout and "prefill share of bubble time" in r.stdout
+    html = (run / "report.html").read_text()
+    assert "<h2>BubbleTea" in html and "UNCALIBRATED" in html
 
 
 def _official_client_checks(port: int) -> dict:

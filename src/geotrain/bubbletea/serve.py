@@ -26,11 +26,35 @@ class RunningService:
         self.service.wait_idle()
         self.service.close()
         self.executor.close()
+        if self.service.run_dir:
+            self._write_summary(left)
         if self.work_dir is not None:
             import shutil
 
             shutil.rmtree(self.work_dir, ignore_errors=True)
         return left
+
+
+    def _write_summary(self, finished_after: int) -> None:
+        """RUN_DIR/bubbletea.json: what the report's BubbleTea section shows (all measured)."""
+        import json
+        from pathlib import Path
+
+        from geotrain.bubbletea.metrics import quantile
+
+        s = self.service.stats
+        with s.lock:
+            ttfts, responses = sorted(s.ttfts), dict(s.responses)
+        prefill_s, bubble_s = self.executor.bubble_seconds()
+        doc = {"model": self.service.model_name, "responses": {str(k): v for k, v in sorted(responses.items())},
+               "answered": len(ttfts), "ttft_p50_s": quantile(ttfts, 0.5), "ttft_p99_s": quantile(ttfts, 0.99),
+               "prefill_tokens": s.prefill_tokens, "completion_tokens": s.completion_tokens,
+               "prefill_s": prefill_s, "bubble_s": bubble_s,
+               "prefill_share_of_rank_time": self.executor.utilization_gained(),
+               "finished_after_training": finished_after, "client_disconnects": s.disconnects}
+        out = Path(self.service.run_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bubbletea.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str = "tiny",  # a preset or HF dir

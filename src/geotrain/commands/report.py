@@ -20,11 +20,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from geotrain.console import format_table, human_bytes, human_rate, human_seconds
-    from geotrain.report.build import rebuild
+    from geotrain.report.bubbletea import bubbletea_rows
+    from geotrain.report.build import metrics_label, prediction_note, rebuild
     from geotrain.report.compare import format_rel, format_value
 
-    files, m, measured = rebuild(args.run_dir)
-    print(format_table(["metric", "value"], [
+    files, m, measured, main = rebuild(args.run_dir, with_trace=True)
+    print(format_table(["metric", metrics_label(main)], [
         ["iteration time", human_seconds(m.iteration_time)],
         ["tokens/s", human_rate(m.tokens_per_s, "tok/s") if m.tokens_per_s not in (0, float("inf")) else "-"],
         ["mean utilization", f"{100 * m.mean_utilization:.1f}%"],
@@ -33,11 +34,18 @@ def run(args: argparse.Namespace) -> int:
     ]))
     if files.comparison:
         print()
-        print(format_table(["metric", "predicted", "measured", "rel. error"], [
+        print(format_table(["metric", metrics_label(main), "measured", "rel. error"], [
             [r.metric, format_value(r.predicted, r.unit), format_value(r.measured, r.unit), format_rel(r.rel_error)]
             for r in files.comparison]))
+    print(prediction_note(main))
+    bt = bubbletea_rows(args.run_dir)
+    if bt:
+        print()
+        print(format_table(["BubbleTea (measured)", "value"], [list(r) for r in bt]))
     print()
     print("wrote:")
     print(f"  {files.timeline}")
     print(f"  {files.html}")
+    if measured is not None:
+        print(f"  {files.html.parent / 'measured_trace.chrome.json'} (open in ui.perfetto.dev)")
     return 0

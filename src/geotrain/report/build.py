@@ -42,7 +42,7 @@ def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: P
                  measured: Trace | None = None, measured_metrics: Metrics | None = None,
                  schedules: list[ScheduleRow] | None = None, gpu_memory: dict[str, float] | None = None,
                  title: str | None = None, notes: list[str] | None = None,
-                 tokens_per_iteration: int = 0) -> ReportFiles:
+                 tokens_per_iteration: int = 0, bubbletea: list[tuple[str, str]] | None = None) -> ReportFiles:
     """Draw the timeline and write the HTML page into `out_dir`. With `measured`, both timelines
     are stacked and the page opens with the predicted-vs-measured table."""
     out = Path(out_dir)
@@ -61,8 +61,42 @@ def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: P
         draw_timeline(trace, png, plan, title=name)
     html = write_html(out / "report.html", title=name, metrics=metrics, layout=layout, plan=plan,
                       timeline_png=png, schedules=schedules, comparison=comparison or None,
-                      gpu_memory=gpu_memory, link_meta=link_meta, notes=notes or [])
+                      gpu_memory=gpu_memory, link_meta=link_meta, notes=(notes or []) + [prediction_note(trace)],
+                      metrics_label=metrics_label(trace), bubbletea=bubbletea)
     return ReportFiles(png, html, comparison)
+
+
+def metrics_label(trace: Trace) -> str:
+    """Whether a trace's numbers are predicted (and how) or measured."""
+    meta = trace.meta if isinstance(trace.meta, dict) else {}
+    if trace.source == "measured":
+        return "measured"
+    return "predicted, calibrated" if meta.get("calibrated") else "predicted, uncalibrated"
+
+
+def prediction_note(trace: Trace) -> str:
+    meta = trace.meta if isinstance(trace.meta, dict) else {}
+    label = metrics_label(trace)
+    if label == "measured":
+        return "All numbers are measured (no prediction in this directory)."
+    if meta.get("calibrated"):
+        return (f"Predicted numbers come from the simulator calibrated with the profile "
+                f"{meta['calibrated'].get('profile', '?')}; measured numbers from the run's own trace.")
+    return ("Predicted numbers come from the UNCALIBRATED cost model (datasheet FLOPs and bandwidths): measure "
+            "this machine with `geotrain profile SPEC --out profile.json` and train with `--profile profile.json` "
+            "for a calibrated prediction. Measured numbers come from the run's own trace.")
+
+
+def write_measured_chrome(run_dir: str | Path, plan: Plan | None = None) -> Path | None:
+    """RUN_DIR/measured_trace.chrome.json (open in ui.perfetto.dev or chrome://tracing)."""
+    from geotrain.trace.chrome import write_chrome
+
+    src = Path(run_dir) / MEASURED_NAME
+    if not src.exists():
+        return None
+    out = Path(run_dir) / "measured_trace.chrome.json"
+    write_chrome(read_trace(src), out, plan)
+    return out
 
 
 def _iterations(trace: Trace) -> int:
@@ -105,9 +139,10 @@ def read_trace(path: Path) -> Trace:
         raise GeotrainError(f"{path}: not a geotrain trace ({type(e).__name__}: {e})") from None
 
 
-def rebuild(run_dir: str | Path) -> tuple[ReportFiles, Metrics, Trace | None]:
-    """`geotrain report`: rebuild timeline.png and report.html from the files in `run_dir`.
-    Returns the files, the main trace's metrics and the measured trace (None if absent)."""
+def rebuild(run_dir: str | Path, with_trace: bool = False):
+    """`geotrain report`: rebuild timeline.png and report.html (and the measured trace's Chrome
+    JSON) from the files in `run_dir`. Returns the files, the main trace's metrics and the
+    measured trace (None if absent) -- and the main trace itself with `with_trace`."""
     from geotrain.plan.plan import load_plan
     from geotrain.report.compare import ScheduleRow
 
@@ -133,8 +168,12 @@ def rebuild(run_dir: str | Path) -> tuple[ReportFiles, Metrics, Trace | None]:
     metrics = _metrics(main, tokens, peak, str(predicted_path or measured_path))
     measured_metrics = _metrics(measured, tokens, None, str(measured_path)) if measured is not None else None
     schedules = [ScheduleRow(**r) for r in doc.get("schedule_comparison") or []] or None
+    from geotrain.report.bubbletea import bubbletea_rows
+
+    if measured_path is not None:
+        write_measured_chrome(d, plan)
     files = build_report(d, main, metrics, plan=plan, measured=measured, measured_metrics=measured_metrics,
-                         schedules=schedules, tokens_per_iteration=tokens,
+                         schedules=schedules, tokens_per_iteration=tokens, bubbletea=bubbletea_rows(d),
                          gpu_memory=doc.get("gpu_memory_per_dc") or None,
                          notes=[f"rebuilt from {d}"] + ([f"measured trace: {measured_path.name}"] if measured else []))
-    return files, metrics, measured
+    return (files, metrics, measured, main) if with_trace else (files, metrics, measured)

@@ -96,7 +96,7 @@ def plan_section(plan: Plan) -> str:
 
 
 def metrics_section(metrics: Metrics, layout: list[RankInfo], gpu_memory: dict[str, float] | None,
-                    link_meta: dict[str, Any] | None) -> str:
+                    link_meta: dict[str, Any] | None, label: str = "") -> str:
     bs = bubble_summary(metrics, len(layout))
     cards = [("iteration time", human_seconds(metrics.iteration_time))]
     if metrics.tokens_per_s > 0 and not math.isinf(metrics.tokens_per_s):
@@ -109,7 +109,7 @@ def metrics_section(metrics: Metrics, layout: list[RankInfo], gpu_memory: dict[s
         cards.append(("peak memory (max GPU)", human_bytes(max(metrics.peak_memory.values()))))
     if metrics.iterations > 1:
         cards.append(("iterations simulated", str(metrics.iterations)))
-    out = ["<h2>Metrics</h2>", _cards(cards)]
+    out = [f"<h2>Metrics{' <span class=muted>(' + escape(label) + ')</span>' if label else ''}</h2>", _cards(cards)]
 
     rows = []
     for r in stage_rows(metrics, layout, gpu_memory):
@@ -190,7 +190,8 @@ def image_html(png: Path, embed: bool = True, alt: str = "timeline") -> str:
 def render_html(*, title: str, metrics: Metrics, layout: list[RankInfo], plan: Plan | None = None,
                 timeline_png: Path | None = None, schedules: Sequence[ScheduleRow] | None = None,
                 comparison: Sequence[CompareRow] | None = None, gpu_memory: dict[str, float] | None = None,
-                link_meta: dict[str, Any] | None = None, notes: Sequence[str] = (), embed: bool = True) -> str:
+                link_meta: dict[str, Any] | None = None, notes: Sequence[str] = (), embed: bool = True,
+                metrics_label: str = "", bubbletea: Sequence[tuple[str, str]] | None = None) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
              f"<style>{CSS}</style></head><body>",
              f"<h1>{escape(title)}</h1>"]
@@ -198,7 +199,10 @@ def render_html(*, title: str, metrics: Metrics, layout: list[RankInfo], plan: P
         parts.append("<p class='sub'>" + "<br>".join(escape(n) for n in notes) + "</p>")
     if comparison:
         parts.append(comparison_section(comparison))
-    parts.append(metrics_section(metrics, layout, gpu_memory, link_meta))
+    parts.append(metrics_section(metrics, layout, gpu_memory, link_meta, metrics_label))
+    if bubbletea:
+        parts.append("<h2>BubbleTea <span class='muted'>(measured)</span></h2>")
+        parts.append(table(["quantity", "value"], list(bubbletea), [False, True]))
     if timeline_png is not None and Path(timeline_png).exists():
         parts.append("<h2>Timeline</h2>")
         parts.append(image_html(timeline_png, embed))

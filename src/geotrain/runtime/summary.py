@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from geotrain.console import human_bytes
 from geotrain.runtime.recorder import Recorder, merge_rank_traces
+from geotrain.trace.chrome import write_chrome
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
 COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall", "optimizer_steps",
@@ -49,7 +50,9 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
     meta = {"plan": plan.name, "schedule": plan.schedule, "pp": plan.pp, "dp": plan.dp, "tp": plan.tp,
             "precision": plan.precision, "checkpointing": plan.checkpointing, "sharding": plan.sharding,
             "tokens_per_iteration": tokens_per_step}
-    merge_rank_traces([trace_dir / f"rank{r}.jsonl" for r in range(world)], out / "measured_trace.jsonl", world, meta)
+    merged = merge_rank_traces([trace_dir / f"rank{r}.jsonl" for r in range(world)], out / "measured_trace.jsonl",
+                               world, meta)
+    write_chrome(merged, out / "measured_trace.chrome.json", plan)     # for ui.perfetto.dev / chrome://tracing
     losses = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines() if line.strip()]
     per_stage = {}
     for s in range(plan.pp):
