@@ -18,7 +18,7 @@ def good(tmp_path):
     plan = plan_from_job(spec)
     plan = plan.with_(links=tuple(lp.__class__(**{**lp.__dict__, "connections": 4}) for lp in plan.links),
                       pipeline_offsets=(0.0, 0.001))
-    save_plan(path, plan, spec_path="examples/tiny_2dc.toml")
+    save_plan(path, plan, spec_path="examples/tiny_2dc.toml", spec=spec)
     return path
 
 
@@ -79,3 +79,36 @@ def test_cli_prints_one_line(good, tmp_path, capsys):
                "--no-compare"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "not a geotrain plan file" in err[0]
+
+
+@pytest.mark.parametrize("envelope, field, reason", [
+    ({"format": "geotrain-plan/1"}, "format", "a version-1 plan file"),
+    ({"version": 3}, "version", "reads version 2"),
+    ({"version": None}, "version", "reads version 2"),
+    ({"format": "someone-elses-plan"}, "format", "not a geotrain plan file"),
+    ({"resolved_spec": [1]}, "resolved_spec", "valid dictionary"),
+])
+def test_old_or_foreign_plan_files_are_one_line_errors(good, tmp_path, capsys, envelope, field, reason):
+    from geotrain.cli import main
+
+    doc = {**json.loads(good.read_text()), **envelope}
+    p = tmp_path / "other.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match=reason) as e:
+        load_plan(p)
+    assert e.value.field == field
+    assert main(["simulate", str(p), "--out", str(tmp_path / "o"), "--no-compare"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and reason in err[0], err
+
+
+def test_an_embedded_spec_is_validated_like_a_toml_one(good, tmp_path):
+    from geotrain.plan.plan import plan_spec
+
+    doc = json.loads(good.read_text())
+    doc["resolved_spec"]["job"]["micro_batch"] = 0
+    p = tmp_path / "bad_spec.json"
+    p.write_text(json.dumps(doc))
+    _, loaded = load_plan(p)
+    with pytest.raises(SpecError, match="resolved_spec.job.micro_batch"):
+        plan_spec(loaded, p)

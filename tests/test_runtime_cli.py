@@ -23,7 +23,7 @@ def test_plan_file_without_spec_is_a_one_line_error(tmp_path: Path, capsys) -> N
 
     plan = plan_from_job(load_spec(SPEC))
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps({"format": "geotrain-plan/1", "spec": None, "plan": plan.to_dict()}))
+    path.write_text(json.dumps({"format": "geotrain-plan", "version": 2, "spec": None, "plan": plan.to_dict()}))
     assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "does not name the experiment spec" in err and "\n" not in err

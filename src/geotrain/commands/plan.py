@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         extra = {"estimate_s": res.estimate_s, "simulated_s": res.iteration_s, "lower_bound_s": res.lower_bound_s,
                  "bottleneck": res.bottleneck, "explanation": res.explanation,
                  "gpus_per_dc": res.plan.gpus_per_dc()}
-        save_plan(args.out, res.plan, spec_path=str(args.spec), extra=extra)
+        save_plan(args.out, res.plan, spec_path=str(args.spec), extra=extra, spec=spec)
     _print_plan(spec, res)
     if args.compare:
         _print_compare(spec, res)

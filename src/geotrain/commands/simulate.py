@@ -15,7 +15,8 @@ ORDER = 30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", metavar="SPEC", help="experiment TOML (cluster + model + [job])")
+    p.add_argument("spec", metavar="SPEC_OR_PLAN",
+                   help="experiment TOML (cluster + model + [job]), or a plan file (it carries its experiment)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     p.add_argument("--plan", metavar="PLAN.json", help="plan file to simulate instead of the job's own layout")
     p.add_argument("--schedule", metavar="KIND",
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from geotrain.console import format_table, human_bytes, human_rate, human_seconds
     from geotrain.errors import GeotrainError
     from geotrain.orchestrate.schedules import compare_schedules
-    from geotrain.plan.plan import load_plan, save_plan
+    from geotrain.plan.plan import load_plan, plan_spec, save_plan
     from geotrain.plan.variants import schedule_variant
     from geotrain.report.build import build_report
     from geotrain.report.summary import bubble_summary, gpu_memory_per_dc, metrics_document
@@ -80,7 +81,14 @@ def run(args: argparse.Namespace) -> int:
         raise GeotrainError(f"--iterations must be >= 1 (got {args.iterations})")
     if args.schedule is not None and args.schedule not in BUILDERS:
         raise GeotrainError(f"unknown schedule kind {args.schedule!r} (known: {', '.join(BUILDERS)})")
-    spec = load_spec(args.spec)
+    plan_file = None
+    if Path(args.spec).suffix == ".json":     # a plan file: simulate its plan on its own embedded experiment
+        if args.plan:
+            raise GeotrainError("give a plan file either as SPEC_OR_PLAN or as --plan, not both")
+        plan_file, doc = load_plan(args.spec)
+        spec = plan_spec(doc, args.spec)
+    else:
+        spec = load_spec(args.spec)
     workload = None
     if args.bubbletea:  # a bad workload is refused before the simulation, not after its output
         from geotrain.bubbletea.simulate import parse_workload
@@ -93,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise GeotrainError(f"--out {out}: cannot create the directory ({e.strerror or e})") from None
-    if args.plan:
-        plan, _ = load_plan(args.plan)
+    if plan_file is not None or args.plan:
+        plan = plan_file or load_plan(args.plan)[0]
         if args.schedule:
             plan, _ = schedule_variant(plan, args.schedule, spec.model.num_units, spec)
     else:
@@ -116,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
     res.trace.write_jsonl(out / "trace.jsonl")
     write_chrome(res.trace, out / "trace.chrome.json", plan)
-    save_plan(out / "plan.json", plan, spec_path=str(spec.path) if spec.path else None)
+    save_plan(out / "plan.json", plan, spec=spec)
 
     schedules = None
     if not args.no_compare:

@@ -73,15 +73,15 @@ def _config(args: argparse.Namespace):
     path = Path(args.spec)
     plan_dict = None
     spec_path = path
+    spec_doc = None
     if path.suffix == ".json":
-        from geotrain.plan.plan import load_plan
+        from geotrain.config.document import spec_document
+        from geotrain.plan.plan import load_plan, plan_spec
 
         plan, doc = load_plan(path)
-        if not doc.get("spec"):
-            raise SpecError(str(path), "spec", "the plan file does not name the experiment spec it was made for")
-        spec_path = Path(doc["spec"])
-        if not spec_path.is_absolute() and not spec_path.exists():
-            spec_path = path.parent / spec_path
+        spec = plan_spec(doc, path)   # the experiment the plan file carries (else the TOML it names)
+        spec_doc = spec_document(spec)
+        spec_path = Path(doc.get("spec") or spec.name)
         plan_dict = plan.to_dict()
     else:  # a spec: the plan `geotrain plan SPEC` chooses, pinned layout or not (every rank gets the same)
         from geotrain.config import load_spec
@@ -106,9 +106,9 @@ def _config(args: argparse.Namespace):
         if latest_checkpoint(Path(args.resume_from) / "checkpoints") is None:
             raise SpecError("--resume-from", "", f"no complete checkpoint in {Path(args.resume_from) / 'checkpoints'}")
         resume_from = str(Path(args.resume_from).resolve())
-    return RunConfig(spec=str(spec_path), out=out, plan=plan_dict, overrides=overrides, steps=args.steps,
-                     resume=args.resume, resume_from=resume_from, checkpoint_every=every, data=args.data,
-                     progress=not args.no_progress)
+    return RunConfig(spec=str(path if spec_doc else spec_path), spec_doc=spec_doc, out=out, plan=plan_dict,
+                     overrides=overrides, steps=args.steps, resume=args.resume, resume_from=resume_from,
+                     checkpoint_every=every, data=args.data, progress=not args.no_progress)
 
 
 def _profile(args: argparse.Namespace) -> str | None:

@@ -5,11 +5,13 @@ never raw dictionaries, so a spec is checked once, here, with errors that name f
 """
 
 from geotrain.config.cluster import Cluster, Datacenter, GPUType, WanLink
+from geotrain.config.document import spec_document, spec_from_document
 from geotrain.config.job import JobSpec
 from geotrain.config.load import Spec, check_fits, check_shape, load_cluster, load_model, load_spec, validate_file
 from geotrain.config.model import ModelSpec
 
 __all__ = [
     "Cluster", "Datacenter", "GPUType", "WanLink", "JobSpec", "ModelSpec", "Spec",
-    "check_fits", "check_shape", "load_cluster", "load_model", "load_spec", "validate_file",
+    "check_fits", "check_shape", "load_cluster", "load_model", "load_spec", "spec_document", "spec_from_document",
+    "validate_file",
 ]

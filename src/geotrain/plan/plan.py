@@ -12,7 +12,13 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from geotrain.config.document import spec_document, spec_from_document
+from geotrain.config.load import Spec, load_spec
+from geotrain.errors import GeotrainError, SpecError
 
 
 @dataclass(frozen=True)
@@ -124,12 +130,30 @@ class Plan:
         return cls(**d)
 
 
-def save_plan(path: str | Path, plan: Plan, spec_path: str | None = None,
-              extra: dict[str, Any] | None = None) -> None:
-    """Write a plan file: the plan plus the experiment spec it was made for."""
-    from geotrain.errors import GeotrainError
+PLAN_FORMAT, PLAN_VERSION = "geotrain-plan", 2
 
-    doc = {"format": "geotrain-plan/1", "spec": spec_path, "plan": plan.to_dict(), **(extra or {})}
+
+class PlanFile(BaseModel):
+    """A plan file's envelope. `resolved_spec` is the experiment as validated when the plan was made
+    (config.document), so the file trains and simulates wherever it is copied; `spec` only says
+    which TOML that was. Other keys (the planner's estimates) are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+    format: Literal["geotrain-plan"]
+    version: Literal[2]
+    spec: str | None = None
+    resolved_spec: dict[str, Any] | None = None
+    plan: dict[str, Any]
+
+
+def save_plan(path: str | Path, plan: Plan, spec_path: str | None = None,
+              extra: dict[str, Any] | None = None, spec: Spec | None = None) -> None:
+    """Write a plan file: the plan plus the experiment it was made for -- `spec` embedded whole
+    when given (then `spec_path` defaults to the TOML it came from)."""
+    resolved = spec_document(spec) if spec is not None else None
+    doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION,
+           "spec": spec_path or (resolved or {}).get("source"), "resolved_spec": resolved,
+           "plan": plan.to_dict(), **(extra or {})}
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(doc, indent=2) + "\n")
@@ -138,13 +162,12 @@ def save_plan(path: str | Path, plan: Plan, spec_path: str | None = None,
 
 
 def load_plan(path: str | Path) -> tuple[Plan, dict[str, Any]]:
-    """Read a plan file; returns the plan and the whole document (spec path, estimates).
+    """Read a plan file; returns the plan and the whole document (spec, estimates).
 
-    Anything that is not a well-formed plan file (a directory, a binary or non-object JSON file,
-    fields of the wrong type, zero connections, negative or infinite offsets) is a SpecError
-    naming the file, so commands print one line instead of a traceback."""
-    from geotrain.errors import SpecError
-
+    Anything that is not a well-formed plan file of this version (a directory, a binary or
+    non-object JSON file, an older or foreign format, fields of the wrong type, zero connections,
+    negative or infinite offsets) is a SpecError naming the file, so commands print one line
+    instead of a traceback."""
     where = str(path)
     try:
         text = Path(path).read_text()
@@ -160,8 +183,19 @@ def load_plan(path: str | Path) -> tuple[Plan, dict[str, Any]]:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise SpecError(where, "plan", f"malformed plan file ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != "geotrain-plan/1":
+    if isinstance(doc, dict) and doc.get("format") == "geotrain-plan/1":
+        raise SpecError(where, "format", "a version-1 plan file (from an older geotrain, naming its spec by path): "
+                                         "make it again with `geotrain plan`")
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         raise SpecError(where, "format", "not a geotrain plan file")
+    if doc.get("version") != PLAN_VERSION:
+        raise SpecError(where, "version", f"plan file version {doc.get('version')!r}; this geotrain reads "
+                                          f"version {PLAN_VERSION} (make the plan again with `geotrain plan`)")
+    try:
+        PlanFile.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise SpecError(where, ".".join(str(x) for x in err["loc"]), err["msg"]) from None
     try:
         plan = Plan.from_dict(doc["plan"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -170,6 +204,19 @@ def load_plan(path: str | Path) -> tuple[Plan, dict[str, Any]]:
     if problem:
         raise SpecError(where, problem[0], problem[1])
     return plan, doc
+
+
+def plan_spec(doc: dict[str, Any], path: str | Path) -> Spec:
+    """The experiment a loaded plan file was made for: its embedded spec, else the TOML it names
+    (relative to the plan file when not found as given)."""
+    if doc.get("resolved_spec") is not None:
+        return spec_from_document(doc["resolved_spec"], str(path))
+    if not doc.get("spec"):
+        raise SpecError(str(path), "spec", "the plan file does not name the experiment spec it was made for")
+    spec_path = Path(doc["spec"])
+    if not spec_path.is_absolute() and not spec_path.exists():
+        spec_path = Path(path).parent / spec_path
+    return load_spec(spec_path)
 
 
 def _is_int(x: Any) -> bool:

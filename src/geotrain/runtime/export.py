@@ -54,17 +54,14 @@ def checkpoint_model_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def run_model_spec(run_dir: str | Path):
-    """The model spec a training run trained (from its plan.json's experiment spec)."""
-    from geotrain.config.load import load_spec
-    from geotrain.plan.plan import load_plan
+    """The model spec a training run trained (from its plan.json's embedded experiment)."""
+    from geotrain.plan.plan import load_plan, plan_spec
 
     run_dir = Path(run_dir)
     if not (run_dir / "plan.json").is_file():
         raise GeotrainError(f"{run_dir}: not a training run directory (no plan.json)")
     _, doc = load_plan(run_dir / "plan.json")
-    if not doc.get("spec"):
-        raise GeotrainError(f"{run_dir / 'plan.json'}: does not name the experiment spec it was trained from")
-    return load_spec(doc["spec"]).model
+    return plan_spec(doc, run_dir / "plan.json").model   # the experiment the plan file carries
 
 
 def export_run(run_dir: str | Path, out: str | Path, dtype: str = "float32") -> tuple[Path, object]:

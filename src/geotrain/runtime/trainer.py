@@ -31,7 +31,8 @@ BubbleHookFactory = Callable[[dict[str, Any], int, Any], Any]
 class RunConfig:
     """What to run. JSON-serializable: the launcher hands it to every rank in a file."""
 
-    spec: str                                   # experiment TOML
+    spec: str                                   # experiment TOML (or the plan file spec_doc came from)
+    spec_doc: dict[str, Any] | None = None      # the experiment itself (config.document), as plan files carry it
     out: str = "runs/latest"
     plan: dict[str, Any] | None = None          # Plan.to_dict(); None: the plan the job pins
     overrides: dict[str, Any] = field(default_factory=dict)   # Plan fields to replace
@@ -83,11 +84,11 @@ def state_bytes(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimiz
 
 def resolve(cfg: RunConfig):
     """(spec, plan) for a run config, with user errors as GeotrainError."""
-    from geotrain.config.load import load_spec
+    from geotrain.config import load_spec, spec_from_document
     from geotrain.plan.manual import plan_from_job
     from geotrain.plan.plan import Plan
 
-    spec = load_spec(cfg.spec)
+    spec = spec_from_document(cfg.spec_doc, cfg.spec) if cfg.spec_doc else load_spec(cfg.spec)
     plan = Plan.from_dict(cfg.plan) if cfg.plan else plan_from_job(spec)
     if cfg.overrides:
         plan = plan.with_(**cfg.overrides)
@@ -221,7 +222,7 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[
             raise GeotrainError(f"--resume-from: no complete checkpoint in {Path(cfg.resume_from) / 'checkpoints'}")
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        save_plan(out / "plan.json", plan, spec_path=str(Path(cfg.spec).resolve()))
+        save_plan(out / "plan.json", plan, spec_path=None if cfg.spec_doc else str(Path(cfg.spec).resolve()), spec=spec)
         if cfg.resume_from and Path(cfg.resume_from).resolve() != out.resolve():
             _carry_losses(Path(cfg.resume_from) / "losses.jsonl", out / "losses.jsonl", start)
         else:
