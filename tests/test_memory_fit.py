@@ -76,7 +76,7 @@ def run_grid(tmp: Path, grid, ranks: int) -> list[tuple[str, dict]]:
         spec = write_spec(tmp, *row)
         names.append(spec.stem)
         cases.append(RunConfig(spec=str(spec), out=str(tmp / spec.stem), steps=2, data="synthetic", progress=False,
-                               checkpoint_every=0, trace=False))
+                               checkpoint_every=0, trace=ranks > 1))
     launch(cases, ranks, tmp / f"launch{ranks}", timeout_s=300)
     return [(n, s) for n in names for s in json.loads((tmp / n / "summary.json").read_text())["memory_per_stage"]]
 
@@ -96,6 +96,15 @@ def test_two_rank_grid_peaks_are_predicted(tmp_path):
     results = run_grid(tmp_path, TWO_RANKS, 2)
     assert len(results) == 2 * 2 + 3  # two stages for each pipeline, one stage for each dp case
     check(results)
+    # The run's report shows the measured peak per stage.
+    from geotrain.console import human_bytes
+    from geotrain.report.build import rebuild
+
+    run = tmp_path / results[0][0]
+    files, metrics, _ = rebuild(run)
+    measured = max(s["measured_peak"] for n, s in results if n == results[0][0])
+    assert max(metrics.peak_memory.values()) == measured
+    assert human_bytes(measured) in Path(files.html).read_text()
 
 
 def test_the_planner_refuses_a_plan_predicted_not_to_fit(tmp_path):

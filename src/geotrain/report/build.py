@@ -38,6 +38,21 @@ class ReportFiles:
     comparison: list[CompareRow] = field(default_factory=list)
 
 
+def _run_memory(d: Path, plan: Plan | None) -> tuple[dict[int, float], dict[int, float]]:
+    """(predicted, measured) peak bytes per rank of a training run, from its summary.json: the cost
+    model's peak of each rank's stage and the peak the runtime measured on that rank."""
+    try:
+        summary = json.loads((d / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}, {}
+    measured = {r: float(m["peak"]) for r, m in enumerate(summary.get("memory_per_rank") or []) if m.get("peak")}
+    stages = {int(m["stage"]): float(m["predicted_peak"]) for m in summary.get("memory_per_stage") or []}
+    predicted = {}
+    if plan is not None and stages:
+        predicted = {r: stages[plan.coords(r)[0]] for r in range(plan.num_ranks) if plan.coords(r)[0] in stages}
+    return predicted, measured
+
+
 def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: Plan | None = None,
                  measured: Trace | None = None, measured_metrics: Metrics | None = None,
                  schedules: list[ScheduleRow] | None = None, gpu_memory: dict[str, float] | None = None,
@@ -165,8 +180,11 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
     measured = read_trace(measured_path) if (predicted_path and measured_path) else None
     tokens = int(doc.get("tokens_per_iteration") or main.meta.get("tokens_per_iteration", 0) or 0)
     peak = {int(r): float(v) for r, v in (doc.get("peak_memory") or {}).items()}
+    run_predicted, run_measured = _run_memory(d, plan)
+    peak = peak or (run_predicted if predicted_path else run_measured)
     metrics = _metrics(main, tokens, peak, str(predicted_path or measured_path))
-    measured_metrics = _metrics(measured, tokens, None, str(measured_path)) if measured is not None else None
+    measured_metrics = _metrics(measured, tokens, run_measured or None, str(measured_path)) \
+        if measured is not None else None
     schedules = [ScheduleRow(**r) for r in doc.get("schedule_comparison") or []] or None
     from geotrain.report.bubbletea import bubbletea_rows
 
