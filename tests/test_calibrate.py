@@ -289,3 +289,30 @@ def test_validate_sim_passes_its_wan_mode_on(monkeypatch, tmp_path):
     monkeypatch.setattr(validate, "run_validation", fake_run_validation)
     assert main(["validate-sim", "--out", str(tmp_path), "--wan", "kernel", "--case", "base"]) == 0
     assert seen["mode"] == "kernel" and seen["only"] == ["base"]
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (lambda d: d.pop("format") and d.pop("version"), "older geotrain"),
+    (lambda d: d.update(version=7), "profile version 7"),
+    (lambda d: d.update(format="someone-elses"), "not a geotrain profile"),
+    (lambda d: d.update(block={"2": [0.1, -1.0]}), "block.2.1"),
+    (lambda d: d.update(extra_table={}), "extra_table"),
+])
+def test_old_foreign_or_malformed_profiles_are_one_line_errors(tmp_path, unit_profile, edit, reason, capsys):
+    import json
+
+    from geotrain.cli import main
+
+    path = tmp_path / "profile.json"
+    save_profile(unit_profile, path)
+    doc = json.loads(path.read_text())
+    assert (doc["format"], doc["version"]) == ("geotrain-profile", 1)
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(GeotrainError, match=reason):
+        load_profile(path)
+    assert main(["train", "examples/tiny_2dc.toml", "--profile", str(path), "--steps", "1", "--no-progress",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and reason in err[0], err
+    assert not (tmp_path / "run").exists()

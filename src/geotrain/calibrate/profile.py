@@ -39,26 +39,64 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat, ValidationError
+
 from geotrain.cost.profile import PROFILE_KEYS
 from geotrain.errors import GeotrainError
 
 RUNTIME_KEY = "runtime"
+PROFILE_FORMAT, PROFILE_VERSION = "geotrain-profile", 1
+UnitTable = dict[str, tuple[NonNegativeFloat, NonNegativeFloat]]   # micro-batch -> [forward_s, backward_s]
+
+
+class ProfileFile(BaseModel):
+    """The file: format and version, the cost model's unit tables, and the runtime measurements
+    (their many fields are read by calibrate.costs, which checks what it uses)."""
+
+    model_config = ConfigDict(extra="forbid")
+    format: str
+    version: int
+    embedding: UnitTable = {}
+    block: UnitTable
+    head: UnitTable = {}
+    memory_bytes_per_s: PositiveFloat | None = None
+    reference_gpu: dict[str, Any] | None = None
+    runtime: dict[str, Any] = {}
 
 
 def save_profile(profile: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(profile, indent=1) + "\n")
+    doc = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **profile}
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def load_profile(path: str | Path) -> dict[str, Any]:
+    """The profile in `path` (without its format and version), or a one-line GeotrainError for a
+    missing, foreign, older or malformed file."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise GeotrainError(f"{path}: profile file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise GeotrainError(f"{path}: cannot read the profile ({e})") from None
     except json.JSONDecodeError as e:
         raise GeotrainError(f"{path}: not a JSON profile ({e})") from None
-    if not isinstance(doc, dict) or "block" not in doc:
-        raise GeotrainError(f"{path}: not a geotrain profile (no 'block' table; make one with `geotrain profile`)")
-    return doc
+    if not isinstance(doc, dict) or ("format" not in doc and "block" not in doc):
+        raise GeotrainError(f"{path}: not a geotrain profile (make one with `geotrain profile`)")
+    if "format" not in doc:
+        raise GeotrainError(f"{path}: a profile from an older geotrain (no format version); measure again with "
+                            "`geotrain profile`")
+    if doc.get("format") != PROFILE_FORMAT:
+        raise GeotrainError(f"{path}: not a geotrain profile (format {doc.get('format')!r})")
+    if doc.get("version") != PROFILE_VERSION:
+        raise GeotrainError(f"{path}: profile version {doc.get('version')!r}; this geotrain reads version "
+                            f"{PROFILE_VERSION} (measure again with `geotrain profile`)")
+    try:
+        ProfileFile.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise GeotrainError(f"{path}: {where}: {err['msg']}") from None
+    return {k: v for k, v in doc.items() if k not in ("format", "version")}
 
 
 def cost_profile(profile: dict[str, Any]) -> dict[str, Any]:

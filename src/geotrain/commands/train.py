@@ -125,7 +125,6 @@ def _profile(args: argparse.Namespace) -> str | None:
 def _check_resumable(out: Path, every: int | None) -> int | None:
     """--resume needs a complete checkpoint, else it would silently start over (and truncate the
     run's losses). Keeps the interrupted run's --checkpoint-every unless a new one is given."""
-    import json
 
     from geotrain.errors import GeotrainError
 
@@ -134,11 +133,12 @@ def _check_resumable(out: Path, every: int | None) -> int | None:
         raise GeotrainError(f"--resume: no complete checkpoint in {out / 'checkpoints'} (train with "
                             "--checkpoint-every N, or job.checkpoint_every, to save some)")
     if every is None:
+        from geotrain.runtime.runfile import read_run_config
+
         try:
-            previous = json.loads((out / "logs" / "run_config.json").read_text())
-            every = previous[0].get("checkpoint_every")
-        except (OSError, ValueError, IndexError, KeyError, AttributeError):
-            pass
+            every = read_run_config(out / "logs" / "run_config.json")[0].checkpoint_every
+        except (GeotrainError, IndexError):
+            pass   # an older run's file, or none: keep the default
     return every
 
 

@@ -30,7 +30,7 @@ from geotrain.cost.units import KINDS
 PROFILE_KEYS = set(KINDS) | {"reference_gpu", "memory_bytes_per_s"}
 # Keys a profile file may carry for other readers: `geotrain profile` adds "runtime" (overheads the
 # calibrated simulation in geotrain.calibrate.costs uses), so CostModel(profile=json.load(f)) works on it.
-IGNORED_KEYS = {"runtime"}
+IGNORED_KEYS = {"runtime", "format", "version"}
 
 
 class Profile:

@@ -22,10 +22,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 from geotrain.errors import GeotrainError
+from geotrain.runtime.runfile import write_run_config
 from geotrain.runtime.trainer import RunConfig
 
 MAX_LOCAL_RANKS = 64  # override with GEOTRAIN_MAX_LOCAL_RANKS on a big single host
@@ -126,7 +126,7 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
     logs = Path(run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     cfg_path = logs / "run_config.json"
-    cfg_path.write_text(json.dumps([asdict(c) for c in cases], indent=1))
+    write_run_config(cfg_path, cases)
     launch_ranks([sys.executable, "-m", entry, str(cfg_path)], world_size, logs, threads=threads, env=env,
                  describe=describe, timeout_s=timeout_s, rank0_stdout=rank0_stdout, wan=wan, watch=watch)
 

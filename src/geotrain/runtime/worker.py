@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
 from geotrain.process import exit_skipping_teardown
+from geotrain.runtime.runfile import read_run_config
 from geotrain.runtime.trainer import BubbleHookFactory, RunConfig, train
 
 
@@ -76,8 +77,8 @@ def write_error(e: BaseException) -> None:
 def main(argv: list[str] | None = None, bubble_hook: BubbleHookFactory | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _die_with_parent()
-    cases = [RunConfig(**c) for c in json.loads(Path(argv[0]).read_text())]
     try:
+        cases = read_run_config(Path(argv[0]))
         run_cases(cases, bubble_hook)
     except BaseException as e:  # noqa: BLE001 -- every failure must be reported to the launcher
         write_error(e)
