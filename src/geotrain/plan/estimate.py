@@ -84,9 +84,20 @@ def inflight(kind: str, pp: int, m: int, stage: int, extra: Sequence[int] = (), 
     return min(m, pp - stage + e)
 
 
-def estimate(stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts], m: int, kind: str,
-             v: int = 1, extra: Sequence[int] = (), offsets: float = 0.0,
-             wan_latency: float = 0.0) -> Estimate:
+@dataclass(frozen=True)
+class PipelinePart:
+    """The part of an estimate that the DP all-reduce and optimizer (so the sharding) leave alone."""
+
+    pipe: float
+    period: float
+    compute_period: float
+    bandwidth_period: float
+    latency_period: float
+    fill: float
+
+
+def pipeline_part(stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts], m: int, kind: str,
+                  v: int = 1, extra: Sequence[int] = ()) -> PipelinePart:
     pp = len(stages)
     steps = [s.step for s in stages]
     t_max = max(steps)
@@ -108,12 +119,23 @@ def estimate(stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts], m: i
     else:
         fill = sum(steps)
     pipe = (m - 1) * period + fill + comm_fill
-    # Stage s finishes its last backward before stage 0 by the drain through stages < s.
+    return PipelinePart(pipe, period, t_max, bw, lat, fill + comm_fill)
+
+
+def finish(part: PipelinePart, stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts],
+           offsets: float = 0.0, wan_latency: float = 0.0) -> Estimate:
+    """Add the tail: stage s finishes its last backward before stage 0 by the drain through stages < s."""
     tail, slack = 0.0, 0.0
-    for s in range(pp):
-        tail = max(tail, stages[s].allreduce + stages[s].optimizer - slack)
-        slack += stages[s].backward + (delays[s] if s < len(delays) else 0.0)
-    total = pipe + max(tail, 0.0) + offsets
-    return Estimate(total=total, period=period, compute_period=t_max, bandwidth_period=bw,
-                    latency_period=lat, fill=fill + comm_fill, tail=max(tail, 0.0), offsets=offsets,
-                    wan_latency=wan_latency)
+    for s, st in enumerate(stages):
+        tail = max(tail, st.allreduce + st.optimizer - slack)
+        slack += st.backward + (bounds[s].delay if s < len(bounds) else 0.0)
+    total = part.pipe + tail + offsets
+    return Estimate(total=total, period=part.period, compute_period=part.compute_period,
+                    bandwidth_period=part.bandwidth_period, latency_period=part.latency_period, fill=part.fill,
+                    tail=tail, offsets=offsets, wan_latency=wan_latency)
+
+
+def estimate(stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts], m: int, kind: str,
+             v: int = 1, extra: Sequence[int] = (), offsets: float = 0.0,
+             wan_latency: float = 0.0) -> Estimate:
+    return finish(pipeline_part(stages, bounds, m, kind, v, extra), stages, bounds, offsets, wan_latency)

@@ -9,6 +9,7 @@ G GPUs can host at most G // (dp * tp) stages.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
 
 from geotrain.config.cluster import Cluster
 
@@ -44,7 +45,8 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def pp_candidates(lo: int, hi: int, dense_up_to: int = 12) -> list[int]:
+@lru_cache(maxsize=4096)
+def pp_candidates(lo: int, hi: int, dense_up_to: int = 12) -> tuple[int, ...]:
     """Pipeline depths to try between lo and hi: every value near the bottom, then a geometric
     ladder (x1.25) -- the estimate is smooth in pp, so the gaps cost little."""
     if hi < lo:
@@ -55,13 +57,28 @@ def pp_candidates(lo: int, hi: int, dense_up_to: int = 12) -> list[int]:
         vals.add(int(round(x)))
         x *= 1.25
     vals.add(hi)
-    return sorted(v for v in vals if lo <= v <= hi)
+    return tuple(sorted(v for v in vals if lo <= v <= hi))
 
 
 def distribute_stages(pp: int, caps: Sequence[int], speeds: Sequence[float]) -> tuple[int, ...] | None:
     """Stages per DC along a chain: at least one each, at most caps[i]; the rest go where a stage
     adds the most throughput (fastest GPUs first, then the DC with the most room left), since the
-    balanced split later gives each stage work in proportion to its speed."""
+    balanced split later gives each stage work in proportion to its speed.
+
+    Only the speeds' order and ties matter, so the answer is memoised on their ranks: the search
+    asks the same question for every micro-batch size and for chains that share a DC sequence."""
+    return distribute_ranked(pp, tuple(caps), speed_ranks(speeds))
+
+
+def speed_ranks(speeds: Sequence[float]) -> tuple[int, ...]:
+    """0 for the fastest GPU type, 1 for the next, ...; equal speeds share a rank."""
+    order = sorted(set(speeds), reverse=True)
+    return tuple(order.index(x) for x in speeds)
+
+
+@lru_cache(maxsize=1 << 16)
+def distribute_ranked(pp: int, caps: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[int, ...] | None:
+    speeds = [-r for r in ranks]
     n = len(caps)
     if pp < n or pp > sum(caps) or any(c < 1 for c in caps):
         return None

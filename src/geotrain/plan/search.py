@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from geotrain.config.load import Spec
 from geotrain.errors import InfeasibleError
 from geotrain.plan.context import GBIT, PlanningContext
-from geotrain.plan.estimate import BoundaryCosts, Estimate, StageCosts, estimate, inflight
+from geotrain.plan.estimate import BoundaryCosts, Estimate, StageCosts, estimate, finish, inflight, pipeline_part
 from geotrain.plan.pins import pin_problem, respects_pins
-from geotrain.plan.placement import chains, distribute_stages, iter_dp, pp_candidates, stage_dcs
+from geotrain.plan.placement import chains, distribute_ranked, iter_dp, pp_candidates, speed_ranks, stage_dcs
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
 from geotrain.plan.split import balanced_split, split_even
 from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, pipeline_offsets, turn_rate_gbps
@@ -33,7 +33,7 @@ from geotrain.wan.temporal import concurrent_turns
 MICRO_BATCHES = (1, 2, 4, 8)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Layout:
     """Where the GPUs come from: DC chain, stages per DC, dp, micro-batching."""
 
@@ -267,6 +267,7 @@ class Scorer:
                 return None  # identical to 1f1b
         wanted = extra
         best: Candidate | None = None
+        parts: dict[tuple[int, ...], tuple] = {}   # the sharding only changes the tail: per warm-up, once
         for sharding in ctx.sharding_options():
             # Every sharding that fits is scored, not only the leanest: sharding the optimizer
             # state also shards the optimizer step, which can make a heavier one faster.
@@ -280,10 +281,12 @@ class Scorer:
             self.scored += 1
             costs = [StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
                      for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)]
-            est = estimate(costs, bounds, m, kind, v, extra, 0.0, wan_lat)
-            if sharing == "temporal":
-                span = offsets_span(dp, stagger, est.period)
-                est = estimate(costs, bounds, m, kind, v, extra, span, wan_lat)
+            hit = parts.get(extra)
+            if hit is None:
+                part = pipeline_part(costs, bounds, m, kind, v, extra)
+                span = offsets_span(dp, stagger, part.period) if sharing == "temporal" else 0.0
+                hit = parts[extra] = (part, span)
+            est = finish(hit[0], costs, bounds, hit[1], wan_lat)
             if best is None or est.total < best.est.total:
                 best = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, sharing, conns, est)
         if best is not None:
@@ -348,7 +351,9 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
     gb = job.global_batch
     mbs = [job.micro_batch] if isinstance(job.micro_batch, int) else [b for b in MICRO_BATCHES if gb % b == 0]
     out = []
+    seen: set[tuple] = set()   # (what the chain looks like, counts, dp, mb): alike DCs swapped are one layout
     for chain in allowed_chains or chains(cluster):
+        look = chain_signature(ctx, chain)
         gpus = [cluster.dc(d).gpus for d in chain]
         types = [cluster.dc(d).gpu_type for d in chain]
         if job.pp is not None and job.pp < len(chain):
@@ -360,6 +365,7 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
             tabs = [ctx.table(t, mb, ctx.checkpointing_options()[0]) for t in types]
             work = [tab.step[-1] for tab in tabs]
             speeds = [1.0 / w for w in work]
+            ranks = speed_ranks(speeds)
             fills = []
             for kind in kinds:
                 if kind == "zb-h1":
@@ -375,19 +381,23 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
             for dp in iter_dp(gb, mb, min(gpus) // tp):
                 if job.dp is not None and dp != job.dp:
                     continue
-                caps = [g // (dp * tp) for g in gpus]
+                caps = tuple(g // (dp * tp) for g in gpus)
                 m = gb // (dp * mb)
                 hi = min(sum(caps), ctx.model.layers)
                 pps = [job.pp] if job.pp is not None else pp_candidates(len(chain), hi)
+                wan_period = dp * nbytes / min(caps_bw) if wan_aware and caps_bw else 0.0
+                extra = 2 * lat if wan_aware and caps_bw else 0.0
                 for pp in pps:
-                    counts = distribute_stages(pp, caps, speeds)
+                    counts = distribute_ranked(pp, caps, ranks)
                     if counts is None:
                         continue
-                    period = 1.0 / sum(c * sp for c, sp in zip(counts, speeds, strict=True))
-                    extra = 0.0
-                    if wan_aware and caps_bw:
-                        period = max(period, dp * nbytes / min(caps_bw))
-                        extra = 2 * lat
+                    key = (look, counts, dp, mb)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    period = 1.0 / sum(c * sp for c, sp in zip(counts, speeds))
+                    if period < wan_period:
+                        period = wan_period
                     out.append(Layout(chain, counts, dp, mb, m, (m - 1) * period + fill + extra))
     return out
 
@@ -438,7 +448,7 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate: b
     cands = search(ctx, scorer, layouts, keep=max(top_k, 1) * 2)
     if not cands:
         raise InfeasibleError(_diagnose_infeasible(ctx, scorer))
-    finalists = _distinct(cands)[:max(top_k, 1)]
+    finalists = _distinct(cands, ctx)[:max(top_k, 1)]
     plans = [(c.to_plan(ctx), c) for c in finalists]
     # Variants of the best: the other sharing policy, and the baselines upgraded with our WAN use.
     best = finalists[0]
@@ -448,6 +458,7 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate: b
                                      best.est.period, offsets=True).with_(name=f"{best.name}-offsets"), best))
     # A baseline picks its own dp, schedule, ...: for a pinned job only those keeping the pins count.
     plans += [(p, None) for p in _upgraded_baselines(spec, ctx) if respects_pins(p, spec.job)]
+    plans = _worth_simulating(ctx, plans, best.est.total)
     t_search = time.perf_counter() - t0
     if log:
         log(f"searched {len(layouts)} layouts, scored {scorer.scored} candidates in {t_search:.2f} s")
@@ -499,10 +510,49 @@ def _cheaper_alternative(chosen: Plan, t_chosen: float, simulated: list[tuple[Pl
             f"{100 * (1 - p.num_ranks * t / (n * t_chosen)):.0f}% fewer GPU-hours per token."]
 
 
-def _distinct(cands: list[Candidate]) -> list[Candidate]:
+def _worth_simulating(ctx: PlanningContext, plans: list[tuple[Plan, Candidate | None]], best_estimate: float,
+                      slack: float = 1.5) -> list[tuple[Plan, Candidate | None]]:
+    """The finalists less the repeats (the same plan under another name: single-dc+wan is
+    single-dc when that DC has no link to use) and the baselines the estimate puts more than
+    `slack` x behind the best (their simulations cost most of the planning time and never win)."""
+    out, seen = [], set()
+    for plan, cand in plans:
+        key = plan.with_(name="")
+        if key in seen:
+            continue
+        if cand is None:
+            est = score_plan(ctx, plan)
+            if est is not None and est.est.total > slack * best_estimate:
+                continue
+        seen.add(key)
+        out.append((plan, cand))
+    return out
+
+
+def chain_signature(ctx: PlanningContext, chain: tuple[str, ...]) -> tuple:
+    """What the simulator sees of a chain: per DC its hardware, per hop the link's numbers -- two
+    chains over alike DCs (two equal zones swapped) give the same layouts. Prices are part of it,
+    so alike DCs at different prices stay apart."""
+    def dc(name: str) -> tuple:
+        d = ctx.dc(name)
+        return (d.gpu_type, d.gpus_per_node, d.intra_node_gbps, d.intra_dc_gbps, d.intra_dc_latency_us,
+                d.price_per_gpu_hour)
+
+    hops = tuple((lk.latency_ms, lk.capacity_gbps, lk.per_connection_gbps, lk.max_connections, lk.loss, lk.jitter_ms)
+                 for lk in (ctx.link(a, b) for a, b in zip(chain, chain[1:])))
+    return tuple(dc(x) for x in chain), hops
+
+
+def _signature(ctx: PlanningContext, c: Candidate) -> tuple:
+    return (chain_signature(ctx, c.layout.chain), c.layout.counts, c.layout.dp, c.layout.micro_batch, c.kind,
+            c.sharing, c.checkpointing, c.sharding)
+
+
+def _distinct(cands: list[Candidate], ctx: PlanningContext | None = None) -> list[Candidate]:
     seen, out = set(), []
     for c in cands:
-        key = (c.layout.chain, c.layout.counts, c.layout.dp, c.layout.micro_batch, c.kind, c.sharing)
+        key = _signature(ctx, c) if ctx is not None else (c.layout.chain, c.layout.counts, c.layout.dp,
+                                                            c.layout.micro_batch, c.kind, c.sharing)
         if key not in seen:
             seen.add(key)
             out.append(c)
