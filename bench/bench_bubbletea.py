@@ -41,7 +41,7 @@ def main() -> int:
         if args.pinned:
             plan = plan_from_job(spec)
         else:
-            from geotrain.plan.search import make_plan
+            from geotrain.orchestrate.planning import make_plan
 
             plan = make_plan(spec, top_k=1).plan
         sim = simulate(spec, plan)

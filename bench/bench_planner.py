@@ -23,8 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> int:
     from geotrain.config import load_spec
     from geotrain.errors import GeotrainError
-    from geotrain.plan.baselines import evaluate_baselines
-    from geotrain.plan.search import make_plan
+    from geotrain.orchestrate.planning import evaluate_baselines, make_plan
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="only the 8,192-GPU planning time")

@@ -9,8 +9,9 @@ import pytest
 
 from geotrain.config import load_spec
 from geotrain.errors import InfeasibleError
+from geotrain.orchestrate.planning import make_plan
 from geotrain.plan.context import PlanningContext
-from geotrain.plan.search import Scorer, make_plan
+from geotrain.plan.scorer import Scorer
 from geotrain.plan.split import balanced_split, prefix_sums
 
 
@@ -94,7 +95,7 @@ def test_baselines_are_all_evaluated(a100):
     from geotrain.plan.baselines import evaluate_baselines
 
     spec, _ = a100
-    base = evaluate_baselines(spec, simulate=False)
+    base = evaluate_baselines(spec)
     assert {b.name for b in base} == {"dp-across-dcs", "naive-pp", "varuna", "single-dc"}
     assert all(b.plan is not None for b in base if b.name != "dp-across-dcs")
 
@@ -154,8 +155,8 @@ def capsys_text(capfd) -> str:
 
 def test_cli_writes_a_plan_file_and_sweep_rows(examples_dir_module, tmp_path, capfd):
     from geotrain.cli import main
+    from geotrain.orchestrate.planning import sweep
     from geotrain.plan.plan import load_plan
-    from geotrain.plan.whatif import sweep
 
     out = tmp_path / "plan.json"
     assert main(["plan", str(examples_dir_module / "tiny_2dc.toml"), "--out", str(out), "--compare"]) == 0

@@ -12,9 +12,9 @@ from _small_clusters import abc_64_32_16
 
 from geotrain.cli import main
 from geotrain.errors import InfeasibleError
+from geotrain.orchestrate.planning import make_plan
 from geotrain.plan.manual import plan_from_job, split_even
 from geotrain.plan.plan import LinkPlan, StagePlan
-from geotrain.plan.search import make_plan
 from geotrain.sim import simulate
 
 

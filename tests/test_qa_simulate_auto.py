@@ -6,7 +6,7 @@ import json
 
 from geotrain.cli import main
 from geotrain.config import load_spec
-from geotrain.plan.search import make_plan
+from geotrain.orchestrate.planning import make_plan
 
 SPEC = "examples/llama2_7b_a100_3dc.toml"
 

@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     if args.sweep:
         return _run_sweep(spec, args)
+    from geotrain.orchestrate.planning import make_plan
     from geotrain.plan.plan import save_plan
-    from geotrain.plan.search import make_plan
 
     res = make_plan(spec, top_k=args.top_k)
     if args.out:   # written before anything is printed: a closed pipe must not lose the plan
@@ -102,7 +102,7 @@ def _print_plan(spec, res) -> None:
 
 def _print_compare(spec, res) -> None:
     from geotrain.console import human_bytes
-    from geotrain.plan.baselines import evaluate_baselines
+    from geotrain.orchestrate.planning import evaluate_baselines
 
     rows = [("geotrain", res.plan.gpus_per_dc(), res.iteration_s,
              res.sim.metrics.tokens_per_s if res.sim else math.nan,
@@ -124,7 +124,8 @@ def _print_compare(spec, res) -> None:
 
 def _run_sweep(spec, args) -> int:
     from geotrain.errors import GeotrainError
-    from geotrain.plan.whatif import check_plot_path, parse_sweep, plot, sweep
+    from geotrain.orchestrate.planning import sweep
+    from geotrain.plan.whatif import check_plot_path, parse_sweep, plot
 
     if args.out:
         raise GeotrainError("--out writes one plan file; --sweep makes one plan per value (run `geotrain plan` "

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         if args.schedule:
             plan, _ = schedule_variant(plan, args.schedule, spec.model.num_units, spec)
     else:
-        from geotrain.plan.search import make_plan
+        from geotrain.orchestrate.planning import make_plan
 
         # What `geotrain plan SPEC` chooses -- also for a job that pins pp/dp, so plan, simulate and
         # train place it alike (the estimate-only pick can differ from the simulated one).

@@ -85,7 +85,7 @@ def _config(args: argparse.Namespace):
         plan_dict = plan.to_dict()
     else:  # a spec: the plan `geotrain plan SPEC` chooses, pinned layout or not (every rank gets the same)
         from geotrain.config import load_spec
-        from geotrain.plan.search import make_plan
+        from geotrain.orchestrate.planning import make_plan
 
         plan_dict = make_plan(load_spec(path)).plan.to_dict()
     overrides = {k: v for k, v in (("schedule", args.schedule), ("precision", args.precision),

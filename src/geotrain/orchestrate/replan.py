@@ -16,8 +16,8 @@ from pathlib import Path
 from geotrain.config.load import load_spec
 from geotrain.console import human_seconds
 from geotrain.errors import GeotrainError, InfeasibleError
+from geotrain.orchestrate.planning import make_plan
 from geotrain.plan.plan import load_plan
-from geotrain.plan.search import make_plan
 from geotrain.sim import simulate
 
 

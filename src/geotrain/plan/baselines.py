@@ -21,8 +21,10 @@ from geotrain.config.load import Spec
 from geotrain.errors import GeotrainError
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.estimate import inflight
+from geotrain.plan.layouts import enumerate_layouts
 from geotrain.plan.placement import divisors
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
+from geotrain.plan.scorer import Scorer, search
 from geotrain.plan.split import split_even
 
 BASELINES = ("dp-across-dcs", "naive-pp", "varuna", "single-dc")
@@ -112,8 +114,6 @@ def naive_pp(spec: Spec, ctx: PlanningContext) -> tuple[Plan | None, str]:
 
 
 def varuna(spec: Spec, ctx: PlanningContext) -> tuple[Plan | None, str]:
-    from geotrain.plan.search import Scorer, enumerate_layouts, search
-
     names = tuple(d.name for d in spec.cluster.datacenters)
     if not _linked_in_order(ctx, list(names)):
         return None, "DCs in input order are not linked consecutively"
@@ -127,8 +127,6 @@ def varuna(spec: Spec, ctx: PlanningContext) -> tuple[Plan | None, str]:
 
 
 def single_dc(spec: Spec, ctx: PlanningContext) -> tuple[Plan | None, str]:
-    from geotrain.plan.search import Scorer, enumerate_layouts, search
-
     big = max(spec.cluster.datacenters, key=lambda d: d.gpus)
     scorer = Scorer(ctx)
     best = search(ctx, scorer, enumerate_layouts(ctx, [(big.name,)]), keep=1)
@@ -223,8 +221,8 @@ def dp_across_dcs(spec: Spec, ctx: PlanningContext | None = None) -> BaselineRes
     return res
 
 
-def evaluate_baselines(spec: Spec, ctx: PlanningContext | None = None, simulate: bool = True) -> list[BaselineResult]:
-    """Every baseline's numbers (simulated where it is a plan)."""
+def evaluate_baselines(spec: Spec, ctx: PlanningContext | None = None) -> list[BaselineResult]:
+    """Every baseline, as a plan where it is one (geotrain.orchestrate.planning simulates those)."""
     ctx = ctx or PlanningContext(spec)
     out = [dp_across_dcs(spec, ctx)]
     for name, fn in (("naive-pp", naive_pp), ("varuna", varuna), ("single-dc", single_dc)):
@@ -235,14 +233,5 @@ def evaluate_baselines(spec: Spec, ctx: PlanningContext | None = None, simulate:
         r = BaselineResult(name, plan, note=why)
         if plan is not None:
             r.gpus_per_dc = plan.gpus_per_dc()
-            if simulate:
-                from geotrain.sim import simulate as run_sim
-
-                sim = run_sim(spec, plan)
-                r.sim = sim
-                r.iteration_s = sim.metrics.iteration_time
-                r.tokens_per_s = sim.metrics.tokens_per_s
-                r.utilization = sim.metrics.mean_utilization
-                r.wan_bytes = sim.metrics.wan_bytes
         out.append(r)
     return out

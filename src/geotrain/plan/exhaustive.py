@@ -4,7 +4,8 @@ The search prunes (stage counts per DC fastest GPUs first, a pp ladder, lower-bo
 cheapest checkpointing/sharding that fits, the top few estimates confirmed). This module prunes
 nothing the job leaves open: every chain of linked DCs, every number of stages on each DC of it
 (all compositions, not only fastest-first), every dp and pp, every micro-batch, schedule kind,
-checkpointing and sharding that fits in memory, temporal and fair WAN sharing. What it keeps
+checkpointing and sharding that fits in memory, temporal (lockstep and staggered starts) and
+fair WAN sharing. What it keeps
 from the planner are the pieces that are optimal or fixed by construction: the time-balanced
 layer split (optimal for per-stage compute), the saturating TCP connection counts and the
 wan-1f1b warm-up sized to the WAN round trip within memory.
@@ -21,9 +22,10 @@ from collections.abc import Iterator
 from geotrain.config.load import Spec
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.estimate import inflight
+from geotrain.plan.layouts import MICRO_BATCHES, Layout, schedule_kinds
 from geotrain.plan.placement import chains, iter_dp
 from geotrain.plan.plan import Plan
-from geotrain.plan.search import MICRO_BATCHES, Candidate, Layout, Scorer, schedule_kinds, score_plan
+from geotrain.plan.scorer import Candidate, Scorer, score_plan
 from geotrain.plan.temporal import apply_temporal
 
 DEFAULT_LIMIT = 20_000
@@ -65,7 +67,7 @@ def all_plans(spec: Spec, limit: int = DEFAULT_LIMIT) -> list[Plan]:
     ctx = PlanningContext(spec)
     out: list[Plan] = []
     for lay in all_layouts(ctx):
-        for sharing in (("temporal", "fair") if len(lay.chain) > 1 and lay.dp > 1 else ("fair",)):
+        for sharing in (("temporal", "offsets", "fair") if len(lay.chain) > 1 and lay.dp > 1 else ("fair",)):
             for kind in schedule_kinds(ctx, len(lay.chain)):
                 for ckpt in ctx.checkpointing_options():
                     for sharding in ctx.sharding_options():
@@ -87,14 +89,15 @@ def _plan(ctx: PlanningContext, lay: Layout, kind: str, ckpt: str, sharding: str
     if kind in ("1f1b", "wan-1f1b", "zb-h1", "interleaved") and m < pp:
         return None
     # One Scorer per (checkpointing, sharding) choice: it then scores only that combination.
-    scorer = Scorer(ctx, sharing=(sharing,), kinds=(kind,))
+    scorer = Scorer(ctx, sharing=("temporal" if sharing == "offsets" else sharing,), kinds=(kind,))
     dcs = lay.stage_dcs
     chunks = scorer.split(dcs, lay.micro_batch, ckpt, v)
-    conns = tuple(scorer.connections(a, b, lay.dp, sharing) for a, b in zip(lay.chain, lay.chain[1:]))
+    policy = "fair" if sharing == "fair" else "temporal"
+    conns = tuple(scorer.connections(a, b, lay.dp, policy) for a, b in zip(lay.chain, lay.chain[1:]))
     extra: tuple[int, ...] = ()
     if kind == "wan-1f1b":
         compute = scorer.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
-        bounds, _ = scorer.boundaries(lay, sharing, conns, 1)
+        bounds, _ = scorer.boundaries(lay, policy, conns, 1)
         extra = scorer._fit_warmup(lay, chunks, scorer._wanted_warmup(compute, bounds, m), sharding, ckpt)
         if not any(extra):
             return None
@@ -102,7 +105,8 @@ def _plan(ctx: PlanningContext, lay: Layout, kind: str, ckpt: str, sharding: str
                               lay.dp, ckpt) for s in range(pp)):
         return None
     plan = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, "fair", conns, None).to_plan(ctx)
-    if sharing == "temporal":  # the offsets wrap around the steady-state period the estimate gives
+    if sharing != "fair":  # "offsets": staggered starts, wrapped around the estimate's steady-state period
         est = score_plan(ctx, plan)
-        plan = apply_temporal(plan, ctx.cluster, ctx.boundary_bytes(lay.micro_batch), est.est.period if est else 0.0)
+        plan = apply_temporal(plan, ctx.cluster, ctx.boundary_bytes(lay.micro_batch), est.est.period if est else 0.0,
+                              offsets=sharing == "offsets")
     return plan

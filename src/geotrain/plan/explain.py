@@ -12,6 +12,7 @@ import math
 
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.plan import Plan
+from geotrain.plan.scorer import Scorer
 
 GIB = 2**30
 
@@ -48,8 +49,6 @@ def lower_bound(ctx: PlanningContext, plan: Plan, costs) -> dict[str, float]:
 
 
 def _stage_costs(ctx: PlanningContext, plan: Plan):
-    from geotrain.plan.search import Scorer
-
     sc = Scorer(ctx)
     return sc.stage_costs([s.dc for s in plan.stages], tuple(s.chunks for s in plan.stages), plan.micro_batch,
                           plan.checkpointing, plan.sharding, plan.dp)

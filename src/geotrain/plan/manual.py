@@ -16,9 +16,10 @@ from geotrain.config.load import Spec
 from geotrain.errors import InfeasibleError
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.explain import infeasible_reason
+from geotrain.plan.layouts import Layout, enumerate_layouts
 from geotrain.plan.pins import ZB_SELECTIVE, pin_problem
 from geotrain.plan.plan import Plan
-from geotrain.plan.search import Candidate, Layout, Scorer, enumerate_layouts, search
+from geotrain.plan.scorer import Candidate, Scorer, search
 from geotrain.plan.split import split_even
 
 

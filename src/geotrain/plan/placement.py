@@ -70,33 +70,37 @@ def distribute_stages(pp: int, caps: Sequence[int], speeds: Sequence[float]) -> 
     return distribute_ranked(pp, tuple(caps), speed_ranks(speeds))
 
 
-def speed_ranks(speeds: Sequence[float]) -> tuple[int, ...]:
-    """0 for the fastest GPU type, 1 for the next, ...; equal speeds share a rank."""
+def speed_ranks(speeds: Sequence[float], memory: Sequence[float] | None = None) -> tuple[tuple[int, int], ...]:
+    """Per DC (speed rank, memory rank): 0 for the fastest GPU type, 1 for the next, equal speeds
+    sharing a rank; then 0 for the most memory per GPU. Among equally fast DCs the one with more
+    memory takes a left-over stage first: the early stages hold the most activations, and a
+    40 GB DC taking the extra stage is what made a layout not fit."""
     order = sorted(set(speeds), reverse=True)
-    return tuple(order.index(x) for x in speeds)
+    mem = list(memory) if memory is not None else [0.0] * len(speeds)
+    morder = sorted(set(mem), reverse=True)
+    return tuple((order.index(x), morder.index(g)) for x, g in zip(speeds, mem, strict=True))
 
 
 @lru_cache(maxsize=1 << 16)
-def distribute_ranked(pp: int, caps: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[int, ...] | None:
-    speeds = [-r for r in ranks]
+def distribute_ranked(pp: int, caps: tuple[int, ...], ranks: tuple[tuple[int, int], ...]) -> tuple[int, ...] | None:
     n = len(caps)
-    if pp < n or pp > sum(caps) or any(c < 1 for c in caps):
+    if pp < n or pp > sum(caps) or min(caps) < 1:
         return None
     counts = [1] * n
     left = pp - n
-    order = sorted(range(n), key=lambda i: (-speeds[i], -caps[i]))
+    order = sorted(range(n), key=lambda i: (ranks[i], -caps[i]))
     # Fill the fastest GPU type first; within equally fast DCs, proportionally to their room.
     i = 0
     while left > 0 and i < n:
-        speed = speeds[order[i]]
-        group = [j for j in order if speeds[j] == speed]
+        speed = ranks[order[i]][0]
+        group = [j for j in order if ranks[j][0] == speed]
         room = {j: caps[j] - counts[j] for j in group}
         total_room = sum(room.values())
         if total_room > 0:
             take = min(left, total_room)
             shares = {j: take * room[j] // total_room for j in group}
             rest = take - sum(shares.values())
-            for j in sorted(group, key=lambda j: -(room[j] - shares[j])):
+            for j in sorted(group, key=lambda j: (-(room[j] - shares[j]), ranks[j][1])):
                 if rest <= 0:
                     break
                 if shares[j] < room[j]:

@@ -80,34 +80,7 @@ def _number(key: str, value: str) -> float:
     return int(v) if v.is_integer() else v
 
 
-def sweep(spec: Spec, key: str, values: list[str], top_k: int = 2, log=None) -> list[SweepRow]:
-    from pydantic import ValidationError
-
-    from geotrain.plan.baselines import evaluate_baselines
-    from geotrain.plan.context import PlanningContext
-    from geotrain.plan.search import make_plan
-
-    rows = []
-    for value in values:
-        try:
-            s = apply_value(spec, key, value)
-        except ValidationError as e:
-            raise GeotrainError(f"{key}={value}: {e.errors()[0]['msg']}") from None
-        try:
-            res = make_plan(s, top_k=top_k)
-        except GeotrainError as e:
-            rows.append(SweepRow(value, math.inf, 0.0, "-", note=str(e)))
-            continue
-        p = res.plan
-        summary = f"{'>'.join(_chain(p))} pp{p.pp} dp{p.dp} mb{p.micro_batch} {p.schedule}"
-        base = {b.name: b.iteration_s for b in evaluate_baselines(s, PlanningContext(s))}
-        rows.append(SweepRow(value, res.iteration_s, res.sim.metrics.tokens_per_s if res.sim else 0.0, summary, base))
-        if log:
-            log(f"{key}={value}: {res.iteration_s:.3f} s ({summary})")
-    return rows
-
-
-def _chain(plan) -> list[str]:
+def chain_of(plan) -> list[str]:
     out: list[str] = []
     for st in plan.stages:
         if not out or out[-1] != st.dc:

@@ -1,0 +1,124 @@
+"""Layouts: where the GPUs of a pipeline come from, and the list the search scans.
+
+A layout is a chain of linked DCs, stages per DC, dp and micro-batching. `enumerate_layouts`
+lists every layout the job allows -- DC chains (simple paths of the WAN graph) x dp (divisors of
+the batch) x pp (every small value, then a x1.25 ladder) x micro-batch -- each with a cheap lower
+bound on its iteration time (ideal compute of its GPUs, WAN bytes over capacity, WAN latency), so
+the search can scan them in bound order and stop early. Stage counts per DC go fastest GPUs
+first; chains over alike DCs (same hardware, prices and links) give their layouts once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from geotrain.plan.context import GBIT, PlanningContext
+from geotrain.plan.placement import chains, distribute_ranked, iter_dp, pp_candidates, speed_ranks, stage_dcs
+
+MICRO_BATCHES = (1, 2, 4, 8)
+
+
+@dataclass(slots=True)
+class Layout:
+    """Where the GPUs come from: DC chain, stages per DC, dp, micro-batching."""
+
+    chain: tuple[str, ...]
+    counts: tuple[int, ...]
+    dp: int
+    micro_batch: int
+    m: int
+    bound: float = 0.0
+
+    @property
+    def pp(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def stage_dcs(self) -> list[str]:
+        return stage_dcs(self.chain, self.counts)
+
+
+def schedule_kinds(ctx: PlanningContext, chain_len: int) -> tuple[str, ...]:
+    from geotrain.schedule.builders import BUILDERS
+
+    if ctx.job.schedule != "auto":
+        return (ctx.job.schedule,)
+    kinds = ["1f1b", "zb-h1"]
+    if chain_len > 1:
+        kinds.append("wan-1f1b")
+    else:
+        kinds.append("interleaved")  # its chunk order wraps last->first stage: only inside one DC
+    return tuple(k for k in kinds if k in BUILDERS)
+
+
+def chain_signature(ctx: PlanningContext, chain: tuple[str, ...]) -> tuple:
+    """What the simulator sees of a chain: per DC its hardware, per hop the link's numbers -- two
+    chains over alike DCs (two equal zones swapped) give the same layouts. Prices are part of it,
+    so alike DCs at different prices stay apart."""
+    def dc(name: str) -> tuple:
+        d = ctx.dc(name)
+        return (d.gpu_type, d.gpus_per_node, d.intra_node_gbps, d.intra_dc_gbps, d.intra_dc_latency_us,
+                d.price_per_gpu_hour)
+
+    hops = tuple((lk.latency_ms, lk.capacity_gbps, lk.per_connection_gbps, lk.max_connections, lk.loss, lk.jitter_ms)
+                 for lk in (ctx.link(a, b) for a, b in zip(chain, chain[1:])))
+    return tuple(dc(x) for x in chain), hops
+
+
+def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]] | None = None,
+                      wan_aware: bool = True) -> list[Layout]:
+    """Every (chain, dp, pp, micro-batch) the job allows, each with a lower bound on its time."""
+    job, cluster = ctx.job, ctx.cluster
+    tp = ctx.tp
+    gb = job.global_batch
+    mbs = [job.micro_batch] if isinstance(job.micro_batch, int) else [b for b in MICRO_BATCHES if gb % b == 0]
+    out = []
+    seen: set[tuple] = set()   # (what the chain looks like, counts, dp, mb): alike DCs swapped are one layout
+    for chain in allowed_chains or chains(cluster):
+        look = chain_signature(ctx, chain)
+        gpus = [cluster.dc(d).gpus for d in chain]
+        types = [cluster.dc(d).gpu_type for d in chain]
+        if job.pp is not None and job.pp < len(chain):
+            continue
+        kinds = schedule_kinds(ctx, len(chain))
+        for mb in mbs:
+            # Ideal per-micro-batch work of the whole model on each DC's GPU type, and the least
+            # fill/drain any allowed schedule can have (both split-independent sums over units).
+            tabs = [ctx.table(t, mb, ctx.checkpointing_options()[0]) for t in types]
+            work = [tab.step[-1] for tab in tabs]
+            speeds = [1.0 / w for w in work]
+            ranks = speed_ranks(speeds, [cluster.gpu(t).memory_gib for t in types])
+            fills = []
+            for kind in kinds:
+                if kind == "zb-h1":
+                    fills.append(min(t.forward[-1] + t.backward_input[-1] - t.backward_weight[-1] for t in tabs))
+                elif kind == "interleaved":
+                    fills.append(min(work) / 2)
+                else:
+                    fills.append(min(work))
+            fill = min(fills, default=0.0)
+            nbytes = ctx.boundary_bytes(mb)
+            caps_bw = [ctx.link(a, b).capacity_gbps * GBIT for a, b in zip(chain, chain[1:])]
+            lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
+            for dp in iter_dp(gb, mb, min(gpus) // tp):
+                if job.dp is not None and dp != job.dp:
+                    continue
+                caps = tuple(g // (dp * tp) for g in gpus)
+                m = gb // (dp * mb)
+                hi = min(sum(caps), ctx.model.layers)
+                pps = [job.pp] if job.pp is not None else pp_candidates(len(chain), hi)
+                wan_period = dp * nbytes / min(caps_bw) if wan_aware and caps_bw else 0.0
+                extra = 2 * lat if wan_aware and caps_bw else 0.0
+                for pp in pps:
+                    counts = distribute_ranked(pp, caps, ranks)
+                    if counts is None:
+                        continue
+                    key = (look, counts, dp, mb)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    period = 1.0 / sum(c * sp for c, sp in zip(counts, speeds))
+                    if period < wan_period:
+                        period = wan_period
+                    out.append(Layout(chain, counts, dp, mb, m, (m - 1) * period + fill + extra))
+    return out

@@ -1,0 +1,327 @@
+"""Scoring a layout: the best schedule kind, memory techniques and WAN sharing for it, by the
+analytical estimate (plan/estimate.py).
+
+For a layout: checkpointing (cheapest that fits first; heavier only when nothing fits), schedule
+kind, every sharding that fits (ZeRO also shards the optimizer step), temporal vs fair WAN
+sharing where they can differ; the layer split is balanced per stage time (split.py), cached per
+GPU-type sequence. `score_plan` gives the estimate of an existing plan (baselines, explanations).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from geotrain.plan.context import GBIT, PlanningContext
+from geotrain.plan.estimate import BoundaryCosts, Estimate, StageCosts, estimate, finish, inflight, pipeline_part
+from geotrain.plan.layouts import Layout, schedule_kinds
+from geotrain.plan.plan import LinkPlan, Plan, StagePlan
+from geotrain.plan.split import balanced_split, split_even
+from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, turn_rate_gbps
+from geotrain.wan.temporal import concurrent_turns
+
+
+@dataclass
+class Candidate:
+    layout: Layout
+    kind: str
+    v: int
+    checkpointing: str
+    sharding: str
+    chunks: tuple[tuple[tuple[int, int], ...], ...]
+    extra: tuple[int, ...]
+    sharing: str
+    connections: tuple[int, ...]
+    est: Estimate
+    name: str = "geotrain"
+
+    def to_plan(self, ctx: PlanningContext) -> Plan:
+        lay = self.layout
+        dcs = lay.stage_dcs
+        stages = tuple(StagePlan(dc=dc, chunks=ch) for dc, ch in zip(dcs, self.chunks, strict=True))
+        links = tuple(LinkPlan(src_dc=a, dst_dc=b, connections=n, sharing="fair")
+                      for (a, b), n in zip(zip(lay.chain, lay.chain[1:]), self.connections, strict=True))
+        plan = Plan(stages=stages, dp=lay.dp, micro_batch=lay.micro_batch, num_microbatches=lay.m,
+                    schedule=self.kind, tp=ctx.tp, precision=ctx.job.precision,
+                    checkpointing=self.checkpointing, sharding=self.sharding, links=links,
+                    extra_warmup=self.extra if self.kind == "wan-1f1b" else (), name=self.name)
+        if self.sharing == "temporal":
+            return apply_temporal(plan, ctx.cluster, ctx.boundary_bytes(lay.micro_batch), self.est.period)
+        return apply_fair(plan)
+
+
+class Scorer:
+    """Scores layouts; owns the split cache."""
+
+    def __init__(self, ctx: PlanningContext, wan_aware: bool = True, fixed_connections: int | None = None,
+                 sharing: tuple[str, ...] = ("temporal", "fair"), kinds: tuple[str, ...] | None = None,
+                 even_split: bool = False):
+        self.ctx = ctx
+        self.wan_aware = wan_aware
+        self.fixed_connections = fixed_connections
+        self.sharing = sharing
+        self.kinds = kinds
+        self.even_split = even_split
+        self._splits: dict[tuple, tuple[tuple[tuple[int, int], ...], ...]] = {}
+        self._compute: dict[tuple, list] = {}
+        self.scored = 0
+        self.tightest: tuple[float, str, str] | None = None  # (memory fraction, DC, layout) nearest to fitting
+
+    # -- pieces ------------------------------------------------------------------------------
+    def split(self, dcs: list[str], mb: int, ckpt: str, v: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+        ctx = self.ctx
+        types = tuple(ctx.dc(d).gpu_type for d in dcs)
+        key = (types, mb, ckpt, v, self.even_split)
+        out = self._splits.get(key)
+        if out is None:
+            pp = len(dcs)
+            if self.even_split:
+                ranges = split_even(ctx.num_units, pp * v)
+            else:
+                prefixes = [ctx.table(types[i % pp], mb, ckpt).step for i in range(pp * v)]
+                ranges = balanced_split(prefixes)
+            out = tuple(tuple(ranges[c * pp + s] for c in range(v)) for s in range(pp))
+            self._splits[key] = out
+        return out
+
+    def stage_costs(self, dcs: list[str], chunks, mb: int, ckpt: str, sharding: str, dp: int) -> list[StageCosts]:
+        ctx = self.ctx
+        return [StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
+                for (f, b, bi, bw), ch, dc in zip(self._compute_only(dcs, chunks, mb, ckpt), chunks, dcs, strict=True)]
+
+    def connections(self, a: str, b: str, dp: int, sharing: str) -> int:
+        link = self.ctx.link(a, b)
+        if self.fixed_connections is not None:
+            return self.fixed_connections
+        sat = link.connections_to_saturate()
+        return sat if sharing == "temporal" or dp <= 1 else max(1, math.ceil(sat / dp))
+
+    def boundaries(self, lay: Layout, sharing: str, conns: tuple[int, ...],
+                   v: int) -> tuple[list[BoundaryCosts], float]:
+        """Per physical boundary costs; also the temporal stagger (one micro-batch at full rate)."""
+        ctx = self.ctx
+        dcs = lay.stage_dcs
+        nbytes = ctx.boundary_bytes(lay.micro_batch)
+        dp = lay.dp
+        out, stagger, wan_i = [], 0.0, 0
+        for s in range(len(dcs) - 1):
+            a, b = dcs[s], dcs[s + 1]
+            if a == b:
+                out.append(BoundaryCosts(False, ctx.intra_dc_transfer(a, nbytes), 0.0))
+                continue
+            link = ctx.link(a, b)
+            n = conns[wan_i]
+            wan_i += 1
+            lat = link.latency_ms * 1e-3
+            if sharing == "temporal" and dp > 1:
+                # Work-conserving turns: a few transfers at once fill the link (concurrent_turns).
+                rate = turn_rate_gbps(link, n, dp) * GBIT
+                slots = min(dp, concurrent_turns(link.capacity_gbps, link.rate_gbps(n)))
+                delay = lat + nbytes / rate
+                occ = dp * nbytes / (slots * rate)
+                stagger = max(stagger, nbytes / rate)
+            else:
+                agg = min(dp * link.rate_gbps(n), link.capacity_gbps) * GBIT
+                delay = lat + nbytes * dp / agg
+                occ = dp * nbytes / agg
+            if not self.wan_aware:
+                delay, occ = 0.0, 0.0
+            out.append(BoundaryCosts(True, delay, occ, f"{a}->{b}"))
+        return out, stagger
+
+    # -- a layout ------------------------------------------------------------------------------
+    def score(self, lay: Layout, kinds: tuple[str, ...] | None = None) -> Candidate | None:
+        """The best (schedule kind, checkpointing, sharding, WAN sharing) for a layout, or None
+        if nothing fits. Heavier checkpointing is tried only when no kind fits with a lighter one."""
+        ctx = self.ctx
+        dcs = lay.stage_dcs
+        pp, m, dp = lay.pp, lay.m, lay.dp
+        kinds = kinds or self.kinds or schedule_kinds(ctx, len(lay.chain))
+        wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(lay.chain, lay.chain[1:]))
+        # Temporal only where it can differ: some link whose turns hold fewer than dp transfers.
+        sharings = self.sharing if len(lay.chain) > 1 and dp > 1 and any(
+            concurrent_turns(ctx.link(a, b).capacity_gbps, ctx.link(a, b).rate_gbps(
+                self.connections(a, b, dp, "temporal"))) < dp for a, b in zip(lay.chain, lay.chain[1:])) else ("fair",)
+        variants = []
+        for sharing in sharings:
+            conns = tuple(self.connections(a, b, dp, sharing) for a, b in zip(lay.chain, lay.chain[1:]))
+            bounds, stagger = self.boundaries(lay, sharing, conns, 1)
+            variants.append((sharing, conns, bounds, stagger))
+        best: Candidate | None = None
+        for ckpt in ctx.checkpointing_options():
+            for kind in kinds:
+                v = 2 if kind == "interleaved" else 1
+                if v > 1 and (pp < 2 or m % pp or ctx.num_units < pp * v):
+                    continue
+                if kind == "wan-1f1b" and len(lay.chain) < 2:
+                    continue
+                if kind == "zb-h1" and ckpt == "selective":
+                    continue  # the split backward runs twice through a checkpointed region: PyTorch refuses
+                chunks = self.split(dcs, lay.micro_batch, ckpt, v)
+                compute = self.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
+                for sharing, conns, bounds, stagger in variants:
+                    cand = self._fit_and_estimate(lay, kind, v, ckpt, chunks, compute, bounds, stagger, sharing,
+                                                  conns, wan_lat)
+                    if cand is not None and (best is None or cand.est.total < best.est.total):
+                        best = cand
+            if best is not None:
+                break  # heavier checkpointing only adds recompute
+        return best
+
+    def compute_costs(self, dcs, chunks, mb: int, ckpt: str) -> list[tuple[float, float, float, float]]:
+        key = (tuple(dcs), chunks, mb, ckpt)
+        hit = self._compute.get(key)
+        if hit is None:
+            hit = [c[:4] for c in self._compute_only(dcs, chunks, mb, ckpt)]
+            self._compute[key] = hit
+        return hit
+
+    def _compute_only(self, dcs, chunks, mb, ckpt):
+        ctx = self.ctx
+        out = []
+        for dc, ch in zip(dcs, chunks, strict=True):
+            tab = ctx.table(ctx.dc(dc).gpu_type, mb, ckpt)
+            f = b = bi = bw = 0.0
+            for a, e in ch:
+                tf, tb, tbi, tbw = tab.times(a, e)
+                f, b, bi, bw = f + tf, b + tb, bi + tbi, bw + tbw
+            if ctx.tp > 1:
+                c = ctx.tp_comm(ch, mb, dc) / 2
+                f, b, bi = f + c, b + c, bi + c
+            out.append((f, b, bi, bw))
+        return out
+
+    def _fit_and_estimate(self, lay, kind, v, ckpt, chunks, compute, bounds, stagger, sharing, conns, wan_lat):
+        ctx = self.ctx
+        dcs = lay.stage_dcs
+        pp, m, mb, dp = lay.pp, lay.m, lay.micro_batch, lay.dp
+        extra: tuple[int, ...] = ()
+        if kind == "wan-1f1b":
+            extra = self._wanted_warmup(compute, bounds, m)
+            if not any(extra):
+                return None  # identical to 1f1b
+        wanted = extra
+        best: Candidate | None = None
+        parts: dict[tuple[int, ...], tuple] = {}   # the sharding only changes the tail: per warm-up, once
+        for sharding in ctx.sharding_options():
+            # Every sharding that fits is scored, not only the leanest: sharding the optimizer
+            # state also shards the optimizer step, which can make a heavier one faster.
+            if kind == "wan-1f1b":
+                extra = self._fit_warmup(lay, chunks, wanted, sharding, ckpt)
+                if not any(extra):
+                    continue
+            if not all(ctx.stage_fits(chunks[s], dcs[s], mb, inflight(kind, pp, m, s, extra, v), sharding, dp, ckpt)
+                       for s in range(pp)):
+                continue
+            self.scored += 1
+            costs = [StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
+                     for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)]
+            hit = parts.get(extra)
+            if hit is None:
+                part = pipeline_part(costs, bounds, m, kind, v, extra)
+                span = offsets_span(dp, stagger, part.period) if sharing == "temporal" else 0.0
+                hit = parts[extra] = (part, span)
+            est = finish(hit[0], costs, bounds, hit[1], wan_lat)
+            if best is None or est.total < best.est.total:
+                best = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, sharing, conns, est)
+        if best is not None:
+            return best
+        if self.scored == 0:
+            self._record_miss(lay, kind, v, ckpt, chunks, extra)
+        return None
+
+    def _record_miss(self, lay, kind, v, ckpt, chunks, extra) -> None:
+        ctx = self.ctx
+        sharding = ctx.sharding_options()[-1]
+        dcs = lay.stage_dcs
+        frac, dc = max((ctx.stage_memory_fraction(chunks[s], dcs[s], lay.micro_batch,
+                                                  inflight(kind, lay.pp, lay.m, s, extra, v), sharding, lay.dp, ckpt),
+                        dcs[s]) for s in range(lay.pp))
+        if self.tightest is None or frac < self.tightest[0]:
+            desc = (f"pp={lay.pp}, dp={lay.dp}, micro-batch {lay.micro_batch}, {kind}, "
+                    f"checkpointing {ckpt}, sharding {sharding}")
+            self.tightest = (frac, dc, desc)
+
+    def _wanted_warmup(self, compute, bounds, m: int) -> tuple[int, ...]:
+        """Extra warm-up forwards the WAN round trips call for (memory not yet considered)."""
+        from geotrain.schedule.wan import wan_extra_warmup
+
+        pp = len(compute)
+        delays = [b.delay if b.wan else 0.0 for b in bounds]
+        cap = [min(m, 4 * pp + 64)] * pp
+        return tuple(wan_extra_warmup(pp, [c[0] for c in compute], [c[1] for c in compute], delays, cap))
+
+    def _fit_warmup(self, lay, chunks, wanted, sharding, ckpt) -> tuple[int, ...]:
+        """Lower each stage's extra warm-up until its activations fit (memory is monotone in it),
+        keeping the warm-up non-increasing along the pipeline as the builder requires."""
+        ctx = self.ctx
+        dcs = lay.stage_dcs
+        pp = lay.pp
+        extra = list(wanted)
+        for s in range(pp):
+            base = pp - s
+            lo, hi = 0, extra[s]
+            if hi and not ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, min(lay.m, base + hi), sharding,
+                                         lay.dp, ckpt):
+                hi -= 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, min(lay.m, base + mid), sharding,
+                                      lay.dp, ckpt):
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                extra[s] = lo
+        for s in range(pp - 1):
+            extra[s + 1] = min(extra[s + 1], extra[s] + 1)
+        return tuple(extra)
+
+
+def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
+    """The analytical estimate of an existing plan (for baselines and the explanation)."""
+    chain = []
+    counts = []
+    for st in plan.stages:
+        if chain and chain[-1] == st.dc:
+            counts[-1] += 1
+        else:
+            chain.append(st.dc)
+            counts.append(1)
+    lay = Layout(tuple(chain), tuple(counts), plan.dp, plan.micro_batch, plan.num_microbatches)
+    sharing = "temporal" if any(lp.sharing == "temporal" for lp in plan.links) else "fair"
+    scorer = Scorer(ctx, kinds=(plan.schedule,))
+    conns = tuple(lp.connections for lp in plan.links)
+    if len(conns) != len(chain) - 1:
+        return None
+    bounds, stagger = scorer.boundaries(lay, sharing, conns, plan.virtual_per_stage)
+    dcs = lay.stage_dcs
+    costs = scorer.stage_costs(dcs, tuple(s.chunks for s in plan.stages), plan.micro_batch, plan.checkpointing,
+                               plan.sharding, plan.dp)
+    wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
+    span = max(plan.pipeline_offsets, default=0.0)
+    est = estimate(costs, bounds, plan.num_microbatches, plan.schedule, plan.virtual_per_stage, plan.extra_warmup,
+                   span, wan_lat)
+    return Candidate(lay, plan.schedule, plan.virtual_per_stage, plan.checkpointing, plan.sharding,
+                     tuple(s.chunks for s in plan.stages), plan.extra_warmup, sharing, conns, est, plan.name)
+
+
+def search(ctx: PlanningContext, scorer: Scorer, layouts: list[Layout], keep: int = 8,
+           deadline_s: float | None = None) -> list[Candidate]:
+    """Score layouts in lower-bound order until the bound passes the keep-th best estimate."""
+    layouts = sorted(layouts, key=lambda lay: lay.bound)
+    best: list[Candidate] = []
+    t0 = time.perf_counter()
+    for lay in layouts:
+        if len(best) >= keep and lay.bound >= best[-1].est.total:
+            break
+        if deadline_s is not None and best and time.perf_counter() - t0 > deadline_s:
+            break
+        cand = scorer.score(lay)
+        if cand is None:
+            continue
+        best.append(cand)
+        best.sort(key=lambda c: c.est.total)
+        # Keep distinct layouts only (same chain/counts/dp/mb already there: keep the better).
+        del best[keep:]
+    return best
