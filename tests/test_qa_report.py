@@ -24,3 +24,28 @@ def test_measured_wan_bytes_when_recorded():
     rows = {r.metric: r for r in compare_traces(gpipe_trace(plan), gpipe_trace(plan, source="measured"))}
     row = rows["WAN bytes per iteration"]
     assert row.measured == row.predicted > 0 and row.rel_error == 0.0
+
+
+def test_every_error_over_ten_percent_says_why():
+    """The demo once printed a +90% utilization error without comment: now each row off by more
+    than 10% carries its cause (uncalibrated, shared CPU cores) or says no known cause applies."""
+    from geotrain.report.compare import explain_rows
+
+    plan = two_dc_plan(pp=2, dp=2, m=4)
+    pred = gpipe_trace(plan)
+    meas = gpipe_trace(plan, slow=1.5, source="measured")
+    rows = compare_traces(pred, meas, tokens_per_iteration=1000)
+    assert any(abs(r.rel_error) > 0.1 for r in rows)
+
+    def notes(pmeta, mmeta):
+        p = Trace(pred.events, num_ranks=pred.num_ranks, meta={**pred.meta, **pmeta})
+        m = Trace(meas.events, num_ranks=meas.num_ranks, source="measured", meta={**meas.meta, **mmeta})
+        return {r.metric: r.note for r in explain_rows(rows, p, m)}
+
+    calibrated = {"calibrated": {"profile": "p.json"}}
+    for metric, rel in ((r.metric, r.rel_error) for r in rows):
+        assert (notes({}, {})[metric] == "") == (rel != rel or abs(rel) <= 0.1), metric
+    assert "uncalibrated" in notes({}, {"device": "cpu", "cores": 2})["iteration time"]
+    assert "4 ranks shared 2 CPU cores" in notes(calibrated, {"device": "cpu", "cores": 2})["iteration time"]
+    assert notes(calibrated, {"device": "cpu", "cores": 8})["iteration time"] == "outside 10%: no known cause"
+    assert notes(calibrated, {"device": "cuda", "cores": 2})["iteration time"] == "outside 10%: no known cause"

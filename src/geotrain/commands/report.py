@@ -34,9 +34,9 @@ def run(args: argparse.Namespace) -> int:
     ]))
     if files.comparison:
         print()
-        print(format_table(["metric", metrics_label(main), "measured", "rel. error"], [
-            [r.metric, format_value(r.predicted, r.unit), format_value(r.measured, r.unit), format_rel(r.rel_error)]
-            for r in files.comparison]))
+        print(format_table(["metric", metrics_label(main), "measured", "rel. error", "why (over 10%)"], [
+            [r.metric, format_value(r.predicted, r.unit), format_value(r.measured, r.unit), format_rel(r.rel_error),
+             r.note] for r in files.comparison]))
     print(prediction_note(main))
     bt = bubbletea_rows(args.run_dir)
     if bt:

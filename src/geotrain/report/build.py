@@ -20,7 +20,7 @@ from typing import Any
 
 from geotrain.errors import GeotrainError
 from geotrain.plan.plan import Plan
-from geotrain.report.compare import CompareRow, ScheduleRow, compare_metrics
+from geotrain.report.compare import CompareRow, ScheduleRow, compare_metrics, explain_rows
 from geotrain.report.html import write_html
 from geotrain.report.timeline import draw_timeline, draw_timelines
 from geotrain.trace.layout import num_ranks, plan_of, rank_layout
@@ -69,7 +69,8 @@ def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: P
     comparison: list[CompareRow] = []
     if measured is not None:
         mm = measured_metrics or _metrics(measured, tokens_per_iteration)
-        comparison = compare_metrics(metrics, mm, (num_ranks(trace, plan), num_ranks(measured, plan)))
+        comparison = explain_rows(compare_metrics(metrics, mm, (num_ranks(trace, plan), num_ranks(measured, plan))),
+                                  trace, measured)
         shown, label = last_iterations(measured, _iterations(trace))
         draw_timelines([("predicted", trace), (label, shown)], png, plan, title=name)
     else:

@@ -24,6 +24,37 @@ class CompareRow(NamedTuple):
     measured: float
     rel_error: float
     unit: str
+    note: str = ""          # why a prediction outside TOLERANCE cannot agree (see explain_rows)
+
+
+TOLERANCE = 0.10
+
+
+def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> list[CompareRow]:
+    """Every row whose prediction is more than TOLERANCE off says why, or that nothing known does:
+    a user must not be left with an unexplained error.
+
+    Known causes, read off the traces: an uncalibrated prediction (datasheet speeds, not this
+    machine's); ranks that shared CPU cores (a measured event's wall time includes waiting for a
+    core, which the calibrated simulator models only as an average slow-down). WAN bytes depend on
+    neither, so a WAN-bytes error is never put down to them."""
+    pmeta = predicted.meta if isinstance(predicted.meta, dict) else {}
+    mmeta = measured.meta if isinstance(measured.meta, dict) else {}
+    ranks, cores = measured.num_ranks, int(mmeta.get("cores") or 0)
+    shared = mmeta.get("device") == "cpu" and 0 < cores < ranks
+    out = []
+    for r in rows:
+        if r.rel_error != r.rel_error or abs(r.rel_error) <= TOLERANCE:
+            out.append(r)
+            continue
+        note = "outside 10%: no known cause"
+        if r.unit != "B" and not pmeta.get("calibrated"):
+            note = "uncalibrated prediction (datasheet speeds, not this machine's): train with --profile"
+        elif r.unit != "B" and shared:
+            note = (f"{ranks} ranks shared {cores} CPU cores: measured times include waiting for a core, "
+                    "which the simulator models as an average slow-down")
+        out.append(r._replace(note=note))
+    return out
 
 
 def format_value(v: float, unit: str) -> str:

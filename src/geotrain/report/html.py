@@ -173,11 +173,11 @@ def schedules_section(rows: Sequence[ScheduleRow], current: str | None) -> str:
 
 
 def comparison_section(rows: Sequence[CompareRow]) -> str:
-    body = [(r.metric, format_value(r.predicted, r.unit), format_value(r.measured, r.unit), format_rel(r.rel_error))
-            for r in rows]
+    body = [(r.metric, format_value(r.predicted, r.unit), format_value(r.measured, r.unit), format_rel(r.rel_error),
+             r.note) for r in rows]
     return "\n".join(["<h2>Predicted vs measured</h2>",
-                      table(["metric", "predicted", "measured", "relative error (predicted - measured) / measured"],
-                            body, [False, True, True, True])])
+                      table(["metric", "predicted", "measured", "relative error (predicted - measured) / measured",
+                             "why it differs (errors over 10%)"], body, [False, True, True, True, False])])
 
 
 def image_html(png: Path, embed: bool = True, alt: str = "timeline") -> str:

@@ -11,6 +11,7 @@ per rank and merged by rank 0 from disk, so no Python objects cross the network.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,9 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
         return {}
     meta = {"plan": plan.name, "schedule": plan.schedule, "pp": plan.pp, "dp": plan.dp, "tp": plan.tp,
             "precision": plan.precision, "checkpointing": plan.checkpointing, "sharding": plan.sharding,
-            "tokens_per_iteration": tokens_per_step}
+            "tokens_per_iteration": tokens_per_step,
+            # Where it ran: ranks sharing CPU cores measure differently from dedicated GPUs (report.compare).
+            "device": "cuda" if torch.cuda.is_available() else "cpu", "cores": os.cpu_count() or 1}
     merged = merge_rank_traces([trace_dir / f"rank{r}.jsonl" for r in range(world)], out / "measured_trace.jsonl",
                                world, meta)
     write_chrome(merged, out / "measured_trace.chrome.json", plan)     # for ui.perfetto.dev / chrome://tracing
