@@ -4,7 +4,8 @@ Each rank is a `python -m geotrain.runtime.worker` child with the torchrun envir
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) and one CPU thread.
 Every child leads its own process group, so the launcher can kill exactly its children (and
 anything they started) by id on success, failure, Ctrl-C or SIGTERM; children also die with
-the launcher (PR_SET_PDEATHSIG). The first rank to fail makes the run fail with a one-line
+the launcher (PR_SET_PDEATHSIG). The run's secret (the WAN transport's key) is a 0600 file named by
+GEOTRAIN_SECRET_FILE, removed when the run ends. The first rank to fail makes the run fail with a one-line
 error naming it; its full traceback is in RUN_DIR/logs/rank<R>.log.
 
 With `wan=` (a runtime.wan.WanLaunch) each rank starts inside its datacenter's network namespace
@@ -27,6 +28,7 @@ from pathlib import Path
 from geotrain.errors import GeotrainError
 from geotrain.runtime.runfile import write_run_config
 from geotrain.runtime.trainer import RunConfig
+from geotrain.wan.auth import SECRET_ENV, new_secret, write_secret_file
 
 MAX_LOCAL_RANKS = 64  # override with GEOTRAIN_MAX_LOCAL_RANKS on a big single host
 
@@ -146,11 +148,15 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
     err_dir = logs / "errors"
     for old in err_dir.glob("rank*.json"):
         old.unlink()
+    secret_path = logs / "run_secret"          # the WAN transport's per-run key: 0600, never on a command line
+    secret_path.unlink(missing_ok=True)
+    write_secret_file(secret_path, new_secret())
     port = free_port()
     base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "GEOTRAIN_THREADS": str(threads),
             "OMP_NUM_THREADS": str(threads), "GEOTRAIN_ERROR_DIR": str(err_dir),
-            "GEOTRAIN_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+            "GEOTRAIN_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1",
+            SECRET_ENV: str(secret_path)}
     procs: list[subprocess.Popen] = []
     files = []
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -192,6 +198,7 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
             time.sleep(0.05)
     finally:
         _kill_all(procs)
+        secret_path.unlink(missing_ok=True)
         for f in files:
             f.close()
         if in_main:

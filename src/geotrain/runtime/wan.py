@@ -37,6 +37,7 @@ MODES = ("auto", "kernel", "shaper", "off")
 DELAYER_GBPS = 1.0       # what the Python packet delayer carries comfortably (see environment notes)
 MIN_CHUNK_BYTES = 4096   # small stripes: a tiny model's boundary tensor (tens of KB) still uses every connection
 DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_STALL_S = 30.0   # a cross-DC transfer without progress this long is reported by name while it waits
 
 
 # ----------------------------------------------------------------------------- plan helpers
@@ -109,6 +110,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
         # close(), so every rank of a WAN run must have one (pp=4 over two DCs: stages 0 and 3 have no
         # cross-DC peer, and skipping the barrier there made ranks 1 and 2 lose their gloo peers).
         return T.RoutedTransport(default)
+    from geotrain.wan.auth import run_secret
     from geotrain.wan.striped import StripedTransport
     from geotrain.wan.temporal import concurrent_turns, turns_via_store
 
@@ -117,6 +119,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
     my_dc = plan.stages[stage].dc
     host = wan["hosts"][my_dc] if wan["mode"] == "kernel" else "127.0.0.1"
     timeout = float(wan.get("timeout_s", DEFAULT_TIMEOUT_S))
+    secret = run_secret(store)     # the launcher's 0600 file, else shared through the store
     conns: dict[int, int] = {}
     turns: dict[int, object] = {}
     arbiters = []
@@ -129,7 +132,8 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
             # With tp > 1 each TP index has its own boundary traffic (same t to same t): its own ring of turns.
             key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.tp > 1 else "")
             turn, arbiter = turns_via_store(store, key, replica, order, host=host,
-                                            is_host=replica == order[0], timeout_s=timeout, slots=slots)
+                                            is_host=replica == order[0], timeout_s=timeout, slots=slots,
+                                            secret=secret)
             if arbiter is not None:
                 arbiters.append(arbiter)
         elif lp.sharing not in ("fair", "temporal"):
@@ -149,14 +153,18 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
         from geotrain.emulation.ports import spread_port_connections
 
         hooks["connect"] = spread_port_connections   # one htb per-connection bucket per connection
-    striped = StripedTransport(rank, store, host=host, connections=lambda d: conns.get(d, 1),
+    # The largest tensor a boundary carries (fp32 at most): the receiver refuses any message above it.
+    max_message = plan.micro_batch * spec.model.seq_len * spec.model.hidden * 4
+    striped = StripedTransport(rank, store, secret=secret, host=host, connections=lambda d: conns.get(d, 1),
                                turns=turns.get, prefix=f"{run}/striped", min_chunk_bytes=MIN_CHUNK_BYTES,
-                               timeout_s=timeout, **hooks)
+                               timeout_s=timeout, stall_s=float(wan.get("stall_s", DEFAULT_STALL_S)),
+                               max_message_bytes=max_message,
+                               describe=lambda r: f"rank {r} ({plan.stages[plan.coords(r)[0]].dc})", **hooks)
     for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it
         how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
         print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.stages[peer_stage].dc}): "
-              f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']}",
-              file=sys.stderr, flush=True)
+              f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']} "
+              f"(listening on {host}:{striped.port})", file=sys.stderr, flush=True)
     clients = list({id(t): t for t in turns.values()}.values())
     return T.RoutedTransport(default, dict.fromkeys(conns, striped), also_close=[*clients, *arbiters])
 

@@ -1,103 +1,65 @@
-"""StripedTransport: one tensor over K TCP connections, reassembled in order and verified.
+"""StripedTransport: one tensor over K authenticated TCP connections, resent if a connection breaks.
 
 On a WAN one TCP connection is window/RTT bound, so a cross-DC transfer is split into K contiguous
 chunks sent on K connections at once (Atlas). Implements the runtime's Transport contract
 (`send(tensor, dst, tag) -> Work`, `recv(tensor, src, tag) -> Work`, both non-blocking; messages
 of one (src, dst, tag) are matched in the order sent).
 
-Wire format, per chunk: a fixed struct header, the raw tensor bytes, the chunk's crc32 -- never pickle:
-    HEADER = (magic, tag, seq, chunk index, chunk count, total bytes, offset, nbytes, delay us)
-    TRAILER = (crc32,)
-The crc trails the bytes so both ends compute it block by block while streaming (one pass over
-cache-hot data, overlapped with the network) instead of in a separate pass before sending.
-`seq` numbers the messages of one (src, dst, tag); the receiver writes each chunk straight into the
-posted tensor's memory at `offset` (or into a buffer until the matching `recv` is posted), checks
-its crc32 and the sizes, and completes the recv when every chunk arrived. Each connection carries
-one direction (sender -> receiver) and starts with a hello naming the sender's rank and stripe.
+Trust: every connection starts with the challenge-response handshake of `wan.auth` (the run's
+secret, the sender's rank bound to the connection) and then carries only HMAC-authenticated frames
+(`wan.striped_frames`); a forged hello, garbage, an altered or replayed frame, or a header that
+announces more than the plan can send is logged in one line and its connection dropped, and the
+run goes on. Nothing received is unpickled; a payload is copied into the posted tensor only after
+its tag verified; the buffer of a message that arrives before its recv is posted is bounded by
+`max_message_bytes` (the plan's largest boundary tensor).
+
+Delivery: each direction numbers its messages; the receiver acknowledges a message once every
+byte arrived, and the sender (`wan.striped_send`) keeps it until then, so after a reset it
+reconnects and resends, and the receiver ignores what it already has: a dropped connection costs
+time, not the run. A wait with no progress is reported by name every `stall_s`; a link down for
+`timeout_s` ends the run with an error naming it. A sender that closes on purpose says BYE, so
+receives still pending from it fail at once instead of waiting for the timeout.
 
 Rendezvous: every rank listens on `host`:ephemeral and publishes "host:port" in a torch.distributed
 Store (the runtime's default store, or any object with set/get). Connections are opened lazily on
 the first send to a peer, bound to consecutive even source ports (see `sockets`).
-
-Per destination, a dispatcher thread sends messages one after another: it consults the optional
-temporal-sharing `turns(dst)` (acquire before, release after the last byte is written), then hands
-the chunks to one writer thread per connection, each paced by the optional user-space shaper.
 """
 
 from __future__ import annotations
 
 import heapq
-import queue
 import socket
-import struct
+import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from geotrain.wan.sockets import open_connections, recv_exact, tune
+from geotrain.wan.auth import STRIPED, AuthError, Channel, DropLog, ProtocolError, run_secret, server_handshake
+from geotrain.wan.sockets import open_connections, tune
+from geotrain.wan.striped_frames import (
+    ACK,
+    BYE,
+    DATA,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    FRAME,
+    FRAME_BYTES,
+    IdSet,
+    TransportError,
+    Work,
+    byte_view,
+    frame_payload,
+)
+from geotrain.wan.striped_send import Outgoing, Peer
 
-MAGIC = 0x47545350                      # "GTSP"
-HEADER = struct.Struct("!IqQHHQQQI")
-TRAILER = struct.Struct("!I")
-HELLO = struct.Struct("!IiH")           # magic, sender rank, stripe index
-BLOCK = 1 << 20                         # bytes per sendall when not shaped
-
-
-class TransportError(RuntimeError):
-    """A transfer failed: connection lost, corrupt chunk (crc), size mismatch or timeout."""
-
-
-class Work:
-    """Completion handle; `wait()` blocks, re-raises a transfer error, returns True."""
-
-    def __init__(self, what: str, timeout_s: float):
-        self.what = what
-        self.timeout_s = timeout_s
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self.finished_at: float | None = None   # wall clock (time.time()) when it completed
-
-    def _finish(self, error: BaseException | None = None) -> None:
-        if self._done.is_set():
-            return
-        self._error = error
-        self.finished_at = time.time()
-        self._done.set()
-
-    def is_completed(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        limit = self.timeout_s if timeout is None else timeout
-        if not self._done.wait(limit):
-            raise TransportError(f"{self.what}: timed out after {limit:.0f} s (did the peer rank stop?)")
-        if self._error is not None:
-            raise TransportError(f"{self.what}: {self._error}") from self._error
-        return True
-
-
-def _byte_view(t: torch.Tensor) -> memoryview:
-    """The raw bytes of a contiguous CPU tensor (any dtype, bf16 included), without a copy."""
-    flat = t.detach().reshape(-1)
-    if flat.numel() == 0:
-        return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy())
-
-
-def _chunks(nbytes: int, k: int, min_chunk: int) -> list[tuple[int, int]]:
-    """(offset, nbytes) of up to k near-equal contiguous pieces, none smaller than min_chunk."""
-    n = max(1, min(k, nbytes // max(1, min_chunk)))
-    bounds = [nbytes * i // n for i in range(n + 1)]
-    return [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(n)]
+__all__ = ["FRAME", "StripedTransport", "TransportError", "Work"]
 
 
 @dataclass
 class _Slot:
-    """One incoming message (src, tag, seq): where its bytes go, and how many chunks are still due."""
+    """One incoming message (src, tag, seq): where its bytes go, and which frames already arrived."""
 
     total: int
     view: memoryview | None = None          # the posted tensor's bytes (when contiguous)
@@ -105,144 +67,19 @@ class _Slot:
     target: torch.Tensor | None = None      # posted tensor
     staging: torch.Tensor | None = None     # contiguous staging for a non-contiguous target
     work: Work | None = None
-    nchunks: int = -1
-    arrived: int = 0
-    ready: bool = False                     # every chunk arrived and its (shaper) delay has passed
+    msg: int | None = None                  # the sender's message id
+    got: set[int] = field(default_factory=set)   # offsets of the frames already copied
+    have: int = 0
+    arrived: bool = False                   # every byte is here
+    ready: bool = False                     # ... and its (shaper) delay has passed
     error: BaseException | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class _Peer:
-    """Outgoing side towards one destination rank: K connections, writer threads, a dispatcher."""
-
-    def __init__(self, owner: StripedTransport, dst: int):
-        self.owner = owner
-        self.dst = dst
-        self.messages: queue.Queue = queue.Queue()
-        self.socks: list[socket.socket] = []
-        self.lanes: list[queue.Queue] = []
-        threading.Thread(target=self._dispatch, name=f"striped-to-{dst}", daemon=True).start()
-
-    def _connect(self) -> None:
-        o = self.owner
-        host, port = o._lookup(self.dst)
-        k = o.connections_for(self.dst)
-        self.socks = o._open(host, port, k, bind_host=o.host)
-        for s in self.socks:
-            _limit_unsent(s)
-        shaper_cfg = o.shaper_for(self.dst)
-        shaper = shaper_cfg.pacing() if shaper_cfg is not None and shaper_cfg.active else None
-        for i, s in enumerate(self.socks):
-            s.sendall(HELLO.pack(MAGIC, o.rank, i))
-            lane: queue.Queue = queue.Queue()
-            self.lanes.append(lane)
-            pacing = shaper.connection() if shaper is not None else None
-            delay_us = int(shaper_cfg.delay_ms * 1000) if shaper is not None else 0
-            threading.Thread(target=self._write, args=(s, lane, pacing, delay_us), daemon=True,
-                             name=f"striped-to-{self.dst}-{i}").start()
-
-    def _dispatch(self) -> None:
-        while True:
-            item = self.messages.get()
-            if item is None:
-                return
-            tensor, tag, seq, work = item
-            turns = None
-            try:
-                if not self.socks:
-                    self._connect()
-                turns = self.owner.turns_for(self.dst)
-                if turns is not None:
-                    turns.acquire()
-                data = _byte_view(tensor)
-                pieces = _chunks(len(data), len(self.socks), self.owner.min_chunk_bytes)
-                done = _Countdown(len(pieces))
-                for i, (off, n) in enumerate(pieces):
-                    piece = data[off:off + n]
-                    hdr = [tag, seq, i, len(pieces), len(data), off, n]
-                    self.lanes[i % len(self.lanes)].put((hdr, piece, done))
-                done.wait()
-                error = done.error
-            except BaseException as e:  # noqa: BLE001 -- the error belongs to the caller's Work
-                error = e
-            if turns is not None:
-                # Release before completing: once the caller sees its sends done, its turns are
-                # given back too (it may close the link's arbiter right after).
-                try:
-                    turns.release()
-                except OSError as e:
-                    error = error or e
-            work._finish(error)
-
-    @staticmethod
-    def _write(sock: socket.socket, lane: queue.Queue, pacing, delay_us: int) -> None:
-        while True:
-            item = lane.get()
-            if item is None:
-                return
-            hdr, piece, done = item
-            try:
-                sock.sendall(HEADER.pack(MAGIC, *hdr, delay_us))
-                step = 64 << 10 if pacing is not None else BLOCK
-                crc = 0
-                for off in range(0, len(piece), step):
-                    block = piece[off:off + step]
-                    crc = zlib.crc32(block, crc)
-                    if pacing is not None:
-                        pacing.wait_for(len(block))
-                    sock.sendall(block)
-                sock.sendall(TRAILER.pack(crc))
-                done.tick()
-            except OSError as e:
-                done.tick(e)
-
-    def close(self) -> None:
-        self.messages.put(None)
-        for lane in self.lanes:
-            lane.put(None)
-        for s in self.socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-
-NOTSENT_LOWAT = 16 << 10     # bytes a connection may hold unsent in the kernel
-
-
-def _limit_unsent(sock: socket.socket) -> None:
-    """Keep at most NOTSENT_LOWAT unsent bytes queued in the kernel, so `sendall` returning means the
-    bytes are on the wire (in flight), not parked in a multi-MB socket buffer: a temporal-sharing
-    turn then ends when its transfer has left, not while most of it still waits to be sent."""
-    opt = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, opt, NOTSENT_LOWAT)
-    except OSError:
-        pass
-
-
-class _Countdown:
-    def __init__(self, n: int):
-        self.n = n
-        self.error: BaseException | None = None
-        self.cond = threading.Condition()
-
-    def tick(self, error: BaseException | None = None) -> None:
-        with self.cond:
-            self.n -= 1
-            self.error = self.error or error
-            self.cond.notify_all()
-
-    def wait(self) -> None:
-        with self.cond:
-            while self.n > 0:
-                self.cond.wait()
-
-
 class StripedTransport:
-    """Multi-connection point-to-point transport (see module docstring).
+    """Multi-connection authenticated point-to-point transport (see module docstring).
 
+    secret: the run's secret; every peer must hold the same (default: `wan.auth.run_secret(store)`).
     connections: K per destination (int, or a function of the destination rank).
     shaper: a pacing hook per destination (or a function of the destination returning one or None):
         an object with `active`, `delay_ms` and `pacing()`, whose `connection()` gives each connection
@@ -251,35 +88,38 @@ class StripedTransport:
     connect: opens the K connections to a peer (default `sockets.open_connections`, plain sockets);
         the kernel emulation passes its source-port-spreading variant.
     turns: temporal link sharing, a function dst -> object with acquire()/release(), or None.
+    describe: rank -> how to name it in messages (e.g. "rank 2 (west)").
     """
 
-    def __init__(self, rank: int, store, *, host: str = "127.0.0.1",
+    def __init__(self, rank: int, store, *, secret: bytes | None = None, host: str = "127.0.0.1",
                  connections: int | Callable[[int], int] = 4,
                  shaper: object | Callable[[int], object | None] | None = None,
                  turns: Callable[[int], object | None] | None = None,
                  prefix: str = "geotrain/striped", min_chunk_bytes: int = 64 << 10, timeout_s: float = 600.0,
+                 stall_s: float = 30.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 describe: Callable[[int], str] | None = None,
                  connect: Callable[..., list[socket.socket]] = open_connections):
-        self.rank = rank
-        self.store = store
-        self.host = host
-        self.prefix = prefix
+        secret = secret or run_secret(store)
+        self.rank, self.store, self.secret, self.host, self.prefix = rank, store, secret, host, prefix
         self.min_chunk_bytes = min_chunk_bytes
-        self.timeout_s = timeout_s
-        self._connections = connections
-        self._shaper = shaper
-        self._open = connect
-        self._turns = turns
+        self.timeout_s, self.stall_s = timeout_s, stall_s
+        self.max_message_bytes = max_message_bytes
+        self._describe = describe
+        self._connections, self._shaper, self._turns = connections, shaper, turns
+        self.open_connections = connect
         self._lock = threading.Lock()
-        self._peers: dict[int, _Peer] = {}
+        self._peers: dict[int, Peer] = {}
         self._send_seq: dict[tuple[int, int], int] = {}
         self._recv_seq: dict[tuple[int, int], int] = {}
         self._slots: dict[tuple[int, int, int], _Slot] = {}
-        self._lost: dict[int, BaseException] = {}        # peers whose connection dropped
-        self._timers: list[tuple[float, int, _Slot]] = []
+        self._arrived: dict[int, IdSet] = {}           # per sender: message ids complete here
+        self._lost: dict[int, BaseException] = {}      # senders that closed their transport
+        self._timers: list = []
         self._timer_cv = threading.Condition()
         self._timer_seq = 0
         self._closed = False
-        self._conns: list[socket.socket] = []
+        self._conns: set[socket.socket] = set()
+        self.drops = DropLog(f"rank {rank} striped listener")
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((host, 0))
@@ -300,7 +140,13 @@ class StripedTransport:
     def turns_for(self, dst: int):
         return self._turns(dst) if self._turns is not None else None
 
-    def _lookup(self, rank: int) -> tuple[str, int]:
+    def describe(self, rank: int) -> str:
+        return self._describe(rank) if self._describe is not None else f"rank {rank}"
+
+    def say(self, line: str) -> None:
+        print(f"geotrain wan: rank {self.rank}: {line}", file=sys.stderr, flush=True)
+
+    def lookup(self, rank: int) -> tuple[str, int]:
         raw = self.store.get(f"{self.prefix}/{rank}")
         host, _, port = (raw.decode() if isinstance(raw, bytes) else str(raw)).rpartition(":")
         return host, int(port)
@@ -313,6 +159,10 @@ class StripedTransport:
         if t.device.type != "cpu":
             t = t.cpu()
         t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
+        if nbytes > self.max_message_bytes:
+            raise TransportError(f"send to {self.describe(dst)}: {nbytes} bytes exceed the largest message "
+                                 f"this run sends ({self.max_message_bytes})")
         with self._lock:
             if self._closed:
                 raise TransportError("transport is closed")
@@ -320,14 +170,17 @@ class StripedTransport:
             self._send_seq[(dst, tag)] = seq + 1
             peer = self._peers.get(dst)
             if peer is None:
-                peer = self._peers[dst] = _Peer(self, dst)
-        work = Work(f"send to rank {dst} (tag {tag}, {t.numel() * t.element_size()} bytes)", self.timeout_s)
-        peer.messages.put((t, tag, seq, work))
+                peer = self._peers[dst] = Peer(self, dst)
+            msg, peer.next_msg = peer.next_msg, peer.next_msg + 1
+        work = Work(f"send to {self.describe(dst)} (tag {tag}, {nbytes} bytes)", self.timeout_s, self.stall_s,
+                    self.say)
+        peer.submit(Outgoing(msg, tag, seq, byte_view(t), work, keep=t))
         return work
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         nbytes = tensor.numel() * tensor.element_size()
-        work = Work(f"recv from rank {src} (tag {tag}, {nbytes} bytes)", self.timeout_s)
+        work = Work(f"recv from {self.describe(src)} (tag {tag}, {nbytes} bytes)", self.timeout_s, self.stall_s,
+                    self.say)
         direct = tensor.device.type == "cpu" and tensor.is_contiguous()
         staging = None if direct else torch.empty(tensor.shape, dtype=tensor.dtype)
         with self._lock:
@@ -344,7 +197,7 @@ class StripedTransport:
                     slot.error = slot.error or ValueError(f"size mismatch: sender sent {slot.total} bytes, "
                                                           f"receiver expects {nbytes}")
                 if slot.buffer is None and slot.error is None:
-                    slot.view = _byte_view(staging if staging is not None else tensor)
+                    slot.view = byte_view(staging if staging is not None else tensor)
                 finished = slot.ready or slot.error is not None
         if finished:
             self._complete(key, slot)
@@ -354,13 +207,14 @@ class StripedTransport:
         with self._lock:
             self._closed = True
             peers = list(self._peers.values())
+            conns = list(self._conns)
         for p in peers:
             p.close()
         try:
             self._listener.close()
         except OSError:
             pass
-        for c in self._conns:
+        for c in conns:
             try:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -379,85 +233,110 @@ class StripedTransport:
     def _accept(self) -> None:
         while not self._closed:
             try:
-                conn, _ = self._listener.accept()
+                conn, addr = self._listener.accept()
             except OSError:
                 return
-            tune(conn)
-            self._conns.append(conn)
-            threading.Thread(target=self._read, args=(conn,), name="striped-read", daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, addr), name="striped-read", daemon=True).start()
 
-    def _read(self, conn: socket.socket) -> None:
-        hello = bytearray(HELLO.size)
-        hdr = bytearray(HEADER.size)
-        src = None
+    def _serve(self, conn: socket.socket, addr) -> None:
+        who = f"{addr[0]}:{addr[1]}"
         try:
-            recv_exact(conn, memoryview(hello))
-            magic, src, _stripe = HELLO.unpack(hello)
-            if magic != MAGIC:
-                src = None
-                raise ConnectionError("not a striped-transport peer")
-            while True:
-                recv_exact(conn, memoryview(hdr))
-                self._read_chunk(conn, src, HEADER.unpack(hdr))
+            tune(conn)
+            src, _stripe, channel = server_handshake(conn, self.secret, STRIPED, self.rank)
         except (OSError, ConnectionError) as e:
             conn.close()
-            if src is not None and not self._closed:
-                self._peer_lost(src, e)
+            if not self._closed:
+                self.drops(f"dropped a connection from {who}: {e}")
+            return
+        with self._lock:
+            if self._closed:
+                conn.close()
+                return
+            self._conns.add(conn)
+        try:
+            while True:
+                fields, body = channel.recv(FRAME, frame_payload, FRAME_BYTES)
+                if fields[0] == DATA:
+                    self._on_data(src, fields, body, channel)
+                elif fields[0] == BYE:
+                    self._peer_closed(src)
+                    return
+                else:
+                    raise ProtocolError(f"unexpected frame kind {fields[0]}")
+        except (AuthError, ProtocolError) as e:
+            if not self._closed:
+                self.drops(f"dropped the connection of {self.describe(src)} from {who}: {e}")
+        except (OSError, ConnectionError) as e:
+            if not self._closed:
+                self.say(f"connection from {self.describe(src)} lost ({e}); waiting for it to reconnect")
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
 
-    def _peer_lost(self, src: int, why: BaseException) -> None:
-        """A connection from `src` dropped: its incomplete messages, and any recv posted later that
-        finds no complete message, fail at once instead of waiting for the timeout."""
-        err = ConnectionError(f"rank {src} dropped the connection ({why})")
+    def _on_data(self, src: int, fields: tuple, body: memoryview, channel: Channel) -> None:
+        _kind, msg, tag, seq, total, offset, nbytes, delay_us = fields
+        if offset + nbytes > total or (nbytes == 0 and total != 0):
+            raise ProtocolError(f"frame [{offset}, +{nbytes}) outside its message of {total} bytes")
+        with self._lock:
+            arrived = self._arrived.setdefault(src, IdSet())
+            slot = None
+            if msg not in arrived:
+                key = (src, tag, seq)
+                slot = self._slots.get(key)
+                if slot is None:
+                    slot = self._slots[key] = _Slot(total=total)
+                    if total > self.max_message_bytes:
+                        slot.error = ValueError(f"{self.describe(src)} sent a message of {total} bytes, more than "
+                                                f"the largest this run sends ({self.max_message_bytes})")
+                    else:
+                        slot.buffer = bytearray(total)
+                        slot.view = memoryview(slot.buffer)
+        if slot is None:                                  # a resend of a message we already have
+            if offset == 0:
+                channel.send(FRAME.pack(ACK, msg, 0, 0, 0, 0, 0, 0))
+            return
+        with slot.lock:
+            if slot.msg is None:
+                slot.msg = msg
+            elif slot.msg != msg:
+                raise ProtocolError(f"messages {slot.msg} and {msg} both claim tag {tag} #{seq}")
+            if slot.total != total and slot.error is None:
+                slot.error = ValueError(f"size mismatch: sender sent {total} bytes, receiver expects {slot.total}")
+            if slot.arrived or offset in slot.got:
+                return
+            if nbytes and slot.error is None and slot.view is not None:
+                slot.view[offset:offset + nbytes] = body
+            slot.got.add(offset)
+            slot.have += nbytes
+            finished = slot.have >= total
+            slot.arrived = finished
+        if not finished:
+            return
+        with self._lock:
+            arrived.add(msg)
+        if delay_us:
+            self._schedule(time.monotonic() + delay_us / 1e6, (src, tag, seq), slot)
+        else:
+            with slot.lock:
+                slot.ready = True
+            self._complete((src, tag, seq), slot)
+        # Last: if the connection breaks now, the message is complete anyway and its resend is acked.
+        channel.send(FRAME.pack(ACK, msg, 0, 0, 0, 0, 0, 0))
+
+    def _peer_closed(self, src: int) -> None:
+        """`src` closed its transport: its incomplete messages, and any recv posted later that finds
+        no complete message, fail at once instead of waiting for the timeout."""
+        err = ConnectionError(f"{self.describe(src)} closed its transport")
         with self._lock:
             self._lost[src] = err
             pending = [(k, sl) for k, sl in self._slots.items() if k[0] == src]
         for key, slot in pending:
             with slot.lock:
-                if slot.ready:
+                if slot.arrived:
                     continue
                 slot.error = slot.error or err
             self._complete(key, slot)
-
-    def _read_chunk(self, conn: socket.socket, src: int, h: tuple) -> None:
-        magic, tag, seq, index, nchunks, total, offset, nbytes, delay_us = h
-        if magic != MAGIC or offset + nbytes > total or index >= nchunks:
-            raise ConnectionError(f"corrupt header from rank {src}")
-        key = (src, tag, seq)
-        with self._lock:
-            slot = self._slots.get(key)
-            if slot is None:
-                slot = self._slots[key] = _Slot(total=total, buffer=bytearray(total))
-                slot.view = memoryview(slot.buffer)
-        with slot.lock:
-            slot.nchunks = nchunks
-            if slot.total != total:
-                slot.error = slot.error or ValueError(f"size mismatch: sender sent {total} bytes, "
-                                                      f"receiver expects {slot.total}")
-            view = slot.view if slot.error is None else None
-        if view is None:                                 # drain the bytes of a failed message
-            view = memoryview(bytearray(nbytes))
-            offset = 0
-        piece = view[offset:offset + nbytes]
-        crc = 0
-        for off in range(0, nbytes, BLOCK):
-            block = piece[off:off + BLOCK]
-            recv_exact(conn, block)
-            crc = zlib.crc32(block, crc)
-        trailer = bytearray(TRAILER.size)
-        recv_exact(conn, memoryview(trailer))
-        bad = TRAILER.unpack(trailer)[0] != crc
-        with slot.lock:
-            if bad:
-                slot.error = slot.error or ValueError(f"crc32 mismatch in chunk {index} of {nchunks}")
-            slot.arrived += 1
-            finished = slot.arrived == slot.nchunks
-        if finished:
-            if delay_us:
-                self._schedule(time.monotonic() + delay_us / 1e6, key, slot)
-            else:
-                with slot.lock:
-                    slot.ready = True
-                self._complete(key, slot)
 
     def _complete(self, key: tuple[int, int, int], slot: _Slot) -> None:
         """Finish a message if both its bytes and its recv are there."""
@@ -470,11 +349,10 @@ class StripedTransport:
             error = slot.error
             if error is None:
                 try:
-                    if slot.buffer is not None:
-                        src_bytes = torch.frombuffer(slot.buffer, dtype=torch.uint8) if slot.total else None
-                        if src_bytes is not None:
-                            dst = slot.staging if slot.staging is not None else slot.target
-                            dst.detach().reshape(-1).view(torch.uint8).copy_(src_bytes)
+                    if slot.buffer is not None and slot.total:
+                        dst = slot.staging if slot.staging is not None else slot.target
+                        dst.detach().reshape(-1).view(torch.uint8).copy_(torch.frombuffer(slot.buffer,
+                                                                                          dtype=torch.uint8))
                     if slot.staging is not None:
                         slot.target.copy_(slot.staging)
                 except RuntimeError as e:

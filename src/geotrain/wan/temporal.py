@@ -16,8 +16,11 @@ byte, `release()` after the last. Implementations:
   * `TurnArbiter`      -- the baton itself (in-process; `LocalTurns` binds it to one pipeline);
   * `RemoteTurns`      -- a client of an arbiter served over TCP by one process in the sending DC
                           (`TurnArbiter.serve`), for pipelines in different processes.
-Wire protocol: hello = struct (magic, pipeline key); then one byte per request: b"A" acquire
-(answered b"G" when granted), b"R" release, b"L" leave. No pickle.
+Wire protocol: the challenge-response handshake of `wan.auth` (the run's secret; the client's
+pipeline key is the rank it proves), then one authenticated frame per request: b"A" acquire
+(answered b"G" when granted, b"T" on a timeout), b"R" release, b"L" leave. A connection that fails
+the handshake or sends an unauthenticated or unknown frame is logged in one line and dropped; it
+never holds or frees a turn. No pickle.
 
 A pipeline that finishes calls `leave()`. A wait longer than `timeout_s` raises instead of
 hanging, naming who holds the link.
@@ -31,10 +34,19 @@ import struct
 import threading
 from collections.abc import Sequence
 
-from geotrain.wan.sockets import recv_exact, tune
+from geotrain.wan.auth import (
+    ANY_RANK,
+    TURNS,
+    AuthError,
+    DropLog,
+    ProtocolError,
+    client_handshake,
+    run_secret,
+    server_handshake,
+)
+from geotrain.wan.sockets import tune
 
-MAGIC = 0x47545455                 # "GTTU"
-HELLO = struct.Struct("!Iq")
+OP = struct.Struct("!c")           # one request or answer byte per frame
 
 
 class TurnTimeout(RuntimeError):
@@ -79,6 +91,7 @@ class TurnArbiter:
         self.grants: list[int] = []    # pipeline keys in the order they were granted (for tests / traces)
         self._cv = threading.Condition()
         self._server: socket.socket | None = None
+        self._secret = b""
 
     @property
     def holder(self) -> int | None:
@@ -140,46 +153,47 @@ class TurnArbiter:
             self._cv.notify_all()
 
     # ---------------------------------------------------------------- TCP service
-    def serve(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-        """Serve this arbiter to other processes; returns (host, port). Threads are daemons."""
+    def serve(self, host: str = "127.0.0.1", port: int = 0, *, secret: bytes) -> tuple[str, int]:
+        """Serve this arbiter to other processes holding `secret`; returns (host, port). Daemon threads."""
         ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         ls.bind((host, port))
         ls.listen(64)
-        self._server = ls
+        self._server, self._secret = ls, secret
+        self.drops = DropLog(f"turn arbiter {host}:{ls.getsockname()[1]}")
         threading.Thread(target=self._accept, daemon=True, name="turn-arbiter").start()
         return host, ls.getsockname()[1]
 
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self._server.accept()
+                conn, addr = self._server.accept()
             except OSError:
                 return
-            threading.Thread(target=self._client, args=(conn,), daemon=True, name="turn-client").start()
+            threading.Thread(target=self._client, args=(conn, addr), daemon=True, name="turn-client").start()
 
-    def _client(self, conn: socket.socket) -> None:
+    def _client(self, conn: socket.socket, addr) -> None:
         tune(conn)
         key = None
         try:
-            hello = bytearray(HELLO.size)
-            recv_exact(conn, memoryview(hello))
-            magic, key = HELLO.unpack(hello)
-            if magic != MAGIC:
-                return
-            op = bytearray(1)
+            key, _, channel = server_handshake(conn, self._secret, TURNS, ANY_RANK)
             while True:
-                recv_exact(conn, memoryview(op))
+                (op,), _ = channel.recv(OP, lambda f: 0, 0)
                 if op == b"A":
                     try:
                         self.acquire(key)
-                        conn.sendall(b"G")
+                        channel.send(OP.pack(b"G"))
                     except (TurnTimeout, ValueError):
-                        conn.sendall(b"T")
+                        channel.send(OP.pack(b"T"))
                 elif op == b"R":
                     self.release(key)
                 elif op == b"L":
                     self.leave(key)
+                else:
+                    raise ProtocolError(f"unknown request {op!r}")
+        except (AuthError, ProtocolError) as e:
+            self.drops(f"dropped a connection from {addr[0]}:{addr[1]}"
+                       f"{'' if key is None else f' (pipeline {key})'}: {e}")
         except (OSError, ConnectionError, ValueError):
             pass
         finally:
@@ -211,54 +225,57 @@ class LocalTurns:
 class RemoteTurns:
     """One pipeline's client of a `TurnArbiter.serve` service (lazy connect, thread-safe)."""
 
-    def __init__(self, host: str, port: int, key: int, bind_host: str | None = None):
-        self.addr, self.key, self.bind_host = (host, port), key, bind_host
-        self._sock: socket.socket | None = None
+    def __init__(self, host: str, port: int, key: int, bind_host: str | None = None, *, secret: bytes):
+        self.addr, self.key, self.bind_host, self._secret = (host, port), key, bind_host, secret
+        self._channel = None
         self._lock = threading.Lock()
 
-    def _conn(self) -> socket.socket:
-        if self._sock is None:
+    def _conn(self):
+        if self._channel is None:
             s = socket.create_connection(self.addr, timeout=60,
                                          source_address=(self.bind_host, 0) if self.bind_host else None)
-            s.settimeout(None)
             tune(s)
-            s.sendall(HELLO.pack(MAGIC, self.key))
-            self._sock = s
-        return self._sock
+            try:
+                self._channel = client_handshake(s, self._secret, TURNS, self.key, ANY_RANK)
+            except BaseException:
+                s.close()
+                raise
+        return self._channel
 
     def acquire(self) -> None:
         with self._lock:
-            s = self._conn()
-            s.sendall(b"A")
-            reply = bytearray(1)
-            recv_exact(s, memoryview(reply))
+            ch = self._conn()
+            ch.send(OP.pack(b"A"))
+            (reply,), _ = ch.recv(OP, lambda f: 0, 0)
         if reply != b"G":
             raise TurnTimeout(f"pipeline {self.key}: the link arbiter at {self.addr} timed out waiting for its turn")
 
     def release(self) -> None:
         with self._lock:
-            self._conn().sendall(b"R")
+            self._conn().send(OP.pack(b"R"))
 
     def leave(self) -> None:
         with self._lock:
-            self._conn().sendall(b"L")
+            self._conn().send(OP.pack(b"L"))
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self._channel is not None:
+            self._channel.sock.close()
+            self._channel = None
 
 
 def turns_via_store(store, name: str, key: int, order: Sequence[int], *, host: str, is_host: bool,
-                    timeout_s: float = 600.0, slots: int = 1) -> tuple[RemoteTurns, TurnArbiter | None]:
+                    timeout_s: float = 600.0, slots: int = 1,
+                    secret: bytes | None = None) -> tuple[RemoteTurns, TurnArbiter | None]:
     """Runtime helper: the process with `is_host` serves the arbiter for link-direction `name` and
     publishes its address in the (torch.distributed) store; every sender gets a RemoteTurns client.
     Returns (client, arbiter-or-None); keep the arbiter alive as long as the link is used."""
+    secret = secret or run_secret(store)
     arbiter = None
     if is_host:
         arbiter = TurnArbiter(order, timeout_s, slots)
-        h, p = arbiter.serve(host)
+        h, p = arbiter.serve(host, secret=secret)
         store.set(f"geotrain/turns/{name}", f"{h}:{p}")
     raw = store.get(f"geotrain/turns/{name}")
     h, _, p = (raw.decode() if isinstance(raw, bytes) else str(raw)).rpartition(":")
-    return RemoteTurns(h, int(p), key, bind_host=host), arbiter
+    return RemoteTurns(h, int(p), key, bind_host=host, secret=secret), arbiter
