@@ -20,6 +20,7 @@ import pytest
 
 from geotrain.config.load import load_spec
 from geotrain.plan.manual import plan_from_job
+from geotrain.plan.plan import LinkPlan
 from geotrain.runtime.launch import launch, run_with_wan
 from geotrain.runtime.trainer import RunConfig
 
@@ -34,7 +35,8 @@ NEW_HELLO = struct.Struct("!IBiiH16s")
 
 def _plan():
     base = plan_from_job(load_spec(SPEC)).with_(precision="fp32", sharding="replicate", schedule="1f1b")
-    return base.with_(dp=1)
+    links = tuple(LinkPlan(src_dc=lp.src_dc, dst_dc=lp.dst_dc, connections=4) for lp in base.links)
+    return base.with_(dp=1, links=links, pipeline_offsets=())
 
 
 def _cfg(out: Path, plan) -> RunConfig:

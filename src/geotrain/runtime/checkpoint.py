@@ -1,13 +1,22 @@
-"""Atomic distributed checkpoints with torch.distributed.checkpoint (DCP).
+"""Atomic distributed checkpoints with torch.distributed.checkpoint (DCP) that never destroy work.
 
-Layout under RUN_DIR/checkpoints/:
+Layout under RUN_DIR/checkpoints/ (one run's series of checkpoints):
   step_00000010/      a complete checkpoint (DCP shards + .metadata + loader_*.json)
+  step_00000010.r2/   the same step saved again (a resumed run redoing it): a new name, never a replace
   step_00000020.tmp/  a save in progress -- never read; removed by the next save
   latest              the name of the newest complete checkpoint (replaced atomically)
 
 Every rank writes its shards into the .tmp directory; only after the collective save and a
-barrier does rank 0 rename it and then repoint `latest` (write + os.replace), so a run killed
-at any moment during a save still has the previous checkpoint.
+barrier does rank 0 rename it to a name no checkpoint has, repoint `latest` (write + os.replace)
+and only then prune: so a run killed at any moment still has a complete checkpoint that `latest`
+names. Pruning keeps the `keep` highest steps of the series (by step number, not by name) and
+never the one `latest` names.
+
+A fresh run (not --resume) into a directory that holds an earlier run's checkpoints starts a new
+series: the earlier ones move, untouched, to RUN_DIR/checkpoints.run<N>/, and it says so.
+`--resume` without a usable checkpoint is a one-line error naming what is missing. Checkpoints
+need a directory every rank shares (all shards of a step sit in one place): that is checked once
+at start, collectively, and a rank that cannot see rank 0's file there is named.
 
 State keys do not depend on the layout: parameters and their optimizer state are keyed by the
 plain model's names (`model.units.7.attn.wq.weight`, `optim.state.units.7.attn.wq.weight.exp_avg`;
@@ -26,6 +35,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import shutil
 from pathlib import Path
 
@@ -33,8 +44,82 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
+from geotrain.errors import GeotrainError
 from geotrain.runtime.scaler import GlobalLossScaler
+
+STEP_DIR = re.compile(r"^step_(\d{8})(?:\.r(\d+))?$")
+PROBE = ".shared-probe"
+
+
+def step_dirs(root: Path) -> list[tuple[tuple[int, int], Path]]:
+    """The committed checkpoint directories under `root`, sorted by (step, revision)."""
+    out = []
+    for p in root.glob("step_*") if root.is_dir() else ():
+        m = STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            out.append(((int(m.group(1)), int(m.group(2) or 1)), p))
+    return sorted(out)
+
+
+def _first_cause(e: BaseException) -> str:
+    """One line for a failed load: DCP wraps each rank's exception in a CheckpointException."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
+def start_new_series(root: Path) -> Path | None:
+    """Move an earlier run's checkpoints (if any) to a sibling checkpoints.run<N>/; returns where."""
+    if not root.is_dir() or not any(root.iterdir()):
+        return None
+    n = 1
+    while (aside := root.with_name(f"{root.name}.run{n}")).exists():
+        n += 1
+    os.rename(root, aside)
+    return aside
+
+
+def resume_point(root: Path) -> Path:
+    """The checkpoint `latest` names, or a GeotrainError saying what is missing."""
+    pointer = root / "latest"
+    none = f"--resume: no complete checkpoint in {root}"
+    if not root.is_dir():
+        raise GeotrainError(f"{none}: the directory does not exist (nothing was saved here)")
+    if not pointer.is_file():
+        raise GeotrainError(f"{none}: {pointer.name} is missing (no save was completed)")
+    name = pointer.read_text().strip()
+    path = root / name
+    if not name or "/" in name or not path.is_dir():
+        raise GeotrainError(f"{none}: {pointer.name} names {name!r}, which is not a directory there")
+    if not (path / ".metadata").is_file():
+        raise GeotrainError(f"{none}: {path.name} is incomplete (its .metadata is missing)")
+    return path
+
+
+def commit(root: Path, tmp: Path, step: int) -> Path:
+    """Rename a finished save to a fresh name and point `latest` at it; nothing is removed here."""
+    final = root / f"step_{step:08d}"
+    rev = 1
+    while final.exists():
+        rev += 1
+        final = root / f"step_{step:08d}.r{rev}"
+    os.rename(tmp, final)
+    pointer = root / "latest.tmp"
+    pointer.write_text(final.name + "\n")
+    os.replace(pointer, root / "latest")
+    return final
+
+
+def prune(root: Path, keep: int) -> None:
+    """Remove all but the `keep` highest steps of the series -- never the one `latest` names."""
+    latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
+    done = step_dirs(root)
+    for _key, old in done[:-keep] if keep > 0 else done:
+        if old.name != latest:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 class Checkpointer:
@@ -82,9 +167,60 @@ class Checkpointer:
                           "layout": torch.tensor(self.layout, dtype=torch.int64)},
                 "rng": {f"rank{dist.get_rank()}": rng}}
 
+    # -- start -------------------------------------------------------------------------------
+    def begin(self, resume: bool, saving: bool, source: Path | None = None) -> tuple[int, dict | None]:
+        """Collective, before training: resume from `latest` of this run (`resume`) or of another
+        run's checkpoints (`source`, --resume-from) -- or a one-line error naming what is missing --
+        else start a new series; check the directory is shared when anything is saved or loaded.
+        Returns (step to start from, loader state)."""
+        rank = dist.get_rank()
+        if source is not None and Path(source).resolve() == self.root.resolve():
+            resume, source = True, None
+        if rank == 0 and not resume:
+            aside = start_new_series(self.root)
+            if aside is not None:
+                print(f"geotrain train: {self.root} held an earlier run's checkpoints; kept as {aside.name}/, "
+                      f"this run starts a new series", flush=True)
+        if saving or resume:
+            self._check_shared()
+        if not resume and source is None:
+            return 0, None
+        flag = "--resume" if resume else "--resume-from"
+        try:
+            path = resume_point(self.root if resume else Path(source))
+        except GeotrainError as e:
+            raise GeotrainError(str(e).replace("--resume:", f"{flag}:", 1)) from None
+        try:
+            return self.load(path)
+        except (CheckpointException, RuntimeError, ValueError, KeyError, OSError) as e:
+            raise GeotrainError(f"{flag}: checkpoint {path} cannot be loaded ({_first_cause(e)})") from None
+
+    def _check_shared(self) -> None:
+        """Every rank must see the file rank 0 writes into the checkpoint directory."""
+        rank = dist.get_rank()
+        nonce = torch.zeros(2, dtype=torch.int64)
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            nonce[0], nonce[1] = secrets.randbits(62), os.getpid()
+            (self.root / PROBE).write_text(f"{int(nonce[0])}\n")
+        dist.broadcast(nonce, src=0)
+        try:
+            seen = int((self.root / PROBE).read_text().strip()) == int(nonce[0])
+        except (OSError, ValueError):
+            seen = False
+        flags = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+        dist.all_gather(flags, torch.tensor([0 if seen else 1], dtype=torch.int64))
+        dist.barrier()
+        if rank == 0:
+            (self.root / PROBE).unlink(missing_ok=True)
+        blind = [r for r, f in enumerate(flags) if int(f)]
+        if blind:
+            raise GeotrainError(f"checkpoints need a directory every rank shares, but rank(s) "
+                                f"{', '.join(map(str, blind))} cannot see rank 0's files in {self.root}; "
+                                f"use a shared filesystem for RUN_DIR or --checkpoint-every 0")
+
     # -- save --------------------------------------------------------------------------------
-    def save(self, step: int, loader_state: dict | None = None) -> Path:
-        final = self.root / f"step_{step:08d}"
+    def save(self, step: int, loader_state: dict | None = None, keep: int = 2) -> Path:
         tmp = self.root / f"step_{step:08d}.tmp"
         rank = dist.get_rank()
         if rank == 0:
@@ -97,21 +233,12 @@ class Checkpointer:
         if loader_state is not None:
             (tmp / f"loader_stage{self.stage}_replica{self.replica}.json").write_text(json.dumps(loader_state))
         dist.barrier()
+        final = self.root / f"step_{step:08d}"
         if rank == 0:
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            pointer = self.root / "latest.tmp"
-            pointer.write_text(final.name + "\n")
-            os.replace(pointer, self.root / "latest")
-            self._prune(keep=2)
+            final = commit(self.root, tmp, step)
+            prune(self.root, keep)
         dist.barrier()
         return final
-
-    def _prune(self, keep: int) -> None:
-        done = sorted(p for p in self.root.glob("step_*") if not p.name.endswith(".tmp"))
-        for old in done[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
 
     # -- load --------------------------------------------------------------------------------
     def latest(self) -> Path | None:
@@ -125,8 +252,6 @@ class Checkpointer:
             set_model_state_dict,
             set_state_dict,
         )
-
-        from geotrain.errors import GeotrainError
 
         rank = dist.get_rank()
         state = self._state(0)
@@ -166,11 +291,10 @@ class Checkpointer:
 
 def latest_checkpoint(root: Path) -> Path | None:
     """The newest complete checkpoint under RUN_DIR/checkpoints (this run's or another's), or None."""
-    pointer = Path(root) / "latest"
-    if not pointer.exists():
+    try:
+        return resume_point(Path(root))
+    except GeotrainError:
         return None
-    path = Path(root) / pointer.read_text().strip()
-    return path if (path / ".metadata").exists() else None
 
 
 def _mismatch(state: dict, saved: dict) -> str | None:

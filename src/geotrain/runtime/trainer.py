@@ -143,7 +143,7 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[
 
     from geotrain.models.llama import build_units
     from geotrain.plan.plan import save_plan
-    from geotrain.runtime.checkpoint import Checkpointer, latest_checkpoint
+    from geotrain.runtime.checkpoint import Checkpointer
     from geotrain.runtime.checkpointing import apply_checkpointing
     from geotrain.runtime.memory import StepPeak, fsdp_gathered_storages, state_tensors
     from geotrain.runtime.parallelize import (
@@ -209,17 +209,13 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[
 
     ckpt = Checkpointer(out / "checkpoints", stage, replica, chunks, optimizer, scaler,
                         layout=(plan.pp, plan.dp, plan.tp))
-    start, resumed = 0, {}
-    if cfg.resume or cfg.resume_from:
-        latest = latest_checkpoint(Path(cfg.resume_from) / "checkpoints") if cfg.resume_from else ckpt.latest()
-        if latest is not None:
-            t_load = time.time()
-            start, loader_state = ckpt.load(latest)    # any layout: keys are the plain model's names
-            resumed = {"load_start": t_load, "load_end": time.time()}   # wall clock, for bench_elastic
-            if loader_state is not None and hasattr(source, "load_state_dict"):
-                source.load_state_dict(loader_state)
-        elif cfg.resume_from:
-            raise GeotrainError(f"--resume-from: no complete checkpoint in {Path(cfg.resume_from) / 'checkpoints'}")
+    t_load = time.time()
+    start, loader_state = ckpt.begin(cfg.resume, saving=bool(every),
+                                     source=Path(cfg.resume_from) / "checkpoints" if cfg.resume_from else None)
+    # wall clock of the load, for bench_elastic
+    resumed = {"load_start": t_load, "load_end": time.time()} if (cfg.resume or cfg.resume_from) else {}
+    if loader_state is not None and hasattr(source, "load_state_dict"):
+        source.load_state_dict(loader_state)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         save_plan(out / "plan.json", plan, spec_path=None if cfg.spec_doc else str(Path(cfg.spec).resolve()), spec=spec)

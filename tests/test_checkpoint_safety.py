@@ -1,0 +1,177 @@
+"""Checkpoints never destroy work: a fresh run into a used directory starts a new series (the old
+one is kept), a save never leaves a moment without the checkpoint `latest` names, `--resume`
+without a usable checkpoint is a one-line error that leaves losses.jsonl alone, and the rank that
+was killed -9 is the one the launcher names."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from geotrain.config.load import load_spec
+from geotrain.errors import GeotrainError
+from geotrain.plan.manual import plan_from_job
+from geotrain.plan.plan import LinkPlan
+from geotrain.runtime import checkpoint as ck
+from geotrain.runtime.launch import launch
+from geotrain.runtime.trainer import RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "tiny_2dc.toml"
+
+
+# ------------------------------------------------------------------------------ file operations only
+class _NoDist:
+    """Checkpointer.save's collective calls on one process: DCP writes a .metadata and nothing else."""
+
+    @staticmethod
+    def install(monkeypatch):
+        monkeypatch.setattr(ck.dist, "get_rank", lambda: 0)
+        monkeypatch.setattr(ck.dist, "barrier", lambda: None)
+        monkeypatch.setattr(ck.dcp, "save", lambda state, checkpoint_id: (Path(checkpoint_id) / ".metadata")
+                            .write_text("m"))
+        monkeypatch.setattr(ck.Checkpointer, "_state", lambda self, step: {})
+
+
+def _pointed(root: Path) -> bool:
+    p = root / "latest"
+    return not p.exists() or (root / p.read_text().strip() / ".metadata").is_file()
+
+
+def _watch_invariant(monkeypatch, root: Path) -> list[str]:
+    """Before and after every rename/replace/rmtree: `latest` names a complete checkpoint."""
+    broken: list[str] = []
+    for mod, name in ((ck.os, "rename"), (ck.os, "replace"), (ck.shutil, "rmtree")):
+        real = getattr(mod, name)
+
+        def wrapped(*a, _real=real, _name=name, **kw):
+            out = _real(*a, **kw)
+            if not _pointed(root):
+                broken.append(f"after {_name}{tuple(str(x) for x in a)}")
+            return out
+        monkeypatch.setattr(mod, name, wrapped)
+    return broken
+
+
+def _make(root: Path, step: int) -> None:
+    d = root / f"step_{step:08d}"
+    d.mkdir(parents=True)
+    (d / ".metadata").write_text("old")
+
+
+def test_saving_never_leaves_latest_without_its_checkpoint(monkeypatch, tmp_path):
+    root = tmp_path / "checkpoints"
+    _make(root, 35)
+    _make(root, 40)
+    (root / "latest").write_text("step_00000040\n")
+    _NoDist.install(monkeypatch)
+    broken = _watch_invariant(monkeypatch, root)
+    c = ck.Checkpointer(root, 0, 0, {}, None, None)
+    c.save(40)                                  # the same step again (a resumed run redoing it)
+    c.save(10)                                  # a lower step than what the directory holds
+    assert broken == []
+    assert (root / (root / "latest").read_text().strip() / ".metadata").read_text() == "m"
+
+
+def test_pruning_keeps_the_highest_steps_of_the_series_and_the_latest(tmp_path):
+    root = tmp_path / "c"
+    for s in (2, 4, 6, 8):
+        _make(root, s)
+    (root / "latest").write_text("step_00000004\n")
+    ck.prune(root, keep=2)
+    assert sorted(p.name for _, p in ck.step_dirs(root)) == ["step_00000004", "step_00000006", "step_00000008"]
+
+
+def test_resume_point_names_what_is_missing(tmp_path):
+    root = tmp_path / "checkpoints"
+    with pytest.raises(GeotrainError, match="no complete checkpoint.*does not exist"):
+        ck.resume_point(root)
+    root.mkdir()
+    with pytest.raises(GeotrainError, match="latest is missing"):
+        ck.resume_point(root)
+    (root / "latest").write_text("step_00000002\n")
+    with pytest.raises(GeotrainError, match="'step_00000002', which is not a directory"):
+        ck.resume_point(root)
+    (root / "step_00000002").mkdir()
+    with pytest.raises(GeotrainError, match="incomplete"):
+        ck.resume_point(root)
+
+
+# ------------------------------------------------------------------------------ real runs (2 ranks)
+def _plan():
+    base = plan_from_job(load_spec(SPEC)).with_(precision="fp32", sharding="replicate")
+    links = tuple(LinkPlan(src_dc=lp.src_dc, dst_dc=lp.dst_dc) for lp in base.links)
+    return base.with_(dp=1, links=links, pipeline_offsets=())
+
+
+def _cfg(out: Path, steps: int, every: int, **kw) -> RunConfig:
+    return RunConfig(spec=str(SPEC), out=str(out), plan=_plan().to_dict(), steps=steps, data="synthetic",
+                     progress=False, predict=False, checkpoint_every=every, **kw)
+
+
+def _losses(run: Path) -> dict[int, float]:
+    return {d["step"]: d["loss"] for d in map(json.loads, (run / "losses.jsonl").read_text().splitlines())}
+
+
+@pytest.mark.slow
+def test_reused_directory_starts_a_new_series_and_bad_resumes_are_one_line_errors(tmp_path, capfd):
+    run = tmp_path / "run"
+    # An earlier, longer run, then a fresh short run into the same directory (one launch).
+    launch([_cfg(run, 6, 2), _cfg(run, 2, 1)], 2, tmp_path / "l1", timeout_s=180)
+    assert "kept as checkpoints.run1/" in capfd.readouterr().out
+    assert (run / "checkpoints.run1" / "latest").read_text().strip() == "step_00000006"
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+    # Resuming the short run continues it from its own step 2.
+    launch([_cfg(run, 3, 1, resume=True)], 2, tmp_path / "l2", timeout_s=180)
+    assert sorted(_losses(run)) == [1, 2, 3]
+    before = (run / "losses.jsonl").read_text()
+    # A corrupt checkpoint: one line naming it; the losses stay as they were.
+    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    (latest / ".metadata").write_bytes(b"\0garbage")
+    with pytest.raises(GeotrainError) as e:
+        launch([_cfg(run, 4, 1, resume=True)], 2, tmp_path / "l3", timeout_s=180)
+    assert "cannot be loaded" in str(e.value) and str(latest) in str(e.value) and "\n" not in str(e.value)
+    assert (run / "losses.jsonl").read_text() == before
+
+
+def _rank_pid(err_dir: Path, rank: int) -> int | None:
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                env = (proc / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"GEOTRAIN_ERROR_DIR={err_dir}".encode() in env and f"RANK={rank}".encode() in env:
+                return int(proc.name)
+    return None
+
+
+@pytest.mark.slow
+def test_the_rank_killed_minus_9_is_the_one_named(tmp_path):
+    run = tmp_path / "run"
+    cfg = RunConfig(spec=str(SPEC), out=str(run), steps=400, data="synthetic", progress=False, predict=False,
+                    checkpoint_every=0, overrides={"precision": "fp32", "sharding": "replicate"})
+
+    def killer():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            losses = run / "losses.jsonl"
+            if losses.exists() and losses.read_text().strip():
+                pid = _rank_pid(tmp_path / "l" / "logs" / "errors", 2)
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
+                    return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    with pytest.raises(GeotrainError) as e:
+        launch([cfg], 4, tmp_path / "l", timeout_s=180)
+    t.join()
+    assert str(e.value).startswith("rank 2 ") and "signal 9" in str(e.value), str(e.value)
