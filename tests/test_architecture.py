@@ -53,7 +53,6 @@ MAX_LINES = 400
 # Files over the limit today, each with the most lines it may have. TODO: split each and remove
 # its line; the list may only shrink (a listed file back under the limit must be removed from it).
 OVERSIZED = {
-    "wan/striped.py": 508,       # TODO (issue 12): framing, connections and shaping apart
 }
 
 

@@ -112,7 +112,7 @@ def _plan():
 
 def _cfg(out: Path, steps: int, every: int, **kw) -> RunConfig:
     return RunConfig(spec=str(SPEC), out=str(out), plan=_plan().to_dict(), steps=steps, data="synthetic",
-                     progress=False, predict=False, checkpoint_every=every, **kw)
+                     progress=False, checkpoint_every=every, **kw)
 
 
 def _losses(run: Path) -> dict[int, float]:
@@ -155,7 +155,7 @@ def _rank_pid(err_dir: Path, rank: int) -> int | None:
 @pytest.mark.slow
 def test_the_rank_killed_minus_9_is_the_one_named(tmp_path):
     run = tmp_path / "run"
-    cfg = RunConfig(spec=str(SPEC), out=str(run), steps=400, data="synthetic", progress=False, predict=False,
+    cfg = RunConfig(spec=str(SPEC), out=str(run), steps=400, data="synthetic", progress=False,
                     checkpoint_every=0, overrides={"precision": "fp32", "sharding": "replicate"})
 
     def killer():

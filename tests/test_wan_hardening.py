@@ -41,7 +41,7 @@ def _plan():
 
 def _cfg(out: Path, plan) -> RunConfig:
     return RunConfig(spec=str(SPEC), out=str(out), plan=plan.to_dict(), steps=STEPS, data="synthetic",
-                     progress=False, predict=False, checkpoint_every=0)
+                     progress=False, checkpoint_every=0)
 
 
 def _losses(run_dir: Path) -> list[float]:

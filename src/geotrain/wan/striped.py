@@ -303,15 +303,20 @@ class StripedTransport:
                 raise ProtocolError(f"messages {slot.msg} and {msg} both claim tag {tag} #{seq}")
             if slot.total != total and slot.error is None:
                 slot.error = ValueError(f"size mismatch: sender sent {total} bytes, receiver expects {slot.total}")
-            if slot.arrived or offset in slot.got:
-                return
-            if nbytes and slot.error is None and slot.view is not None:
-                slot.view[offset:offset + nbytes] = body
-            slot.got.add(offset)
-            slot.have += nbytes
-            finished = slot.have >= total
-            slot.arrived = finished
-        if not finished:
+            failed = slot.error is not None and slot.work is not None   # a posted recv learns of it at once
+            if not failed:
+                if slot.arrived or offset in slot.got:
+                    return
+                if nbytes and slot.error is None and slot.view is not None:
+                    slot.view[offset:offset + nbytes] = body
+                slot.got.add(offset)
+                slot.have += nbytes
+                slot.arrived = slot.have >= total
+            done = slot.arrived
+        if failed:
+            self._complete((src, tag, seq), slot)
+            return
+        if not done:
             return
         with self._lock:
             arrived.add(msg)
