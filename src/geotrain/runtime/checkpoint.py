@@ -192,7 +192,9 @@ class Checkpointer:
             raise GeotrainError(str(e).replace("--resume:", f"{flag}:", 1)) from None
         try:
             return self.load(path)
-        except (CheckpointException, RuntimeError, ValueError, KeyError, OSError) as e:
+        except GeotrainError:
+            raise
+        except (CheckpointException, Exception) as e:  # noqa: BLE001 -- any unreadable file: one line
             raise GeotrainError(f"{flag}: checkpoint {path} cannot be loaded ({_first_cause(e)})") from None
 
     def _check_shared(self) -> None:
