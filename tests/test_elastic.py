@@ -11,6 +11,7 @@ computed again by the new one: same global batch and micro-batch in fp32, so the
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,36 @@ def test_losing_a_dc_mid_run_replans_and_finishes_on_the_rest(tmp_path: Path, ca
             except OSError:
                 continue
             assert str(run / "logs" / "errors").encode() not in environ, f"orphan rank process {proc.name}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="cutting a link needs the kernel WAN emulation (root)")
+def test_a_link_down_past_the_outage_limit_replans_on_one_side(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    rc = main(["train", str(SPEC), "--elastic", "--cut-link", "west:3", "--outage-limit", "15", "--steps", "5",
+               "--checkpoint-every", "2", "--precision", "fp32", "--data", "synthetic", "--out", str(run),
+               "--wan", "kernel", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "timed out after 15 s" in out
+    (e,) = [json.loads(x) for x in (run / "elastic.jsonl").read_text().splitlines()]
+    assert e["killed_ranks"] == [] and sorted(e["suspects"]) == ["east", "west"]
+    assert e["lost_dc"] == "west"                  # a tie: the side with rank 0 (the launcher's) goes on
+    assert e["wall"]["detected"] - e["wall"]["cut"] >= 15
+    rows = [json.loads(x) for x in (run / "losses.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 6))
+    lost = {int(s): x for s, x in e["lost_losses"].items()}
+    by_step = {r["step"]: r["loss"] for r in rows}
+    assert all(abs(by_step[s] - x) <= 1e-5 * abs(x) for s, x in lost.items())
+
+
+def test_bad_elastic_options_are_one_line_errors(tmp_path: Path, capsys) -> None:
+    base = ["train", str(SPEC), "--out", str(tmp_path / "r"), "--wan", "off", "--checkpoint-every", "2"]
+    for extra, words in ((["--cut-dc", "mars:3"], "holds no stage"), (["--cut-dc", "west"], "DC:STEP"),
+                         (["--cut-link", "west:0"], "STEP >= 1"), (["--outage-limit", "0"], "positive"),
+                         (["--cut-dc", "west:3", "--cut-link", "east:3"], "one failure at a time")):
+        assert main(base + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, (extra, err)
+    assert main(["train", str(SPEC), "--out", str(tmp_path / "r"), "--wan", "off", "--elastic"]) == 2
+    assert "--checkpoint-every" in capsys.readouterr().err

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip measuring this machine (faster; the prediction is then the uncalibrated cost model's)")
     p.add_argument("--wan", default="auto", choices=["auto", "kernel", "shaper", "off"],
                    help="WAN emulation for training: auto, kernel, shaper, off")
+    p.add_argument("--cut-dc", default=None, metavar="DC:STEP",
+                   help="lose datacenter DC after step STEP (its ranks killed): training re-plans without it and "
+                        "resumes from the last checkpoint on the rest (train --elastic, checkpoints every 2 steps)")
 
 
 def _default_spec() -> str:
@@ -136,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         argv += ["--steps", str(args.steps)]
     if args.wan != "auto":
         argv += ["--wan", args.wan]
+    if args.cut_dc:
+        argv += ["--elastic", "--cut-dc", args.cut_dc, "--checkpoint-every", "2"]
     try:
         rc = cli(argv)
     finally:

@@ -30,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cut-dc", default=None, metavar="DC:STEP",
                    help="rehearsal: kill every rank of datacenter DC once step STEP is logged (with --elastic the run "
                         "continues on the rest)")
+    p.add_argument("--cut-link", default=None, metavar="DC:STEP",
+                   help="rehearsal (kernel WAN emulation): take datacenter DC's WAN interface down once step STEP is "
+                        "logged; its transfers then fail after --outage-limit")
+    p.add_argument("--outage-limit", type=float, default=None, metavar="S",
+                   help="seconds a cross-DC transfer may wait before its rank fails (default 300); with --elastic the "
+                        "run then continues without one side of the link")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="save every N steps (default: job.checkpoint_every; 0: never)")
     p.add_argument("--data", default=None, help="text file or directory to train on, or 'synthetic' "
@@ -189,9 +195,9 @@ def run(args: argparse.Namespace) -> int:
 
         if args.wan == "kernel":
             raise GeotrainError("--wan kernel starts the ranks itself; under torchrun use --wan shaper, auto or off")
-        if args.elastic or args.cut_dc:
-            raise GeotrainError("--elastic and --cut-dc need geotrain's own launcher (under torchrun, re-plan with "
-                                "`geotrain replan` and restart with --resume-from)")
+        if args.elastic or args.cut_dc or args.cut_link:
+            raise GeotrainError("--elastic, --cut-dc and --cut-link need geotrain's own launcher (under torchrun, "
+                                "re-plan with `geotrain replan` and restart with --resume-from)")
         if args.wan == "shaper":
             from dataclasses import replace
 
@@ -237,7 +243,12 @@ def run(args: argparse.Namespace) -> int:
               f"metrics: {service.url}/metrics)", flush=True)
     from geotrain.orchestrate.elastic import CutWatcher, parse_cut, plot_losses, train_elastic
 
-    cut = parse_cut(args.cut_dc, plan) if args.cut_dc else None
+    if args.cut_dc and args.cut_link:
+        raise GeotrainError("rehearse one failure at a time: --cut-dc or --cut-link")
+    if args.outage_limit is not None and not args.outage_limit > 0:
+        raise GeotrainError(f"--outage-limit must be a positive number of seconds (got {args.outage_limit})")
+    cut = parse_cut(args.cut_dc, plan) if args.cut_dc else parse_cut(args.cut_link, plan, "link") \
+        if args.cut_link else None
     if args.elastic and not (cfg.checkpoint_every or spec.job.checkpoint_every):
         raise GeotrainError("--elastic resumes from checkpoints: give --checkpoint-every N (or job.checkpoint_every)")
     last = {}
@@ -250,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         last["plan"] = plan
         last["wan"] = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
                                    describe=describe, say=lambda line: print(line, flush=True), entry=entry,
-                                   watch=watch)
+                                   watch=watch, outage_limit_s=args.outage_limit)
 
     try:
         if args.elastic:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -35,24 +36,32 @@ MAX_REPLANS = 4
 
 @dataclass
 class Cut:
+    """A rehearsed failure: `kill` SIGKILLs the DC's ranks, `link` sets its WAN interface down
+    (kernel emulation), once the run has logged `after_step`."""
+
     dc: str
     after_step: int
+    how: str = "kill"
 
 
-def parse_cut(text: str, plan) -> Cut:
+def parse_cut(text: str, plan, how: str = "kill") -> Cut:
+    flag = "--cut-dc" if how == "kill" else "--cut-link"
     dc, sep, step = text.replace("@", ":").partition(":")
     names = [st.dc for st in plan.stages]
     if not sep or not step.isdigit() or int(step) < 1:
-        raise GeotrainError(f"--cut-dc expects DC:STEP with STEP >= 1 (got {text!r})")
+        raise GeotrainError(f"{flag} expects DC:STEP with STEP >= 1 (got {text!r})")
     if dc not in names:
-        raise GeotrainError(f"--cut-dc: datacenter {dc!r} holds no stage of this plan (stages sit in "
+        raise GeotrainError(f"{flag}: datacenter {dc!r} holds no stage of this plan (stages sit in "
                             f"{', '.join(dict.fromkeys(names))})")
-    return Cut(dc, int(step))
+    if how == "link" and len(set(names)) < 2:
+        raise GeotrainError(f"{flag}: this plan has no WAN link to cut (one datacenter)")
+    return Cut(dc, int(step), how)
 
 
 class CutWatcher:
-    """Called by the launcher on every poll: SIGKILLs every rank of `cut.dc` once the run has
-    logged step `cut.after_step`. Only the launch whose plan still has that DC is cut."""
+    """Called by the launcher on every poll (with the launch's WAN): once the run has logged step
+    `cut.after_step`, SIGKILLs every rank of `cut.dc` or takes its WAN interface down. Only the
+    launch whose plan still has that DC is cut."""
 
     def __init__(self, cut: Cut, plan, losses: Path):
         self.cut, self.losses = cut, losses
@@ -60,37 +69,73 @@ class CutWatcher:
         self.at: float | None = None
         self._size = -1
 
-    def __call__(self, procs) -> None:
-        if self.at is not None or not self.ranks:
-            return
-        try:
-            size = self.losses.stat().st_size
-        except OSError:
-            return
-        if size == self._size:
-            return
-        self._size = size
-        lines = self.losses.read_text().splitlines()
-        if not lines or json.loads(lines[-1])["step"] < self.cut.after_step:
+    def __call__(self, procs, wan=None) -> None:
+        if self.at is not None or not self.ranks or not self._reached():
             return
         self.at = time.time()
+        if self.cut.how == "link":
+            emu = getattr(wan, "emulation", None)
+            if emu is None:
+                raise GeotrainError("--cut-link needs the kernel WAN emulation (root, --wan kernel or auto)")
+            emu.exec_in(self.cut.dc, ["ip", "link", "set", emu.ifname(self.cut.dc), "down"], check=True)
+            return
         for r in self.ranks:
             try:
                 os.killpg(procs[r].pid, signal.SIGKILL)   # each rank leads its own process group
             except ProcessLookupError:
                 pass
 
+    def _reached(self) -> bool:
+        try:
+            size = self.losses.stat().st_size
+        except OSError:
+            return False
+        if size == self._size:
+            return False
+        self._size = size
+        lines = self.losses.read_text().splitlines()
+        return bool(lines) and json.loads(lines[-1])["step"] >= self.cut.after_step
 
-def failed_dc(plan, failure) -> str | None:
-    """The datacenter to drop: where most ranks were killed from outside, else that of the first
-    rank that failed on its own (None: nothing points at one DC)."""
+
+_PEER = re.compile(r" failed: .*?\b(?:from|to) rank (\d+)\b")
+
+
+def suspects(plan, failure) -> list[str]:
+    """The datacenters that may be lost, most likely first.
+
+    Ranks killed from outside: their DC. A rank whose transfer to or from a rank in another DC
+    timed out (the link stayed down past the outage limit): either side may be the one cut off,
+    so both, its peer's first. Else the DC of the first rank that failed. Empty: nothing points
+    at a DC."""
     dc_of = [plan.stages[plan.coords(r)[0]].dc for r in range(plan.num_ranks)]
     killed = [dc_of[r] for r in failure.killed if r < len(dc_of)]
     if killed:
-        return max(dict.fromkeys(killed), key=killed.count)
-    if failure.first is not None and failure.first < len(dc_of):
-        return dc_of[failure.first]
-    return None
+        return [max(dict.fromkeys(killed), key=killed.count)]
+    if failure.first is None or failure.first >= len(dc_of):
+        return []
+    mine = dc_of[failure.first]
+    peer = _PEER.search(str(failure))
+    if peer and int(peer.group(1)) < len(dc_of) and dc_of[int(peer.group(1))] != mine:
+        return [dc_of[int(peer.group(1))], mine]
+    return [mine]
+
+
+def _best_replan(out: Path, dropped: list[str], candidates: list[str], home: str):
+    """Re-plan without each candidate DC (plus those already dropped); the fastest predicted wins,
+    within 1 % the one that keeps `home` (rank 0's DC, where the launcher and the store live)."""
+    best, why = None, None
+    for dc in candidates:
+        try:
+            r = replan(out, without=[*dropped, dc])
+        except GeotrainError as e:
+            why = why or e
+            continue
+        if best is None or r.after_s < 0.99 * best[1].after_s or (r.after_s <= 1.01 * best[1].after_s
+                                                                    and best[0] == home):
+            best = (dc, r)
+    if best is None:
+        raise why
+    return best
 
 
 def train_elastic(cfg, spec, plan, launch_once, say=print, cut: Cut | None = None,
@@ -111,8 +156,8 @@ def train_elastic(cfg, spec, plan, launch_once, say=print, cut: Cut | None = Non
             return events
         except RankFailure as failure:
             t_detect = time.time()
-            dc = failed_dc(plan, failure)
-            if failure.user_error or dc is None:
+            candidates = suspects(plan, failure)
+            if failure.user_error or not candidates:
                 raise
             if len(events) >= max_replans:
                 raise GeotrainError(f"{failure}; --elastic gave up after {max_replans} re-plans") from None
@@ -120,14 +165,14 @@ def train_elastic(cfg, spec, plan, launch_once, say=print, cut: Cut | None = Non
             if ckpt is None:
                 raise GeotrainError(f"{failure}; --elastic: no checkpoint to resume from (save some with "
                                     "--checkpoint-every N)") from None
-            dropped.append(dc)
             say(f"elastic: {failure}")
-            say(f"elastic: datacenter {dc} lost; re-planning without {', '.join(dropped)} and resuming from "
-                f"{ckpt.name}")
             try:
-                r = replan(out, without=dropped)
+                dc, r = _best_replan(out, dropped, candidates, plan.stages[0].dc)
             except GeotrainError as why:
-                raise GeotrainError(f"{failure}; --elastic cannot go on without {', '.join(dropped)}: {why}") from None
+                raise GeotrainError(f"{failure}; --elastic cannot go on without "
+                                    f"{' or '.join(candidates)}: {why}") from None
+            dropped.append(dc)
+            say(f"elastic: datacenter {dc} lost; re-planned without {', '.join(dropped)}, resuming from {ckpt.name}")
             t_replan = time.time()
             new_plan = out / f"replan{len(events) + 1}.json"
             save_plan(new_plan, r.after, spec_path=r.spec_path,
@@ -135,7 +180,7 @@ def train_elastic(cfg, spec, plan, launch_once, say=print, cut: Cut | None = Non
             for line in describe(r):
                 say(line)
             resume_step = int(ckpt.name.split("_")[-1]) + 1
-            event = {"replan": len(events) + 1, "lost_dc": dc, "killed_ranks": failure.killed,
+            event = {"replan": len(events) + 1, "lost_dc": dc, "suspects": candidates, "killed_ranks": failure.killed,
                      "first_failed_rank": failure.first, "error": str(failure), "checkpoint": ckpt.name,
                      "resume_step": resume_step, "plan": str(new_plan),
                      # what the lost layout logged past the checkpoint: the new layout computes these steps again
