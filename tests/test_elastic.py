@@ -55,6 +55,9 @@ def test_losing_a_dc_mid_run_replans_and_finishes_on_the_rest(tmp_path: Path, ca
     for step, loss in lost.items():
         assert abs(by_step[step] - loss) <= 1e-5 * abs(loss), (step, by_step[step], loss)
     assert (run / "losses.png").stat().st_size > 0
+    assert main(["report", str(run)]) == 0                       # the report marks the re-plan
+    html = (run / "report.html").read_text()
+    assert f"re-plan 1: lost west, resumed at step {e['resume_step']}" in html and "Loss (re-plans shaded)" in html
     # No rank of either launch outlived the run.
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():

@@ -57,7 +57,8 @@ def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: P
                  measured: Trace | None = None, measured_metrics: Metrics | None = None,
                  schedules: list[ScheduleRow] | None = None, gpu_memory: dict[str, float] | None = None,
                  title: str | None = None, notes: list[str] | None = None,
-                 tokens_per_iteration: int = 0, bubbletea: list[tuple[str, str]] | None = None) -> ReportFiles:
+                 tokens_per_iteration: int = 0, bubbletea: list[tuple[str, str]] | None = None,
+                 losses_png: Path | None = None) -> ReportFiles:
     """Draw the timeline and write the HTML page into `out_dir`. With `measured`, both timelines
     are stacked and the page opens with the predicted-vs-measured table."""
     out = Path(out_dir)
@@ -78,7 +79,7 @@ def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: P
     html = write_html(out / "report.html", title=name, metrics=metrics, layout=layout, plan=plan,
                       timeline_png=png, schedules=schedules, comparison=comparison or None,
                       gpu_memory=gpu_memory, link_meta=link_meta, notes=(notes or []) + [prediction_note(trace)],
-                      metrics_label=metrics_label(trace), bubbletea=bubbletea)
+                      metrics_label=metrics_label(trace), bubbletea=bubbletea, losses_png=losses_png)
     return ReportFiles(png, html, comparison)
 
 
@@ -194,5 +195,25 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
     files = build_report(d, main, metrics, plan=plan, measured=measured, measured_metrics=measured_metrics,
                          schedules=schedules, tokens_per_iteration=tokens, bubbletea=bubbletea_rows(d),
                          gpu_memory=doc.get("gpu_memory_per_dc") or None,
-                         notes=[f"rebuilt from {d}"] + ([f"measured trace: {measured_path.name}"] if measured else []))
+                         notes=[f"rebuilt from {d}"] + ([f"measured trace: {measured_path.name}"] if measured else [])
+                         + _replan_notes(d), losses_png=d / "losses.png" if (d / "elastic.jsonl").exists() else None)
     return (files, metrics, measured, main) if with_trace else (files, metrics, measured)
+
+
+def _replan_notes(d: Path) -> list[str]:
+    """One line per re-plan of an elastic run (RUN_DIR/elastic.jsonl); the traces show the last layout."""
+    path = d / "elastic.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            e = json.loads(line)
+            b, a = e["before"], e["after"]
+            out.append(f"re-plan {e['replan']}: lost {e['lost_dc']}, resumed at step {e['resume_step']} from "
+                       f"{e['checkpoint']}: pp {b['pp']} x dp {b['dp']} -> pp {a['pp']} x dp {a['dp']} "
+                       f"(timelines: the last layout)")
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+

@@ -191,7 +191,8 @@ def render_html(*, title: str, metrics: Metrics, layout: list[RankInfo], plan: P
                 timeline_png: Path | None = None, schedules: Sequence[ScheduleRow] | None = None,
                 comparison: Sequence[CompareRow] | None = None, gpu_memory: dict[str, float] | None = None,
                 link_meta: dict[str, Any] | None = None, notes: Sequence[str] = (), embed: bool = True,
-                metrics_label: str = "", bubbletea: Sequence[tuple[str, str]] | None = None) -> str:
+                metrics_label: str = "", bubbletea: Sequence[tuple[str, str]] | None = None,
+                losses_png: Path | None = None) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
              f"<style>{CSS}</style></head><body>",
              f"<h1>{escape(title)}</h1>"]
@@ -206,6 +207,9 @@ def render_html(*, title: str, metrics: Metrics, layout: list[RankInfo], plan: P
     if timeline_png is not None and Path(timeline_png).exists():
         parts.append("<h2>Timeline</h2>")
         parts.append(image_html(timeline_png, embed))
+    if losses_png is not None and Path(losses_png).exists():
+        parts.append("<h2>Loss (re-plans shaded)</h2>")       # an elastic run: train --elastic
+        parts.append(image_html(losses_png, embed, alt="loss"))
     if schedules:
         parts.append(schedules_section(schedules, plan.schedule if plan else None))
     parts.append(bubbles_section(metrics, layout))
