@@ -261,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
         last["plan"] = plan
         last["wan"] = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
                                    describe=describe, say=lambda line: print(line, flush=True), entry=entry,
-                                   watch=watch, outage_limit_s=args.outage_limit)
+                                   watch=watch, outage_limit_s=args.outage_limit,
+                                   on_wan=getattr(watch, "attach", None))
 
     try:
         if args.elastic:

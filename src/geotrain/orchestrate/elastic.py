@@ -59,7 +59,7 @@ def parse_cut(text: str, plan, how: str = "kill") -> Cut:
 
 
 class CutWatcher:
-    """Called by the launcher on every poll (with the launch's WAN): once the run has logged step
+    """Called by the launcher on every poll: once the run has logged step
     `cut.after_step`, SIGKILLs every rank of `cut.dc` or takes its WAN interface down. Only the
     launch whose plan still has that DC is cut."""
 
@@ -67,14 +67,19 @@ class CutWatcher:
         self.cut, self.losses = cut, losses
         self.ranks = [r for r in range(plan.num_ranks) if plan.stages[plan.coords(r)[0]].dc == cut.dc]
         self.at: float | None = None
+        self.wan = None
         self._size = -1
 
-    def __call__(self, procs, wan=None) -> None:
+    def attach(self, wan) -> None:
+        """The launch's WAN (runtime.launch.run_with_wan's on_wan): a link cut needs its emulation."""
+        self.wan = wan
+
+    def __call__(self, procs) -> None:
         if self.at is not None or not self.ranks or not self._reached():
             return
         self.at = time.time()
         if self.cut.how == "link":
-            emu = getattr(wan, "emulation", None)
+            emu = getattr(self.wan, "emulation", None)
             if emu is None:
                 raise GeotrainError("--cut-link needs the kernel WAN emulation (root, --wan kernel or auto)")
             emu.exec_in(self.cut.dc, ["ip", "link", "set", emu.ifname(self.cut.dc), "down"], check=True)

@@ -118,7 +118,7 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
            rank0_stdout: bool = True, wan=None, entry: str = "geotrain.runtime.worker", watch=None) -> None:
     """Run `cases` on `world_size` local processes; raise RankFailure naming the first failed rank.
     `entry` is the module each rank runs (`python -m ENTRY CONFIG.json`): the worker, or one that
-    installs a plug-in first (`geotrain.orchestrate.rank`). `watch(procs, wan)`, if given, is called on
+    installs a plug-in first (`geotrain.orchestrate.rank`). `watch(procs)`, if given, is called on
     every poll (rehearsals cut a datacenter's ranks from it)."""
     check_local_world_size(world_size)  # before anything is written
     if wan is not None and wan.rank_config() is not None:
@@ -192,7 +192,7 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
             if broken:
                 raise GeotrainError(f"{broken} (logs: {logs})")
             if watch is not None:
-                watch(procs, wan)
+                watch(procs)
             if deadline is not None and time.time() > deadline:
                 raise GeotrainError(f"the ranks did not finish within {timeout_s:.0f} s (logs: {logs})")
             time.sleep(0.05)
@@ -207,16 +207,19 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
 
 
 def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = "auto", rate_scale: float = 1.0,
-                 say=print, outage_limit_s: float | None = None, **kw):
+                 say=print, outage_limit_s: float | None = None, on_wan=None, **kw):
     """`launch` over the WAN chosen by `mode` (runtime.wan.open_wan), torn down afterwards -- also when
     a rank fails or on Ctrl-C. Returns the WanLaunch (closed; `.mode` says what ran).
-    outage_limit_s: how long a cross-DC transfer may wait before its rank fails (default: the WAN's)."""
+    outage_limit_s: how long a cross-DC transfer may wait before its rank fails (default: the WAN's);
+    on_wan(wan), if given, sees the WAN before the ranks start (a rehearsal that cuts a link needs it)."""
     from geotrain.runtime.wan import open_wan
 
     check_local_world_size(plan.num_ranks)  # before any WAN emulation is set up
     wan = open_wan(mode, spec, plan, rate_scale, say=say,
                    **({"timeout_s": outage_limit_s} if outage_limit_s is not None else {}))
     try:
+        if on_wan is not None:
+            on_wan(wan)
         launch(cases, plan.num_ranks, run_dir, wan=wan, **kw)
     finally:
         wan.close()
