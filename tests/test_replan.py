@@ -53,8 +53,9 @@ pp = 2
 
 def _run_dir(tmp_path: Path, spec_path: Path, **overrides) -> Path:
     run = tmp_path / "run"
-    plan = plan_from_job(load_spec(spec_path)).with_(**overrides)
-    save_plan(run / "plan.json", plan, spec_path=str(spec_path.resolve()))
+    spec = load_spec(spec_path)
+    plan = plan_from_job(spec).with_(**overrides)
+    save_plan(run / "plan.json", plan, spec=spec)      # as the trainer writes it: the spec embedded
     return run
 
 
@@ -68,6 +69,7 @@ def test_replan_without_a_dc_keeps_the_batch_and_reports_the_change(tmp_path: Pa
     assert [u for st in plan.stages for u in st.units] == list(range(6))
     assert plan.dp * plan.pp <= 2 and not plan.links
     assert doc["replan"]["dropped"] == ["west"] and Path(doc["spec"]) == SPEC.resolve()
+    assert [d["name"] for d in doc["resolved_spec"]["cluster"]["datacenters"]] == ["east"]   # what is left
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert "pp 2 x dp 2" in lines["layout"] and f"pp {plan.pp} x dp {plan.dp}" in lines["layout"]
     assert "east 2, west 2" in lines["GPUs"]

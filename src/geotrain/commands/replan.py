@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     r = replan(run_dir, args.without, parse_gpus(args.gpus), args.spec, top_k=args.top_k)
     out = Path(args.out) if args.out else run_dir / "replan.json"
-    save_plan(out, r.after, spec_path=r.spec_path,
+    save_plan(out, r.after, spec_path=r.spec_path, spec=r.spec_after,
               extra={"simulated_s": r.after_s, "replan": {"run": str(run_dir.resolve()), "dropped": r.dropped,
                                                           "gpus": r.after.gpus_per_dc(), "before_s": r.before_s}})
     gone = f" without {', '.join(r.dropped)}" if r.dropped else ""

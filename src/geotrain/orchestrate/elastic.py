@@ -180,7 +180,7 @@ def train_elastic(cfg, spec, plan, launch_once, say=print, cut: Cut | None = Non
             say(f"elastic: datacenter {dc} lost; re-planned without {', '.join(dropped)}, resuming from {ckpt.name}")
             t_replan = time.time()
             new_plan = out / f"replan{len(events) + 1}.json"
-            save_plan(new_plan, r.after, spec_path=r.spec_path,
+            save_plan(new_plan, r.after, spec_path=r.spec_path, spec=r.spec_after,
                       extra={"simulated_s": r.after_s, "replan": {"run": str(out.resolve()), "dropped": dropped}})
             for line in describe(r):
                 say(line)

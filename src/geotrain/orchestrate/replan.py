@@ -17,7 +17,7 @@ from geotrain.config.load import load_spec
 from geotrain.console import human_seconds
 from geotrain.errors import GeotrainError, InfeasibleError
 from geotrain.orchestrate.planning import make_plan
-from geotrain.plan.plan import load_plan
+from geotrain.plan.plan import load_plan, plan_spec
 from geotrain.sim import simulate
 
 
@@ -31,19 +31,18 @@ class Replan:
     after: object                       # Plan
     before_s: float
     after_s: float
-    spec_path: str
+    spec_path: str | None             # the TOML the experiment came from (the plan file embeds it)
     dropped: list[str] = field(default_factory=list)
 
 
 def run_plan(run_dir: Path):
-    """(plan, spec path) a run was trained with, from RUN_DIR/plan.json."""
+    """(plan, spec) a run was trained with, from RUN_DIR/plan.json (the spec it embeds, else the
+    TOML it names)."""
     path = Path(run_dir) / "plan.json"
     if not path.is_file():
         raise GeotrainError(f"{run_dir}: no plan.json (not a `geotrain train` run directory)")
     plan, doc = load_plan(path)
-    if not doc.get("spec"):
-        raise GeotrainError(f"{path}: the plan does not name the experiment spec it was trained with")
-    return plan, str(doc["spec"])
+    return plan, plan_spec(doc, path)
 
 
 def cluster_left(spec, without: list[str], gpus: dict[str, int]):
@@ -69,8 +68,8 @@ def cluster_left(spec, without: list[str], gpus: dict[str, int]):
 def replan(run_dir: Path, without: list[str] = (), gpus: dict[str, int] | None = None,
            new_spec: str | None = None, top_k: int = 2) -> Replan:
     """Re-plan RUN_DIR's training for the cluster that is left (see the module docstring)."""
-    before, spec_path = run_plan(Path(run_dir))
-    spec = load_spec(spec_path)
+    before, spec = run_plan(Path(run_dir))
+    spec_path = str(spec.path) if spec.path else None
     base = spec
     if new_spec:
         base = load_spec(new_spec)
