@@ -66,3 +66,15 @@ def test_export_without_checkpoint_is_one_line(tmp_path, capsys):
     (tmp_path / "run").mkdir()
     assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "o")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_export_never_replaces_a_directory_it_did_not_write(tmp_path, capsys):
+    from geotrain.models.presets import PRESETS
+    from geotrain.runtime.export import export_hf
+
+    keep = tmp_path / "mine"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("precious")
+    with pytest.raises(Exception, match="holds notes.txt"):
+        export_hf(tmp_path / "run", keep, PRESETS["tiny"])
+    assert (keep / "notes.txt").read_text() == "precious"

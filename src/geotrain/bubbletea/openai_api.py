@@ -40,13 +40,14 @@ _NEUTRAL = {"n": 1, "best_of": 1, "echo": False, "presence_penalty": 0, "frequen
 
 
 class _CountStatus:
-    """Pure ASGI middleware: counts responses by status for /metrics (streams included)."""
+    """Pure ASGI middleware: counts responses by status for /metrics (streams included), except
+    those of /healthz and /metrics themselves, which pollers call all the time."""
 
     def __init__(self, app, stats):
         self.app, self.stats = app, stats
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in ("/healthz", "/metrics"):
             return await self.app(scope, receive, send)
 
         async def counting(msg):

@@ -16,8 +16,13 @@ import argparse
 HELP = "run the built-in demo: plan, simulate, train across emulated DCs with BubbleTea, report"
 ORDER = 1
 DEFAULT_SPEC = "examples/tiny_2dc.toml"
-PROMPTS = ["def fibonacci(n):\n    ", "import os\nimport sys\n", "class Stack:\n    def push(self, x):",
-           "for i in range(10):\n    print(", "# Return the sum of a list\ndef total(xs):", "with open(path) as f:\n"]
+# The model BubbleTea serves: a small Llama geotrain trained on the built-in corpus (see its README).
+SERVED_MODEL = "examples/models/py-tiny/geotrain-py-tiny"
+# Each ends inside a line: the served model is small, and after a bare newline or indentation its
+# likeliest continuation is more indentation.
+PROMPTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n    return ", "import os\nimport sys\n\ndef main(",
+           "class Stack:\n    def push(self, x):\n        self.", "for i in range(10):\n    print(",
+           "# Return the sum of a list\ndef total(xs):\n    return sum(", "with open(path) as f:\n    data = f."]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,16 +41,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _default_spec() -> str:
+    return _shipped(DEFAULT_SPEC, "the built-in demo spec", "pass a SPEC")
+
+
+def _shipped(rel: str, what: str, hint: str) -> str:
+    """A file shipped in the repository: relative to the working directory, else to the checkout."""
     from pathlib import Path
 
-    here = Path(__file__).resolve().parents[3] / DEFAULT_SPEC
-    if Path(DEFAULT_SPEC).exists():
-        return DEFAULT_SPEC
+    here = Path(__file__).resolve().parents[3] / rel
+    if Path(rel).exists():
+        return rel
     if here.exists():
         return str(here)
     from geotrain.errors import GeotrainError
 
-    raise GeotrainError(f"cannot find the built-in demo spec {DEFAULT_SPEC}; pass a SPEC")
+    raise GeotrainError(f"cannot find {what} {rel}; {hint}")
 
 
 def _free_port() -> int:
@@ -82,7 +92,8 @@ def _client(url: str, prompts: list[str], results: list, stop) -> None:
             return
         try:
             c = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
-            c.request("POST", "/v1/completions", json.dumps({"prompt": p, "max_tokens": 24, "temperature": 0}))
+            c.request("POST", "/v1/completions", json.dumps({"prompt": p, "max_tokens": 40, "temperature": 0.6,
+                                                             "top_p": 0.9, "seed": len(results)}))
             r = c.getresponse()
             doc = json.loads(r.read())
             results.append((p, r.status, doc["choices"][0] if r.status == 200 else doc.get("error", {})))
@@ -132,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     client = threading.Thread(target=_client, args=(f"http://127.0.0.1:{port}",
                                                     (PROMPTS * 10)[:args.requests], results, stop), daemon=True)
     client.start()
-    argv = ["train", str(out / "plan.json"), "--out", str(out / "train"), "--serve-prefill", str(port)]
+    argv = ["train", str(out / "plan.json"), "--out", str(out / "train"), "--serve-prefill", str(port),
+            "--prefill-model", _shipped(SERVED_MODEL, "the demo's served model", "restore examples/models/py-tiny")]
     if profile is not None:
         argv += ["--profile", str(profile)]
     if args.steps is not None:
@@ -148,10 +160,11 @@ def run(args: argparse.Namespace) -> int:
         client.join(timeout=5)
     if rc:
         return rc
-    print("\nBubbleTea answers received while training (prompt -> first token + greedy completion of the "
-          "untrained tiny inference model, which is why the text is noise):")
+    print("\nBubbleTea answers received while training (prompt -> completion sampled at temperature 0.6 from "
+          f"{SERVED_MODEL}, a 0.8 M-parameter model geotrain trained for a few CPU minutes on the standard "
+          "library's sources: Python-looking, not correct code):")
     for prompt, status, doc in results:
-        shown = prompt.replace("\n", "\\n")[:36]
+        shown = prompt.replace("\n", "\\n")[-36:]
         if status == 200:
             print(f"  {shown!r:40} -> TTFT {doc['ttft_ms']:7.0f} ms on {doc['prefill_on']:>8}, "
                   f"{len(doc['token_ids'])} tokens {doc['text'][:40]!r}")

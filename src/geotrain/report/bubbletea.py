@@ -39,7 +39,8 @@ def bubbletea_rows(run_dir: str | Path) -> list[tuple[str, str]] | None:
     codes = doc.get("responses") or {}
     answered = int(doc.get("answered", 0))
     rows = [("requests answered (HTTP 200)", f"{answered}"),
-            ("responses by status", ", ".join(f"{c}: {n}" for c, n in sorted(codes.items())) or "none")]
+            ("API responses by status (not /healthz, /metrics)",
+             ", ".join(f"{c}: {n}" for c, n in sorted(codes.items())) or "none")]
     if answered:
         rows += [("TTFT p50", f"{1e3 * float(doc['ttft_p50_s']):.0f} ms"),
                  ("TTFT p99", f"{1e3 * float(doc['ttft_p99_s']):.0f} ms")]

@@ -20,6 +20,8 @@ import torch
 
 from geotrain.errors import GeotrainError
 
+_EXPORT_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json"}
 _KEY = re.compile(r"^model\.(units\.\d+\..+)$")
 
 
@@ -79,6 +81,11 @@ def export_hf(run_dir: str | Path, out: str | Path, model_spec, tokenizer_dir: s
     from geotrain.models.hf import hf_config, to_hf_state
 
     run_dir, out = Path(run_dir), Path(out)
+    if out.exists():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in _EXPORT_FILES) if out.is_dir() else [out.name]
+        if foreign:
+            raise GeotrainError(f"--hf {out}: exists and holds {', '.join(foreign[:3])}; an export replaces its "
+                                "directory whole, so give a new (or empty, or previously exported) one")
     tensors = checkpoint_model_tensors(latest_checkpoint(run_dir))
     expected = {f"units.{i}" for i in range(model_spec.num_units)}
     have = {".".join(n.split(".")[:2]) for n in tensors}
@@ -94,10 +101,10 @@ def export_hf(run_dir: str | Path, out: str | Path, model_spec, tokenizer_dir: s
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(hf_config(model_spec, dtype), indent=2) + "\n")
     if tokenizer_dir:
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        for name in sorted(_EXPORT_FILES - {"config.json", "model.safetensors"}):
             if (Path(tokenizer_dir) / name).is_file():
                 shutil.copy(Path(tokenizer_dir) / name, tmp / name)
     if out.exists():
-        shutil.rmtree(out)
+        shutil.rmtree(out)            # a previous export (checked above): replaced whole
     os.rename(tmp, out)
     return out
