@@ -52,6 +52,7 @@ class PlanningContext:
         self._costs: dict[str, object] = {}
         self._tables: dict[tuple[str, int, str], UnitTable] = {}
         self._memo: dict[tuple, float] = {}
+        self._shapes: dict[tuple, tuple[int, int, int]] = {}
         self.memory_calls = 0
         self._dcs = {d.name: d for d in spec.cluster.datacenters}
         self._gpus = {d.name: spec.cluster.gpu(d.gpu_type) for d in spec.cluster.datacenters}
@@ -103,6 +104,12 @@ class PlanningContext:
 
     def shape(self, chunks: tuple[tuple[int, int], ...]) -> tuple[int, int, int]:
         """(has embedding, blocks, has head): all the cost model distinguishes between stages."""
+        hit = self._shapes.get(chunks)
+        if hit is None:
+            hit = self._shapes[chunks] = self._shape(chunks)
+        return hit
+
+    def _shape(self, chunks: tuple[tuple[int, int], ...]) -> tuple[int, int, int]:
         last = self.num_units
         e = h = n = 0
         for a, b in chunks:
@@ -125,6 +132,18 @@ class PlanningContext:
             v = need / gpu.memory_bytes
             self._memo[key] = v
         return v <= 1.0
+
+    def worst_stages(self, chunks, dcs, inflights) -> list[tuple[tuple, str, float]]:
+        """(chunks, DC, in-flight) of the stages whose memory decides whether all fit: memory grows
+        with the micro-batches in flight, so of the stages alike in shape and DC only the one
+        holding the most counts (a pipeline of 80 stages has a handful of distinct ones)."""
+        worst: dict[tuple, tuple[float, tuple]] = {}
+        for ch, dc, k in zip(chunks, dcs, inflights, strict=True):
+            key = (self.shape(ch), dc)
+            w = worst.get(key)
+            if w is None or k > w[0]:
+                worst[key] = (k, ch)
+        return [(ch, dc, k) for (_, dc), (k, ch) in worst.items()]
 
     def stage_memory_fraction(self, chunks, dc_name, micro_batch, inflight, sharding, dp, checkpointing) -> float:
         self.stage_fits(chunks, dc_name, micro_batch, inflight, sharding, dp, checkpointing)

@@ -74,8 +74,9 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
     mbs = [job.micro_batch] if isinstance(job.micro_batch, int) else [b for b in MICRO_BATCHES if gb % b == 0]
     out = []
     seen: set[tuple] = set()   # (what the chain looks like, counts, dp, mb): alike DCs swapped are one layout
+    looks: dict[tuple, int] = {}
     for chain in allowed_chains or chains(cluster):
-        look = chain_signature(ctx, chain)
+        look = looks.setdefault(chain_signature(ctx, chain), len(looks))   # an int hashes fast
         gpus = [cluster.dc(d).gpus for d in chain]
         types = [cluster.dc(d).gpu_type for d in chain]
         if job.pp is not None and job.pp < len(chain):
@@ -88,6 +89,7 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
             work = [tab.step[-1] for tab in tabs]
             speeds = [1.0 / w for w in work]
             ranks = speed_ranks(speeds, [cluster.gpu(t).memory_gib for t in types])
+            uniform = min(speeds) == max(speeds)
             fills = []
             for kind in kinds:
                 if kind == "zb-h1":
@@ -117,7 +119,7 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
                     if key in seen:
                         continue
                     seen.add(key)
-                    period = 1.0 / sum(c * sp for c, sp in zip(counts, speeds))
+                    period = work[0] / pp if uniform else 1.0 / sum(c * sp for c, sp in zip(counts, speeds))
                     if period < wan_period:
                         period = wan_period
                     out.append(Layout(chain, counts, dp, mb, m, (m - 1) * period + fill + extra))

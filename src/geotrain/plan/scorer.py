@@ -204,6 +204,7 @@ class Scorer:
         wanted = extra
         best: Candidate | None = None
         parts: dict[tuple[int, ...], tuple] = {}   # the sharding only changes the tail: per warm-up, once
+        deciding: dict[tuple[int, ...], list] = {}  # per warm-up, the stages whose memory decides
         for sharding in ctx.sharding_options():
             # Every sharding that fits is scored, not only the leanest: sharding the optimizer
             # state also shards the optimizer step, which can make a heavier one faster.
@@ -211,8 +212,11 @@ class Scorer:
                 extra = self._fit_warmup(lay, chunks, wanted, sharding, ckpt)
                 if not any(extra):
                     continue
-            if not all(ctx.stage_fits(chunks[s], dcs[s], mb, inflight(kind, pp, m, s, extra, v), sharding, dp, ckpt)
-                       for s in range(pp)):
+            worst = deciding.get(extra)
+            if worst is None:
+                worst = deciding[extra] = ctx.worst_stages(chunks, dcs, [inflight(kind, pp, m, s, extra, v)
+                                                                         for s in range(pp)])
+            if not all(ctx.stage_fits(ch, dc, mb, k, sharding, dp, ckpt) for ch, dc, k in worst):
                 continue
             self.scored += 1
             costs = [StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
