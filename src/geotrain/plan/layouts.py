@@ -90,15 +90,7 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
             speeds = [1.0 / w for w in work]
             ranks = speed_ranks(speeds, [cluster.gpu(t).memory_gib for t in types])
             uniform = min(speeds) == max(speeds)
-            fills = []
-            for kind in kinds:
-                if kind == "zb-h1":
-                    fills.append(min(t.forward[-1] + t.backward_input[-1] - t.backward_weight[-1] for t in tabs))
-                elif kind == "interleaved":
-                    fills.append(min(work) / 2)
-                else:
-                    fills.append(min(work))
-            fill = min(fills, default=0.0)
+            fill = min((_fill(kind, tabs, work) for kind in kinds), default=0.0)
             nbytes = ctx.boundary_bytes(mb)
             caps_bw = [ctx.link(a, b).capacity_gbps * GBIT for a, b in zip(chain, chain[1:])]
             lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
@@ -124,3 +116,26 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
                         period = wan_period
                     out.append(Layout(chain, counts, dp, mb, m, (m - 1) * period + fill + extra))
     return out
+
+
+def layout_bound(ctx: PlanningContext, lay: Layout, ckpt: str, wan_aware: bool = True) -> float:
+    """The lower bound of enumerate_layouts for one layout, with `ckpt`'s unit times."""
+    chain, mb = lay.chain, lay.micro_batch
+    tabs = [ctx.table(ctx.dc(d).gpu_type, mb, ckpt) for d in chain]
+    work = [t.step[-1] for t in tabs]
+    fill = min(_fill(kind, tabs, work) for kind in schedule_kinds(ctx, len(chain)))
+    period = 1.0 / sum(c / w for c, w in zip(lay.counts, work, strict=True))
+    extra = 0.0
+    if wan_aware and len(chain) > 1:
+        caps_bw = [ctx.link(a, b).capacity_gbps * GBIT for a, b in zip(chain, chain[1:])]
+        period = max(period, lay.dp * ctx.boundary_bytes(mb) / min(caps_bw))
+        extra = 2 * sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
+    return (lay.m - 1) * period + fill + extra
+
+
+def _fill(kind: str, tabs, work: list[float]) -> float:
+    if kind == "zb-h1":
+        return min(t.forward[-1] + t.backward_input[-1] - t.backward_weight[-1] for t in tabs)
+    if kind == "interleaved":
+        return min(work) / 2
+    return min(work)

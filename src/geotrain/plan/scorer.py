@@ -9,13 +9,14 @@ GPU-type sequence. `score_plan` gives the estimate of an existing plan (baseline
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass
 
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.estimate import BoundaryCosts, Estimate, StageCosts, estimate, finish, inflight, pipeline_part
-from geotrain.plan.layouts import Layout, schedule_kinds
+from geotrain.plan.layouts import Layout, layout_bound, schedule_kinds
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
 from geotrain.plan.split import balanced_split, split_even
 from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, turn_rate_gbps
@@ -169,6 +170,19 @@ class Scorer:
                 break  # heavier checkpointing only adds recompute
         return best
 
+    def may_fit(self, lay: Layout, ckpt: str) -> bool:
+        """False when the first stage cannot fit with `ckpt` under any allowed kind and sharding
+        (a necessary condition only: True does not promise a fit)."""
+        kinds = self.kinds or schedule_kinds(self.ctx, len(lay.chain))
+        if "interleaved" in kinds:
+            return True      # its chunks are split differently; not worth a second check
+        if kinds == ("zb-h1",) and ckpt == "selective":
+            return False
+        chunks = self.split(lay.stage_dcs, lay.micro_batch, ckpt, 1)
+        least = min(inflight(k, lay.pp, lay.m, 0) for k in kinds)
+        return self.ctx.stage_fits(chunks[0], lay.chain[0], lay.micro_batch, least,
+                                   self.ctx.sharding_options()[-1], lay.dp, ckpt)
+
     def compute_costs(self, dcs, chunks, mb: int, ckpt: str) -> list[tuple[float, float, float, float]]:
         key = (tuple(dcs), chunks, mb, ckpt)
         hit = self._compute.get(key)
@@ -312,20 +326,31 @@ def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
 
 def search(ctx: PlanningContext, scorer: Scorer, layouts: list[Layout], keep: int = 8,
            deadline_s: float | None = None) -> list[Candidate]:
-    """Score layouts in lower-bound order until the bound passes the keep-th best estimate."""
-    layouts = sorted(layouts, key=lambda lay: lay.bound)
+    """Score layouts in lower-bound order until the bound passes the keep-th best estimate.
+
+    A layout's bound assumes the lightest checkpointing; when its first stage cannot hold even
+    the least a schedule keeps in flight under the leanest sharding, that checkpointing cannot
+    fit, so the layout goes back into the queue with the bound of the next one (lazily, only for
+    layouts the scan reaches) -- under memory pressure the plain bound let thousands of layouts
+    through that only fit with recomputation."""
+    heap = [(lay.bound, i, lay, 0) for i, lay in enumerate(layouts)]
+    heapq.heapify(heap)
     best: list[Candidate] = []
     t0 = time.perf_counter()
-    for lay in layouts:
-        if len(best) >= keep and lay.bound >= best[-1].est.total:
+    options = ctx.checkpointing_options()
+    while heap:
+        bound, i, lay, level = heapq.heappop(heap)
+        if len(best) >= keep and bound >= best[-1].est.total:
             break
         if deadline_s is not None and best and time.perf_counter() - t0 > deadline_s:
             break
+        if level < len(options) - 1 and not scorer.may_fit(lay, options[level]):
+            heapq.heappush(heap, (max(bound, layout_bound(ctx, lay, options[level + 1])), i, lay, level + 1))
+            continue
         cand = scorer.score(lay)
         if cand is None:
             continue
         best.append(cand)
         best.sort(key=lambda c: c.est.total)
-        # Keep distinct layouts only (same chain/counts/dp/mb already there: keep the better).
         del best[keep:]
     return best
