@@ -186,8 +186,11 @@ def parse_workload(arg: str | None, spec_table: dict | None = None) -> WorkloadC
     elif Path(arg).is_file():
         try:
             raw = tomllib.loads(Path(arg).read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise SpecError(arg, "", f"not valid TOML ({e})") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise SpecError(arg, "", f"not valid TOML ({' '.join(str(e).split())[:200] or 'nested too deeply'})") \
+                from None
+        if not isinstance(raw.get("bubbletea", raw), dict):
+            raise SpecError(arg, "bubbletea", "must be a table")
         raw = raw.get("bubbletea", raw)
     else:
         raw = {}
@@ -212,8 +215,8 @@ def parse_workload(arg: str | None, spec_table: dict | None = None) -> WorkloadC
                 out[key] = int(val)
             else:
                 out[key] = str(val)
-        except ValueError:
-            raise SpecError(where, key, f"not a valid {typ}: {val!r}") from None
+        except (ValueError, TypeError, OverflowError):
+            raise SpecError(where, key, f"not a valid {typ}: {val!r:.60}") from None
     cfg = WorkloadConfig(**out)
     problem = _workload_problem(cfg)
     if problem:
@@ -230,17 +233,22 @@ def _workload_problem(cfg: WorkloadConfig) -> tuple[str, str] | None:
     numpy's samplers; zero prompts, iterations or chunks served nothing and reported 0 ms TTFT."""
     import math
 
+    # Upper bounds too: the simulated request stream is sampled up front (load = 1e12 asked numpy
+    # for petabytes), so each value stays within what a service could meet.
     checks = [
-        ("rate_per_s", cfg.rate_per_s is None or (math.isfinite(cfg.rate_per_s) and cfg.rate_per_s > 0), "> 0"),
-        ("load", math.isfinite(cfg.load) and cfg.load > 0, "> 0"),
-        ("mean_prompt", cfg.mean_prompt >= 1, ">= 1 token"),
-        ("sigma", math.isfinite(cfg.sigma) and cfg.sigma >= 0, ">= 0"),
-        ("max_prompt", cfg.max_prompt >= 1, ">= 1 token"),
-        ("iterations", cfg.iterations >= 1, ">= 1"),
+        ("rate_per_s", cfg.rate_per_s is None or (math.isfinite(cfg.rate_per_s) and 0 < cfg.rate_per_s <= 1e5),
+         "in (0, 1e5] requests/s"),
+        ("load", math.isfinite(cfg.load) and 0 < cfg.load <= 100, "in (0, 100] (x the bubbles' capacity)"),
+        ("mean_prompt", 1 <= cfg.mean_prompt <= 2**20, "in 1..2**20 tokens"),
+        ("sigma", math.isfinite(cfg.sigma) and 0 <= cfg.sigma <= 10, "in [0, 10]"),
+        ("max_prompt", 1 <= cfg.max_prompt <= 2**20, "in 1..2**20 tokens"),
+        ("iterations", 1 <= cfg.iterations <= 10_000, "in 1..10000"),
         ("margin_frac", 0 <= cfg.margin_frac < 1, "in [0, 1)"),
-        ("min_chunk", cfg.min_chunk >= 1, ">= 1 token"),
-        ("max_wait_periods", math.isfinite(cfg.max_wait_periods) and cfg.max_wait_periods >= 0, ">= 0"),
-        ("representative_replicas", cfg.representative_replicas >= 1, ">= 1"),
+        ("min_chunk", 1 <= cfg.min_chunk <= 2**20, "in 1..2**20 tokens"),
+        ("max_wait_periods", math.isfinite(cfg.max_wait_periods) and 0 <= cfg.max_wait_periods <= 1e4,
+         "in [0, 1e4]"),
+        ("representative_replicas", 1 <= cfg.representative_replicas <= 1024, "in 1..1024"),
+        ("seed", 0 <= cfg.seed < 2**63, "in 0..2**63-1"),
     ]
     for key, ok, want in checks:
         if not ok:

@@ -2,7 +2,10 @@
 
 Every file is checked (not just up to the first bad one) so one run lists every broken file;
 each problem is one line naming the file, the field and the reason, and the exit status is 2
-if any file failed.
+if any file failed. An experiment gets every check the later commands make, so "valid" means
+estimate, plan and simulate accept it: the spec's own fields and bounds, that the job's pins can
+be placed on linked datacenters and fit in memory (the planner's placement, `plan_from_job`),
+and its [bubbletea] workload.
 """
 
 from __future__ import annotations
@@ -19,14 +22,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from geotrain.config.load import validate_file
+    from geotrain.config.load import is_experiment, validate_file
     from geotrain.errors import GeotrainError
 
     failed = 0
     for path in args.specs:
         try:
-            print(f"ok  {validate_file(path)}")
+            summary = validate_file(path)
+            if is_experiment(path):
+                _check_experiment(path)
+            print(f"ok  {summary}")
         except GeotrainError as e:
             print(f"geotrain validate: error: {' '.join(str(e).split())}", file=sys.stderr)
             failed += 1
     return 2 if failed else 0
+
+
+def _check_experiment(path: str) -> None:
+    """What estimate, plan and simulate check after loading the spec (raises GeotrainError)."""
+    from geotrain.bubbletea.simulate import parse_workload
+    from geotrain.config.load import load_spec
+    from geotrain.plan.manual import plan_from_job
+
+    spec = load_spec(path)
+    plan_from_job(spec, virtual_per_stage=2 if spec.job.schedule == "interleaved" else 1)
+    if spec.bubbletea is not None:
+        parse_workload(None, spec.bubbletea)

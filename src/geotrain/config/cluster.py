@@ -6,9 +6,9 @@ intra-DC latency, GiB for memory, TFLOP/s for compute.
 
 from __future__ import annotations
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from geotrain.config.base import Strict
+from geotrain.config.base import Strict, bounded_float, bounded_int
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -17,10 +17,10 @@ class GPUType(Strict):
     """A GPU model: peak dense FLOP/s by precision, memory, and the fraction of peak a
     transformer layer really achieves (model FLOPs utilization of a well-tuned kernel mix)."""
 
-    bf16_tflops: PositiveFloat
-    fp16_tflops: PositiveFloat
-    fp32_tflops: PositiveFloat
-    memory_gib: PositiveFloat
+    bf16_tflops: bounded_float(1e-3, 1e5)     # 1 GFLOP/s .. 100 PFLOP/s per GPU
+    fp16_tflops: bounded_float(1e-3, 1e5)
+    fp32_tflops: bounded_float(1e-3, 1e5)
+    memory_gib: bounded_float(1e-3, 1e5)      # 1 MiB .. 100 TiB
     efficiency: float = Field(0.5, gt=0, le=1)
 
     def peak_flops(self, precision: str) -> float:
@@ -47,12 +47,12 @@ BUILTIN_GPU_TYPES: dict[str, GPUType] = {
 class Datacenter(Strict):
     name: str = Field(min_length=1)
     gpu_type: str
-    gpus: PositiveInt
-    gpus_per_node: PositiveInt = 8
-    intra_node_gbps: PositiveFloat = 2400.0
-    intra_dc_gbps: PositiveFloat = 200.0
-    intra_dc_latency_us: float = Field(5.0, ge=0)
-    price_per_gpu_hour: float | None = Field(None, ge=0)
+    gpus: bounded_int(1, 10**7)
+    gpus_per_node: bounded_int(1, 1024) = 8
+    intra_node_gbps: bounded_float(1e-3, 1e6) = 2400.0
+    intra_dc_gbps: bounded_float(1e-3, 1e6) = 200.0
+    intra_dc_latency_us: float = Field(5.0, ge=0, le=1e6)
+    price_per_gpu_hour: float | None = Field(None, ge=0, le=1e6)
 
 
 class WanLink(Strict):
@@ -64,12 +64,12 @@ class WanLink(Strict):
     # TOML gives a list; strict mode would insist on a Python tuple, so only this field is lax
     # (its items are still strict strings).
     between: tuple[str, str] = Field(strict=False)
-    latency_ms: float = Field(ge=0)
-    capacity_gbps: PositiveFloat
-    per_connection_gbps: PositiveFloat
-    max_connections: PositiveInt = 64
+    latency_ms: float = Field(ge=0, le=1e4)              # 10 s one way: past any real WAN
+    capacity_gbps: bounded_float(1e-6, 1e6)               # 1 kbit/s .. 1 Pbit/s
+    per_connection_gbps: bounded_float(1e-6, 1e6)
+    max_connections: bounded_int(1, 4096) = 64
     loss: float = Field(0.0, ge=0, lt=1)
-    jitter_ms: float = Field(0.0, ge=0)
+    jitter_ms: float = Field(0.0, ge=0, le=1e4)
 
     @field_validator("between")
     @classmethod

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from geotrain.config.base import Strict
+from geotrain.config.base import Strict, bounded_float, bounded_int
 
 Precision = Literal["fp32", "bf16", "fp16"]
 Checkpointing = Literal["none", "full", "selective"]
@@ -35,23 +35,30 @@ def training_state_bytes_per_param(precision: str, optimizer: str) -> int:
     return 2 + 2 + 4 + moments
 
 
+MAX_GLOBAL_BATCH = 2**16       # sequences per step: 65,536 x 4k tokens = 268M tokens, ~20x the largest LLM batches
+MAX_MICRO_BATCH = 2**16
+# Micro-batches per pipeline per step. Schedules, simulation and estimates hold per-micro-batch
+# actions and events; past this count they would need gigabytes for a plan no one runs.
+MAX_MICROBATCHES = 4096
+
+
 class JobSpec(Strict):
-    global_batch: PositiveInt = Field(description="sequences per optimizer step")
-    micro_batch: PositiveInt | Literal["auto"] = "auto"
+    global_batch: bounded_int(1, MAX_GLOBAL_BATCH) = Field(description="sequences per optimizer step")
+    micro_batch: int | Literal["auto"] = "auto"
     precision: Precision = "bf16"
     checkpointing: CheckpointingOrAuto = "auto"
     sharding: ShardingOrAuto = "auto"
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     schedule: ScheduleOrAuto = "auto"
-    tp: PositiveInt = 1
+    tp: bounded_int(1, 1024) = 1
     # Optional fixed shape (otherwise chosen by the planner).
-    pp: PositiveInt | None = None
-    dp: PositiveInt | None = None
+    pp: bounded_int(1, 100_000) | None = None
+    dp: bounded_int(1, 10**7) | None = None
     # Training-run settings (used by `geotrain train`).
-    steps: PositiveInt = 20
-    lr: PositiveFloat = 3e-4
-    seed: int = 0
-    checkpoint_every: int = Field(0, ge=0)
+    steps: bounded_int(1, 10**9) = 20
+    lr: bounded_float(1e-12, 10.0) = 3e-4
+    seed: bounded_int(0, 2**63 - 1) = 0
+    checkpoint_every: int = Field(0, ge=0, le=10**9)
     data: str | None = None
 
     @field_validator("sharding", mode="before")
@@ -63,9 +70,9 @@ class JobSpec(Strict):
     @classmethod
     def _micro_batch(cls, v: object) -> object:
         # Checked here so a bad value gets one message instead of one per union member.
-        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_MICRO_BATCH):
             return v
-        raise ValueError(f'must be a positive integer or "auto" (got {v!r})')
+        raise ValueError(f'must be a positive integer or "auto", at most {MAX_MICRO_BATCH} (got {v!r:.40})')
 
     @model_validator(mode="after")
     def _check_batch(self) -> JobSpec:

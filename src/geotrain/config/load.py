@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from geotrain.config.cluster import Cluster
-from geotrain.config.job import JobSpec, training_state_bytes_per_param
+from geotrain.config.job import MAX_MICROBATCHES, JobSpec, training_state_bytes_per_param
 from geotrain.config.model import ModelSpec
 from geotrain.errors import SpecError
 from geotrain.models.presets import PRESETS
@@ -69,6 +69,9 @@ def _read_toml(path: Path, file: str | None = None, field: str = "") -> dict[str
         raise SpecError(str(path), loc, f"not valid TOML ({_one_line(e)})") from None
     except UnicodeDecodeError:
         raise SpecError(str(path), "", "not valid TOML (not UTF-8 text)") from None
+    except RecursionError:
+        raise SpecError(str(path), "", "nested too deeply to be a spec (arrays or tables inside each other "
+                                       "thousands of levels deep)") from None
 
 
 # Pydantic adds the member type of a union to an error's location (`micro_batch.constrained-int`);
@@ -275,6 +278,14 @@ def check_shape(spec: Spec) -> None:
     need = (job.pp or 1) * (job.dp or 1) * job.tp
     if need > cluster.total_gpus:
         raise SpecError(file, "job", f"pp x dp x tp = {need} GPUs but the cluster has {cluster.total_gpus}")
+    if isinstance(job.micro_batch, int):
+        widest_dp = job.dp or max(1, cluster.total_gpus // ((job.pp or 1) * job.tp))
+        fewest = -(-job.global_batch // (widest_dp * job.micro_batch))
+        if fewest > MAX_MICROBATCHES:
+            raise SpecError(file, "job.micro_batch",
+                            f"global_batch={job.global_batch} / (dp <= {widest_dp} x micro_batch={job.micro_batch}) "
+                            f"is at least {fewest} micro-batches per step, more than the {MAX_MICROBATCHES} a "
+                            f"schedule holds; raise micro_batch")
 
 
 def check_fits(spec: Spec) -> None:
@@ -304,6 +315,14 @@ def _bytes(n: float) -> str:
 def _params(model: ModelSpec) -> str:
     n = model.param_count()
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def is_experiment(path: str | Path) -> bool:
+    """Whether `path` is an experiment spec (it has a [job] table); False if it cannot be read."""
+    try:
+        return "job" in _read_toml(Path(path))
+    except SpecError:
+        return False
 
 
 def validate_file(path: str | Path) -> str:

@@ -8,23 +8,23 @@ from __future__ import annotations
 from dataclasses import fields
 from functools import cached_property
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, model_validator
 
-from geotrain.config.base import Strict
+from geotrain.config.base import Strict, bounded_int
 from geotrain.models.shape import ModelShape
 
 
 class ModelSpec(Strict):
     name: str = "custom"
-    layers: PositiveInt
-    hidden: PositiveInt
-    heads: PositiveInt
-    kv_heads: PositiveInt
-    ffn: PositiveInt
-    vocab: PositiveInt
-    seq_len: PositiveInt
-    norm_eps: float = Field(1e-5, gt=0)
-    rope_theta: float = Field(10000.0, gt=0)
+    layers: bounded_int(1, 10_000)
+    hidden: bounded_int(1, 2**20)
+    heads: bounded_int(1, 2**14)
+    kv_heads: bounded_int(1, 2**14)
+    ffn: bounded_int(1, 2**22)
+    vocab: bounded_int(1, 2**24)
+    seq_len: bounded_int(1, 2**24)
+    norm_eps: float = Field(1e-5, gt=0, le=1)
+    rope_theta: float = Field(10000.0, gt=0, le=1e12)
     # A Hugging Face Llama directory (config.json + safetensors) the weights come from; the shape
     # fields above are then read from its config.json (config.hf). None: deterministic init.
     hf: str | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.config.load import Spec
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.estimate import inflight
@@ -55,6 +56,8 @@ def all_layouts(ctx: PlanningContext) -> Iterator[Layout]:
                     continue
                 caps = [g // (dp * tp) for g in gpus]
                 m = gb // (dp * mb)
+                if m > MAX_MICROBATCHES:        # more than a schedule holds (config.job)
+                    continue
                 for pp in range(len(chain), min(sum(caps), ctx.model.layers) + 1):
                     if job.pp is not None and pp != job.pp:
                         continue

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.placement import chains, distribute_ranked, iter_dp, pp_candidates, speed_ranks, stage_dcs
 
@@ -99,6 +100,8 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
                     continue
                 caps = tuple(g // (dp * tp) for g in gpus)
                 m = gb // (dp * mb)
+                if m > MAX_MICROBATCHES:        # more than a schedule holds (config.job)
+                    continue
                 hi = min(sum(caps), ctx.model.layers)
                 pps = [job.pp] if job.pp is not None else pp_candidates(len(chain), hi)
                 wan_period = dp * nbytes / min(caps_bw) if wan_aware and caps_bw else 0.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
+from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.schedule.actions import Action, Op, Schedule
 from geotrain.schedule.errors import ScheduleError
 from geotrain.schedule.lower import lower
@@ -183,6 +184,9 @@ def build_schedule(kind: str, pp: int, m: int, **kw: object) -> Schedule:
         raise ScheduleError(f"unknown schedule kind {kind!r} (known: {', '.join(BUILDERS)})")
     if pp < 1 or m < 1:
         raise ScheduleError("a schedule needs at least one stage and one micro-batch")
+    if m > MAX_MICROBATCHES:   # its action lists (and the simulation's events) grow with m
+        raise ScheduleError(f"{m} micro-batches per step is more than the {MAX_MICROBATCHES} a schedule holds; "
+                            f"use a larger micro-batch")
     return BUILDERS[kind](pp, m, **kw)
 
 
