@@ -107,3 +107,34 @@ def test_chat_completions_with_a_templated_tokenizer_and_not_without(tmp_path):
     assert doc["choices"][0]["message"]["role"] == "assistant"
     assert doc["usage"]["prompt_tokens"] == len(tok.encode("<|user|>hi\n<|assistant|>"))
     assert out["bytes"][0] == 400 and "chat template" in out["bytes"][1]["error"]["message"]
+
+
+@pytest.mark.slow
+def test_train_from_an_hf_dir_uses_its_tokenizer_on_jsonl_text(tmp_path):
+    """The launcher tokenizes once into the cache; every rank opens it; the steps train."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+    transformers = pytest.importorskip("transformers")
+
+    tok = make_tokenizer_dir(tmp_path / "m")
+    cfg = transformers.LlamaConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=32)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 4))
+    root = Path(__file__).parents[1]
+    (tmp_path / "e.toml").write_text(
+        f'cluster = "{root / "examples/clusters/tiny_2dc.toml"}"\nmodel = {{ hf = "m", seq_len = 16 }}\n'
+        '[job]\nglobal_batch = 4\nmicro_batch = 2\nprecision = "fp32"\npp = 2\ndp = 1\nsteps = 2\n'
+        'data = "d.jsonl"\n')
+    r = subprocess.run([sys.executable, "-m", "geotrain", "train", str(tmp_path / "e.toml"), "--out",
+                        str(tmp_path / "run"), "--wan", "off", "--no-progress"], capture_output=True, text=True,
+                       timeout=240, env={**__import__("os").environ, "GEOTRAIN_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "losses.jsonl").read_text().splitlines()]
+    assert len(losses) == 2 and all(0 < x < 10 for x in losses)
+    assert len(list((tmp_path / "cache").iterdir())) == 1       # tokenized once, by the launcher
