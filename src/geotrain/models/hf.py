@@ -5,9 +5,10 @@ convention, same RMSNorm, SwiGLU, GQA), so the mapping is a rename: `units.{i}.a
 is `model.layers.{i-1}.self_attn.q_proj.weight`, and so on (`hf_names`).
 
 Loading reads tensor by tensor with `safe_open` (memory-mapped), only the tensors of the units a
-stage holds -- a rank never reads another stage's weights, nor the whole file. A parameter that
-is already sharded (an FSDP2 or TP DTensor) keeps only its own shard: the full tensor is cut
-locally (`distribute_tensor(..., src_data_rank=None)`: no communication).
+stage holds -- a rank never reads another stage's weights, nor the whole file. An FSDP2 shard
+(dim 0 over the DP mesh) reads only its own rows (`get_slice`); any other sharded layout (TP, or
+TP x FSDP) reads the stage's tensor and keeps its own part (`distribute_tensor(...,
+src_data_rank=None)`: cut locally, no communication).
 
 A tied checkpoint (lm_head = embed_tokens) is loaded into both the embedding and the head; they
 train as two matrices (in a pipeline they live on different stages), so an export writes them
@@ -77,14 +78,39 @@ def _split(name: str) -> tuple[int, str]:
     return int(unit), rest
 
 
-def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
+def _row_shard(param) -> tuple[int, int] | None:
+    """The rows [a, b) of the full tensor a dim-0-sharded DTensor on a 1-D mesh holds (FSDP2's
+    layout: torch.chunk over the mesh), or None for any other layout."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(param, DTensor) or len(param.placements) != 1:
+        return None
+    pl = param.placements[0]
+    if not isinstance(pl, Shard) or pl.dim != 0:
+        return None
+    n, size, r = param.shape[0], param.device_mesh.size(), param.device_mesh.get_local_rank()
+    chunk = -(-n // size)
+    a, b = min(n, r * chunk), min(n, (r + 1) * chunk)
+    return (a, b) if param.to_local().shape[0] == b - a else None
+
+
+def _load_one(f, hf: str, name: str, param) -> None:
+    """Read one tensor into `param`: only its own rows for an FSDP2 shard (safetensors slices
+    the memory-mapped file), else the whole tensor, cut locally for any other DTensor layout."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    if isinstance(param, DTensor):
-        local = distribute_tensor(full.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None)
-        param.to_local().copy_(local.to_local())
+    full_shape = tuple(f.get_slice(hf).get_shape())
+    if full_shape != tuple(param.shape):
+        raise HFWeightsError(f"{hf}: shape {full_shape} in the checkpoint, {tuple(param.shape)} in the model ({name})")
+    rows = _row_shard(param)
+    if rows is not None:
+        param.to_local().copy_(f.get_slice(hf)[rows[0]:rows[1]])
+    elif isinstance(param, DTensor):
+        full = f.get_tensor(hf).to(param.dtype)
+        param.to_local().copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+                               .to_local())
     else:
-        param.copy_(full)
+        param.copy_(f.get_tensor(hf))
 
 
 @torch.no_grad()
@@ -109,11 +135,7 @@ def load_hf_weights(stack: nn.Module, directory: str | Path, layers: int, tied: 
     for file, items in wanted.items():
         with safe_open(str(file), framework="pt") as f:
             for name, hf, param in items:
-                t = f.get_tensor(hf)
-                if tuple(t.shape) != tuple(param.shape):
-                    raise HFWeightsError(f"{hf}: shape {tuple(t.shape)} in the checkpoint, {tuple(param.shape)} "
-                                         f"in the model ({name})")
-                _assign(param, t)
+                _load_one(f, hf, name, param)
                 read.append(hf)
     return read
 
