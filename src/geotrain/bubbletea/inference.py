@@ -31,7 +31,8 @@ class KVCache:
 
     def to_bytes(self) -> tuple[bytes, list[int], str]:
         """Raw little-endian bytes of all K then all V tensors (no pickling), their shape, dtype."""
-        flat = torch.stack([torch.stack(self.keys), torch.stack(self.values)]).contiguous()  # (2, L, 1, kvH, T, D)
+        # (2, L, 1, kvH, T, D), in host memory (a CUDA rank's cache lives on its GPU)
+        flat = torch.stack([torch.stack(self.keys), torch.stack(self.values)]).cpu().contiguous()
         raw = flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat  # numpy has no bfloat16
         return raw.numpy().tobytes(), list(flat.shape), str(flat.dtype).removeprefix("torch.")
 
@@ -75,7 +76,7 @@ def forward_with_cache(model: UnitStack, tokens: torch.Tensor, cache: KVCache) -
         raise ValueError("inference needs the whole model (embedding to head)")
     if cache.length + tokens.shape[1] > model.spec.seq_len:
         raise ValueError(f"context of {cache.length + tokens.shape[1]} tokens exceeds seq_len {model.spec.seq_len}")
-    x, layer = tokens, 0
+    x, layer = tokens.to(next(model.parameters()).device), 0    # a CUDA rank's model lives on its GPU
     for unit in model.units.values():
         if isinstance(unit, Embedding):
             x = unit(x)

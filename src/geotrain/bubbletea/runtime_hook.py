@@ -93,13 +93,14 @@ class BubbleHook:
 def make_hook(conf: dict[str, Any], rank: int, recorder) -> BubbleHook | None:
     """conf: {"address": [host, port] or a Unix socket path, "inference_model": preset or HF dir,
     "margin_frac", "margin_s",
-    "warmup_iterations", "priority", "duty"}. Returns None (and logs why) when the service cannot be reached.
+    "warmup_iterations", "priority", "duty", "device"}. Returns None (and logs why) when the service cannot be reached.
 
     priority: "idle" (default on CPU ranks) computes prefill on a SCHED_IDLE thread, since CPU ranks
     share cores; "normal" (default with CUDA, where the rank's own device is what idles) runs it in place."""
     from geotrain.bubbletea.model_source import load_inference_model
 
     model = load_inference_model(conf.get("inference_model", "tiny")).model   # the service's model, same weights
+    model = model.to(conf.get("device", "cpu"))          # the rank's device (the runtime says which)
     cost = profile_prefill_cost(model)
     addr = conf["address"]
     priority = conf.get("priority") or ("normal" if torch.cuda.is_available() else "idle")

@@ -67,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="predict with the calibrated simulation of this `geotrain profile` file (made on this "
                         "machine, same model and micro-batch) instead of the plain cost model, so `geotrain report` "
                         "compares the measurement with a calibrated prediction")
+    p.add_argument("--wan-bind", default=None, metavar="ADDR",
+                   help="under torchrun: the address this host's WAN transport listens on and connects from "
+                        "(default: the local address of the route to MASTER_ADDR)")
     p.add_argument("--wan-rate-scale", type=float, default=1.0, metavar="X",
                    help="multiply every WAN capacity and per-connection cap (the emulator's packet delayer carries "
                         "~1 Gbit/s: for faster links use e.g. 0.01 with 100 Gbit/s; latency stays exact)")
@@ -191,18 +194,24 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise GeotrainError("--steps must be at least 1")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEOTRAIN_LAUNCHER_PID" not in os.environ:
+        from dataclasses import replace
+
+        from geotrain.runtime.wan import bind_address
         from geotrain.runtime.worker import run_cases
 
         if args.wan == "kernel":
-            raise GeotrainError("--wan kernel starts the ranks itself; under torchrun use --wan shaper, auto or off")
+            raise GeotrainError("--wan kernel starts the ranks itself; under torchrun use --wan auto, shaper or off")
         if args.elastic or args.cut_dc or args.cut_link:
             raise GeotrainError("--elastic, --cut-dc and --cut-link need geotrain's own launcher (under torchrun, "
                                 "re-plan with `geotrain replan` and restart with --resume-from)")
-        if args.wan == "shaper":
-            from dataclasses import replace
-
-            cfg = replace(cfg, wan={"mode": "shaper", "rate_scale": args.wan_rate_scale})
-        # Under torchrun this process is one rank (auto: the real network is the WAN).
+        if args.serve_prefill is not None:
+            raise GeotrainError("--serve-prefill is not available under torchrun yet; run the prefill service "
+                                "with the built-in launcher (geotrain train without torchrun)")
+        if args.wan != "off":   # auto: the real network is the WAN; shaper: delay and rates emulated on top
+            mode = "direct" if args.wan == "auto" else "shaper"
+            cfg = replace(cfg, wan={"mode": mode, "rate_scale": args.wan_rate_scale,
+                                    "bind": bind_address(args.wan_bind)})
+        # Under torchrun this process is one rank.
         run_cases([cfg], bubble_hook=None)
         if os.environ["RANK"] == "0":
             spec, plan = resolve(cfg)

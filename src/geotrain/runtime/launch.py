@@ -26,8 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from geotrain.errors import GeotrainError
+from geotrain.runtime.rank_run import report_rank
 from geotrain.runtime.runfile import write_run_config
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.trainer import RunConfig, resolve
 from geotrain.wan.auth import SECRET_ENV, new_secret, write_secret_file
 
 MAX_LOCAL_RANKS = 64  # override with GEOTRAIN_MAX_LOCAL_RANKS on a big single host
@@ -130,19 +131,29 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
     cfg_path = logs / "run_config.json"
     write_run_config(cfg_path, cases)
     launch_ranks([sys.executable, "-m", entry, str(cfg_path)], world_size, logs, threads=threads, env=env,
-                 describe=describe, timeout_s=timeout_s, rank0_stdout=rank0_stdout, wan=wan, watch=watch)
+                 describe=describe, timeout_s=timeout_s, rank0_stdout=rank0_stdout, wan=wan, watch=watch,
+                 shown_rank=_reporting_rank(cases))
+
+
+def _reporting_rank(cases: list[RunConfig]) -> int:
+    """The rank that owns the loss and prints (the last stage's first replica), for the first case."""
+    try:
+        return report_rank(resolve(cases[0])[1])
+    except GeotrainError:
+        return 0             # the ranks will report the bad case themselves
 
 
 def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1, env: dict[str, str] | None = None,
                  describe=lambda r: f"rank {r}", timeout_s: float | None = None, rank0_stdout: bool = True,
-                 wan=None, watch: Callable[[list[subprocess.Popen]], None] | None = None) -> None:
+                 wan=None, watch: Callable[[list[subprocess.Popen]], None] | None = None, shown_rank: int = 0) -> None:
     """Start `argv` once per rank with the torchrun environment, wait for all, clean up always.
 
     The one launcher: training ranks (`launch`) and the profiler's measurement processes
     (`calibrate.pool`) both start here. Each rank's output goes to LOGS/rank<R>.log; a rank that
     fails writes GEOTRAIN_ERROR_DIR/rank<R>.json, from which the error names the first failure.
     `watch(procs)` is called at every poll (rehearsals cut a datacenter's ranks; the profiler samples
-    the CPU load meanwhile)."""
+    the CPU load meanwhile). With rank0_stdout, rank `shown_rank`'s stdout is the launcher's (a
+    training run's: the rank that owns the loss)."""
     check_local_world_size(world_size)
     logs.mkdir(parents=True, exist_ok=True)
     err_dir = logs / "errors"
@@ -172,7 +183,7 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
         for r in range(world_size):
             log = open(logs / f"rank{r}.log", "w")  # noqa: SIM115 -- closed in finally
             files.append(log)
-            out = None if (r == 0 and rank0_stdout) else log
+            out = None if (r == shown_rank and rank0_stdout) else log
             env_r = {**base, "RANK": str(r), "LOCAL_RANK": str(r), **(wan.env(r, port) if wan is not None else {})}
             start = wan.popen if wan is not None else (lambda _r, a, env, **kw: subprocess.Popen(a, env=env, **kw))
             procs.append(start(r, argv, env_r, stdout=out, stderr=log, stdin=subprocess.DEVNULL,

@@ -2,8 +2,13 @@
 
 Times are seconds since a t0 that rank 0 broadcasts at start (wall clock), so events of
 different ranks share one time axis (exact on one machine, NTP-accurate across machines).
-Each rank writes its own JSONL file; rank 0 merges them after the run -- no Python objects
+Each rank writes its own JSONL file; one rank merges them after the run -- no Python objects
 cross the network.
+
+On a CUDA rank the work of an event runs asynchronously on the GPU, so `now()` first waits for
+the device (`sync`, torch.cuda.synchronize): an event that ends on the GPU ends when the GPU
+finished it, not when Python queued it. That costs the overlap of one action with the next, so
+it happens only while the trace is enabled.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,12 +26,14 @@ WAIT_KINDS = {"recv_wait"}
 
 
 class Recorder:
-    def __init__(self, rank: int, t0: float, enabled: bool = True):
-        self.rank, self.t0, self.enabled = rank, t0, enabled
+    def __init__(self, rank: int, t0: float, enabled: bool = True, sync: Callable[[], object] | None = None):
+        self.rank, self.t0, self.enabled, self.sync = rank, t0, enabled, sync
         self.events: list[Event] = []
         self.iteration = 0
 
     def now(self) -> float:
+        if self.sync is not None and self.enabled:
+            self.sync()
         return time.time() - self.t0
 
     def add(self, kind: str, start: float, end: float, stage: int = -1, mb: int = -1, nbytes: int = 0,

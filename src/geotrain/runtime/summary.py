@@ -5,7 +5,8 @@ runtime executes and measures, it does not simulate. It does set the cost model'
 stage -- the number the plan's fit was checked with, a lookup -- beside the peak it measured.)
 
 Per-rank time totals travel as one tensor all-reduce (a row per rank); trace files are written
-per rank and merged by rank 0 from disk, so no Python objects cross the network.
+per rank and merged by the reporting rank (the one that owns the loss) from disk, so no Python
+objects cross the network.
 """
 
 from __future__ import annotations
@@ -30,12 +31,10 @@ COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall", "optimizer_st
 
 def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, steps_run: int,
                   tokens_per_step: int, optimizer_steps: int = 0,
-                  memory: dict[str, int] | None = None) -> dict[str, Any]:
+                  memory: dict[str, int] | None = None, reporter: int = 0) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     trace_dir = out / "trace"
-    if rank == 0:
-        trace_dir.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
+    trace_dir.mkdir(parents=True, exist_ok=True)
     recorder.write(trace_dir / f"rank{rank}.jsonl")
     tot = recorder.totals()
     row = torch.zeros(world, len(COLUMNS), dtype=torch.float64)
@@ -44,9 +43,9 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
                               *(float((memory or {}).get(k, 0)) for k in ("params", "grads", "optimizer")),
                               _max_rss(), float((memory or {}).get("peak", 0))],
                              dtype=torch.float64)
-    dist.all_reduce(row)
+    dist.all_reduce(row)               # a CPU tensor: gloo, also on CUDA ranks ("cpu:gloo,cuda:nccl")
     dist.barrier()
-    if rank != 0:
+    if rank != reporter:
         return {}
     meta = {"plan": plan.name, "schedule": plan.schedule, "pp": plan.pp, "dp": plan.dp, "tp": plan.tp,
             "precision": plan.precision, "checkpointing": plan.checkpointing, "sharding": plan.sharding,

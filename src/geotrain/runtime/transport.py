@@ -122,6 +122,47 @@ class RoutedTransport:
                 t.close()
 
 
+class HostStaging:
+    """A transport that moves host memory (the striped WAN transport: sockets), for a rank whose
+    tensors live on a GPU: a send copies the tensor into a pinned host buffer asynchronously and
+    hands that buffer over once the copy (and the compute before it on the stream) is done; a
+    receive lands in a pinned buffer and is copied to the device, stream-ordered, at `wait()`.
+    CPU tensors pass straight through, so a CPU rank runs exactly the inner transport."""
+
+    def __init__(self, inner: Transport):
+        self.inner = inner
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        if tensor.device.type == "cpu":
+            return self.inner.send(tensor, dst, tag)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(tensor.device))
+        done.synchronize()                   # the bytes are in host memory before the sockets read them
+        return self.inner.send(host, dst, tag)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        if tensor.device.type == "cpu":
+            return self.inner.recv(tensor, src, tag)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        return _CopyToDevice(self.inner.recv(host, src, tag), host, tensor)
+
+    def close(self) -> None:
+        if hasattr(self.inner, "close"):
+            self.inner.close()
+
+
+class _CopyToDevice:
+    def __init__(self, work: Work, host: torch.Tensor, target: torch.Tensor):
+        self.work, self.host, self.target = work, host, target
+
+    def wait(self) -> bool:
+        self.work.wait()
+        self.target.copy_(self.host, non_blocking=True)   # ordered before the compute that reads it
+        return True
+
+
 def make_tag(kind: int, src_virtual_stage: int, mb: int, num_virtual: int, num_microbatches: int) -> int:
     """A tag unique within one iteration for (kind, sending virtual stage, micro-batch).
 
@@ -130,5 +171,5 @@ def make_tag(kind: int, src_virtual_stage: int, mb: int, num_virtual: int, num_m
     return (kind * num_virtual + src_virtual_stage) * num_microbatches + mb
 
 
-__all__ = ["RoutedTransport", "Transport", "TorchTransport", "Work", "direction_pairs", "directed_groups", "make_tag",
-           "stage_directions"]
+__all__ = ["HostStaging", "RoutedTransport", "Transport", "TorchTransport", "Work", "direction_pairs",
+           "directed_groups", "make_tag", "stage_directions"]

@@ -8,7 +8,13 @@ failure and Ctrl-C. `--wan shaper` keeps every rank on 127.0.0.1 and emulates de
 inside the project's own transport (the fallback where namespaces are impossible). `auto` picks
 kernel where it can, else shaper, and says which.
 
-Rank side (`build_transport`): pairs of ranks in one DC keep gloo (TorchTransport); pairs across a
+Under torchrun (one invocation per DC or host, a real WAN between them) `--wan auto` runs the
+same mechanisms over the real network ("direct" mode): each rank binds its StripedTransport to
+this host's routable address (`bind_address`: `--wan-bind ADDR`, else the address the host uses
+to reach the rendezvous, MASTER_ADDR) and publishes it in the c10d store; `--wan off` is the only
+way to send plain gloo/NCCL across DCs. Every rank logs which transport carries each of its links.
+
+Rank side (`build_transport`): pairs of ranks in one DC keep gloo/NCCL (TorchTransport); pairs across a
 WAN link go through StripedTransport with the LinkPlan's number of TCP connections. When the
 LinkPlan says "temporal", the DP pipelines sending over that stage boundary (one direction) take
 turns in the plan's order, each transfer alone on the link; "fair" lets them all send at once.
@@ -25,6 +31,8 @@ failed rank. `sends_per_boundary` is the schedule check behind the first claim.
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -34,6 +42,7 @@ from typing import Any
 from geotrain.errors import GeotrainError
 
 MODES = ("auto", "kernel", "shaper", "off")
+RANK_MODES = ("kernel", "shaper", "direct")    # what a rank's wan config may say ("direct": a real WAN)
 DELAYER_GBPS = 1.0       # what the Python packet delayer carries comfortably (see environment notes)
 MIN_CHUNK_BYTES = 4096   # small stripes: a tiny model's boundary tensor (tens of KB) still uses every connection
 DEFAULT_TIMEOUT_S = 300.0
@@ -92,19 +101,49 @@ def start_delay(plan, replica: int) -> float:
 _BUILT = [0]     # transports built by this process: a fresh store namespace per run (cases share the store)
 
 
-def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int):
-    """The transport for this rank: plain gloo without a WAN config; else a RoutedTransport with
-    StripedTransport on the cross-DC peers (see module docstring)."""
+def bind_address(explicit: str | None = None) -> str:
+    """The address this host's WAN transport listens on and connects from: `explicit` (--wan-bind),
+    else the local address of the route to the rendezvous host (MASTER_ADDR) -- the interface the
+    other hosts already reach this one through."""
+    if explicit:
+        try:
+            socket.inet_aton(explicit)
+        except OSError:
+            raise GeotrainError(f"--wan-bind: {explicit!r} is not an IPv4 address") from None
+        return explicit
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))   # UDP: nothing is sent
+            return s.getsockname()[0]
+    except (OSError, ValueError) as e:
+        raise GeotrainError(f"cannot tell this host's address towards MASTER_ADDR={master} ({e}); "
+                            "pass --wan-bind ADDR") from None
+
+
+def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
+                    p2p_groups: dict | None = None):
+    """The transport for this rank: plain gloo/NCCL without a WAN config; else a RoutedTransport with
+    StripedTransport on the cross-DC peers (see module docstring). p2p_groups: the per-direction
+    process groups (default: `transport.directed_groups`, a collective every rank enters)."""
     import torch.distributed as dist
 
     from geotrain.runtime import transport as T
 
     _BUILT[0] += 1
-    default = T.TorchTransport(groups=T.directed_groups(plan, schedule))   # collective: every rank, same order
-    if not wan:
-        return default
+    if p2p_groups is None:
+        p2p_groups = T.directed_groups(plan, schedule)      # collective: every rank, same order
+    default = T.TorchTransport(groups=p2p_groups)
     stage, replica, t = plan.coords(rank)
     links = cross_dc_links(plan, schedule, stage)
+    if not wan:
+        for peer_stage in links:
+            print(f"geotrain wan: rank {rank} ({plan.stages[stage].dc}) -> stage {peer_stage} "
+                  f"({plan.stages[peer_stage].dc}): TorchTransport (plain {dist.get_backend()} across the WAN: "
+                  "--wan off)", file=sys.stderr, flush=True)
+        return default
+    if wan.get("mode") not in RANK_MODES:
+        raise GeotrainError(f"wan mode {wan.get('mode')!r} is not one of {', '.join(RANK_MODES)}")
     if not links:
         # Still a RoutedTransport: the trainer enters its closing barrier on ranks whose transport has
         # close(), so every rank of a WAN run must have one (pp=4 over two DCs: stages 0 and 3 have no
@@ -117,7 +156,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
     store = dist.distributed_c10d._get_default_store()
     run = f"geotrain/rt{_BUILT[0]}"
     my_dc = plan.stages[stage].dc
-    host = wan["hosts"][my_dc] if wan["mode"] == "kernel" else "127.0.0.1"
+    host = wan["hosts"][my_dc] if wan["mode"] == "kernel" else wan.get("bind", "127.0.0.1")
     timeout = float(wan.get("timeout_s", DEFAULT_TIMEOUT_S))
     secret = run_secret(store)     # the launcher's 0600 file, else shared through the store
     conns: dict[int, int] = {}
@@ -166,7 +205,8 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int)
               f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']} "
               f"(listening on {host}:{striped.port})", file=sys.stderr, flush=True)
     clients = list({id(t): t for t in turns.values()}.values())
-    return T.RoutedTransport(default, dict.fromkeys(conns, striped), also_close=[*clients, *arbiters])
+    wan_transport = T.HostStaging(striped)     # sockets move host memory; CUDA tensors are staged (pinned)
+    return T.RoutedTransport(default, dict.fromkeys(conns, wan_transport), also_close=[*clients, *arbiters])
 
 
 # ----------------------------------------------------------------------------- launcher side

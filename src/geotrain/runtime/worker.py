@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
 from geotrain.process import exit_skipping_teardown
+from geotrain.runtime.rank_run import rank_device
 from geotrain.runtime.runfile import read_run_config
 from geotrain.runtime.trainer import BubbleHookFactory, RunConfig, train
 
@@ -42,12 +43,19 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def backend_for(cuda: bool) -> str:
+    """gloo alone on CPU; with CUDA both, "cpu:gloo,cuda:nccl": CUDA tensors (boundary tensors, FSDP,
+    the loss) go over NCCL, the few CPU-side control tensors (the common clock, the end-of-run
+    table) over gloo -- a backend per device type, as torch.distributed dispatches them."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
+
+
 def init_distributed() -> None:
     if dist.is_initialized():
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    backend = backend_for(torch.cuda.is_available())
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank_device())
     timeout = timedelta(seconds=float(os.environ.get("GEOTRAIN_DIST_TIMEOUT_S", 600)))
     dist.init_process_group(backend=backend, timeout=timeout)
 

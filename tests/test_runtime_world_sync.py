@@ -1,0 +1,75 @@
+"""No step waits for the whole world in bf16/fp32; fp16 runs exactly one world-wide collective per step.
+
+Four ranks (pp=2 x dp=2) run the runtime's own worker with torch.distributed's collectives counted
+(`_count_collectives.py`): a case of 1 step and one of 3 must run the same number of world-wide
+collectives in bf16 (set-up and end-of-run only), and 2 more in fp16 (the overflow flag).
+fp16's skip decision stays global: an inf injected on one rank skips that step on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from geotrain.runtime.launch import free_port
+from geotrain.runtime.trainer import RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "tiny_2dc.toml"
+CASES = [("bf16", 1), ("bf16", 3), ("fp16", 1), ("fp16", 3)]   # fp32 runs the bf16 path (no loss scaling)
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sync")
+    cases = [RunConfig(spec=str(SPEC), out=str(tmp / f"{p}-{n}"), steps=n, data="synthetic", progress=False,
+                       checkpoint_every=0, overrides={"precision": p},
+                       inject_inf=[[3, 2]] if (p, n) == ("fp16", 3) else [])
+             for p, n in CASES]
+    cfg = tmp / "cases.json"
+    cfg.write_text(json.dumps([asdict(c) for c in cases]))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "4",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"),
+                                                                  os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_count_collectives.py"), str(cfg),
+                               str(tmp / f"counts{r}.json")], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.DEVNULL, stderr=open(tmp / f"rank{r}.log", "w"))
+             for r in range(4)]
+    try:
+        for p in procs:
+            assert p.wait(timeout=240) == 0, (tmp / "rank0.log").read_text()[-3000:]
+    finally:
+        for p in procs:
+            p.kill()
+    return tmp, [json.loads((tmp / f"counts{r}.json").read_text()) for r in range(4)]
+
+
+@pytest.mark.parametrize("precision,per_step", [("bf16", 0), ("fp16", 1)])
+def test_world_collectives_per_step(counted, precision, per_step):
+    _, counts = counted
+    for r, per_case in enumerate(counts):
+        by = {c: x["world"] for c, x in zip(CASES, per_case)}
+        assert by[(precision, 3)] - by[(precision, 1)] == 2 * per_step, (r, precision, by)
+
+
+def test_loss_is_logged_by_the_last_stage_in_every_precision(counted):
+    tmp, _ = counted
+    for p, n in CASES:
+        rows = [json.loads(x) for x in (tmp / f"{p}-{n}" / "losses.jsonl").read_text().splitlines()]
+        assert [x["step"] for x in rows] == list(range(1, n + 1))
+        assert all(isinstance(x["loss"], float) and x["loss"] > 0 for x in rows), (p, rows)
+
+
+def test_fp16_overflow_on_one_rank_skips_the_step_everywhere(counted):
+    tmp, _ = counted
+    rows = [json.loads(x) for x in (tmp / "fp16-3" / "losses.jsonl").read_text().splitlines()]
+    assert [x["skipped"] for x in rows] == [False, True, False]
+    assert rows[2]["loss_scale"] == rows[0]["loss_scale"] / 2
+    summary = json.loads((tmp / "fp16-3" / "summary.json").read_text())
+    assert summary["optimizer_steps_per_rank"] == [2, 2, 2, 2]
