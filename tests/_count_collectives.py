@@ -17,7 +17,9 @@ from geotrain.runtime import worker
 from geotrain.runtime.trainer import RunConfig
 
 NAMES = ["all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
-         "all_to_all_single", "reduce", "gather", "scatter"]
+         "all_to_all_single", "reduce", "gather", "scatter",
+         "all_gather_single", "reduce_scatter_single"]     # what FSDP2 calls in newer torch
+REDUCTIONS = ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_single")
 counts: list[dict] = []
 
 
@@ -30,7 +32,7 @@ def _wrap(name):
         group = bound.get("group")
         if counts and (group is None or dist.get_world_size(group) == dist.get_world_size()):
             counts[-1]["world"] += 1
-        elif counts and name in ("all_reduce", "reduce_scatter_tensor"):
+        elif counts and name in REDUCTIONS:
             t = bound.get("tensor", bound.get("input"))
             if t is not None and t.numel() > 1:
                 counts[-1]["reduce_bytes"] += t.numel() * t.element_size()
@@ -40,7 +42,8 @@ def _wrap(name):
 
 
 for n in NAMES:
-    _wrap(n)
+    if hasattr(dist, n):
+        _wrap(n)
 _train = worker.train
 
 
