@@ -132,9 +132,10 @@ class Scorer:
         return out, stagger
 
     # -- a layout ------------------------------------------------------------------------------
-    def score(self, lay: Layout, kinds: tuple[str, ...] | None = None) -> Candidate | None:
+    def score(self, lay: Layout, kinds: tuple[str, ...] | None = None, skip: int = 0) -> Candidate | None:
         """The best (schedule kind, checkpointing, sharding, WAN sharing) for a layout, or None
-        if nothing fits. Heavier checkpointing is tried only when no kind fits with a lighter one."""
+        if nothing fits. Heavier checkpointing is tried only when no kind fits with a lighter one;
+        the `skip` lightest are known not to fit (search's may_fit)."""
         ctx = self.ctx
         dcs = lay.stage_dcs
         pp, m, dp = lay.pp, lay.m, lay.dp
@@ -150,7 +151,7 @@ class Scorer:
             bounds, stagger = self.boundaries(lay, sharing, conns, 1)
             variants.append((sharing, conns, bounds, stagger))
         best: Candidate | None = None
-        for ckpt in ctx.checkpointing_options():
+        for ckpt in ctx.checkpointing_options()[skip:]:
             for kind in kinds:
                 v = 2 if kind == "interleaved" else 1
                 if v > 1 and (pp < 2 or m % pp or ctx.num_units < pp * v):
@@ -347,7 +348,7 @@ def search(ctx: PlanningContext, scorer: Scorer, layouts: list[Layout], keep: in
         if level < len(options) - 1 and not scorer.may_fit(lay, options[level]):
             heapq.heappush(heap, (max(bound, layout_bound(ctx, lay, options[level + 1])), i, lay, level + 1))
             continue
-        cand = scorer.score(lay)
+        cand = scorer.score(lay, skip=level)
         if cand is None:
             continue
         best.append(cand)
