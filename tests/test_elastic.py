@@ -24,6 +24,7 @@ SPEC = ROOT / "examples" / "tiny_2dc.toml"
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)   # two launches over the emulated WAN: ~2 min on a machine shared with other work
 def test_losing_a_dc_mid_run_replans_and_finishes_on_the_rest(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     rc = main(["train", str(SPEC), "--elastic", "--cut-dc", "west:3", "--steps", "6", "--checkpoint-every", "2",
@@ -69,6 +70,8 @@ def test_losing_a_dc_mid_run_replans_and_finishes_on_the_rest(tmp_path: Path, ca
 
 
 @pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.timeout(600)   # two launches and a 15 s outage: ~2.5 min on a machine shared with other work
 @pytest.mark.skipif(os.geteuid() != 0, reason="cutting a link needs the kernel WAN emulation (root)")
 def test_a_link_down_past_the_outage_limit_replans_on_one_side(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"

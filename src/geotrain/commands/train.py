@@ -261,6 +261,10 @@ def run(args: argparse.Namespace) -> int:
     if args.elastic and not (cfg.checkpoint_every or spec.job.checkpoint_every):
         raise GeotrainError("--elastic resumes from checkpoints: give --checkpoint-every N (or job.checkpoint_every)")
     last = {}
+    # A collective across a link that is down waits out the process group's timeout, not the WAN
+    # transport's: bound it too (generously: start-up and checkpoint barriers on loaded hosts).
+    collective_limit = {"GEOTRAIN_DIST_TIMEOUT_S": str(max(120.0, 4 * args.outage_limit))} \
+        if args.outage_limit else None
 
     def launch_once(cfg, spec, plan, watch) -> None:
         def describe(r: int) -> str:
@@ -271,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
         last["wan"] = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
                                    describe=describe, say=lambda line: print(line, flush=True), entry=entry,
                                    watch=watch, outage_limit_s=args.outage_limit,
-                                   on_wan=getattr(watch, "attach", None))
+                                   on_wan=getattr(watch, "attach", None), env=collective_limit)
 
     try:
         if args.elastic:

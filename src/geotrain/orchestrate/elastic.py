@@ -82,7 +82,7 @@ class CutWatcher:
             emu = getattr(self.wan, "emulation", None)
             if emu is None:
                 raise GeotrainError("--cut-link needs the kernel WAN emulation (root, --wan kernel or auto)")
-            emu.exec_in(self.cut.dc, ["ip", "link", "set", emu.ifname(self.cut.dc), "down"], check=True)
+            emu.exec_in(self.cut.dc, ["ip", "link", "set", emu.ifname(self.cut.dc), "down"], check=True, timeout=30)
             return
         for r in self.ranks:
             try:
