@@ -18,10 +18,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "dc.<name>.gpus, model")
     p.add_argument("--plot", metavar="PNG", help="sweep plot file (default: sweep-<key>.png)")
     p.add_argument("--top-k", type=int, default=3, metavar="K", help="plans confirmed by simulation (default 3)")
+    p.add_argument("--objective", choices=("throughput", "cost", "cost-per-token"), default="throughput",
+                   help="pick among the simulated finalists the fastest (default), the lowest $/hour, or the "
+                        "lowest $/1M tokens (GPU-hours at each DC's price_per_gpu_hour)")
+    p.add_argument("--max-cost-per-hour", type=float, metavar="USD", help="only plans costing at most this per hour")
+    p.add_argument("--min-tokens-per-s", type=float, metavar="N", help="only plans training at least this fast")
 
 
 def _fmt_gpus(d: dict[str, int]) -> str:
     return ", ".join(f"{k}:{v}" for k, v in d.items()) or "-"
+
+
+def _hourly(spec, gpus: dict[str, int]) -> float | None:
+    """$/hour of these GPUs (None when a DC has no price)."""
+    prices = [spec.cluster.dc(dc).price_per_gpu_hour for dc in gpus]
+    if not gpus or any(p is None for p in prices):
+        return None
+    return sum(n * p for n, p in zip(gpus.values(), prices, strict=True))
+
+
+def _money(spec, plan, iteration_s: float) -> str:
+    from geotrain.plan.price import cost_per_hour, cost_per_iteration, cost_per_mtoken
+
+    hour = cost_per_hour(spec.cluster, plan)
+    if hour is None or not math.isfinite(iteration_s):
+        return "n/a (a DC it uses has no price_per_gpu_hour)"
+    return (f"${hour:,.2f}/hour, ${cost_per_iteration(spec.cluster, plan, iteration_s):,.2f}/iteration, "
+            f"${cost_per_mtoken(spec.cluster, plan, iteration_s, spec.model.seq_len):,.3f}/1M tokens "
+            "(GPU-hours; WAN egress not priced)")
 
 
 def _t(x: float) -> str:
@@ -42,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from geotrain.orchestrate.planning import make_plan
     from geotrain.plan.plan import save_plan
 
-    res = make_plan(spec, top_k=args.top_k)
+    res = make_plan(spec, top_k=args.top_k, objective=args.objective, max_cost_per_hour=args.max_cost_per_hour,
+                    min_tokens_per_s=args.min_tokens_per_s)
     if args.out:   # written before anything is printed: a closed pipe must not lose the plan
         extra = {"estimate_s": res.estimate_s, "simulated_s": res.iteration_s, "lower_bound_s": res.lower_bound_s,
                  "bottleneck": res.bottleneck, "explanation": res.explanation,
@@ -86,6 +111,7 @@ def _print_plan(spec, res) -> None:
     print(f"  lower bound {_t(lb)} (compute {_t(res.lower_bound_parts.get('compute', math.nan))}, "
           f"WAN {_t(res.lower_bound_parts.get('wan', math.nan))}); ratio {res.iteration_s / lb:.2f}x")
     print(f"  bottleneck: {res.bottleneck}")
+    print(f"  price: {_money(spec, p, res.iteration_s)}")
     if m is not None and m.peak_memory:
         from geotrain.bubbletea.prefill_cost import headroom
 
@@ -111,13 +137,18 @@ def _print_compare(spec, res) -> None:
     for b in evaluate_baselines(spec):
         rows.append((b.name, b.gpus_per_dc, b.iteration_s, b.tokens_per_s, b.utilization, b.wan_bytes, b.note))
     print("\ncompare (simulated; dp-across-dcs analytical):")
-    print(f"  {'plan':<14} {'iteration':>10} {'tokens/s':>12} {'util':>6} {'WAN/iter':>10} {'ours x':>7}  GPUs per DC")
+    print(f"  {'plan':<14} {'iteration':>10} {'tokens/s':>12} {'util':>6} {'WAN/iter':>10} {'ours x':>7} "
+          f"{'$/iter':>9} {'$/1M tok':>9}  GPUs per DC")
     ours = res.iteration_s
     for name, gpus, t, tok, util, wan, note in rows:
         if math.isfinite(t):
             sp = f"{t / ours:.2f}" if name != "geotrain" else "1.00"
-            print(f"  {name:<14} {_t(t):>10} {tok:>12,.0f} {util:>6.1%} {human_bytes(wan):>10} {sp:>7}  "
-                  f"{_fmt_gpus(gpus)}" + (f"  ({note})" if note else ""))
+            per_hour = _hourly(spec, gpus)
+            it = f"{per_hour * t / 3600:.2f}" if per_hour is not None else "-"
+            mt = f"{per_hour * t / 3600 / (spec.job.global_batch * spec.model.seq_len) * 1e6:.3f}" \
+                if per_hour is not None else "-"
+            print(f"  {name:<14} {_t(t):>10} {tok:>12,.0f} {util:>6.1%} {human_bytes(wan):>10} {sp:>7} "
+                  f"{it:>9} {mt:>9}  {_fmt_gpus(gpus)}" + (f"  ({note})" if note else ""))
         else:
             print(f"  {name:<14} {'n/a':>10} {'':>12} {'':>6} {'':>10} {'':>7}  {note}")
 

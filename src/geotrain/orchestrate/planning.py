@@ -10,33 +10,77 @@ import time
 from collections.abc import Callable
 
 from geotrain.config.load import Spec
-from geotrain.errors import GeotrainError
-from geotrain.plan import baselines, whatif
+from geotrain.errors import GeotrainError, InfeasibleError
+from geotrain.plan import baselines, price, whatif
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.search import PlanResult, conclude, shortlist
 from geotrain.sim import simulate
 
 
 def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_finalists: bool = True,
-              log: Callable[[str], None] | None = None) -> PlanResult:
+              log: Callable[[str], None] | None = None, objective: str = "throughput",
+              max_cost_per_hour: float | None = None, min_tokens_per_s: float | None = None) -> PlanResult:
     """Search, then simulate the `top_k` best estimates (their variants and the upgraded
-    baselines) and keep the fastest simulated plan; without simulation, the best estimate."""
+    baselines) and keep the best simulated plan by `objective` -- throughput (the fastest), cost
+    (the lowest $/hour) or cost-per-token (the lowest $/1M tokens) -- among those within
+    --max-cost-per-hour and --min-tokens-per-s; without simulation, the best estimate.
+
+    The finalists are the search's fastest few, so a cost objective chooses among them (and
+    the baselines, single-DC ones included), not over every layout."""
+    if objective not in price.OBJECTIVES:
+        raise GeotrainError(f"unknown objective {objective!r} (known: {', '.join(price.OBJECTIVES)})")
+    for name, v in (("--max-cost-per-hour", max_cost_per_hour), ("--min-tokens-per-s", min_tokens_per_s)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise GeotrainError(f"{name} must be a positive number (got {v})")
     short = shortlist(spec, top_k)
     if log:
         log(f"searched {short.layouts} layouts, scored {short.scored} candidates in {short.search_s:.2f} s")
     if not simulate_finalists:
         return conclude(short, 0)
     t0 = time.perf_counter()
-    best, best_t, best_res, simulated = 0, math.inf, None, []
-    for i, (plan, _) in enumerate(short.plans):
+    simulated, results = [], []
+    for plan, _ in short.plans:
         res = simulate(spec, plan, iterations=1, progress=progress)
-        t = res.metrics.iteration_time
-        simulated.append((plan, t))
+        simulated.append((plan, res.metrics.iteration_time))
+        results.append(res)
         if log:
-            log(f"simulated {plan.name} ({plan.pp} stages x dp {plan.dp}, {plan.schedule}): {t:.3f} s")
-        if t < best_t:
-            best, best_t, best_res = i, t, res
-    return conclude(short, best, best_res, simulated, time.perf_counter() - t0)
+            log(f"simulated {plan.name} ({plan.pp} stages x dp {plan.dp}, {plan.schedule}): "
+                f"{res.metrics.iteration_time:.3f} s")
+    best = _choose(spec, results, objective, max_cost_per_hour, min_tokens_per_s)
+    return conclude(short, best, results[best], simulated, time.perf_counter() - t0)
+
+
+def _choose(spec: Spec, results, objective: str, max_cost_per_hour: float | None,
+            min_tokens_per_s: float | None) -> int:
+    """Index of the finalist the objective prefers among those meeting the constraints."""
+    cl, seq = spec.cluster, spec.model.seq_len
+    needs_price = objective != "throughput" or max_cost_per_hour is not None
+    ok, why = [], []
+    for i, r in enumerate(results):
+        hour = price.cost_per_hour(cl, r.plan)
+        if needs_price and hour is None:
+            why.append(f"{r.plan.name} uses a DC without price_per_gpu_hour")
+            continue
+        if max_cost_per_hour is not None and hour > max_cost_per_hour:
+            why.append(f"{r.plan.name} costs ${hour:,.2f}/hour")
+            continue
+        if min_tokens_per_s is not None and r.metrics.tokens_per_s < min_tokens_per_s:
+            why.append(f"{r.plan.name} makes {r.metrics.tokens_per_s:,.0f} tokens/s")
+            continue
+        ok.append(i)
+    if not ok:
+        raise InfeasibleError("no simulated plan meets the constraints: " + "; ".join(why[:4]))
+
+    def key(i: int) -> tuple[float, float]:
+        r = results[i]
+        t = r.metrics.iteration_time
+        if objective == "cost":
+            return price.cost_per_hour(cl, r.plan), t
+        if objective == "cost-per-token":
+            return price.cost_per_mtoken(cl, r.plan, t, seq), t
+        return t, 0.0
+
+    return min(ok, key=key)   # ties: the earlier finalist
 
 
 def evaluate_baselines(spec: Spec, ctx: PlanningContext | None = None) -> list[baselines.BaselineResult]:

@@ -1,0 +1,48 @@
+"""The cost objective: among the simulated finalists, the lowest $/hour or $/1M tokens (GPU-hours
+at each DC's price_per_gpu_hour) within --max-cost-per-hour and --min-tokens-per-s."""
+
+from __future__ import annotations
+
+import pytest
+
+from geotrain.cli import main
+from geotrain.config import load_spec
+from geotrain.errors import GeotrainError, InfeasibleError
+from geotrain.orchestrate.planning import make_plan
+from geotrain.plan.price import cost_per_hour, cost_per_mtoken
+
+SPEC = "examples/llama1b_a100_3dc.toml"
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_spec(SPEC)
+
+
+def _per_mtoken(spec, res):
+    return cost_per_mtoken(spec.cluster, res.plan, res.iteration_s, spec.model.seq_len)
+
+
+def test_objectives_trade_speed_for_money(spec):
+    fast = make_plan(spec)
+    cheap = make_plan(spec, objective="cost-per-token")
+    # Three equal A100 DCs at $1.6, $1.4, $1.6 per GPU-hour: the same speed in the cheaper one.
+    assert _per_mtoken(spec, cheap) < _per_mtoken(spec, fast)
+    assert set(cheap.plan.gpus_per_dc()) == {"us-central"}
+    assert fast.iteration_s <= cheap.iteration_s
+    hourly = make_plan(spec, objective="cost")
+    assert cost_per_hour(spec.cluster, hourly.plan) <= cost_per_hour(spec.cluster, fast.plan)
+
+
+def test_constraints_are_kept_or_refused_in_one_line(spec, capsys):
+    fast = make_plan(spec)
+    cap = 0.99 * cost_per_hour(spec.cluster, fast.plan)
+    capped = make_plan(spec, max_cost_per_hour=cap)
+    assert cost_per_hour(spec.cluster, capped.plan) <= cap
+    with pytest.raises(InfeasibleError, match="no simulated plan meets the constraints"):
+        make_plan(spec, min_tokens_per_s=1e12)
+    with pytest.raises(GeotrainError, match="positive"):
+        make_plan(spec, max_cost_per_hour=-1.0)
+    assert main(["plan", SPEC, "--min-tokens-per-s", "1e12"]) == 2
+    err = capsys.readouterr().err
+    assert "constraints" in err and "Traceback" not in err
