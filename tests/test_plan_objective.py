@@ -46,3 +46,13 @@ def test_constraints_are_kept_or_refused_in_one_line(spec, capsys):
     assert main(["plan", SPEC, "--min-tokens-per-s", "1e12"]) == 2
     err = capsys.readouterr().err
     assert "constraints" in err and "Traceback" not in err
+
+
+def test_pareto_draws_the_finalists_and_refuses_a_bad_path_first(tmp_path, capsys):
+    png = tmp_path / "pareto.png"
+    assert main(["plan", SPEC, "--objective", "cost", "--pareto", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "simulated plans" in out
+    assert main(["plan", SPEC, "--pareto", str(tmp_path / "missing" / "p.png")]) == 2
+    err = capsys.readouterr().err
+    assert "--pareto" in err and "does not exist" in err and "Traceback" not in err

@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "lowest $/1M tokens (GPU-hours at each DC's price_per_gpu_hour)")
     p.add_argument("--max-cost-per-hour", type=float, metavar="USD", help="only plans costing at most this per hour")
     p.add_argument("--min-tokens-per-s", type=float, metavar="N", help="only plans training at least this fast")
+    p.add_argument("--pareto", metavar="PNG", help="draw $/1M tokens vs tokens/s of the simulated finalists, "
+                                                  "the chosen plan marked")
 
 
 def _fmt_gpus(d: dict[str, int]) -> str:
@@ -66,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
     from geotrain.orchestrate.planning import make_plan
     from geotrain.plan.plan import save_plan
 
+    if args.pareto:
+        from geotrain.plan.whatif import check_plot_path
+
+        check_plot_path(args.pareto, "--pareto")   # a bad path is refused before any planning
+
     res = make_plan(spec, top_k=args.top_k, objective=args.objective, max_cost_per_hour=args.max_cost_per_hour,
                     min_tokens_per_s=args.min_tokens_per_s)
     if args.out:   # written before anything is printed: a closed pipe must not lose the plan
@@ -76,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
     _print_plan(spec, res)
     if args.compare:
         _print_compare(spec, res)
+    if args.pareto:
+        from geotrain.report.pareto import draw_pareto
+
+        n = draw_pareto(spec, res.simulated, res.chosen_index, args.pareto, args.objective)
+        print(f"\nwrote {args.pareto} ({n} simulated plans)")
     if args.out:
         print(f"\nwrote {args.out}")
     return 0

@@ -42,6 +42,8 @@ class PlanResult:
     estimate: Estimate | None = None
     lower_bound_parts: dict[str, float] = field(default_factory=dict)
     finalists: list[tuple[str, float, float]] = field(default_factory=list)  # (name, estimate, simulated)
+    simulated: list[tuple[Plan, float]] = field(default_factory=list)         # every finalist, simulated s
+    chosen_index: int = 0
     search_s: float = 0.0
     simulate_s: float = 0.0
 
@@ -122,7 +124,8 @@ def conclude(short: Shortlist, index: int, sim=None, simulated: list[tuple[Plan,
     return PlanResult(plan=plan, estimate_s=cand.est.total if cand else float("nan"), sim=sim, lower_bound_s=lb,
                       bottleneck=bottleneck, explanation=expl, candidates_scored=short.scored,
                       estimate=cand.est if cand else None, lower_bound_parts=lb_parts, finalists=finals,
-                      search_s=short.search_s, simulate_s=simulate_s)
+                      search_s=short.search_s, simulate_s=simulate_s, simulated=list(simulated or []),
+                      chosen_index=index)
 
 
 def _cheaper_alternative(chosen: Plan, t_chosen: float, simulated: list[tuple[Plan, float]],

@@ -137,7 +137,7 @@ def plot(rows: list[SweepRow], key: str, path: str) -> None:
         plt.close(fig)
 
 
-def check_plot_path(path: str) -> None:
+def check_plot_path(path: str, option: str = "--plot") -> None:
     """Refuse, before any planning, a plot path matplotlib cannot write (unknown format, no such folder)."""
     from pathlib import Path
 
@@ -147,7 +147,7 @@ def check_plot_path(path: str) -> None:
     fmt = p.suffix.lower().lstrip(".")
     known = FigureCanvasBase.get_supported_filetypes()
     if fmt not in known:
-        raise GeotrainError(f"--plot {path}: unknown picture format {p.suffix or '(none)'!r} "
+        raise GeotrainError(f"{option} {path}: unknown picture format {p.suffix or '(none)'!r} "
                             f"(use one of: {', '.join('.' + k for k in sorted(known))})")
     if not p.parent.is_dir():
-        raise GeotrainError(f"--plot {path}: folder {p.parent} does not exist")
+        raise GeotrainError(f"{option} {path}: folder {p.parent} does not exist")
