@@ -56,3 +56,25 @@ def test_pareto_draws_the_finalists_and_refuses_a_bad_path_first(tmp_path, capsy
     assert main(["plan", SPEC, "--pareto", str(tmp_path / "missing" / "p.png")]) == 2
     err = capsys.readouterr().err
     assert "--pareto" in err and "does not exist" in err and "Traceback" not in err
+
+
+def test_plan_with_a_measured_profile_prices_compute_by_it(spec, tmp_path, capsys):
+    """Blocks measured 20x slower than the FLOP estimate: the search and the simulated finalists
+    both use the measured times (the chosen plan is simulated far slower); a bad file is exit 2."""
+    import json
+
+    from geotrain.cost import CostModel
+
+    base = make_plan(spec)
+    cm = CostModel(spec.model, precision=spec.job.precision)
+    gpu = spec.cluster.gpu(spec.cluster.datacenters[0].gpu_type)
+    blocks = {str(mb): [20 * cm.stage_times([1], gpu, mb).forward, 20 * cm.stage_times([1], gpu, mb).backward]
+              for mb in (1, 2, 4, 8)}
+    measured = make_plan(spec, profile={"block": blocks})
+    assert measured.iteration_s > 5 * base.iteration_s
+    assert measured.estimate_s > 5 * base.estimate_s
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"blocks": {}}))
+    assert main(["plan", SPEC, "--profile", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "profile" in err and "Traceback" not in err

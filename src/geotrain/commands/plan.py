@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "lowest $/1M tokens (GPU-hours at each DC's price_per_gpu_hour)")
     p.add_argument("--max-cost-per-hour", type=float, metavar="USD", help="only plans costing at most this per hour")
     p.add_argument("--min-tokens-per-s", type=float, metavar="N", help="only plans training at least this fast")
+    p.add_argument("--profile", metavar="JSON", help="plan with measured per-unit times (a `geotrain profile` "
+                                                    "file or the geotrain.cost.profile format) instead of FLOPs")
     p.add_argument("--pareto", metavar="PNG", help="draw $/1M tokens vs tokens/s of the simulated finalists, "
                                                   "the chosen plan marked")
 
@@ -73,8 +75,19 @@ def run(args: argparse.Namespace) -> int:
 
         check_plot_path(args.pareto, "--pareto")   # a bad path is refused before any planning
 
+    profile = None
+    if args.profile:
+        from geotrain.commands.estimate import _load_profile
+        from geotrain.cost.profile import Profile
+        from geotrain.errors import SpecError
+
+        profile = _load_profile(args.profile)
+        try:
+            Profile(profile)
+        except ValueError as e:
+            raise SpecError(args.profile, "profile", str(e)) from None
     res = make_plan(spec, top_k=args.top_k, objective=args.objective, max_cost_per_hour=args.max_cost_per_hour,
-                    min_tokens_per_s=args.min_tokens_per_s)
+                    min_tokens_per_s=args.min_tokens_per_s, profile=profile)
     if args.out:   # written before anything is printed: a closed pipe must not lose the plan
         extra = {"estimate_s": res.estimate_s, "simulated_s": res.iteration_s, "lower_bound_s": res.lower_bound_s,
                  "bottleneck": res.bottleneck, "explanation": res.explanation,

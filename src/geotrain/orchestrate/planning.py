@@ -19,20 +19,22 @@ from geotrain.sim import simulate
 
 def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_finalists: bool = True,
               log: Callable[[str], None] | None = None, objective: str = "throughput",
-              max_cost_per_hour: float | None = None, min_tokens_per_s: float | None = None) -> PlanResult:
+              max_cost_per_hour: float | None = None, min_tokens_per_s: float | None = None,
+              profile: dict | None = None) -> PlanResult:
     """Search, then simulate the `top_k` best estimates (their variants and the upgraded
     baselines) and keep the best simulated plan by `objective` -- throughput (the fastest), cost
     (the lowest $/hour) or cost-per-token (the lowest $/1M tokens) -- among those within
     --max-cost-per-hour and --min-tokens-per-s; without simulation, the best estimate.
 
     The finalists are the search's fastest few, so a cost objective chooses among them (and
-    the baselines, single-DC ones included), not over every layout."""
+    the baselines, single-DC ones included), not over every layout. `profile` (measured unit
+    times, geotrain.cost.profile) prices compute in the search and in the simulations alike."""
     if objective not in price.OBJECTIVES:
         raise GeotrainError(f"unknown objective {objective!r} (known: {', '.join(price.OBJECTIVES)})")
     for name, v in (("--max-cost-per-hour", max_cost_per_hour), ("--min-tokens-per-s", min_tokens_per_s)):
         if v is not None and not (math.isfinite(v) and v > 0):
             raise GeotrainError(f"{name} must be a positive number (got {v})")
-    short = shortlist(spec, top_k)
+    short = shortlist(spec, top_k, profile)
     if log:
         log(f"searched {short.layouts} layouts, scored {short.scored} candidates in {short.search_s:.2f} s")
     if not simulate_finalists:
@@ -40,7 +42,8 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_fi
     t0 = time.perf_counter()
     simulated, results = [], []
     for plan, _ in short.plans:
-        res = simulate(spec, plan, iterations=1, progress=progress)
+        cost = short.ctx.cost(plan.checkpointing) if profile is not None else None
+        res = simulate(spec, plan, iterations=1, cost=cost, progress=progress)
         simulated.append((plan, res.metrics.iteration_time))
         results.append(res)
         if log:

@@ -39,10 +39,13 @@ class UnitTable:
 
 
 class PlanningContext:
-    def __init__(self, spec: Spec):
+    """profile: measured per-unit times (geotrain.cost.profile) replacing the FLOP estimate."""
+
+    def __init__(self, spec: Spec, profile: dict | None = None):
         from geotrain.cost import CostModel
 
         self.spec = spec
+        self.profile = profile
         self.cluster = spec.cluster
         self.model = spec.model
         self.job = spec.job
@@ -70,7 +73,7 @@ class PlanningContext:
         cm = self._costs.get(checkpointing)
         if cm is None:
             cm = self._cost_cls(self.model, precision=self.job.precision, checkpointing=checkpointing,
-                                optimizer=self.job.optimizer)
+                                optimizer=self.job.optimizer, profile=self.profile)
             self._costs[checkpointing] = cm
         return cm
 

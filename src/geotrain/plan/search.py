@@ -70,11 +70,11 @@ def _diagnose_infeasible(ctx: PlanningContext, scorer: Scorer | None = None) -> 
     return infeasible_reason(ctx, scorer.tightest if scorer is not None else None)
 
 
-def shortlist(spec: Spec, top_k: int = 3) -> Shortlist:
+def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None) -> Shortlist:
     """Search, and list the `top_k` best distinct estimates with their variants and the upgraded
     baselines, for a caller to simulate."""
     t0 = time.perf_counter()
-    ctx = PlanningContext(spec)
+    ctx = PlanningContext(spec, profile)
     problem = pin_problem(ctx)
     if problem:
         raise InfeasibleError(problem)
