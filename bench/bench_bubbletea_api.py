@@ -74,7 +74,12 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=40, help="per client per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads (1: on a loaded machine, OpenMP teams of 2 run prefill ~10x slower)")
     args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     model = build_model(PRESETS["tiny"]).eval()
     res: dict[str, dict[str, list]] = {a: {"lat": [], "rps": [], "err": []} for a in ("old", "new")}
     for rnd in range(args.rounds):
