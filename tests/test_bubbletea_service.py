@@ -141,9 +141,10 @@ def test_auth_health_and_metrics_parse_with_prometheus_client(service):
     assert call(host, port, "GET", "/v1/models", token="wrong")[0] == 401
     assert call(host, port, "GET", "/nope")[0] == 404
     assert call(host, port, "GET", "/healthz", token=None)[0] == 200
+    assert call(host, port, "POST", "/v1/completions", {"prompt": "ok", "max_tokens": 1})[0] == 200
     status, body, _ = call(host, port, "GET", "/metrics")
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
-    assert status == 200 and "geotrain_bubbletea_queue_length" in families
+    assert status == 200 and {"geotrain_bubbletea_queue_length", "geotrain_bubbletea_prefill_share"} <= set(families)
     assert any(s.name == "geotrain_bubbletea_ttft_seconds_count" and s.value > 0
                for s in families["geotrain_bubbletea_ttft_seconds"].samples)
 

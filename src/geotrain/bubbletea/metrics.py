@@ -77,8 +77,10 @@ class ServiceCollector:
         yield GaugeMetricFamily(p + "prefill_tokens_per_second", "Mean prefill tokens/s since start.",
                                 value=prompt_tokens / up)
         ex = svc.executor
-        yield GaugeMetricFamily(p + "utilization_gained", "Fraction of the ranks' time used by prefill "
-                                "(the prefill share of rank time).", value=ex.utilization_gained())
+        share = ex.utilization_gained()
+        yield GaugeMetricFamily(p + "utilization_gained", "Fraction of the ranks' time used by prefill.", value=share)
+        yield GaugeMetricFamily(p + "prefill_share", "Prefill's share of the training ranks' time (the same "
+                                "fraction as utilization_gained).", value=share)
         bubble = getattr(ex, "bubble_seconds", None)
         if bubble is not None:
             prefill_s, bubble_s = bubble()
