@@ -106,7 +106,10 @@ def apply_fsdp(stack: UnitStack, mesh, sharding: str) -> nn.Module:
     """FSDP2 over the stage's DP mesh: one parameter group per block plus the chunk root.
 
     zero3 frees the gathered weights after each forward (re-gathered for backward); zero2
-    keeps them, so only gradients and optimizer state stay sharded."""
+    keeps them, so only gradients and optimizer state stay sharded. Gradients are reduce-scattered
+    in fp32 (no MixedPrecisionPolicy): the peak memory model (`cost.memory`) counts it so, while
+    `CostModel.grad_bytes` counts the training dtype -- a known gap (tests/test_runtime_bytes.py).
+    Replicated DP and ZeRO-1 reduce in the training dtype (`allreduce_grads`)."""
     from torch.distributed.fsdp import fully_shard
 
     reshard = sharding == "zero3"
@@ -163,9 +166,11 @@ def fsdp_reduce_grads(module: nn.Module) -> None:
 
 
 def allreduce_grads(params: Iterator[nn.Parameter], group: dist.ProcessGroup, size: int,
-                    bucket_bytes: int = 25 * 2**20) -> None:
-    """Replicated DP: average gradients over the group in flat buckets (one collective per bucket).
-    A TP-sharded parameter's gradient is a DTensor: its local shard is what the replicas average."""
+                    bucket_bytes: int = 25 * 2**20, dtype: torch.dtype = torch.float32) -> None:
+    """Replicated DP: average gradients over the group in flat buckets (one collective per bucket),
+    reduced in `dtype` (the training dtype: the bytes the cost model counts; fp32 gradients are
+    rounded for the trip, as FSDP2's reduce_dtype does). A TP-sharded parameter's gradient is a
+    DTensor: its local shard is what the replicas average."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     from geotrain.runtime.scaler import _local
@@ -178,9 +183,9 @@ def allreduce_grads(params: Iterator[nn.Parameter], group: dist.ProcessGroup, si
         nonlocal bucket, nbytes
         if not bucket:
             return
-        flat = _flatten_dense_tensors(bucket)
+        flat = _flatten_dense_tensors(bucket).to(dtype)
         dist.all_reduce(flat, group=group)
-        flat.div_(size)
+        flat = flat.float().div_(size)
         for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
             g.copy_(synced)
         bucket, nbytes = [], 0

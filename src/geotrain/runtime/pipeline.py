@@ -243,4 +243,4 @@ class PipelineRank:
             else:
                 plain.extend(chunk.parameters())
         if plain and self.plan.dp > 1:
-            allreduce_grads(plain, self.dp_group, self.plan.dp)
+            allreduce_grads(plain, self.dp_group, self.plan.dp, dtype=self.boundary_dtype)

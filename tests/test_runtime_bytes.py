@@ -1,0 +1,94 @@
+"""One truth for static memory and DP traffic: what each rank holds and reduces is what the cost model counts.
+
+Four ranks (pp=2 x dp=2, the tiny 2-DC plan) train 2 steps under every sharding in bf16 and fp32,
+through the runtime's own worker with torch.distributed's collectives counted
+(`_count_collectives.py`). Per rank:
+  * the bytes its DP gradient reduction moves per step (all-reduce buffers, or FSDP2's
+    reduce-scatter inputs) equal `CostModel.grad_bytes` -- gradients reduced in the training dtype;
+  * the parameter and optimizer-state bytes at the first optimizer step (summary.json) equal the
+    memory model's (`cost.memory.runtime_state_bytes_per_param` x the stage's parameters), and the
+    gradients the optimizer reads are fp32 and sharded as `sharded_fractions` says (the memory
+    model's peak counts them unsharded: FSDP2 accumulates them so until the reduction).
+ZeRO-1's optimizer partitions whole tensors over the ranks, so its state is P*8/dp only to within
+the largest tensor; ZeRO-1's parameter broadcast after the step is not a gradient reduction and is
+not counted here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from geotrain.config.load import load_spec
+from geotrain.cost.memory import runtime_state_bytes_per_param, sharded_fractions
+from geotrain.cost.model import CostModel
+from geotrain.models.llama import build_units
+from geotrain.plan.manual import plan_from_job
+from geotrain.runtime.launch import free_port
+from geotrain.runtime.trainer import RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "tiny_2dc.toml"
+STEPS = 2
+CASES = [(p, s) for p in ("bf16", "fp32") for s in ("replicate", "zero1", "zero2", "zero3")]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bytes")
+    cases = [RunConfig(spec=str(SPEC), out=str(tmp / f"{p}-{s}"), steps=STEPS, data="synthetic", progress=False,
+                       checkpoint_every=0, overrides={"precision": p, "sharding": s})
+             for p, s in CASES]
+    cfg = tmp / "cases.json"
+    cfg.write_text(json.dumps([asdict(c) for c in cases]))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "4",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"),
+                                                                  os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_count_collectives.py"), str(cfg),
+                               str(tmp / f"counts{r}.json")], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.DEVNULL, stderr=open(tmp / f"rank{r}.log", "w"))
+             for r in range(4)]
+    try:
+        for p in procs:
+            assert p.wait(timeout=300) == 0, (tmp / "rank0.log").read_text()[-3000:]
+    finally:
+        for p in procs:
+            p.kill()
+    return tmp, [json.loads((tmp / f"counts{r}.json").read_text()) for r in range(4)]
+
+
+GAP = pytest.mark.xfail(strict=True, reason="FSDP2 reduce-scatters in fp32 (no MixedPrecisionPolicy reduce_dtype: "
+                       "with it the measured peak left the memory model's 10% band, tests/test_memory_fit.py), "
+                       "while CostModel.grad_bytes counts bf16")
+
+
+@pytest.mark.parametrize("precision,sharding", [c if c[0] == "fp32" or c[1] in ("replicate", "zero1")
+                                                else pytest.param(*c, marks=GAP) for c in CASES])
+def test_state_and_reduction_bytes_equal_the_cost_model(measured, precision, sharding):
+    tmp, counts = measured
+    spec = load_spec(SPEC)
+    plan = plan_from_job(spec).with_(precision=precision, sharding=sharding)
+    cost = CostModel(spec.model, precision=precision, checkpointing=plan.checkpointing, optimizer=spec.job.optimizer)
+    per_param = runtime_state_bytes_per_param(precision, spec.job.optimizer, sharding, plan.dp)
+    _, grad_share, _ = sharded_fractions(sharding, plan.dp)
+    summary = json.loads((tmp / f"{precision}-{sharding}" / "summary.json").read_text())
+    for rank in range(plan.num_ranks):
+        stage = plan.coords(rank)[0]
+        units = [u for a, b in plan.stages[stage].chunks for u in range(a, b)]
+        P = cost.stage_params(units)
+        got = summary["memory_per_rank"][rank]
+        assert got["params"] == P * per_param["params"], (rank, got)
+        assert got["grads"] == P * 4 * grad_share, (rank, got)
+        if sharding == "zero1":   # whole tensors per rank: within the largest tensor of the stage
+            biggest = max(p.numel() for u in units for p in build_units(spec.model, u, u + 1).parameters())
+            assert abs(got["optimizer"] - P * per_param["optimizer"]) <= 8 * biggest, (rank, got)
+        else:
+            assert got["optimizer"] == P * per_param["optimizer"], (rank, got)
+        reduced = counts[rank][CASES.index((precision, sharding))]["reduce_bytes"] / STEPS
+        assert reduced == cost.grad_bytes(units), (rank, reduced, cost.grad_bytes(units))
