@@ -1,7 +1,8 @@
-"""A live two-DC training run (2 ranks, pp=2 across east/west, the user-space WAN on loopback)
-under attack: forged hellos claiming rank 0, garbage, oversize headers and handshakes with a wrong
-proof hit the ranks' striped-transport listeners all through the run, and (as root) `ss -K`
-resets the cross-DC connections mid-run. Training must finish with losses identical to an
+"""A live two-DC training run (2 ranks, pp=2 across east/west) under attack: forged hellos
+claiming rank 0, garbage, oversize headers and handshakes with a wrong proof hit the ranks'
+striped-transport listeners all through the run (user-space WAN on loopback), and (as root)
+`ss -K` resets the cross-DC connections mid-run -- on loopback, and inside each DC's network
+namespace of the kernel-emulated WAN. Training must finish with losses identical to an
 undisturbed run, each attack logged and dropped."""
 
 from __future__ import annotations
@@ -120,3 +121,39 @@ def test_connections_reset_mid_run_are_reestablished_and_the_losses_identical(re
     assert killed > 0, hits
     assert _losses(tmp_path) == reference
     assert "Traceback" not in logs
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ss") is None, reason="network namespaces need root")
+def test_ss_kill_inside_the_dc_namespaces_leaves_the_losses_identical(reference, tmp_path):
+    from geotrain.emulation import emulation_available
+
+    ok, why = emulation_available()
+    if not ok:
+        pytest.skip(why)
+    stop, kills, wans = threading.Event(), [], []
+
+    def killer() -> None:
+        while not stop.is_set() and not wans:
+            stop.wait(0.05)
+        emu = wans[0].emulation if wans else None
+        while emu is not None and not stop.is_set():
+            if (tmp_path / "logs").exists():
+                for port in set(re.findall(r"listening on [\d.]+:(\d+)", _logs(tmp_path))):
+                    for dc in emu.dcs:
+                        r = subprocess.run(["ip", "netns", "exec", emu.netns(dc), "ss", "-K", "state", "established",
+                                            f"( sport = :{port} or dport = :{port} )"], capture_output=True, text=True)
+                        kills.append(max(0, len(r.stdout.splitlines()) - 1))
+            stop.wait(1.0)          # a reconnect (4 connections, 3 round trips each over 40 ms) must fit between
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    try:
+        run_with_wan([_cfg(tmp_path, _plan())], load_spec(SPEC), _plan(), tmp_path, mode="kernel",
+                     say=lambda _line: None, timeout_s=240, on_wan=wans.append)
+    finally:
+        stop.set()
+        t.join()
+    assert sum(kills) > 0, kills
+    assert _losses(tmp_path) == reference
+    assert "Traceback" not in _logs(tmp_path)

@@ -196,7 +196,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
     max_message = plan.micro_batch * spec.model.seq_len * spec.model.hidden * 4
     striped = StripedTransport(rank, store, secret=secret, host=host, connections=lambda d: conns.get(d, 1),
                                turns=turns.get, prefix=f"{run}/striped", min_chunk_bytes=MIN_CHUNK_BYTES,
-                               timeout_s=timeout, stall_s=float(wan.get("stall_s", DEFAULT_STALL_S)),
+                               timeout_s=timeout, stall_s=float(wan.get("stall_s", min(DEFAULT_STALL_S, timeout / 4))),
                                max_message_bytes=max_message,
                                describe=lambda r: f"rank {r} ({plan.stages[plan.coords(r)[0]].dc})", **hooks)
     for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it

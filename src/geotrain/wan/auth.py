@@ -165,8 +165,8 @@ def client_handshake(sock: socket.socket, secret: bytes, purpose: int, my_rank: 
     except AuthError:
         raise
     except (OSError, ConnectionError) as e:
-        raise AuthError(f"the {PURPOSES[purpose]} refused our handshake ({e}): does it hold this run's secret?") \
-            from None
+        raise AuthError(f"the {PURPOSES[purpose]} refused or dropped our handshake ({e}); a wrong secret "
+                        f"looks like this too") from None
     if not hmac.compare_digest(bytes(proof), _mac(secret, b"geotrain server", transcript)):
         raise AuthError(f"the {PURPOSES[purpose]} does not hold this run's secret")
     sock.settimeout(None)
