@@ -49,8 +49,8 @@ class Datacenter(Strict):
     gpu_type: str
     gpus: bounded_int(1, 10**7)
     gpus_per_node: bounded_int(1, 1024) = 8
-    intra_node_gbps: bounded_float(1e-3, 1e6) = 2400.0
-    intra_dc_gbps: bounded_float(1e-3, 1e6) = 200.0
+    intra_node_gbps: bounded_float(1e-3, 1e12) = 2400.0     # up to 1e12: "free" links in what-if studies
+    intra_dc_gbps: bounded_float(1e-3, 1e12) = 200.0
     intra_dc_latency_us: float = Field(5.0, ge=0, le=1e6)
     price_per_gpu_hour: float | None = Field(None, ge=0, le=1e6)
 
@@ -65,8 +65,8 @@ class WanLink(Strict):
     # (its items are still strict strings).
     between: tuple[str, str] = Field(strict=False)
     latency_ms: float = Field(ge=0, le=1e4)              # 10 s one way: past any real WAN
-    capacity_gbps: bounded_float(1e-6, 1e6)               # 1 kbit/s .. 1 Pbit/s
-    per_connection_gbps: bounded_float(1e-6, 1e6)
+    capacity_gbps: bounded_float(1e-6, 1e12)              # 1 kbit/s .. 1e12 (a "free" WAN in studies)
+    per_connection_gbps: bounded_float(1e-6, 1e12)
     max_connections: bounded_int(1, 4096) = 64
     loss: float = Field(0.0, ge=0, lt=1)
     jitter_ms: float = Field(0.0, ge=0, le=1e4)

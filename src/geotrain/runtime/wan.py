@@ -203,7 +203,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
         how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
         print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.stages[peer_stage].dc}): "
               f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']} "
-              f"(listening on {host}:{striped.port})", file=sys.stderr, flush=True)
+              f"(listening on {host}:{striped.port})\n", end="", file=sys.stderr, flush=True)   # one write per line
     clients = list({id(t): t for t in turns.values()}.values())
     wan_transport = T.HostStaging(striped)     # sockets move host memory; CUDA tensors are staged (pinned)
     return T.RoutedTransport(default, dict.fromkeys(conns, wan_transport), also_close=[*clients, *arbiters])

@@ -133,7 +133,7 @@ class DropLog:
             line = f"geotrain wan: {self.who}: {what}" + (" (further drops this minute not logged)"
                                                           if n == self.burst else "")
             self.lines = [*self.lines[-99:], line]
-        print(line, file=sys.stderr, flush=True)
+        print(line + "\n", end="", file=sys.stderr, flush=True)     # one write: ranks share a terminal
 
 
 # ----------------------------------------------------------------------------- handshake

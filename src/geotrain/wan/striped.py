@@ -144,7 +144,7 @@ class StripedTransport:
         return self._describe(rank) if self._describe is not None else f"rank {rank}"
 
     def say(self, line: str) -> None:
-        print(f"geotrain wan: rank {self.rank}: {line}", file=sys.stderr, flush=True)
+        print(f"geotrain wan: rank {self.rank}: {line}\n", end="", file=sys.stderr, flush=True)   # one write
 
     def lookup(self, rank: int) -> tuple[str, int]:
         raw = self.store.get(f"{self.prefix}/{rank}")
