@@ -28,17 +28,12 @@ from collections import deque
 from heapq import heappop, heappush
 
 
-class FairLink:
-    __slots__ = ("capacity", "flow_rate", "latency", "served", "t", "heads", "queues", "version")
+class _SharedLink:
+    """Virtual-service accounting both link kinds share: every admitted transfer (a head) gets
+    min(per-flow rate, capacity / heads); `served` is the bytes each head received since the
+    link was last idle, so a head finishes when `served` reaches its finish level."""
 
-    def __init__(self, capacity: float, flow_rate: float, latency: float):
-        self.capacity, self.flow_rate, self.latency = capacity, flow_rate, latency
-        self.served = 0.0     # bytes each active flow received since the link was last idle
-        self.t = 0.0          # time `served` refers to
-        # per active flow, its transfer being sent: (finish level, seq, flow, unit, slot)
-        self.heads: list[tuple[float, int, int, int, int]] = []
-        self.queues: dict[int, deque] = {}  # active flow -> transfers waiting behind its head
-        self.version = 0      # bumps whenever the predicted next completion changes
+    __slots__ = ("capacity", "flow_rate", "latency", "served", "t", "heads", "version")
 
     def _rate(self) -> float:
         share = self.capacity / len(self.heads)
@@ -50,6 +45,19 @@ class FairLink:
         else:
             self.served = 0.0
         self.t = now
+
+
+class FairLink(_SharedLink):
+    __slots__ = ("queues",)
+
+    def __init__(self, capacity: float, flow_rate: float, latency: float):
+        self.capacity, self.flow_rate, self.latency = capacity, flow_rate, latency
+        self.served = 0.0     # bytes each active flow received since the link was last idle
+        self.t = 0.0          # time `served` refers to
+        # per active flow, its transfer being sent: (finish level, seq, flow, unit, slot)
+        self.heads: list[tuple[float, int, int, int, int]] = []
+        self.queues: dict[int, deque] = {}  # active flow -> transfers waiting behind its head
+        self.version = 0      # bumps whenever the predicted next completion changes
 
     def arrive(self, now: float, nbytes: int, seq: int, unit: int, slot: int, flow: int) -> float | None:
         """A transfer enters. Returns the new time of the next completion (the caller schedules
@@ -92,12 +100,11 @@ class FairLink:
         return done, started
 
 
-class TemporalLink:
+class TemporalLink(_SharedLink):
     """Same virtual-service accounting as FairLink, over the admitted transfers only. A flow's
     transfers go one after the other (as on its connections), as in FairLink."""
 
-    __slots__ = ("capacity", "flow_rate", "latency", "priority", "slots", "served", "t", "heads", "waiting",
-                 "busy", "pending", "version")
+    __slots__ = ("priority", "slots", "waiting", "busy", "pending")
 
     def __init__(self, flow_rate: float, latency: float, priority: tuple[int, ...], capacity: float | None = None,
                  slots: int = 1):
@@ -111,17 +118,6 @@ class TemporalLink:
         self.busy: dict[int, deque] = {}  # flow with an admitted transfer -> its transfers queued behind it
         self.pending = False   # an admission is scheduled
         self.version = 0
-
-    def _rate(self) -> float:
-        share = self.capacity / len(self.heads)
-        return self.flow_rate if self.flow_rate < share else share
-
-    def _advance(self, now: float) -> None:
-        if self.heads:
-            self.served += self._rate() * (now - self.t)
-        else:
-            self.served = 0.0
-        self.t = now
 
     def arrive(self, now: float, nbytes: int, seq: int, unit: int, slot: int, replica: int,
                flow: int = -1) -> float | None:
