@@ -320,14 +320,19 @@ class StripedTransport:
             return
         with self._lock:
             arrived.add(msg)
-        if delay_us:
-            self._schedule(time.monotonic() + delay_us / 1e6, (src, tag, seq), slot)
-        else:
-            with slot.lock:
-                slot.ready = True
-            self._complete((src, tag, seq), slot)
-        # Last: if the connection breaks now, the message is complete anyway and its resend is acked.
-        channel.send(FRAME.pack(ACK, msg, 0, 0, 0, 0, 0, 0))
+        try:
+            # ACK before the recv completes: once it completes, the application may close this
+            # transport and exit, and an ACK not yet written would leave the sender resending to
+            # a peer that is gone. If the ACK cannot be written, the message completes anyway and
+            # its resend is acked (`slot is None` above).
+            channel.send(FRAME.pack(ACK, msg, 0, 0, 0, 0, 0, 0))
+        finally:
+            if delay_us:
+                self._schedule(time.monotonic() + delay_us / 1e6, (src, tag, seq), slot)
+            else:
+                with slot.lock:
+                    slot.ready = True
+                self._complete((src, tag, seq), slot)
 
     def _peer_closed(self, src: int) -> None:
         """`src` closed its transport: its incomplete messages, and any recv posted later that finds
