@@ -66,7 +66,7 @@ def test_rtt_matches_configured_latency(wan, probe_port):
 
 
 def test_one_connection_is_capped_and_n_connections_reach_the_link(wan, probe_port):
-    common = ["--port", str(probe_port), "--seconds", "1.5", "--warmup", "0.6"]
+    common = ["--port", str(probe_port), "--seconds", "3", "--warmup", "1.0"]
     one = _probe(wan, "send", "--connections", "1", *common)["gbps"]
     four = _probe(wan, "send", "--connections", "4", *common)["gbps"]
     link = _cluster().wan_links[0]
