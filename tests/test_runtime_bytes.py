@@ -17,20 +17,16 @@ not counted here.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from _collective_ranks import run_counted
 
 from geotrain.config.load import load_spec
 from geotrain.cost.memory import runtime_state_bytes_per_param, sharded_fractions
 from geotrain.cost.model import CostModel
 from geotrain.models.llama import build_units
 from geotrain.plan.manual import plan_from_job
-from geotrain.runtime.launch import free_port
 from geotrain.runtime.trainer import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,22 +41,7 @@ def measured(tmp_path_factory):
     cases = [RunConfig(spec=str(SPEC), out=str(tmp / f"{p}-{s}"), steps=STEPS, data="synthetic", progress=False,
                        checkpoint_every=0, overrides={"precision": p, "sharding": s})
              for p, s in CASES]
-    cfg = tmp / "cases.json"
-    cfg.write_text(json.dumps([asdict(c) for c in cases]))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "4",
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"),
-                                                                  os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_count_collectives.py"), str(cfg),
-                               str(tmp / f"counts{r}.json")], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=open(tmp / f"rank{r}.log", "w"))
-             for r in range(4)]
-    try:
-        for p in procs:
-            assert p.wait(timeout=300) == 0, (tmp / "rank0.log").read_text()[-3000:]
-    finally:
-        for p in procs:
-            p.kill()
-    return tmp, [json.loads((tmp / f"counts{r}.json").read_text()) for r in range(4)]
+    return tmp, run_counted(tmp, cases, timeout=300)
 
 
 GAP = pytest.mark.xfail(strict=True, reason="FSDP2 reduce-scatters in fp32 (no MixedPrecisionPolicy reduce_dtype: "

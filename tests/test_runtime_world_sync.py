@@ -9,15 +9,11 @@ fp16's skip decision stays global: an inf injected on one rank skips that step o
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from _collective_ranks import run_counted
 
-from geotrain.runtime.launch import free_port
 from geotrain.runtime.trainer import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,22 +28,7 @@ def counted(tmp_path_factory):
                        checkpoint_every=0, overrides={"precision": p},
                        inject_inf=[[3, 2]] if (p, n) == ("fp16", 3) else [])
              for p, n in CASES]
-    cfg = tmp / "cases.json"
-    cfg.write_text(json.dumps([asdict(c) for c in cases]))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "4",
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"),
-                                                                  os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_count_collectives.py"), str(cfg),
-                               str(tmp / f"counts{r}.json")], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=open(tmp / f"rank{r}.log", "w"))
-             for r in range(4)]
-    try:
-        for p in procs:
-            assert p.wait(timeout=240) == 0, (tmp / "rank0.log").read_text()[-3000:]
-    finally:
-        for p in procs:
-            p.kill()
-    return tmp, [json.loads((tmp / f"counts{r}.json").read_text()) for r in range(4)]
+    return tmp, run_counted(tmp, cases, timeout=240)
 
 
 @pytest.mark.parametrize("precision,per_step", [("bf16", 0), ("fp16", 1)])
