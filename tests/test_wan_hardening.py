@@ -1,9 +1,11 @@
-"""A live two-DC training run (2 ranks, pp=2 across east/west) under attack: forged hellos
-claiming rank 0, garbage, oversize headers and handshakes with a wrong proof hit the ranks'
-striped-transport listeners all through the run (user-space WAN on loopback), and (as root)
-`ss -K` resets the cross-DC connections mid-run -- on loopback, and inside each DC's network
-namespace of the kernel-emulated WAN. Training must finish with losses identical to an
-undisturbed run, each attack logged and dropped."""
+"""A live two-DC training run (2 ranks, pp=2 across east/west, user-space WAN on loopback) under
+attack, all injections in one run: forged hellos claiming rank 0, garbage, an unauthenticated
+oversize header and a guessed proof hit both ranks' striped listeners; a relay in the path of rank
+0's real connections to rank 1 flips one bit of one DATA frame and rewrites another frame's size
+field to 4 GiB; a recorded real handshake is replayed; and (as root) `ss -K` resets the cross-DC
+connections. Training must finish with losses identical to an undisturbed run, with one log line
+per rejected connection or frame. A second run does the `ss -K` resets inside the DC namespaces
+of the kernel-emulated WAN."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -24,14 +27,17 @@ from geotrain.plan.manual import plan_from_job
 from geotrain.plan.plan import LinkPlan
 from geotrain.runtime.launch import launch, run_with_wan
 from geotrain.runtime.trainer import RunConfig
+from geotrain.wan.auth import HELLO, MAGIC, STRIPED, TAG_BYTES
+from geotrain.wan.striped_frames import DATA, FRAME
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
 STEPS = 12
-OLD_HELLO = struct.Struct("!IiH")
+OLD_HELLO = struct.Struct("!IiH")             # the pre-authentication hello: magic, rank, stripe
 OLD_HEADER = struct.Struct("!IqQHHQQQI")
 OLD_MAGIC = 0x47545350
-NEW_HELLO = struct.Struct("!IBiiH16s")
+HANDSHAKE = HELLO.size + TAG_BYTES            # what a client sends before its first frame
+NBYTES_AT = FRAME.size - 8                    # the header's next-to-last field: payload bytes (uint32)
 
 
 def _plan():
@@ -53,33 +59,142 @@ def _logs(run_dir: Path) -> str:
     return "".join(p.read_text() for p in sorted((run_dir / "logs").glob("rank*.log")))
 
 
-ATTACKS = [
-    OLD_HELLO.pack(OLD_MAGIC, 0, 0),                                                     # forged hello
-    os.urandom(2048),                                                                    # garbage
-    OLD_HELLO.pack(OLD_MAGIC, 0, 0) + OLD_HEADER.pack(OLD_MAGIC, 0, 0, 0, 1, 2**62, 0, 2**62, 0),  # oversize
-    NEW_HELLO.pack(0x47544155, 1, 0, 1, 0, os.urandom(16)) + os.urandom(64),             # a guessed proof
-]
+def _listener(run_dir: Path, rank: int) -> int | None:
+    log = run_dir / "logs" / f"rank{rank}.log"
+    found = re.findall(r"listening on 127\.0\.0\.1:(\d+)", log.read_text()) if log.exists() else []
+    return int(found[0]) if found else None
 
 
-def _attacker(run_dir: Path, stop: threading.Event, hits: list, reset: bool) -> None:
-    """Finds the striped listeners in the rank logs, then attacks them until the run ends."""
-    ports: set[int] = set()
-    while not stop.is_set():
-        if (run_dir / "logs").exists():
-            ports |= {int(p) for p in re.findall(r"listening on 127\.0\.0\.1:(\d+)", _logs(run_dir))}
-        for port in sorted(ports):
-            for payload in ATTACKS:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                        s.sendall(payload)
-                    hits.append(port)
-                except OSError:
-                    pass
-            if reset:           # reset every established connection to or from this listener
-                r = subprocess.run(["ss", "-K", "state", "established", f"( sport = :{port} or dport = :{port} )"],
-                                   capture_output=True, text=True)
-                hits.append(("reset", port, max(0, len(r.stdout.splitlines()) - 1)))
-        stop.wait(0.15)
+class TamperingRelay:
+    """In the path of rank 0's connections to rank 1 (rank 0 dials it, see `_tamper_rank`): forwards
+    both ways; of the connections whose first frame is DATA, flips one payload bit of the first and
+    sets the payload size of the second's first frame to 2**32 - 1; records the handshake bytes of a
+    clean connection (for a replay)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.ls = socket.create_server(("127.0.0.1", 0))
+        self.port = self.ls.getsockname()[1]
+        self.done: list[str] = []
+        self.handshake: bytes | None = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _target(self) -> int:
+        end = time.monotonic() + 60
+        while (port := _listener(self.run_dir, 1)) is None and time.monotonic() < end:
+            time.sleep(0.05)
+        return port
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.ls.accept()
+                server = socket.create_connection(("127.0.0.1", self._target()))
+            except (OSError, TypeError):
+                return
+            threading.Thread(target=self._upstream, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client), daemon=True).start()
+
+    def _decide(self, kind: int, handshake: bytes) -> str | None:
+        """What to do with a connection, once its first frame's kind byte passes."""
+        with self._lock:
+            if kind != DATA:
+                return None
+            if len(self.done) < 2:
+                self.done.append(("flip", "oversize")[len(self.done)])
+                return self.done[-1]
+            if self.handshake is None:
+                self.handshake = handshake
+            return None
+
+    def _upstream(self, a: socket.socket, b: socket.socket) -> None:
+        """Client -> server, forwarded as it comes (the handshake is interactive), altered in place."""
+        seen, first, action = 0, bytearray(), None
+        flip_at, size_at = HANDSHAKE + FRAME.size + 8, range(HANDSHAKE + NBYTES_AT, HANDSHAKE + NBYTES_AT + 4)
+        try:
+            while data := bytearray(a.recv(1 << 16)):
+                if seen <= HANDSHAKE:
+                    first += data[:HANDSHAKE + 1 - seen]
+                    if len(first) > HANDSHAKE:
+                        action = self._decide(first[HANDSHAKE], bytes(first[:HANDSHAKE]))
+                for i in range(seen, seen + len(data)):
+                    if (action == "flip" and i == flip_at) or (action == "oversize" and i in size_at):
+                        data[i - seen] = data[i - seen] ^ 0x10 if action == "flip" else 0xFF
+                    if i > flip_at:
+                        break
+                seen += len(data)
+                b.sendall(data)
+        except OSError:
+            pass
+        self._close(a, b)
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        except OSError:
+            pass
+        self._close(a, b)
+
+    @staticmethod
+    def _close(*socks: socket.socket) -> None:
+        for x in socks:
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            x.close()
+
+    def close(self) -> None:
+        self.ls.close()
+
+
+def _forged(rank: int) -> list[tuple[str, bytes]]:
+    """Connections from someone without the secret, each with the drop line it must cause."""
+    return [
+        ("claimed rank 0, then closed during the handshake (peer closed",      # the issue's forged hello
+         HELLO.pack(MAGIC, STRIPED, 0, rank, 0, os.urandom(16))),
+        ("not a geotrain peer (bad hello)", os.urandom(2048)),                 # garbage
+        ("not a geotrain peer (bad hello)",                                    # an old-format 2**62-byte header
+         OLD_HELLO.pack(OLD_MAGIC, 0, 0) + OLD_HEADER.pack(OLD_MAGIC, 0, 0, 0, 1, 2**62, 0, 2**62, 0)),
+        ("failed the challenge", HELLO.pack(MAGIC, STRIPED, 0, rank, 0, os.urandom(16)) + os.urandom(TAG_BYTES)),
+    ]
+
+
+def _send_once(port: int, payload: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        try:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(1 << 16):        # the challenge (if any), then EOF: the listener is done with us
+                pass
+        except OSError:                   # (or a reset: it closed with our garbage unread)
+            pass
+
+
+def _attacker(run_dir: Path, relay: TamperingRelay, stop: threading.Event, sent: list, reset: bool) -> None:
+    """Once both listeners are up: each forged connection once to each, the replay once to rank 1,
+    then (if `reset`) a few rounds of `ss -K` on every established connection of both listeners."""
+    while not stop.is_set() and None in (ports := [_listener(run_dir, r) for r in (0, 1)]):
+        stop.wait(0.05)
+    if stop.is_set():
+        return
+    for rank, port in enumerate(ports):
+        for expect, payload in _forged(rank):
+            _send_once(port, payload)
+            sent.append((rank, expect))
+    while not stop.is_set() and relay.handshake is None:
+        stop.wait(0.05)
+    if relay.handshake is not None:
+        _send_once(ports[1], relay.handshake)                     # a real rank 0's handshake, replayed
+        sent.append((1, "failed the challenge"))
+    for _ in range(3 if reset else 0):
+        stop.wait(0.4)
+        for port in ports:
+            r = subprocess.run(["ss", "-K", "state", "established", f"( sport = :{port} or dport = :{port} )"],
+                               capture_output=True, text=True)
+            sent.append(("reset", port, max(0, len(r.stdout.splitlines()) - 1)))
 
 
 @pytest.fixture(scope="module")
@@ -89,38 +204,38 @@ def reference(tmp_path_factory):
     return _losses(tmp)
 
 
-def _attacked_run(tmp_path: Path, reset: bool):
-    stop, hits = threading.Event(), []
-    t = threading.Thread(target=_attacker, args=(tmp_path, stop, hits, reset), daemon=True)
+@pytest.mark.slow
+def test_a_live_run_under_attack_and_tampering_keeps_its_losses_and_logs_each_rejection(reference, tmp_path):
+    reset = os.geteuid() == 0 and shutil.which("ss") is not None
+    relay, stop, sent = TamperingRelay(tmp_path), threading.Event(), []
+    t = threading.Thread(target=_attacker, args=(tmp_path, relay, stop, sent, reset), daemon=True)
     t.start()
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])),
+           "GEOTRAIN_TEST_RELAY": f"127.0.0.1:{relay.port}"}
     try:
         run_with_wan([_cfg(tmp_path, _plan())], load_spec(SPEC), _plan(), tmp_path, mode="shaper",
-                     say=lambda _line: None, timeout_s=240)
+                     say=lambda _line: None, timeout_s=240, env=env, entry="_tamper_rank")
     finally:
         stop.set()
         t.join()
-    return hits
-
-
-@pytest.mark.slow
-def test_forged_garbage_and_oversize_connections_leave_the_losses_identical(reference, tmp_path):
-    hits = _attacked_run(tmp_path, reset=False)
-    assert len(hits) >= 8, hits                              # the attacks reached both ranks' listeners
+        relay.close()
     assert _losses(tmp_path) == reference and len(reference) == STEPS
-    logs = _logs(tmp_path)
-    assert "striped listener: dropped a connection" in logs
-    assert "Traceback" not in logs
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ss") is None, reason="ss -K needs root")
-def test_connections_reset_mid_run_are_reestablished_and_the_losses_identical(reference, tmp_path):
-    hits = _attacked_run(tmp_path, reset=True)
-    killed = sum(h[2] for h in hits if isinstance(h, tuple))
-    logs = _logs(tmp_path)
-    assert killed > 0, hits
-    assert _losses(tmp_path) == reference
-    assert "Traceback" not in logs
+    assert relay.done == ["flip", "oversize"], relay.done
+    forged = [s for s in sent if s[0] != "reset"]
+    assert len(forged) == 2 * len(_forged(0)) + 1, sent            # every injection landed during the run
+    for rank in (0, 1):
+        log = (tmp_path / "logs" / f"rank{rank}.log").read_text()
+        drops = [x for x in log.splitlines() if f"rank {rank} striped listener: dropped" in x]
+        expected = [e for r, e in forged if r == rank]
+        if rank == 1:
+            expected += ["frame 0 failed authentication", "frame announces 4294967295 payload bytes"]
+        for e in set(expected):             # one line per rejected connection or frame, no more
+            assert sum(e in x for x in drops) == expected.count(e), (e, drops)
+        assert len(drops) == len(expected) or reset, drops      # (a reset mid-handshake is a drop too)
+        assert "Traceback" not in log
+    assert "reconnected after" in (tmp_path / "logs" / "rank0.log").read_text()   # the tampered frames, resent
+    if reset:
+        assert sum(s[2] for s in sent if s[0] == "reset") > 0, sent
 
 
 @pytest.mark.slow
