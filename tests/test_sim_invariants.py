@@ -19,6 +19,8 @@ def test_trace_invariants(seed):
     plan, cluster, costs, allreduce, optimizer, iterations = random_case(seed)
     res = simulate_costs(plan, cluster, costs, allreduce, optimizer, tokens_per_iteration=1, iterations=iterations)
     sched = res.schedule
+    # The engine-side iteration time the planner ranks finalists by is the metrics' definition.
+    assert res.iteration_time == pytest.approx(res.metrics.iteration_time, rel=1e-12, abs=1e-15)
     pp, dp, nv = plan.pp, plan.dp, plan.pp * sched.virtual_per_stage
     evs = res.trace.events
     by_rank = res.trace.by_rank()

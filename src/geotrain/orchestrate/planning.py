@@ -44,11 +44,11 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_fi
     for plan, _ in short.plans:
         cost = short.ctx.cost(plan.checkpointing) if profile is not None else None
         res = simulate(spec, plan, iterations=1, cost=cost, progress=progress)
-        simulated.append((plan, res.metrics.iteration_time))
+        simulated.append((plan, res.iteration_time))
         results.append(res)
         if log:
             log(f"simulated {plan.name} ({plan.pp} stages x dp {plan.dp}, {plan.schedule}): "
-                f"{res.metrics.iteration_time:.3f} s")
+                f"{res.iteration_time:.3f} s")
     best = _choose(spec, results, objective, max_cost_per_hour, min_tokens_per_s)
     return conclude(short, best, results[best], simulated, time.perf_counter() - t0)
 
@@ -67,8 +67,8 @@ def _choose(spec: Spec, results, objective: str, max_cost_per_hour: float | None
         if max_cost_per_hour is not None and hour > max_cost_per_hour:
             why.append(f"{r.plan.name} costs ${hour:,.2f}/hour")
             continue
-        if min_tokens_per_s is not None and r.metrics.tokens_per_s < min_tokens_per_s:
-            why.append(f"{r.plan.name} makes {r.metrics.tokens_per_s:,.0f} tokens/s")
+        if min_tokens_per_s is not None and r.tokens_per_s < min_tokens_per_s:
+            why.append(f"{r.plan.name} makes {r.tokens_per_s:,.0f} tokens/s")
             continue
         ok.append(i)
     if not ok:
@@ -76,7 +76,7 @@ def _choose(spec: Spec, results, objective: str, max_cost_per_hour: float | None
 
     def key(i: int) -> tuple[float, float]:
         r = results[i]
-        t = r.metrics.iteration_time
+        t = r.iteration_time
         if objective == "cost":
             return price.cost_per_hour(cl, r.plan), t
         if objective == "cost-per-token":

@@ -24,7 +24,8 @@ from geotrain.plan.estimate import inflight
 from geotrain.plan.layouts import enumerate_layouts
 from geotrain.plan.placement import divisors
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
-from geotrain.plan.scorer import Scorer, search
+from geotrain.plan.scan import search
+from geotrain.plan.scorer import Scorer
 from geotrain.plan.split import split_even
 
 BASELINES = ("dp-across-dcs", "naive-pp", "varuna", "single-dc")

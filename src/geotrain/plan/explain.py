@@ -75,7 +75,7 @@ def analyse(ctx: PlanningContext, plan: Plan, cand, sim) -> tuple[float, dict[st
     costs = _stage_costs(ctx, plan)
     parts = lower_bound(ctx, plan, costs)
     lb = max(parts.values())
-    sim_t = sim.metrics.iteration_time if sim is not None else None
+    sim_t = sim.iteration_time if sim is not None else None
     bottleneck = classify(ctx, plan, cand, sim_t)
     return lb, parts, bottleneck, explain(ctx, plan, cand, sim, costs, parts, bottleneck)
 
@@ -142,7 +142,7 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
             s += f"; temporal sharing: {plan.dp} pipelines take turns, staggered {_s(lp.stagger_s)}"
         lines.append(s + ".")
     lb = max(parts.values())
-    t = sim.metrics.iteration_time if sim is not None else (cand.est.total if cand else math.nan)
+    t = sim.iteration_time if sim is not None else (cand.est.total if cand else math.nan)
     lines.append(f"Lower bound {_s(lb)} (busiest GPU compute {_s(parts['compute'])}, busiest WAN link "
                  f"{_s(parts['wan'])}); plan {_s(t)} = {t / lb:.2f}x the bound; bottleneck: {bottleneck}.")
     if t > 1.15 * lb:

@@ -19,7 +19,8 @@ from geotrain.plan.explain import infeasible_reason
 from geotrain.plan.layouts import Layout, enumerate_layouts
 from geotrain.plan.pins import ZB_SELECTIVE, pin_problem
 from geotrain.plan.plan import Plan
-from geotrain.plan.scorer import Candidate, Scorer, search
+from geotrain.plan.scan import search
+from geotrain.plan.scorer import Candidate, Scorer
 from geotrain.plan.split import split_even
 
 

@@ -9,14 +9,12 @@ GPU-type sequence. `score_plan` gives the estimate of an existing plan (baseline
 
 from __future__ import annotations
 
-import heapq
 import math
-import time
 from dataclasses import dataclass
 
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.estimate import BoundaryCosts, Estimate, StageCosts, estimate, finish, inflight, pipeline_part
-from geotrain.plan.layouts import Layout, layout_bound, schedule_kinds
+from geotrain.plan.layouts import Layout, schedule_kinds
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
 from geotrain.plan.split import balanced_split, split_even
 from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, turn_rate_gbps
@@ -66,7 +64,10 @@ class Scorer:
         self.even_split = even_split
         self._splits: dict[tuple, tuple[tuple[tuple[int, int], ...], ...]] = {}
         self._compute: dict[tuple, list] = {}
+        self._layout_costs: dict[tuple, list[StageCosts]] = {}   # per layout being scored (_costs)
+        self._variant_memo: dict[tuple, list] = {}
         self.scored = 0
+        self.pruned = False   # the last score() skipped a candidate for its cutoff
         self.tightest: tuple[float, str, str] | None = None  # (memory fraction, DC, layout) nearest to fitting
 
     # -- pieces ------------------------------------------------------------------------------
@@ -132,25 +133,21 @@ class Scorer:
         return out, stagger
 
     # -- a layout ------------------------------------------------------------------------------
-    def score(self, lay: Layout, kinds: tuple[str, ...] | None = None, skip: int = 0) -> Candidate | None:
+    def score(self, lay: Layout, kinds: tuple[str, ...] | None = None, skip: int = 0,
+              cutoff: float = math.inf) -> Candidate | None:
         """The best (schedule kind, checkpointing, sharding, WAN sharing) for a layout, or None
         if nothing fits. Heavier checkpointing is tried only when no kind fits with a lighter one;
-        the `skip` lightest are known not to fit (search's may_fit)."""
+        the `skip` lightest are known not to fit (search's may_fit). Candidates whose estimate
+        cannot come under `cutoff` are skipped (so None also means: nothing under the cutoff)."""
+        self.pruned = False
         ctx = self.ctx
         dcs = lay.stage_dcs
-        pp, m, dp = lay.pp, lay.m, lay.dp
+        pp, m = lay.pp, lay.m
         kinds = kinds or self.kinds or schedule_kinds(ctx, len(lay.chain))
         wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(lay.chain, lay.chain[1:]))
-        # Temporal only where it can differ: some link whose turns hold fewer than dp transfers.
-        sharings = self.sharing if len(lay.chain) > 1 and dp > 1 and any(
-            concurrent_turns(ctx.link(a, b).capacity_gbps, ctx.link(a, b).rate_gbps(
-                self.connections(a, b, dp, "temporal"))) < dp for a, b in zip(lay.chain, lay.chain[1:])) else ("fair",)
-        variants = []
-        for sharing in sharings:
-            conns = tuple(self.connections(a, b, dp, sharing) for a, b in zip(lay.chain, lay.chain[1:]))
-            bounds, stagger = self.boundaries(lay, sharing, conns, 1)
-            variants.append((sharing, conns, bounds, stagger))
+        variants = self._variants(lay)
         best: Candidate | None = None
+        self._layout_costs = {}
         for ckpt in ctx.checkpointing_options()[skip:]:
             for kind in kinds:
                 v = 2 if kind == "interleaved" else 1
@@ -164,12 +161,35 @@ class Scorer:
                 compute = self.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
                 for sharing, conns, bounds, stagger in variants:
                     cand = self._fit_and_estimate(lay, kind, v, ckpt, chunks, compute, bounds, stagger, sharing,
-                                                  conns, wan_lat)
+                                                  conns, wan_lat, cutoff)
                     if cand is not None and (best is None or cand.est.total < best.est.total):
                         best = cand
-            if best is not None:
-                break  # heavier checkpointing only adds recompute
+            if best is not None or self.pruned:
+                break  # heavier checkpointing only adds recompute (so it is behind the cutoff too)
         return best
+
+    def _variants(self, lay: Layout) -> list[tuple[str, tuple[int, ...], list[BoundaryCosts], float]]:
+        """(sharing, connections, boundary costs, temporal stagger) per WAN sharing worth trying
+        (memoised: split_bound asks before score does)."""
+        key = (lay.chain, lay.counts, lay.dp, lay.micro_batch)
+        out = self._variant_memo.get(key)
+        if out is not None:
+            return out
+        out = self._variant_memo[key] = []
+        for sharing in self._sharings(lay):
+            conns = tuple(self.connections(a, b, lay.dp, sharing) for a, b in zip(lay.chain, lay.chain[1:]))
+            bounds, stagger = self.boundaries(lay, sharing, conns, 1)
+            out.append((sharing, conns, bounds, stagger))
+        return out
+
+    def _sharings(self, lay: Layout) -> tuple[str, ...]:
+        """Temporal only where it can differ: some link whose turns hold fewer than dp transfers."""
+        ctx, dp = self.ctx, lay.dp
+        if len(lay.chain) > 1 and dp > 1 and any(
+                concurrent_turns(ctx.link(a, b).capacity_gbps, ctx.link(a, b).rate_gbps(
+                    self.connections(a, b, dp, "temporal"))) < dp for a, b in zip(lay.chain, lay.chain[1:])):
+            return self.sharing
+        return ("fair",)
 
     def may_fit(self, lay: Layout, ckpt: str) -> bool:
         """False when the first stage cannot fit with `ckpt` under any allowed kind and sharding
@@ -183,6 +203,34 @@ class Scorer:
         least = min(inflight(k, lay.pp, lay.m, 0) for k in kinds)
         return self.ctx.stage_fits(chunks[0], lay.chain[0], lay.micro_batch, least,
                                    self.ctx.sharding_options()[-1], lay.dp, ckpt)
+
+    def split_bound(self, lay: Layout, ckpt: str) -> float | None:
+        """A lower bound on every estimate `score(lay)` can give with `ckpt` or heavier, from the
+        real balanced split (the layout's bound assumes a perfect one): the slowest stage sets
+        the period, each kind's fill from the stage times, WAN bytes and latencies as in the
+        layout's bound. None where the split is not the one scored (interleaved chunks)."""
+        kinds = self.kinds or schedule_kinds(self.ctx, len(lay.chain))
+        if "interleaved" in kinds or not self.wan_aware:
+            return None
+        dcs = lay.stage_dcs
+        chunks = self.split(dcs, lay.micro_batch, ckpt, 1)
+        compute = self.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
+        steps = [f + b for f, b, _, _ in compute]
+        fills = []
+        for kind in kinds:
+            if kind == "zb-h1":
+                fills.append(sum(f + bi - bw for f, _, bi, bw in compute) + 2 * max(c[3] for c in compute))
+            else:
+                fills.append(sum(steps))
+        t_max = max(steps)
+        # Per WAN sharing, the boundary costs score() uses: the busiest link bounds the period,
+        # each boundary is crossed twice in the fill, temporal turns add their start spread.
+        out = math.inf
+        for sharing, _, bounds, stagger in self._variants(lay):
+            period = max([t_max] + [b.occupancy for b in bounds])
+            span = offsets_span(lay.dp, stagger, period) if sharing == "temporal" else 0.0
+            out = min(out, (lay.m - 1) * period + 2 * sum(b.delay for b in bounds) + span)
+        return out + min(fills)
 
     def compute_costs(self, dcs, chunks, mb: int, ckpt: str) -> list[tuple[float, float, float, float]]:
         key = (tuple(dcs), chunks, mb, ckpt)
@@ -207,7 +255,20 @@ class Scorer:
             out.append((f, b, bi, bw))
         return out
 
-    def _fit_and_estimate(self, lay, kind, v, ckpt, chunks, compute, bounds, stagger, sharing, conns, wan_lat):
+    def _costs(self, compute, chunks, dcs, ckpt: str, v: int, sharding: str, dp: int) -> list[StageCosts]:
+        """Per-stage costs of the layout being scored: the same for every schedule kind of one
+        chunking and both WAN sharings, so built once per (checkpointing, chunking, sharding)."""
+        key = (ckpt, v, sharding)
+        hit = self._layout_costs.get(key)
+        if hit is None:
+            ctx = self.ctx
+            hit = self._layout_costs[key] = [
+                StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
+                for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)]
+        return hit
+
+    def _fit_and_estimate(self, lay, kind, v, ckpt, chunks, compute, bounds, stagger, sharing, conns, wan_lat,
+                          cutoff: float = math.inf):
         ctx = self.ctx
         dcs = lay.stage_dcs
         pp, m, mb, dp = lay.pp, lay.m, lay.micro_batch, lay.dp
@@ -217,6 +278,19 @@ class Scorer:
             if not any(extra):
                 return None  # identical to 1f1b
         wanted = extra
+        if cutoff < math.inf:
+            # The pipeline part bounds every sharding's estimate from below (the tail only adds):
+            # a kind already behind the search's keep-th best is not worth its memory checks.
+            base = self._costs(compute, chunks, dcs, ckpt, v, ctx.sharding_options()[0], dp)
+            if kind == "wan-1f1b":   # any warm-up: period >= slowest stage and busiest link, fill >= sum of steps
+                steps = [c.step for c in base]
+                floor = ((m - 1) * max([max(steps)] + [b.occupancy for b in bounds]) + sum(steps)
+                         + 2 * sum(b.delay for b in bounds))
+            else:
+                floor = pipeline_part(base, bounds, m, kind, v, extra).pipe
+            if floor >= cutoff:
+                self.pruned = True
+                return None
         best: Candidate | None = None
         parts: dict[tuple[int, ...], tuple] = {}   # the sharding only changes the tail: per warm-up, once
         deciding: dict[tuple[int, ...], list] = {}  # per warm-up, the stages whose memory decides
@@ -234,8 +308,7 @@ class Scorer:
             if not all(ctx.stage_fits(ch, dc, mb, k, sharding, dp, ckpt) for ch, dc, k in worst):
                 continue
             self.scored += 1
-            costs = [StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
-                     for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)]
+            costs = self._costs(compute, chunks, dcs, ckpt, v, sharding, dp)
             hit = parts.get(extra)
             if hit is None:
                 part = pipeline_part(costs, bounds, m, kind, v, extra)
@@ -323,35 +396,3 @@ def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
                    span, wan_lat)
     return Candidate(lay, plan.schedule, plan.virtual_per_stage, plan.checkpointing, plan.sharding,
                      tuple(s.chunks for s in plan.stages), plan.extra_warmup, sharing, conns, est, plan.name)
-
-
-def search(ctx: PlanningContext, scorer: Scorer, layouts: list[Layout], keep: int = 8,
-           deadline_s: float | None = None) -> list[Candidate]:
-    """Score layouts in lower-bound order until the bound passes the keep-th best estimate.
-
-    A layout's bound assumes the lightest checkpointing; when its first stage cannot hold even
-    the least a schedule keeps in flight under the leanest sharding, that checkpointing cannot
-    fit, so the layout goes back into the queue with the bound of the next one (lazily, only for
-    layouts the scan reaches) -- under memory pressure the plain bound let thousands of layouts
-    through that only fit with recomputation."""
-    heap = [(lay.bound, i, lay, 0) for i, lay in enumerate(layouts)]
-    heapq.heapify(heap)
-    best: list[Candidate] = []
-    t0 = time.perf_counter()
-    options = ctx.checkpointing_options()
-    while heap:
-        bound, i, lay, level = heapq.heappop(heap)
-        if len(best) >= keep and bound >= best[-1].est.total:
-            break
-        if deadline_s is not None and best and time.perf_counter() - t0 > deadline_s:
-            break
-        if level < len(options) - 1 and not scorer.may_fit(lay, options[level]):
-            heapq.heappush(heap, (max(bound, layout_bound(ctx, lay, options[level + 1])), i, lay, level + 1))
-            continue
-        cand = scorer.score(lay, skip=level)
-        if cand is None:
-            continue
-        best.append(cand)
-        best.sort(key=lambda c: c.est.total)
-        del best[keep:]
-    return best

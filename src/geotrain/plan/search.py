@@ -23,7 +23,8 @@ from geotrain.plan.explain import analyse, infeasible_reason
 from geotrain.plan.layouts import Layout, chain_signature, enumerate_layouts
 from geotrain.plan.pins import pin_problem, respects_pins
 from geotrain.plan.plan import Plan
-from geotrain.plan.scorer import Candidate, Scorer, score_plan, search
+from geotrain.plan.scan import search
+from geotrain.plan.scorer import Candidate, Scorer, score_plan
 from geotrain.plan.temporal import apply_fair, apply_temporal, with_connections
 
 ESTIMATE_BAND = 0.07     # how far behind the best estimate a candidate may be and still be simulated
@@ -49,7 +50,7 @@ class PlanResult:
 
     @property
     def iteration_s(self) -> float:
-        return self.sim.metrics.iteration_time if self.sim is not None else self.estimate_s
+        return self.sim.iteration_time if self.sim is not None else self.estimate_s
 
 
 @dataclass
@@ -118,7 +119,7 @@ def conclude(short: Shortlist, index: int, sim=None, simulated: list[tuple[Plan,
     lb, lb_parts, bottleneck, expl = analyse(ctx, plan, cand, sim)
     finals = []
     if simulated:
-        expl = expl + _cheaper_alternative(plan, sim.metrics.iteration_time, simulated)
+        expl = expl + _cheaper_alternative(plan, sim.iteration_time, simulated)
         finals = [(p.name, c.est.total if c else float("nan"), t)
                   for (p, c), (_, t) in zip(short.plans, simulated, strict=True)]
     return PlanResult(plan=plan, estimate_s=cand.est.total if cand else float("nan"), sim=sim, lower_bound_s=lb,

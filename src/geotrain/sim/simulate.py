@@ -10,7 +10,11 @@ from geotrain.schedule.actions import Schedule
 from geotrain.sim.engine import run_engine
 from geotrain.sim.program import compile_program
 from geotrain.sim.trace import SimTrace
-from geotrain.trace.metrics import Metrics, compute_metrics
+from geotrain.trace.metrics import KIND_CODE, Metrics, compute_metrics
+from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
+
+_TRAINING_CODES = frozenset(KIND_CODE[k] for k in TRAINING_COMPUTE_KINDS)
+_OPTIMIZER_CODE = KIND_CODE["optimizer"]
 
 
 @dataclass
@@ -24,12 +28,65 @@ class StageCost:
     send_bytes: int   # activation bytes sent to the next virtual stage per micro-batch (gradient back: same size)
 
 
-@dataclass
 class SimResult:
-    trace: SimTrace
-    metrics: Metrics
-    schedule: Schedule
-    plan: Plan
+    """A simulation: its trace, schedule and plan; `iteration_time` straight from the engine's
+    clocks, `metrics` (bubbles, link use, ... over the whole trace's columns) built when first
+    read -- the planner simulates several finalists and needs the full metrics of one."""
+
+    def __init__(self, trace: SimTrace, schedule: Schedule, plan: Plan, iteration_time: float | None,
+                 tokens_per_iteration: int, peak_memory: dict[int, float] | None):
+        self.trace, self.schedule, self.plan = trace, schedule, plan
+        self._iteration_time = iteration_time
+        self._tokens = tokens_per_iteration
+        self._peak = peak_memory
+        self._metrics: Metrics | None = None
+
+    @property
+    def metrics(self) -> Metrics:
+        if self._metrics is None:
+            self._metrics = compute_metrics(self.trace, self._tokens, self._peak)
+        return self._metrics
+
+    @property
+    def iteration_time(self) -> float:
+        """The metrics' iteration time (same definition), without building the trace's columns."""
+        if self._iteration_time is None:
+            return self.metrics.iteration_time
+        return self._iteration_time
+
+    @property
+    def tokens_per_s(self) -> float:
+        t = self.iteration_time
+        return self._tokens / t if t > 0 else float("inf")
+
+
+def _iteration_time(prog, res, iterations: int) -> float | None:
+    """Mean over iterations of (last optimizer end - first training compute start), the window of
+    trace.metrics, read from the engine's per-slot start times; None when an iteration has no
+    optimizer step (the metrics then use any event's end)."""
+    dp = prog.dp
+    w0 = [float("inf")] * iterations
+    w1 = [-float("inf")] * iterations
+    for s, p in enumerate(prog.stages):
+        first: dict[int, int] = {}
+        opt: list[tuple[int, int]] = []
+        for slot, (k, it) in enumerate(zip(p.kind, p.iteration)):
+            if k in _TRAINING_CODES and it not in first:
+                first[it] = slot
+            if k == _OPTIMIZER_CODE:
+                opt.append((it, slot))
+        for u in range(s * dp, s * dp + dp):
+            st = res.start[u]
+            for it, slot in first.items():   # a unit's clock never goes back: its first compute starts first
+                if st[slot] < w0[it]:
+                    w0[it] = st[slot]
+            for it, slot in opt:
+                end = st[slot] + p.dur[slot]
+                if end > w1[it]:
+                    w1[it] = end
+    if any(x == -float("inf") or y == float("inf") for x, y in zip(w1, w0)):
+        return None
+    return sum(b - a for a, b in zip(w0, w1)) / iterations
 
 
 def plan_schedule(plan: Plan) -> Schedule:
@@ -57,9 +114,9 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
             "tp": plan.tp, "num_microbatches": plan.num_microbatches, "tokens_per_iteration": tokens_per_iteration,
             "links": prog.link_meta, "engine": {"actions": res.actions, "wan_events": res.wan_events,
                                                 "wall_s": res.wall_s}}
+    fast = _iteration_time(prog, res, iterations)
     trace = SimTrace(prog, res, plan.tp, plan.num_ranks, meta)
-    metrics = compute_metrics(trace, tokens_per_iteration, peak_memory)
-    return SimResult(trace=trace, metrics=metrics, schedule=sched, plan=plan)
+    return SimResult(trace, sched, plan, fast, tokens_per_iteration, peak_memory)
 
 
 def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = False) -> SimResult:
