@@ -108,3 +108,35 @@ def test_a_stage_keeps_the_sum_of_its_units_and_its_input(checkpointing):
     assert live.current == want
     assert tensor_bytes([x]) == stage_input_bytes(spec, MB)
     loss.backward()
+
+
+@pytest.mark.parametrize(("precision", "checkpointing", "start", "end"), [  # two blocks; two blocks and the head
+    ("fp32", "none", 1, 3), ("bf16", "none", 3, 6), ("fp32", "full", 3, 6), ("bf16", "full", 1, 3)])
+def test_a_split_backward_keeps_the_deferred_bytes_until_w(precision, checkpointing, start, end):
+    """Zero-bubble's B as the runtime runs it (`stage_backward_input`, the gradient received into a
+    boundary-dtype buffer, the output's boundary copy kept by its send): what stays alive after B
+    beyond the forward's bytes is `CostModel.deferred_bytes`; W then frees it."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    from geotrain.runtime.checkpointing import weight_gradients_in_one_pass
+
+    spec = PRESETS["tiny"]
+    cost = CostModel(spec, precision=precision, checkpointing=checkpointing)
+    stage = build_units(spec, start, end)
+    apply_checkpointing(stage, checkpointing)
+    head = end == spec.num_units
+    boundary = torch.float32 if precision == "fp32" else torch.bfloat16
+    TARGETS.setdefault(spec.name, torch.zeros(MB, spec.seq_len, dtype=torch.long))
+    with LiveBytes() as live:
+        x = unit_input(spec, start).detach().clone().requires_grad_()
+        out = forward(spec, end - 1 if head else start, stage, x, precision)
+        sent = None if head else out.detach().to(boundary)         # held by its send until the optimizer
+        received = None if head else torch.randn(out.shape).to(boundary).to(out.dtype)
+        after_forward = live.current - (0 if head else tensor_bytes([received]))
+        _, groups = stage_backward_input([out], None if head else [received], [x], stage.parameters())
+        del out, received
+        assert live.current - after_forward == cost.deferred_bytes(range(start, end), MB)
+        weight_gradients_in_one_pass(stage.parameters(), groups)
+        del groups
+    assert all(p.grad is not None for p in stage.parameters())
+    assert sent is not None or head

@@ -36,6 +36,10 @@ TWO_RANKS = [
     ("bf16", "none", "zero3", "1f1b", 1, 2),
     ("fp32", "selective", "zero2", "1f1b", 1, 2),
     ("fp16", "none", "zero1", "gpipe", 1, 2),
+    ("fp32", "none", "replicate", "zb-h1", 2, 1),       # deferred W: hooked gradients held from B to W
+    ("bf16", "full", "replicate", "zb-h1", 2, 1),
+    ("fp32", "none", "replicate", "interleaved", 2, 1),  # chunks of unequal bytes
+    ("bf16", "selective", "replicate", "interleaved", 2, 1),
 ]
 
 
@@ -92,9 +96,9 @@ def test_single_rank_grid_peaks_are_predicted(tmp_path):
 
 
 def test_two_rank_grid_peaks_are_predicted(tmp_path):
-    """Two-stage pipelines (1F1B, GPipe) and two replicas under ZeRO-1 and FSDP2 (zero2, zero3)."""
+    """Two-stage pipelines (1F1B, GPipe, ZB-H1, interleaved) and two replicas under ZeRO-1 and FSDP2 (zero2, zero3)."""
     results = run_grid(tmp_path, TWO_RANKS, 2)
-    assert len(results) == 2 * 2 + 3  # two stages for each pipeline, one stage for each dp case
+    assert len(results) == 6 * 2 + 3  # two stages for each pipeline, one stage for each dp case
     check(results)
     # The run's report shows the measured peak per stage.
     from geotrain.console import human_bytes

@@ -31,6 +31,16 @@ Full checkpointing keeps only the block output (4Th); the block input is the pre
 output, held by the checkpoint for the recompute. Selective checkpointing
 (`runtime/checkpointing.py`'s policy: save matmul and SDPA outputs, recompute the rest) keeps the
 seven matmul outputs (3pTh + 2pT*kv + 2pTf), SDPA's output and log-sum-exp, and the block output.
+
+A split backward (zero-bubble B then W, `runtime/pipeline.py` with torch.distributed.pipelining's
+`stage_backward_input`) keeps more between B and W: B runs autograd with `retain_graph=True`, so
+every saved tensor stays, and hooks keep the gradient at each node where a weight's path joins the
+input's (the `intermediates` of its parameter groups) for W -- the seven matmul outputs'
+gradients (p) and the two norm-weight products' (fp32) per block, the head matmul's (pTV) and its
+norm's; the input's gradient (4Th) stays on the slot until W too. What goes: the nodes above
+every intermediate -- the loss's log-softmax and scalars (the stage output is detached). Under
+full checkpointing B's recomputed tensors go when B's graph task ends (W recomputes), so the same
+bytes stay whatever the checkpointing. See `deferred_weight_bytes`.
 The embedding keeps its fp32 output (4Th; token ids are data, counted with the batch). The head
 keeps its norm (as above), autocast's copy of the output weight (pVh), fp32 log-softmax of the
 logits (4TV, cross-entropy's saved output) and two fp32 scalars (the loss and its total weight).
@@ -70,6 +80,23 @@ def stage_input_bytes(spec: ModelSpec, micro_batch: int) -> int:
     """The fp32 stage input a non-first stage keeps per micro-batch (the received boundary tensor,
     converted back to fp32: the first block's norm saves it)."""
     return RESIDUAL_BYTES * micro_batch * spec.seq_len * spec.hidden
+
+
+def deferred_weight_bytes(spec: ModelSpec, micro_batch: int, dtype_bytes: int) -> dict[str, KindActivations]:
+    """Per unit kind, what one micro-batch keeps beyond its forward's activations between a split
+    backward's B (input gradient) and its W (weight gradient), when B ran through the unit.
+
+    The first stage's B runs nothing (it has no input gradient to send; all of its backward runs
+    at W), so its units keep nothing more -- `stage_memory` counts its held output gradient."""
+    p, T, h, f, v = dtype_bytes, micro_batch * spec.seq_len, spec.hidden, spec.ffn, spec.vocab
+    kv = spec.kv_heads * spec.head_dim
+    return {
+        EMBEDDING: KindActivations(0, 0),
+        # wq, wo, w_down (T x h); wk, wv (T x kv); gate, up (T x f); the two norm-weight products (fp32)
+        BLOCK: KindActivations(2 * 4 * T * h, p * T * (3 * h + 2 * kv + 2 * f)),
+        # the final norm's product, the head matmul's output gradient; minus the log-softmax and scalars
+        HEAD: KindActivations(4 * T * h - 8, p * T * v - 4 * T * v),
+    }
 
 
 def kind_activations(spec: ModelSpec, micro_batch: int, dtype_bytes: int,

@@ -20,7 +20,7 @@ from typing import Any
 from geotrain.config.cluster import Datacenter, GPUType
 from geotrain.config.model import ModelSpec
 from geotrain.cost import comm
-from geotrain.cost.activations import stage_input_bytes
+from geotrain.cost.activations import deferred_weight_bytes, stage_input_bytes
 from geotrain.cost.memory import (
     DTYPE_BYTES,
     OPTIMIZERS,
@@ -95,6 +95,7 @@ class CostModel:
         self._step_bytes = optimizer_step_bytes_per_param(precision, optimizer)
         self._flops: dict[int, dict] = {}
         self._acts: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        self._deferred: dict[tuple[int, int], tuple[float, float, float]] = {}
         self._times: dict[tuple[int, int], tuple[GPUType, tuple]] = {}
 
     # -- unit structure ---------------------------------------------------------------------
@@ -136,6 +137,33 @@ class CostModel:
             none = kind_activations(self.model, micro_batch, self.dtype_bytes, "none")[BLOCK]
             a = self._acts[key] = tuple(acts[k].per_gpu(tp) for k in KINDS) + (none.per_gpu(tp),)
         return a
+
+    def microbatch_activation_bytes(self, units: Sequence[int], micro_batch: int, tp: int = 1) -> float:
+        """Bytes one micro-batch keeps alive on a stage (or one chunk of it) between its forward and
+        its backward: its units' activations, plus the fp32 input of a chunk without the embedding."""
+        e, n, h = self._counts(units)
+        a_e, a_b, a_h, _ = self._activations(micro_batch, tp)
+        return e * a_e + n * a_b + h * a_h + (0 if e else stage_input_bytes(self.model, micro_batch))
+
+    def deferred_bytes(self, units: Sequence[int], micro_batch: int, tp: int = 1) -> float:
+        """What one micro-batch keeps on a stage (chunk) between a split backward's B and W beyond
+        `microbatch_activation_bytes` (`activations.deferred_weight_bytes`): the chunk with the
+        embedding runs its whole backward at W and holds only its output gradient (fp32); any other
+        chunk holds its units' hooked gradients and its input's gradient (fp32), less its own fp32
+        output under autocast."""
+        e, n, h = self._counts(units)
+        key = (micro_batch, tp)
+        d = self._deferred.get(key)
+        if d is None:
+            kinds = deferred_weight_bytes(self.model, micro_batch, self.dtype_bytes)
+            d = self._deferred[key] = tuple(kinds[k].per_gpu(tp) for k in KINDS)
+        grad = float(stage_input_bytes(self.model, micro_batch))
+        if e:
+            return grad
+        # Under autocast the chunk's fp32 output goes when B detaches it (its 16-bit copy was sent);
+        # in fp32 the sent tensor is the output itself, kept by the send until the optimizer step.
+        output = grad if self.dtype_bytes < 4 and not h else 0.0
+        return n * d[1] + h * d[2] + grad - output
 
     def unit_activation_bytes(self, unit: int, micro_batch: int) -> int:
         """Bytes saved for backward by one unit for one micro-batch (tp = 1)."""
@@ -195,7 +223,7 @@ class CostModel:
 
     def stage_memory(self, units: Sequence[int], gpu: GPUType, micro_batch: int, inflight: int,
                      sharding: str, dp: int, tp: int = 1, num_microbatches: int | None = None,
-                     sends: int = 0) -> MemoryBreakdown:
+                     sends: int = 0, deferred: float = 0.0) -> MemoryBreakdown:
         """Peak bytes of one step on one GPU of a stage replica (tensor-parallel rank).
 
         State as the runtime keeps it (`memory.runtime_state_bytes_per_param`). Activations: the
@@ -208,7 +236,12 @@ class CostModel:
         head's stage, one checkpointed block's recomputed tensors. Buffers: two posted receives
         and the sends still in flight (`sends`: the schedule's count of unfinished sends at the
         peak; their bytes are held until the iteration's end), in the boundary dtype. Data: the
-        step's token ids and targets (int64) on the stages that read them. See docs/MEMORY.md."""
+        step's token ids and targets (int64) on the stages that read them. `deferred`: of the
+        in-flight micro-batches, how many a split backward (zero-bubble) has run B for and not yet
+        W at the peak; each also keeps `deferred_bytes`, and that peak comes at a W (a W came
+        before: gradients allocated). `inflight` and `deferred` may be fractional whole-stage
+        equivalents (interleaved chunks of unequal bytes: `runtime.memory.predicted_stage_peaks`).
+        See docs/MEMORY.md."""
         e, n, h = self._counts(units)
         P = e * self._params[0] + n * self._params[1] + h * self._params[2]
         # Unknown micro-batch count: assume a backward came before the peak (gradients allocated).
@@ -217,10 +250,10 @@ class CostModel:
         T = micro_batch * self.model.seq_len
         V = self.model.vocab
         autocast = self.dtype_bytes < 4
-        a_e, a_b, a_h, a_none = self._activations(micro_batch, tp)
-        per_mb = e * a_e + n * a_b + h * a_h + (0 if e else stage_input_bytes(self.model, micro_batch))
+        a_none = self._activations(micro_batch, tp)[3]
+        per_mb = self.microbatch_activation_bytes(units, micro_batch, tp)
         grads = P * state["grads"] / tp
-        recompute = (a_none - a_b) if self.checkpointing != "none" and n else 0.0
+        recompute = (a_none - self._activations(micro_batch, tp)[1]) if self.checkpointing != "none" and n else 0.0
         # A block's backward peaks in the MLP: two T x ffn gradients live before its saved tensors go.
         mlp_grads = 2.0 * self.dtype_bytes * T * self.model.ffn / tp if n else 0.0
         fwd_ws = max(recompute, h * (self.dtype_bytes + (4 if autocast else 0)) * T * V / tp)
@@ -232,6 +265,9 @@ class CostModel:
                           (inflight * per_mb, grads if m > inflight else 0.0, bwd_ws)]
             if m > 1:
                 candidates.append(((inflight - 1) * per_mb, grads, bwd_ws))
+            if deferred > 0:
+                candidates.append((inflight * per_mb + deferred * self.deferred_bytes(units, micro_batch, tp),
+                                   grads, bwd_ws))
             acts, grads_held, transient = max(candidates, key=sum)
         buffers = (2 + sends) * self.boundary_bytes(micro_batch) if not (e and h) else 0.0
         gathered = P

@@ -145,17 +145,35 @@ class StepPeak:
 
 def predicted_stage_peaks(spec, plan, schedule) -> list[MemoryBreakdown]:
     """The cost model's peak per stage (one GPU of it) for this plan and its schedule: the
-    number the planner checked against GPU memory, to set beside the measured peak."""
-    from geotrain.schedule.validate import peak_inflight
+    number the planner checked against GPU memory, to set beside the measured peak.
+
+    The schedule is scanned for each stage's worst moment with every chunk weighed by its own
+    bytes per micro-batch (`schedule.validate.peak_held`): interleaved chunks differ (the first
+    has the embedding, the last the head, every other one an fp32 input), and a split backward's
+    micro-batches between B and W keep their hooked gradients (`CostModel.deferred_bytes`).
+    Both are passed on as whole-stage equivalents."""
+    from geotrain.schedule.validate import peak_held
 
     cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
                      optimizer=spec.job.optimizer)
-    inflight = peak_inflight(schedule)
-    v = plan.virtual_per_stage
+    vunits = plan.virtual_units()
+    mb, tp = plan.micro_batch, plan.tp
+
+    def chunk_held(v: int) -> float:
+        return cost.microbatch_activation_bytes(range(*vunits[v]), mb, tp)
+
+    def chunk_deferred(v: int) -> float:
+        return cost.deferred_bytes(range(*vunits[v]), mb, tp)
+
+    peaks = peak_held(schedule, chunk_held, chunk_deferred)
     out = []
     for s, st in enumerate(plan.stages):
         gpu = spec.cluster.gpu(spec.cluster.dc(st.dc).gpu_type)
-        held = -(-inflight[s] // v)  # (virtual stage, micro-batch) pairs -> whole-stage micro-batches
-        out.append(cost.stage_memory(st.units, gpu, plan.micro_batch, held, plan.sharding, plan.dp, plan.tp,
-                                     num_microbatches=plan.num_microbatches))
+        held_bytes, deferred_bytes = peaks[s]
+        per_mb = cost.microbatch_activation_bytes(st.units, mb, tp)
+        per_deferred = cost.deferred_bytes(st.units, mb, tp)
+        held = held_bytes / per_mb if per_mb else 0.0
+        deferred = deferred_bytes / per_deferred if per_deferred else 0.0
+        out.append(cost.stage_memory(st.units, gpu, mb, held, plan.sharding, plan.dp, tp,
+                                     num_microbatches=plan.num_microbatches, deferred=deferred))
     return out

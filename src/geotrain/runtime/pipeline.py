@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from geotrain.plan.plan import Plan
+from geotrain.runtime.checkpointing import weight_gradients_in_one_pass
 from geotrain.runtime.parallelize import allreduce_grads, fsdp_no_sync, fsdp_reduce_grads, fsdp_unshard, is_fsdp
 from geotrain.runtime.recorder import Recorder
 from geotrain.runtime.transport import Transport, make_tag
@@ -214,7 +215,10 @@ class PipelineRank:
         if op != Op.BACKWARD and is_fsdp(self.chunks[v]):
             fsdp_unshard(self.chunks[v])   # params() must name the gathered weights the graph used
         if op == Op.BACKWARD_WEIGHT and not slot.weight_deferred:
-            stage_backward_weight(params(), slot.param_groups)
+            if getattr(self.chunks[v], "checkpointing", "none") == "none":
+                stage_backward_weight(params(), slot.param_groups)
+            else:  # one recompute per checkpointed region, not one per parameter group
+                weight_gradients_in_one_pass(params(), slot.param_groups)
             del self._slots[(v, mb)]
             return
         if op == Op.BACKWARD_WEIGHT:           # deferred whole backward of the first stage

@@ -67,6 +67,38 @@ def peak_inflight(schedule: Schedule) -> list[int]:
     return peaks
 
 
+def peak_held(schedule: Schedule, held_weight=None, deferred_weight=None) -> list[tuple[float, float]]:
+    """Per physical stage, at the moment its activation bytes peak: (the sum of `held_weight(v)`
+    over the (virtual stage, micro-batch) pairs whose activations it holds, the sum of
+    `deferred_weight(v)` over those a split backward ran BACKWARD_INPUT for and not yet
+    BACKWARD_WEIGHT). The weights are a chunk's bytes per micro-batch (default: 1 held, 0
+    deferred, i.e. `peak_inflight`'s count), so chunks of unequal size (interleaving: the first
+    chunk has the embedding, the last the head) are weighed as they are, not rounded up to whole
+    stages. The peak is looked for after each FORWARD and each BACKWARD_INPUT."""
+    hw = held_weight or (lambda v: 1.0)
+    dw = deferred_weight or (lambda v: 0.0)
+    out = []
+    for acts in schedule.actions:
+        held = deferred = 0.0
+        best = (0.0, 0.0)
+        for a in acts:
+            if a.op == Op.FORWARD:
+                held += hw(a.stage)
+            elif a.op == Op.BACKWARD_INPUT:
+                deferred += dw(a.stage)
+            elif a.op in _WEIGHT_GRAD:
+                held -= hw(a.stage)
+                if a.op == Op.BACKWARD_WEIGHT:
+                    deferred -= dw(a.stage)
+                continue
+            else:
+                continue
+            if held + deferred > sum(best) + 1e-12:
+                best = (held, deferred)
+        out.append(best)
+    return out
+
+
 class _Executor:
     def __init__(self, schedule: Schedule, fifo: str):
         self.s = schedule
