@@ -8,6 +8,7 @@ specs: `spec` is a `ModelShape` (or anything with its fields, such as a validate
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -82,9 +83,17 @@ class Block(nn.Module):
         self.attn = Attention(spec)
         self.ffn_norm = RMSNorm(spec.hidden, spec.norm_eps)
         self.ffn = FeedForward(spec)
+        self.spec = spec
         cos, sin = rope_tables(spec)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def reset_rope(self) -> None:
+        """Recompute the RoPE tables in place (after a module built on the meta device got storage)."""
+        cos, sin = rope_tables(self.spec)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), self.rope_cos, self.rope_sin)
@@ -121,19 +130,53 @@ def build_unit(spec: ModelShape, index: int) -> nn.Module:
     raise IndexError(f"unit {index} out of range 0..{spec.layers + 1}")
 
 
+INIT_SEED = 1234
+INIT_BLOCK_ROWS = 64  # rows drawn from one generator: the granularity at which a slice is drawn alone
+
+
+def init_std(spec: ModelShape, name: str) -> float | None:
+    """The initial weights' normal std for parameter `name` of a unit ("attn.wo.weight"), or None
+    for a vector (RMSNorm weights: ones). Output projections get std / sqrt(2 * layers)."""
+    if name.endswith("norm.weight"):
+        return None
+    return 0.02 / math.sqrt(2 * spec.layers) if name.endswith(("wo.weight", "w_down.weight")) else 0.02
+
+
+def _block_seed(unit_index: int, name: str, block: int) -> int:
+    digest = hashlib.blake2b(f"{unit_index}:{name}:{block}".encode(), digest_size=8).digest()
+    return INIT_SEED + int.from_bytes(digest, "little") % 2**62
+
+
+def initial_rows(spec: ModelShape, unit_index: int, name: str, shape: tuple[int, ...], start: int = 0,
+                 stop: int | None = None) -> torch.Tensor:
+    """Rows [start, stop) of the initial value of parameter `name` of unit `unit_index` (fp32, CPU),
+    drawn without drawing the rest of the tensor.
+
+    The value is a pure function of the unit index, the parameter's name (which never depend on how
+    the model is cut or sharded) and its shape: each run of INIT_BLOCK_ROWS rows comes from its own
+    generator, seeded by (unit, name, block). So a stage equals the same slice of the whole model,
+    and any shard of a parameter -- rows, or columns of rows -- can be materialised on its own."""
+    stop = shape[0] if stop is None else stop
+    out = torch.empty((stop - start, *shape[1:]), dtype=torch.float32)
+    std = init_std(spec, name)
+    if std is None:
+        return out.fill_(1.0)
+    for block in range(start // INIT_BLOCK_ROWS, -(-stop // INIT_BLOCK_ROWS)):
+        a = block * INIT_BLOCK_ROWS
+        b = min(a + INIT_BLOCK_ROWS, shape[0])
+        g = torch.Generator().manual_seed(_block_seed(unit_index, name, block))
+        values = torch.randn((b - a, *shape[1:]), generator=g).mul_(std)
+        lo, hi = max(a, start), min(b, stop)
+        out[lo - start:hi - start].copy_(values[lo - a:hi - a])
+    return out
+
+
+@torch.no_grad()
 def init_weights(module: nn.Module, spec: ModelShape, unit_index: int) -> None:
-    """Deterministic per-unit init (seeded by unit index), so a stage built alone gets the
-    same weights as the same units inside the full model."""
-    g = torch.Generator().manual_seed(1234 + unit_index)
-    std = 0.02
-    out_std = std / math.sqrt(2 * spec.layers)
+    """Deterministic per-parameter init (`initial_rows`): a stage built alone gets the same weights
+    as the same units inside the full model."""
     for name, p in module.named_parameters():
-        with torch.no_grad():
-            if p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                s = out_std if name.endswith(("wo.weight", "w_down.weight")) else std
-                p.copy_(torch.randn(p.shape, generator=g) * s)
+        p.copy_(initial_rows(spec, unit_index, name, tuple(p.shape)))
 
 
 class UnitStack(nn.Module):
@@ -142,7 +185,7 @@ class UnitStack(nn.Module):
     `units` is an nn.ModuleDict keyed by the global unit index (as a string) so parameter names
     -- and thus checkpoints -- are the same whether the model is whole or cut into stages."""
 
-    def __init__(self, spec: ModelShape, start: int, end: int):
+    def __init__(self, spec: ModelShape, start: int, end: int, init: bool = True):
         super().__init__()
         if not 0 <= start < end <= spec.num_units:
             raise ValueError(f"bad unit range [{start}, {end}) for {spec.num_units} units")
@@ -150,7 +193,8 @@ class UnitStack(nn.Module):
         self.units = nn.ModuleDict()
         for i in range(start, end):
             unit = build_unit(spec, i)
-            init_weights(unit, spec, i)
+            if init:
+                init_weights(unit, spec, i)
             self.units[str(i)] = unit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -167,8 +211,11 @@ class UnitStack(nn.Module):
         return self.end == self.spec.num_units
 
 
-def build_units(spec: ModelShape, start: int = 0, end: int | None = None) -> UnitStack:
-    return UnitStack(spec, start, spec.num_units if end is None else end)
+def build_units(spec: ModelShape, start: int = 0, end: int | None = None, init: bool = True) -> UnitStack:
+    """Units [start, end). `init=False` leaves the parameters as created: built under
+    `torch.device("meta")` they hold no storage until the caller materialises them (`initial_rows`
+    gives each parameter's values, `Block.reset_rope` the buffers)."""
+    return UnitStack(spec, start, spec.num_units if end is None else end, init)
 
 
 def build_model(spec: ModelShape) -> UnitStack:

@@ -134,23 +134,13 @@ class RankRun:
 
     # -- set-up ----------------------------------------------------------------------------
     def _build_chunks(self) -> dict[int, torch.nn.Module]:
-        from geotrain.models.llama import build_units
-        from geotrain.runtime.checkpointing import apply_checkpointing
-        from geotrain.runtime.parallelize import apply_fsdp, apply_tp
+        """This rank's chunks, built on the meta device and materialised already sharded
+        (`materialize.build_chunk`): random init, or the HF checkpoint's tensors of the chunk."""
+        from geotrain.runtime.materialize import build_chunk
 
-        plan, chunks = self.plan, {}
+        plan, model, chunks = self.plan, self.spec.model, {}
         for c, (a, b) in enumerate(plan.stages[self.stage].chunks):
-            module = build_units(self.spec.model, a, b).to(self.device)
-            if plan.tp > 1:
-                apply_tp(module, self.mesh["tp"])
-            apply_checkpointing(module, plan.checkpointing)
-            if plan.sharding in ("zero2", "zero3"):
-                apply_fsdp(module, self.mesh["dp"], plan.sharding)
-            if self.spec.model.hf:      # start from HF weights: this chunk's tensors only, into its own shards
-                from geotrain.models.hf import load_hf_weights
-
-                load_hf_weights(module, self.spec.model.hf, self.spec.model.layers, self.spec.model.tie_embeddings)
-            chunks[c * plan.pp + self.stage] = module
+            chunks[c * plan.pp + self.stage] = build_chunk(model, a, b, plan, self.mesh, self.device, hf=model.hf)
         return chunks
 
     def _common_clock(self) -> float:

@@ -1,0 +1,92 @@
+"""Build one rank's pipeline chunk already sharded: modules on the meta device, parallelism
+applied from outside, then storage for this rank's part only, filled in place.
+
+The order is torchtitan's: the plain model (`models.llama`) is built under `torch.device("meta")`
+-- shapes, no storage --, tensor parallelism, activation checkpointing and FSDP2 are applied to
+it (`parallelize`; on meta tensors they only lay out shards), and `to_empty` gives each
+parameter storage on the rank's device for its local shard alone. The values are then written
+into that shard: from a Hugging Face directory (`models.hf.load_hf_weights`, which reads only the
+chunk's tensors and of each only the shard's rows), or from the deterministic init
+(`models.llama.initial_rows`), which draws just the rows (and columns) the shard holds. The init
+is a function of the parameter's layout-free name, so every pp split, dp, sharding and tp starts
+from the same weights -- the plain model's -- and no rank ever holds a zero2/zero3 stage whole.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from geotrain.models.llama import Block, UnitStack, build_units, initial_rows
+
+
+def build_chunk(model, start: int, end: int, plan, mesh, device: torch.device, hf: str | None = None) -> UnitStack:
+    """Units [start, end) of `model` as this rank holds them under `plan` (its tp, checkpointing
+    and sharding), on `device`; `mesh` is the run's ("pp", "dp", "tp") device mesh."""
+    from geotrain.runtime.checkpointing import apply_checkpointing
+    from geotrain.runtime.parallelize import apply_fsdp, apply_tp
+
+    with torch.device("meta"):
+        module = build_units(model, start, end, init=False)
+    if plan.tp > 1:
+        apply_tp(module, mesh["tp"])
+    apply_checkpointing(module, plan.checkpointing)
+    if plan.sharding in ("zero2", "zero3"):
+        apply_fsdp(module, mesh["dp"], plan.sharding)
+    materialize(module, model, device, hf)
+    return module
+
+
+@torch.no_grad()
+def materialize(module: UnitStack, model, device: torch.device, hf: str | None = None) -> None:
+    """Give a meta-built (possibly sharded) chunk storage on `device` and its initial values."""
+    module.to_empty(device=device)
+    for unit in module.units.values():
+        if isinstance(unit, Block):
+            unit.reset_rope()
+    if hf:
+        from geotrain.models.hf import load_hf_weights
+
+        load_hf_weights(module, hf, model.layers, model.tie_embeddings)
+        return
+    for name, param in module.named_parameters():
+        _, unit, rest = name.split(".", 2)          # "units.3.attn.wq.weight"
+        _fill(param, model, int(unit), rest)
+
+
+def _local_block(param) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(shape, offset) of the contiguous block of the full tensor a DTensor's local shard is, for
+    layouts made of plain Shard/Replicate placements (FSDP2 alone, TP alone); None otherwise
+    (FSDP2 over TP shards strided)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    # DTensor's own arithmetic of where a local shard sits (what DCP uses to save it).
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if any(type(pl) not in (Shard, Replicate) for pl in param.placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if tuple(shape) != tuple(param.to_local().shape):
+        return None
+    return tuple(shape), tuple(offset)
+
+
+def _fill(param: nn.Parameter, model, unit: int, name: str) -> None:
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    full_shape = tuple(param.shape)
+    if not isinstance(param, DTensor):
+        param.copy_(initial_rows(model, unit, name, full_shape))
+        return
+    local = param.to_local()
+    if local.numel() == 0:
+        return
+    block = _local_block(param)
+    if block is None:   # a strided layout: draw the tensor and keep this rank's part (cut locally)
+        full = initial_rows(model, unit, name, full_shape).to(local.device)
+        local.copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local())
+        return
+    shape, offset = block
+    rows = initial_rows(model, unit, name, full_shape, offset[0], offset[0] + shape[0])
+    cols = tuple(slice(o, o + n) for o, n in zip(offset[1:], shape[1:], strict=True))
+    local.copy_(rows[(slice(None), *cols)])

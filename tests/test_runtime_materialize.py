@@ -1,0 +1,91 @@
+"""Stages are materialised already sharded: built on the meta device, sharded, then given storage.
+
+One process plays rank 3 of a 4-rank DP group (torch's fake process group: building a chunk
+communicates nothing). Every real storage created while the chunk is built is counted (a
+DTensor by its local shard): under zero3 the peak is the rank's shard plus one initialisation
+block, never the whole stage; and the shard holds exactly the rows of the same parameters of the
+plain, unsharded model (the init is a function of the parameter's name, not of the layout).
+"""
+
+from __future__ import annotations
+
+import weakref
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from geotrain.models.llama import INIT_BLOCK_ROWS, build_units
+from geotrain.models.presets import PRESETS
+from geotrain.runtime.materialize import build_chunk
+
+DP, RANK = 4, 3
+
+
+class AllocatedBytes(TorchDispatchMode):
+    """Live bytes of the real storages created under the mode, and their peak."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = self.peak = 0
+        self.largest = 0
+
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            t = getattr(t, "_local_tensor", t)
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue
+            st = t.untyped_storage()
+            if st._cdata in self.live or st.nbytes() == 0:
+                continue
+            self.live[st._cdata] = st.nbytes()
+            self.current += st.nbytes()
+            self.largest = max(self.largest, st.nbytes())
+            weakref.finalize(st, self._free, st._cdata)
+        self.peak = max(self.peak, self.current)
+        return out
+
+
+@pytest.fixture
+def fake_dp_group():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=RANK, world_size=DP, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_zero3_stage_is_never_materialised_whole(fake_dp_group):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    spec = PRESETS["tiny"]
+    mesh = init_device_mesh("cpu", (1, DP, 1), mesh_dim_names=("pp", "dp", "tp"))
+    plan = SimpleNamespace(tp=1, checkpointing="none", sharding="zero3")
+    with AllocatedBytes() as mode:
+        chunk = build_chunk(spec, 0, spec.num_units, plan, mesh, torch.device("cpu"))
+    params = dict(chunk.named_parameters())
+    whole = sum(p.numel() * 4 for p in params.values())
+    shard = sum(p.to_local().numel() * 4 for p in params.values())
+    buffers = sum(b.numel() * 4 for b in chunk.buffers())
+    widest = max(p.shape[-1] for p in params.values())
+    block = INIT_BLOCK_ROWS * widest * 4                 # one init block drawn, and its copy
+    padding = max(p.to_local().numel() * 4 for p in params.values())  # FSDP2 re-pads one shard at a time
+    assert mode.peak <= shard + buffers + 2 * block + padding, (mode.peak, shard, whole)
+    assert mode.peak < whole / 2
+    assert mode.largest < max(p.numel() * 4 for p in params.values())  # no full-size tensor of any parameter
+    # The shard holds its rows of the plain model's parameters.
+    plain = dict(build_units(spec).named_parameters())
+    for name, p in params.items():
+        rows = -(-p.shape[0] // DP)
+        torch.testing.assert_close(p.to_local(), plain[name].detach()[RANK * rows:(RANK + 1) * rows], rtol=0, atol=0)
+    assert all(not b.is_meta for b in chunk.buffers())
