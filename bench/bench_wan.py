@@ -12,17 +12,19 @@ Two measurements per connection count:
     start is included, as it would be for the first transfer of a training step after idling.
 The per-connection cap defaults to a quarter of the capacity, so 4 connections fill the link.
 
-    .venv/bin/python bench/bench_wan.py --security [--mib 64] [--reps 3]      # no root needed
+    sudo .venv/bin/python bench/bench_wan.py --security [--mib 64] [--wan-mib 16] [--reps 3]
 
-The price of securing the transport, over loopback (no emulated WAN: a real WAN is slower than
-any of these, so what is measured is the CPU cost that would cap a fast link), 1 and 4
-connections side by side, sender and receiver as threads of one process:
-  * raw TCP striped over k sockets (authentication off, TLS off) -- the baseline;
-  * raw TCP + HMAC-SHA256 per 1 MiB block on both ends (authentication on, TLS off);
-  * TLS (stdlib ssl, TLS 1.3, a throwaway self-signed ECDSA certificate) (authentication off, TLS on);
-  * TLS + HMAC (both on);
-  * StripedTransport itself (authenticated frames, acknowledgements, resend bookkeeping; no TLS:
-    the transport does not offer TLS yet), send until the receiver has every byte.
+The price of securing the transport: throughput with authentication on/off and TLS on/off, 1 and
+4 connections, over loopback (the CPU cost that would cap a fast link) and over the emulated WAN
+(kernel emulation, needs root; without it only loopback is measured), all in one table, each arm
+beside plain TCP. Sender and receiver are two processes (on the WAN: in the two DCs' namespaces),
+arms interleaved per round so load drifts hit them alike:
+  * tcp          -- raw TCP striped over k sockets: authentication off, TLS off (the baseline);
+  * tls          -- the same inside TLS 1.3 with the transport's own contexts (`wan.tls`): auth off, TLS on;
+  * striped      -- StripedTransport: challenge-response, HMAC frames, ACKs, resend bookkeeping: auth on;
+  * striped+tls  -- StripedTransport(tls=True), what `geotrain train --wan-tls` runs: both on.
+Connections (and handshakes) are set up before the clock starts; a transfer ends when the receiver
+has confirmed every byte (one one-way latency more on the WAN, for every arm alike).
 """
 
 from __future__ import annotations
@@ -75,148 +77,211 @@ def _peer(a: argparse.Namespace) -> int:
     return 0
 
 
-def _tls_contexts(tmp: str):
-    import ssl
-
-    key, cert = os.path.join(tmp, "k.pem"), os.path.join(tmp, "c.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-days", "1", "-subj", "/CN=geotrain-bench", "-keyout", key, "-out", cert],
-                   check=True, capture_output=True)
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(cert, key)
-    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    client.load_verify_locations(cert)
-    client.check_hostname = False
-    return server, client
+ARMS = (("tcp", "off", "off"), ("tls", "off", "on"), ("striped", "on", "off"), ("striped+tls", "on", "on"))
 
 
-def _raw_stripes(k: int, nbytes: int, tls=None, mac: bool = False) -> float:
-    """Seconds to move nbytes striped over k loopback connections (optionally TLS, HMAC per block)."""
-    import hashlib
-    import hmac
-    import socket
+def _raw_send(store, key: str, host: str, k: int, payload: memoryview, tls, connect) -> float:
+    """Seconds to move `payload` striped over k fresh connections (optionally TLS), until every
+    stripe's receiver said it has all of it. Connections (and TLS handshakes) are set up first."""
     import threading
 
-    key = os.urandom(32)
-    block = 1 << 20
-    payload = memoryview(os.urandom(nbytes))
-    ls = socket.create_server(("127.0.0.1", 0))
-    port = ls.getsockname()[1]
-    parts = [(nbytes * i // k, nbytes * (i + 1) // k) for i in range(k)]
-    sink = bytearray(nbytes)
+    port = int(store.get(key).decode())
+    socks = connect(host, port, k)
+    if tls is not None:
+        socks = [tls.client.wrap_socket(s, server_hostname=None) for s in socks]
+    n = len(payload)
+    parts = [(n * i // k, n * (i + 1) // k) for i in range(k)]
 
-    def serve(i: int, conn) -> None:
-        if tls is not None:
-            conn = tls[0].wrap_socket(conn, server_side=True)
-        view = memoryview(sink)[parts[i][0]:parts[i][1]]
-        got = 0
-        h = hmac.new(key, digestmod=hashlib.sha256) if mac else None
-        while got < len(view):
-            n = conn.recv_into(view[got:], min(block, len(view) - got))
-            if n == 0:
-                break
-            if h is not None:
-                h.update(view[got:got + n])
-            got += n
-        conn.sendall(b"k")
-        conn.close()
-
-    def accept() -> None:
-        for i in range(k):
-            c, _ = ls.accept()
-            threading.Thread(target=serve, args=(i, c), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    socks = []
-    for _ in range(k):
-        s = socket.create_connection(("127.0.0.1", port))
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        socks.append(tls[1].wrap_socket(s, server_hostname="geotrain-bench") if tls is not None else s)
-        time.sleep(0.01)            # connections accepted in order: stripe i goes to serve(i)
-
-    def send(i: int) -> None:
-        a, b = parts[i]
-        h = hmac.new(key, digestmod=hashlib.sha256) if mac else None
-        for off in range(a, b, block):
-            piece = payload[off:min(b, off + block)]
-            if h is not None:
-                h.update(piece)
-            socks[i].sendall(piece)
+    def stripe(i: int) -> None:
+        lo, hi = parts[i]
+        socks[i].sendall((hi - lo).to_bytes(8, "big"))
+        socks[i].sendall(payload[lo:hi])
         socks[i].recv(1)
 
     t = time.perf_counter()
-    th = [threading.Thread(target=send, args=(i,)) for i in range(k)]
-    for x in th:
+    threads = [threading.Thread(target=stripe, args=(i,)) for i in range(k)]
+    for x in threads:
         x.start()
-    for x in th:
+    for x in threads:
         x.join()
     dt = time.perf_counter() - t
     for s in socks:
         s.close()
-    ls.close()
     return dt
 
 
-def _striped(k: int, nbytes: int) -> float:
+def _raw_recv(store, key: str, host: str, k: int, tls) -> None:
+    import socket
+    import threading
+
+    from geotrain.wan.sockets import recv_exact
+
+    ls = socket.create_server((host, 0))
+    store.set(key, str(ls.getsockname()[1]))
+
+    def serve(conn) -> None:
+        if tls is not None:
+            conn = tls.server.wrap_socket(conn, server_side=True)
+        head = bytearray(8)
+        recv_exact(conn, memoryview(head))
+        buf = memoryview(bytearray(1 << 20))
+        left = int.from_bytes(head, "big")
+        while left:
+            got = conn.recv_into(buf, min(left, len(buf)))
+            if not got:
+                return
+            left -= got
+        conn.sendall(b"k")
+        conn.close()
+
+    threads = []
+    for _ in range(k):
+        c, _ = ls.accept()
+        threads.append(threading.Thread(target=serve, args=(c,)))
+        threads[-1].start()
+    for x in threads:
+        x.join()
+    ls.close()
+
+
+def _security_role(a: argparse.Namespace) -> int:
+    """One side (send or recv) of every security arm, 1 and 4 connections, `reps` rounds interleaved
+    (load drifts hit every arm alike); the sender prints [{arm, k, seconds}] as JSON."""
+    import datetime as dt
+
     import torch
     import torch.distributed as dist
 
+    from geotrain.emulation.ports import spread_port_connections
+    from geotrain.wan.sockets import open_connections
     from geotrain.wan.striped import StripedTransport
+    from geotrain.wan.tls import RunTLS
 
-    store = dist.HashStore()
-    a = StripedTransport(0, store, connections=k, min_chunk_bytes=1 << 16)
-    b = StripedTransport(1, store, connections=k)
-    try:
-        b.recv(torch.empty(1), 0, 0)
-        a.send(torch.zeros(1), 1, 0).wait()          # connections up and authenticated
-        x, y = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
-        t = time.perf_counter()
-        w = b.recv(y, 0, 1)
-        a.send(x, 1, 1).wait()
-        w.wait()
-        dt = time.perf_counter() - t
-        assert torch.equal(x, y)
-        return dt
-    finally:
-        a.close()
-        b.close()
+    send = a.security_role == "send"
+    store = dist.TCPStore(a.store_host, a.store_port, 2, is_master=send, timeout=dt.timedelta(seconds=120))
+    if send:
+        store.set("sec/secret", os.urandom(32).hex())
+    secret = bytes.fromhex(store.get("sec/secret").decode())
+    tls = RunTLS(secret)
+    connect = spread_port_connections if a.spread else open_connections
+    nbytes = a.mib * 2**20
+    gen = torch.Generator().manual_seed(int.from_bytes(secret[:8], "big") >> 1)   # the same bytes on both sides
+    x = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen)
+    payload = memoryview(x.numpy())
+    results = []
+    for rep in range(a.reps):
+        for k in (1, 4):
+            for arm, _auth, _tls in ARMS:
+                key = f"sec/{rep}/{k}/{arm}"
+                use_tls = tls if arm.endswith("tls") else None
+                if arm in ("tcp", "tls"):
+                    if send:
+                        results.append({"arm": arm, "k": k, "seconds": _raw_send(store, key, a.peer_host, k, payload,
+                                                                                 use_tls, connect)})
+                    else:
+                        _raw_recv(store, key, a.host, k, use_tls)
+                    continue
+                me = 0 if send else 1
+                tr = StripedTransport(me, store, secret=secret, host=a.host, connections=k, prefix=key,
+                                      min_chunk_bytes=1 << 16, connect=connect, tls=use_tls is not None)
+                if send:
+                    tr.send(torch.zeros(1), 1, 0).wait()           # connections up and authenticated
+                    t = time.perf_counter()
+                    tr.send(x, 1, 1).wait()                        # until the receiver acked every byte
+                    results.append({"arm": arm, "k": k, "seconds": time.perf_counter() - t})
+                    store.get(f"{key}/received")
+                else:
+                    tr.recv(torch.empty(1), 0, 0).wait()
+                    y = torch.empty(nbytes, dtype=torch.uint8)
+                    tr.recv(y, 0, 1).wait()
+                    assert torch.equal(x, y), f"{arm}: the transfer arrived altered"
+                    store.set(f"{key}/received", "1")
+                tr.close()
+    if send:
+        print(json.dumps(results))
+    return 0
+
+
+def _security_pair(start, store_host: str, host: tuple[str, str], mib: int, reps: int, spread: bool) -> list[dict]:
+    """Runs the receiving and the sending role (start(side, argv) -> Popen) and returns the timings."""
+    common = [PY, os.path.abspath(__file__), "--store-host", store_host, "--mib", str(mib), "--reps", str(reps)]
+    if spread:
+        common.append("--spread")
+    port = ["--store-port", str(_free_port() if store_host.startswith("127.") else 29656)]
+    recv = start("recv", [*common, *port, "--security-role", "recv", "--host", host[1], "--peer-host", host[0]])
+    send = start("send", [*common, *port, "--security-role", "send", "--host", host[0], "--peer-host", host[1]])
+    out, _ = send.communicate(timeout=900)
+    recv.communicate(timeout=60)
+    if send.returncode != 0 or recv.returncode != 0:
+        raise SystemExit(f"bench_wan --security: a role failed (send rc {send.returncode}, recv rc {recv.returncode})")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def security(a: argparse.Namespace) -> int:
     import statistics
-    import tempfile
 
-    nbytes = a.mib * 2**20
-    with tempfile.TemporaryDirectory() as tmp:
-        tls = _tls_contexts(tmp)
-        arms = {"tcp": lambda k: _raw_stripes(k, nbytes),
-                "tcp+hmac": lambda k: _raw_stripes(k, nbytes, mac=True),
-                "tls": lambda k: _raw_stripes(k, nbytes, tls=tls),
-                "tls+hmac": lambda k: _raw_stripes(k, nbytes, tls=tls, mac=True),
-                "striped": lambda k: _striped(k, nbytes)}
-        times: dict[tuple[str, int], list[float]] = {}
-        for _rep in range(a.reps):                  # arms interleaved per repetition: load drifts hit all
-            for k in (1, 4):
-                for name, arm in arms.items():
-                    times.setdefault((name, k), []).append(arm(k))
-    print(f"loopback, {a.mib} MiB per transfer, median of {a.reps} (one process, sender and receiver threads; "
-          f"{os.cpu_count()} CPUs, shared machine: noisy)")
-    print(f"{'arm':>9} {'auth':>4} {'TLS':>4} | " + " | ".join(f"{k} conn Gbit/s  vs tcp" for k in (1, 4)))
-    flags = {"tcp": ("off", "off"), "tcp+hmac": ("on", "off"), "tls": ("off", "on"), "tls+hmac": ("on", "on"),
-             "striped": ("on", "off")}
-    for name in arms:
+    columns = {}
+    pipe = {"stdout": subprocess.PIPE, "text": True}
+    columns["loopback"] = (a.mib, _security_pair(lambda _side, argv: subprocess.Popen(argv, **pipe), "127.0.0.1",
+                                                  ("127.0.0.1", "127.0.0.1"), a.mib, a.reps, spread=False))
+    cluster, why = _bench_cluster(a), ""
+    from geotrain.emulation import WanEmulation, emulation_available
+
+    ok, why = emulation_available()
+    if ok:
+        with WanEmulation(cluster) as wan:
+            east, west = wan.address("east"), wan.address("west")
+            dcs = {"send": "east", "recv": "west"}
+            columns["emulated WAN"] = (a.wan_mib, _security_pair(lambda side, argv: wan.popen(dcs[side], argv, **pipe),
+                                                                 east, (east, west), a.wan_mib, a.reps, spread=True))
+    link = cluster.wan_links[0]
+    print(f"transport throughput, authentication and TLS on/off, median of {a.reps} interleaved rounds; Gbit/s and "
+          f"ratio to plain TCP ({os.cpu_count()} CPUs, shared machine: noisy)")
+    print("  loopback: " + f"{a.mib} MiB per transfer (the CPU cost that would cap a fast link)")
+    if ok:
+        print(f"  emulated WAN: {a.wan_mib} MiB per transfer, {link.latency_ms:g} ms one-way, {link.capacity_gbps:g} "
+              f"Gbit/s, {link.per_connection_gbps:g} Gbit/s per connection (kernel emulation)")
+    else:
+        print(f"  emulated WAN: not measured ({why})")
+    heads = [f"{col} {k} conn" for col in columns for k in (1, 4)]
+    print(f"{'arm':>11} {'auth':>4} {'TLS':>4} | " + " | ".join(f"{h:>22}" for h in heads))
+    for arm, auth, tls in ARMS:
         cells = []
-        for k in (1, 4):
-            med, base = statistics.median(times[(name, k)]), statistics.median(times[("tcp", k)])
-            cells.append(f"{nbytes * 8 / med / 1e9:>13.2f} {base / med:>6.2f}x")
-        print(f"{name:>9} {flags[name][0]:>4} {flags[name][1]:>4} | " + " | ".join(cells))
+        for _col, (mib, res) in columns.items():
+            for k in (1, 4):
+                med = statistics.median(r["seconds"] for r in res if r["arm"] == arm and r["k"] == k)
+                base = statistics.median(r["seconds"] for r in res if r["arm"] == "tcp" and r["k"] == k)
+                cells.append(f"{mib * 2**20 * 8 / med / 1e9:>13.3f} {base / med:>6.2f}x")
+        print(f"{arm:>11} {auth:>4} {tls:>4} | " + " | ".join(f"{c:>22}" for c in cells))
     return 0
+
+
+def _bench_cluster(a: argparse.Namespace):
+    from geotrain.config import Cluster
+
+    per_conn = a.per_connection_gbps or a.capacity_gbps / 4
+    return Cluster.model_validate({
+        "name": "bench-wan",
+        "datacenters": [{"name": "east", "gpu_type": "cpu", "gpus": 1}, {"name": "west", "gpu_type": "cpu", "gpus": 1}],
+        "wan_links": [{"between": ["east", "west"], "latency_ms": a.latency_ms, "capacity_gbps": a.capacity_gbps,
+                       "per_connection_gbps": per_conn}],
+    })
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--security", action="store_true",
-                    help="measure authentication and TLS costs over loopback instead (no root)")
+                    help="measure authentication and TLS on/off instead: over loopback, and over the emulated WAN "
+                         "when root")
+    ap.add_argument("--wan-mib", type=int, default=16, help="--security: transfer size over the emulated WAN")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--capacity-gbps", type=float, default=0.4)
     ap.add_argument("--per-connection-gbps", type=float, default=None, help="default: capacity / 4")
@@ -227,7 +292,14 @@ def main() -> int:
     ap.add_argument("--store-host", help=argparse.SUPPRESS)
     ap.add_argument("--store-port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--host", help=argparse.SUPPRESS)
+    ap.add_argument("--security-role", choices=["send", "recv"], help=argparse.SUPPRESS)
+    ap.add_argument("--peer-host", help=argparse.SUPPRESS)
+    ap.add_argument("--spread", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.security_role:
+        from geotrain.process import exit_skipping_teardown
+
+        exit_skipping_teardown(_security_role(a))
     if a.security:
         if a.mib == 16:
             a.mib = 64
@@ -238,7 +310,6 @@ def main() -> int:
 
         exit_skipping_teardown(_peer(a))    # a TCPStore's C++ threads can abort a normal exit
 
-    from geotrain.config import Cluster
     from geotrain.emulation import WanEmulation, emulation_available
 
     ok, why = emulation_available()
@@ -246,12 +317,7 @@ def main() -> int:
         print(f"bench_wan: needs the kernel WAN emulation ({why}); run as root", file=sys.stderr)
         return 2
     per_conn = a.per_connection_gbps or a.capacity_gbps / 4
-    cluster = Cluster.model_validate({
-        "name": "bench-wan",
-        "datacenters": [{"name": "east", "gpu_type": "cpu", "gpus": 1}, {"name": "west", "gpu_type": "cpu", "gpus": 1}],
-        "wan_links": [{"between": ["east", "west"], "latency_ms": a.latency_ms, "capacity_gbps": a.capacity_gbps,
-                       "per_connection_gbps": per_conn}],
-    })
+    cluster = _bench_cluster(a)
     link = cluster.wan_links[0]
     with WanEmulation(cluster) as wan:
         east, west = wan.address("east"), wan.address("west")

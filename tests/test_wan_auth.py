@@ -249,3 +249,26 @@ def test_the_secret_file_is_private(tmp_path):
     os.chmod(path, 0o644)
     with pytest.raises(GeotrainError, match="owner only"):
         read_secret_file(path)
+
+
+def test_tls_transfers_arrive_exactly_and_a_listener_refuses_plain_or_foreign_tls(capfd):
+    store = dist.HashStore()
+    a, b = _pair(store, tls=True)
+    try:
+        _transfer(a, b, 11, n=700_000)                       # several frames over both connections
+        _transfer(a, b, 12)
+        _attack(b.port, OLD_HELLO.pack(OLD_MAGIC, 0, 0))     # plain TCP to a TLS listener
+        foreign = StripedTransport(0, dist.HashStore(), secret=b"z" * 32, connections=1, tls=True)
+        foreign.store.set("geotrain/striped/1", f"127.0.0.1:{b.port}")
+        with pytest.raises(TransportError):
+            foreign.send(torch.ones(10), 1, 1).wait(timeout=3)   # another run's certificate: refused
+        foreign.close()
+        _wait_for(lambda: b.drops.dropped >= 2)
+        _transfer(a, b, 13)
+    finally:
+        a.close()
+        b.close()
+    err = capfd.readouterr().err
+    assert "TLS handshake failed ([SSL: WRONG_VERSION_NUMBER]" in err, err    # the plain-TCP client
+    assert "TLS certificate is not this run's" in err, err                     # the foreign run's listener check
+    assert "Traceback" not in err

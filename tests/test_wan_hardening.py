@@ -4,8 +4,9 @@ oversize header and a guessed proof hit both ranks' striped listeners; a relay i
 0's real connections to rank 1 flips one bit of one DATA frame and rewrites another frame's size
 field to 4 GiB; a recorded real handshake is replayed; and (as root) `ss -K` resets the cross-DC
 connections. Training must finish with losses identical to an undisturbed run, with one log line
-per rejected connection or frame. A second run does the `ss -K` resets inside the DC namespaces
-of the kernel-emulated WAN."""
+per rejected connection or frame. A TLS run (`--wan-tls`) trains with the same losses, and (as
+root) a TLS run over the kernel-emulated WAN has its connections reset by `ss -K` inside the DC
+namespaces, with the same losses again."""
 
 from __future__ import annotations
 
@@ -239,8 +240,17 @@ def test_a_live_run_under_attack_and_tampering_keeps_its_losses_and_logs_each_re
 
 
 @pytest.mark.slow
+def test_a_tls_run_trains_with_identical_losses(reference, tmp_path):
+    run_with_wan([_cfg(tmp_path, _plan())], load_spec(SPEC), _plan(), tmp_path, mode="shaper",
+                 say=lambda _line: None, timeout_s=240, tls=True)
+    assert _losses(tmp_path) == reference
+    logs = _logs(tmp_path)
+    assert logs.count("shaper, TLS (listening on") == 2 and "Traceback" not in logs
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ss") is None, reason="network namespaces need root")
-def test_ss_kill_inside_the_dc_namespaces_leaves_the_losses_identical(reference, tmp_path):
+def test_ss_kill_inside_the_dc_namespaces_of_a_tls_run_leaves_the_losses_identical(reference, tmp_path):
     from geotrain.emulation import emulation_available
 
     ok, why = emulation_available()
@@ -265,10 +275,11 @@ def test_ss_kill_inside_the_dc_namespaces_leaves_the_losses_identical(reference,
     t.start()
     try:
         run_with_wan([_cfg(tmp_path, _plan())], load_spec(SPEC), _plan(), tmp_path, mode="kernel",
-                     say=lambda _line: None, timeout_s=240, on_wan=wans.append)
+                     say=lambda _line: None, timeout_s=240, on_wan=wans.append, tls=True)
     finally:
         stop.set()
         t.join()
     assert sum(kills) > 0, kills
     assert _losses(tmp_path) == reference
+    assert "kernel, TLS (listening" in _logs(tmp_path)
     assert "Traceback" not in _logs(tmp_path)

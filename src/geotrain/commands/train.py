@@ -70,6 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wan-bind", default=None, metavar="ADDR",
                    help="under torchrun: the address this host's WAN transport listens on and connects from "
                         "(default: the local address of the route to MASTER_ADDR)")
+    p.add_argument("--wan-tls", action="store_true",
+                   help="encrypt cross-DC transport connections with TLS 1.3, keyed by the run's secret (no "
+                        "certificates to distribute; needs the 'cryptography' package). Without it they are "
+                        "authenticated (HMAC) but readable on the wire")
     p.add_argument("--wan-rate-scale", type=float, default=1.0, metavar="X",
                    help="multiply every WAN capacity and per-connection cap (the emulator's packet delayer carries "
                         "~1 Gbit/s: for faster links use e.g. 0.01 with 100 Gbit/s; latency stays exact)")
@@ -210,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         if args.wan != "off":   # auto: the real network is the WAN; shaper: delay and rates emulated on top
             mode = "direct" if args.wan == "auto" else "shaper"
             cfg = replace(cfg, wan={"mode": mode, "rate_scale": args.wan_rate_scale,
-                                    "bind": bind_address(args.wan_bind)})
+                                    "bind": bind_address(args.wan_bind), "tls": args.wan_tls})
         # Under torchrun this process is one rank.
         run_cases([cfg], bubble_hook=None)
         if os.environ["RANK"] == "0":
@@ -275,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         last["wan"] = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
                                    describe=describe, say=lambda line: print(line, flush=True), entry=entry,
                                    watch=watch, outage_limit_s=args.outage_limit,
-                                   on_wan=getattr(watch, "attach", None), env=collective_limit)
+                                   on_wan=getattr(watch, "attach", None), env=collective_limit, tls=args.wan_tls)
 
     try:
         if args.elastic:

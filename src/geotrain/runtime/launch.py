@@ -218,15 +218,16 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
 
 
 def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = "auto", rate_scale: float = 1.0,
-                 say=print, outage_limit_s: float | None = None, on_wan=None, **kw):
+                 say=print, outage_limit_s: float | None = None, on_wan=None, tls: bool = False, **kw):
     """`launch` over the WAN chosen by `mode` (runtime.wan.open_wan), torn down afterwards -- also when
     a rank fails or on Ctrl-C. Returns the WanLaunch (closed; `.mode` says what ran).
     outage_limit_s: how long a cross-DC transfer may wait before its rank fails (default: the WAN's);
-    on_wan(wan), if given, sees the WAN before the ranks start (a rehearsal that cuts a link needs it)."""
+    on_wan(wan), if given, sees the WAN before the ranks start (a rehearsal that cuts a link needs it);
+    tls: cross-DC connections in TLS keyed by the run secret (geotrain.wan.tls)."""
     from geotrain.runtime.wan import open_wan
 
     check_local_world_size(plan.num_ranks)  # before any WAN emulation is set up
-    wan = open_wan(mode, spec, plan, rate_scale, say=say,
+    wan = open_wan(mode, spec, plan, rate_scale, say=say, tls=tls,
                    **({"timeout_s": outage_limit_s} if outage_limit_s is not None else {}))
     try:
         if on_wan is not None:

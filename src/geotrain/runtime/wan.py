@@ -197,12 +197,13 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
     striped = StripedTransport(rank, store, secret=secret, host=host, connections=lambda d: conns.get(d, 1),
                                turns=turns.get, prefix=f"{run}/striped", min_chunk_bytes=MIN_CHUNK_BYTES,
                                timeout_s=timeout, stall_s=float(wan.get("stall_s", min(DEFAULT_STALL_S, timeout / 4))),
-                               max_message_bytes=max_message,
+                               max_message_bytes=max_message, tls=bool(wan.get("tls")),
                                describe=lambda r: f"rank {r} ({plan.stages[plan.coords(r)[0]].dc})", **hooks)
     for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it
         how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
         print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.stages[peer_stage].dc}): "
-              f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']} "
+              f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']}"
+              f"{', TLS' if striped.tls is not None else ''} "
               f"(listening on {host}:{striped.port})\n", end="", file=sys.stderr, flush=True)   # one write per line
     clients = list({id(t): t for t in turns.values()}.values())
     wan_transport = T.HostStaging(striped)     # sockets move host memory; CUDA tensors are staged (pinned)
@@ -220,11 +221,13 @@ class WanLaunch:
     rate_scale: float = 1.0
     timeout_s: float = DEFAULT_TIMEOUT_S
     tag: str = ""                               # the emulation's name tag (namespaces gt-<tag>*)
+    tls: bool = False                           # cross-DC connections in TLS (wan.tls)
 
     def rank_config(self) -> dict[str, Any] | None:
         if self.mode == "off":
             return None
-        cfg: dict[str, Any] = {"mode": self.mode, "rate_scale": self.rate_scale, "timeout_s": self.timeout_s}
+        cfg: dict[str, Any] = {"mode": self.mode, "rate_scale": self.rate_scale, "timeout_s": self.timeout_s,
+                               "tls": self.tls}
         if self.emulation is not None:
             cfg["hosts"] = {dc: self.emulation.address(dc) for dc in self.emulation.dcs}
         return cfg
@@ -255,7 +258,7 @@ class WanLaunch:
 
 
 def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S,
-             say: Callable[[str], None] = print) -> WanLaunch:
+             say: Callable[[str], None] = print, tls: bool = False) -> WanLaunch:
     """Set up the WAN for `plan` (see module docstring); `say` gets one line naming what was chosen."""
     if mode not in MODES:
         raise GeotrainError(f"--wan must be one of {', '.join(MODES)}, got {mode!r}")
@@ -290,12 +293,12 @@ def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = 
                         f"consider --wan-rate-scale {DELAYER_GBPS / fast:.2g})") if fast > 2 * DELAYER_GBPS else ""
                 say(f"WAN: kernel emulation, one network namespace per datacenter (gt-{emu.tag}-*: "
                     f"{', '.join(f'{dc} {emu.address(dc)}' for dc in used)}), {links}{note}")
-                return WanLaunch("kernel", rank_dc, emu, rate_scale, timeout_s, tag=emu.tag)
+                return WanLaunch("kernel", rank_dc, emu, rate_scale, timeout_s, tag=emu.tag, tls=tls)
         if mode == "kernel":
             raise GeotrainError(f"--wan kernel: {why}")
     say(f"WAN: user-space shaper inside the transport{f' (kernel emulation unavailable: {why})' if why else ''}; "
         f"{links} -- only pipeline transfers between datacenters are delayed and rate-limited")
-    return WanLaunch("shaper", rank_dc, None, rate_scale, timeout_s)
+    return WanLaunch("shaper", rank_dc, None, rate_scale, timeout_s, tls=tls)
 
 
 def _cluster_of(cluster, dcs: list[str]):

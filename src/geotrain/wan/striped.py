@@ -7,11 +7,12 @@ of one (src, dst, tag) are matched in the order sent).
 
 Trust: every connection starts with the challenge-response handshake of `wan.auth` (the run's
 secret, the sender's rank bound to the connection) and then carries only HMAC-authenticated frames
-(`wan.striped_frames`); a forged hello, garbage, an altered or replayed frame, or a header that
-announces more than the plan can send is logged in one line and its connection dropped, and the
-run goes on. Nothing received is unpickled; a payload is copied into the posted tensor only after
-its tag verified; the buffer of a message that arrives before its recv is posted is bounded by
-`max_message_bytes` (the plan's largest boundary tensor).
+(`wan.striped_frames`), with `tls` inside a TLS 1.3 channel keyed by the same secret (`wan.tls`);
+a forged hello, garbage, an altered or replayed frame, or a header that announces more than the
+plan can send is logged in one line and its connection dropped, and the run goes on. Nothing
+received is unpickled; a payload is copied into the posted tensor only after its tag verified;
+the buffer of a message that arrives before its recv is posted is bounded by `max_message_bytes`
+(the plan's largest boundary tensor).
 
 Delivery: each direction numbers its messages; the receiver acknowledges a message once every
 byte arrived, and the sender (`wan.striped_send`) keeps it until then, so after a reset it
@@ -27,7 +28,6 @@ the first send to a peer, bound to consecutive even source ports (see `sockets`)
 
 from __future__ import annotations
 
-import heapq
 import socket
 import sys
 import threading
@@ -37,7 +37,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from geotrain.wan.auth import STRIPED, AuthError, Channel, DropLog, ProtocolError, run_secret, server_handshake
+from geotrain.wan.auth import (
+    HANDSHAKE_TIMEOUT_S,
+    STRIPED,
+    AuthError,
+    Channel,
+    DropLog,
+    ProtocolError,
+    run_secret,
+    server_handshake,
+)
 from geotrain.wan.sockets import open_connections, tune
 from geotrain.wan.striped_frames import (
     ACK,
@@ -46,6 +55,7 @@ from geotrain.wan.striped_frames import (
     DEFAULT_MAX_MESSAGE_BYTES,
     FRAME,
     FRAME_BYTES,
+    DueTimers,
     IdSet,
     TransportError,
     Work,
@@ -53,6 +63,7 @@ from geotrain.wan.striped_frames import (
     frame_payload,
 )
 from geotrain.wan.striped_send import Outgoing, Peer
+from geotrain.wan.tls import RunTLS
 
 __all__ = ["FRAME", "StripedTransport", "TransportError", "Work"]
 
@@ -89,6 +100,7 @@ class StripedTransport:
         the kernel emulation passes its source-port-spreading variant.
     turns: temporal link sharing, a function dst -> object with acquire()/release(), or None.
     describe: rank -> how to name it in messages (e.g. "rank 2 (west)").
+    tls: wrap every connection in TLS keyed by the secret (`wan.tls`): encrypted, not just authenticated.
     """
 
     def __init__(self, rank: int, store, *, secret: bytes | None = None, host: str = "127.0.0.1",
@@ -98,8 +110,9 @@ class StripedTransport:
                  prefix: str = "geotrain/striped", min_chunk_bytes: int = 64 << 10, timeout_s: float = 600.0,
                  stall_s: float = 30.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  describe: Callable[[int], str] | None = None,
-                 connect: Callable[..., list[socket.socket]] = open_connections):
+                 connect: Callable[..., list[socket.socket]] = open_connections, tls: bool = False):
         secret = secret or run_secret(store)
+        self.tls = RunTLS(secret) if tls else None
         self.rank, self.store, self.secret, self.host, self.prefix = rank, store, secret, host, prefix
         self.min_chunk_bytes = min_chunk_bytes
         self.timeout_s, self.stall_s = timeout_s, stall_s
@@ -114,9 +127,7 @@ class StripedTransport:
         self._slots: dict[tuple[int, int, int], _Slot] = {}
         self._arrived: dict[int, IdSet] = {}           # per sender: message ids complete here
         self._lost: dict[int, BaseException] = {}      # senders that closed their transport
-        self._timers: list = []
-        self._timer_cv = threading.Condition()
-        self._timer_seq = 0
+        self._timers = DueTimers("striped-delay")      # shaper-delayed completions (the fallback's latency)
         self._closed = False
         self._conns: set[socket.socket] = set()
         self.drops = DropLog(f"rank {rank} striped listener")
@@ -127,7 +138,6 @@ class StripedTransport:
         self.port = self._listener.getsockname()[1]
         store.set(f"{prefix}/{rank}", f"{host}:{self.port}")
         threading.Thread(target=self._accept, name="striped-accept", daemon=True).start()
-        threading.Thread(target=self._run_timers, name="striped-delay", daemon=True).start()
 
     # ------------------------------------------------------------------ configuration lookups
     def connections_for(self, dst: int) -> int:
@@ -220,8 +230,7 @@ class StripedTransport:
             except OSError:
                 pass
             c.close()
-        with self._timer_cv:
-            self._timer_cv.notify_all()
+        self._timers.close()
 
     def __enter__(self) -> StripedTransport:
         return self
@@ -242,6 +251,8 @@ class StripedTransport:
         who = f"{addr[0]}:{addr[1]}"
         try:
             tune(conn)
+            if self.tls is not None:
+                conn = self.tls.wrap_server(conn, HANDSHAKE_TIMEOUT_S)
             src, _stripe, channel = server_handshake(conn, self.secret, STRIPED, self.rank)
         except (OSError, ConnectionError) as e:
             conn.close()
@@ -328,7 +339,7 @@ class StripedTransport:
             channel.send(FRAME.pack(ACK, msg, 0, 0, 0, 0, 0, 0))
         finally:
             if delay_us:
-                self._schedule(time.monotonic() + delay_us / 1e6, (src, tag, seq), slot)
+                self._timers.at(time.monotonic() + delay_us / 1e6, self._ready, (src, tag, seq), slot)
             else:
                 with slot.lock:
                     slot.ready = True
@@ -371,26 +382,7 @@ class StripedTransport:
             self._slots.pop(key, None)
         work._finish(error)
 
-    def _schedule(self, due: float, key, slot: _Slot) -> None:
-        with self._timer_cv:
-            self._timer_seq += 1
-            heapq.heappush(self._timers, (due, self._timer_seq, (key, slot)))
-            self._timer_cv.notify()
-
-    def _run_timers(self) -> None:
-        """Completes shaper-delayed messages at their due time (the fallback's one-way latency)."""
-        while not self._closed:
-            with self._timer_cv:
-                while not self._timers and not self._closed:
-                    self._timer_cv.wait(1.0)
-                if self._closed:
-                    return
-                due, _, (key, slot) = self._timers[0]
-                wait = due - time.monotonic()
-                if wait > 0:
-                    self._timer_cv.wait(wait)
-                    continue
-                heapq.heappop(self._timers)
-            with slot.lock:
-                slot.ready = True
-            self._complete(key, slot)
+    def _ready(self, key: tuple[int, int, int], slot: _Slot) -> None:
+        with slot.lock:
+            slot.ready = True
+        self._complete(key, slot)

@@ -12,6 +12,7 @@ resends each unacknowledged message whole and the receiver ignores the pieces it
 
 from __future__ import annotations
 
+import heapq
 import struct
 import threading
 import time
@@ -125,3 +126,40 @@ class Countdown:
     def wait(self, timeout: float | None = None) -> bool:
         with self.cond:
             return self.cond.wait_for(lambda: self.n <= 0, timeout)
+
+
+class DueTimers:
+    """Calls `fn(*args)` at a monotonic due time, on one thread (the shaper's one-way delay)."""
+
+    def __init__(self, name: str):
+        self._heap: list = []
+        self._cv = threading.Condition()
+        self._seq = 0
+        self._closed = False
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def at(self, due: float, fn, *args) -> None:
+        with self._cv:
+            self._seq += 1
+            heapq.heappush(self._heap, (due, self._seq, fn, args))
+            self._cv.notify()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap and not self._closed:
+                    self._cv.wait(1.0)
+                if self._closed:
+                    return
+                due, _, fn, args = self._heap[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cv.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+            fn(*args)

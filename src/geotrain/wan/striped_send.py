@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from geotrain.wan.auth import STRIPED, Channel, ProtocolError, client_handshake
+from geotrain.wan.auth import HANDSHAKE_TIMEOUT_S, STRIPED, Channel, ProtocolError, client_handshake
 from geotrain.wan.striped_frames import (
     ACK,
     BYE,
@@ -207,17 +207,21 @@ class Peer:
         o = self.owner
         host, port = o.lookup(self.dst)
         socks = o.open_connections(host, port, o.connections_for(self.dst), bind_host=o.host)
+        for s in socks:
+            limit_unsent(s)
         try:
+            if o.tls is not None:
+                raw, socks = socks, []
+                for s in raw:
+                    socks.append(o.tls.wrap_client(s, HANDSHAKE_TIMEOUT_S))
             channels = [client_handshake(s, o.secret, STRIPED, o.rank, self.dst, i) for i, s in enumerate(socks)]
         except BaseException:
-            for s in socks:
+            for s in [*socks, *(raw if o.tls is not None else ())]:
                 s.close()
             raise
         cfg = o.shaper_for(self.dst)
         shaper = cfg.pacing() if cfg is not None and cfg.active else None
         delay_us = int(cfg.delay_ms * 1000) if shaper is not None else 0
-        for s in socks:
-            limit_unsent(s)
         self.lanes = [_Lane(self, s, ch, shaper.connection() if shaper is not None else None, delay_us,
                             self.generation) for s, ch in zip(socks, channels)]
 
