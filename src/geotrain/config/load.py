@@ -267,7 +267,8 @@ def check_shape(spec: Spec) -> None:
     if job.pp is not None and job.pp > model.num_units:
         raise SpecError(file, "job.pp", f"pp={job.pp} stages but {model.name} has only {model.num_units} "
                                         f"units to cut ({model.layers} layers + embedding + head)")
-    if job.tp > 1:
+    tp = job.tp if isinstance(job.tp, int) else 1   # "auto": the planner picks among the tps that fit
+    if tp > 1:
         if model.heads % job.tp or model.kv_heads % job.tp:
             raise SpecError(file, "job.tp", f"tp={job.tp} must divide heads={model.heads} and "
                                             f"kv_heads={model.kv_heads}")
@@ -275,11 +276,11 @@ def check_shape(spec: Spec) -> None:
         if job.tp > widest:
             raise SpecError(file, "job.tp", f"tp={job.tp} is wider than the largest node ({widest} GPUs); "
                                             "tensor parallelism stays inside a node")
-    need = (job.pp or 1) * (job.dp or 1) * job.tp
+    need = (job.pp or 1) * (job.dp or 1) * tp
     if need > cluster.total_gpus:
         raise SpecError(file, "job", f"pp x dp x tp = {need} GPUs but the cluster has {cluster.total_gpus}")
     if isinstance(job.micro_batch, int):
-        widest_dp = job.dp or max(1, cluster.total_gpus // ((job.pp or 1) * job.tp))
+        widest_dp = job.dp or max(1, cluster.total_gpus // ((job.pp or 1) * tp))
         fewest = -(-job.global_batch // (widest_dp * job.micro_batch))
         if fewest > MAX_MICROBATCHES:
             raise SpecError(file, "job.micro_batch",

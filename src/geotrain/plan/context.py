@@ -38,10 +38,31 @@ class UnitTable:
                 self.backward_weight[b] - self.backward_weight[a])
 
 
-class PlanningContext:
-    """profile: measured per-unit times (geotrain.cost.profile) replacing the FLOP estimate."""
+def tp_options(spec: Spec) -> tuple[int, ...]:
+    """The tensor-parallel degrees the planner tries: the job's, or with tp = "auto" every power
+    of two that splits the model's heads, KV heads and FFN evenly and fits a node of some DC.
 
-    def __init__(self, spec: Spec, profile: dict | None = None):
+    One tp for the whole job, not one per stage: the runtime builds a single (pp, dp, tp) device
+    mesh (runtime/rank_run.py) and numbers ranks (stage * dp + replica) * tp + t, so a plan with
+    stages of different tp could not be trained; the planner emits only what `train` runs."""
+    if isinstance(spec.job.tp, int):
+        return (spec.job.tp,)
+    m = spec.model
+    widest = max(d.gpus_per_node for d in spec.cluster.datacenters)
+    out, t = [], 1
+    while t <= widest:
+        if not (m.heads % t or m.kv_heads % t or m.ffn % t):
+            out.append(t)
+        t *= 2
+    return tuple(out)
+
+
+class PlanningContext:
+    """profile: measured per-unit times (geotrain.cost.profile) replacing the FLOP estimate;
+    tp: the tensor-parallel degree of the layouts this context prices (default: the job's, 1
+    when the job leaves it to the planner)."""
+
+    def __init__(self, spec: Spec, profile: dict | None = None, tp: int | None = None):
         from geotrain.cost import CostModel
 
         self.spec = spec
@@ -50,7 +71,7 @@ class PlanningContext:
         self.model = spec.model
         self.job = spec.job
         self.num_units = spec.model.num_units
-        self.tp = spec.job.tp
+        self.tp = tp if tp is not None else (spec.job.tp if isinstance(spec.job.tp, int) else 1)
         self._cost_cls = CostModel
         self._costs: dict[str, object] = {}
         self._tables: dict[tuple[str, int, str], UnitTable] = {}
@@ -66,8 +87,15 @@ class PlanningContext:
         return CHECKPOINTING_ORDER if c == "auto" else (c,)
 
     def sharding_options(self) -> tuple[str, ...]:
+        """The shardings to try; under tensor parallelism not ZeRO-1, which the runtime refuses
+        with tp > 1 (runtime/trainer.py)."""
         s = self.spec.job.sharding
-        return SHARDING_ORDER if s == "auto" else (s,)
+        opts = SHARDING_ORDER if s == "auto" else (s,)
+        return tuple(x for x in opts if x != "zero1") if self.tp > 1 else opts
+
+    def tp_fits(self, dc_name: str) -> bool:
+        """Does a TP group of this context's tp stay inside one node of the DC (the runtime's rule)?"""
+        return self.dc(dc_name).gpus_per_node % self.tp == 0
 
     def cost(self, checkpointing: str):
         cm = self._costs.get(checkpointing)

@@ -3,7 +3,8 @@
 The search prunes (stage counts per DC fastest GPUs first, a pp ladder, lower-bound cut-off,
 cheapest checkpointing/sharding that fits, the top few estimates confirmed). This module prunes
 nothing the job leaves open: every chain of linked DCs, every number of stages on each DC of it
-(all compositions, not only fastest-first), every dp and pp, every micro-batch, schedule kind,
+(all compositions, not only fastest-first), every tensor-parallel degree the job allows (one per job, as
+the runtime runs), every dp and pp, every micro-batch, schedule kind,
 checkpointing and sharding that fits in memory, temporal (lockstep and staggered starts) and
 fair WAN sharing. What it keeps
 from the planner are the pieces that are optimal or fixed by construction: the time-balanced
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 
 from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.config.load import Spec
-from geotrain.plan.context import PlanningContext
+from geotrain.plan.context import PlanningContext, tp_options
 from geotrain.plan.estimate import inflight
 from geotrain.plan.layouts import MICRO_BATCHES, Layout, schedule_kinds
 from geotrain.plan.placement import chains, iter_dp
@@ -49,6 +50,8 @@ def all_layouts(ctx: PlanningContext) -> Iterator[Layout]:
     gb = job.global_batch
     mbs = [job.micro_batch] if isinstance(job.micro_batch, int) else [b for b in MICRO_BATCHES if gb % b == 0]
     for chain in chains(cl):
+        if not all(ctx.tp_fits(d) for d in chain):
+            continue
         gpus = [cl.dc(d).gpus for d in chain]
         for mb in mbs:
             for dp in iter_dp(gb, mb, min(gpus) // tp):
@@ -67,8 +70,14 @@ def all_layouts(ctx: PlanningContext) -> Iterator[Layout]:
 
 def all_plans(spec: Spec, limit: int = DEFAULT_LIMIT) -> list[Plan]:
     """Every plan the job allows that fits in memory (see the module docstring), named exhaustive-i."""
-    ctx = PlanningContext(spec)
     out: list[Plan] = []
+    for tp in tp_options(spec):
+        ctx = PlanningContext(spec, tp=tp)
+        _plans_of(ctx, out, limit)
+    return out
+
+
+def _plans_of(ctx: PlanningContext, out: list[Plan], limit: int) -> None:
     for lay in all_layouts(ctx):
         for sharing in (("temporal", "offsets", "fair") if len(lay.chain) > 1 and lay.dp > 1 else ("fair",)):
             for kind in schedule_kinds(ctx, len(lay.chain)):
@@ -79,7 +88,6 @@ def all_plans(spec: Spec, limit: int = DEFAULT_LIMIT) -> list[Plan]:
                             out.append(plan.with_(name=f"exhaustive-{len(out)}"))
                             if len(out) > limit:
                                 raise ValueError(f"more than {limit} plans: the cluster is too big to enumerate")
-    return out
 
 
 def _plan(ctx: PlanningContext, lay: Layout, kind: str, ckpt: str, sharding: str, sharing: str) -> Plan | None:
@@ -107,7 +115,7 @@ def _plan(ctx: PlanningContext, lay: Layout, kind: str, ckpt: str, sharding: str
     if not all(ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, inflight(kind, pp, m, s, extra, v), sharding,
                               lay.dp, ckpt) for s in range(pp)):
         return None
-    plan = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, "fair", conns, None).to_plan(ctx)
+    plan = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, "fair", conns, None, tp=ctx.tp).to_plan(ctx)
     if sharing != "fair":  # "offsets": staggered starts, wrapped around the estimate's steady-state period
         est = score_plan(ctx, plan)
         plan = apply_temporal(plan, ctx.cluster, ctx.boundary_bytes(lay.micro_batch), est.est.period if est else 0.0,

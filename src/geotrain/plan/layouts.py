@@ -77,6 +77,8 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
     seen: set[tuple] = set()   # (what the chain looks like, counts, dp, mb): alike DCs swapped are one layout
     looks: dict[tuple, int] = {}
     for chain in allowed_chains or chains(cluster):
+        if tp > 1 and not all(ctx.tp_fits(d) for d in chain):
+            continue   # a TP group would straddle two nodes of some DC of the chain
         look = looks.setdefault(chain_signature(ctx, chain), len(looks))   # an int hashes fast
         gpus = [cluster.dc(d).gpus for d in chain]
         types = [cluster.dc(d).gpu_type for d in chain]

@@ -16,10 +16,10 @@ from geotrain.config.load import Spec
 from geotrain.errors import InfeasibleError
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.explain import infeasible_reason
-from geotrain.plan.layouts import Layout, enumerate_layouts
+from geotrain.plan.layouts import Layout
 from geotrain.plan.pins import ZB_SELECTIVE, pin_problem
 from geotrain.plan.plan import Plan
-from geotrain.plan.scan import search
+from geotrain.plan.scan import search_groups, tp_groups
 from geotrain.plan.scorer import Candidate, Scorer
 from geotrain.plan.split import split_even
 
@@ -30,16 +30,15 @@ def plan_from_job(spec: Spec, schedule: str | None = None, virtual_per_stage: in
     schedule / virtual_per_stage: force a schedule kind (virtual_per_stage 2 means interleaved).
     fit=False: when nothing fits in memory, the placement of the layout with the lowest bound
     anyway, with the job's first checkpointing/sharding choices (what `estimate` reports on)."""
-    ctx = PlanningContext(spec)
+    kind = schedule or ("interleaved" if virtual_per_stage > 1 else None)
+    groups = tp_groups(spec, kinds=(kind,) if kind else None)   # tp = "auto": every tp, one scan
+    ctx, scorer, layouts = groups[0]
     problem = pin_problem(ctx)
     if problem:
         raise InfeasibleError(problem)
-    kind = schedule or ("interleaved" if virtual_per_stage > 1 else None)
     if kind == "zb-h1" and ctx.checkpointing_options() == ("selective",):
         raise InfeasibleError(ZB_SELECTIVE)
-    scorer = Scorer(ctx, kinds=(kind,) if kind else None)
-    layouts = enumerate_layouts(ctx)
-    best = search(ctx, scorer, layouts, keep=1) if layouts else []
+    best = search_groups(groups, keep=1)
     if best:
         return best[0].to_plan(ctx).with_(name=spec.name)
     if fit and layouts or not layouts:

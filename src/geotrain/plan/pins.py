@@ -24,6 +24,8 @@ def pin_problem(ctx: PlanningContext) -> str | None:
     job, cl = ctx.job, ctx.cluster
     if job.schedule == "zb-h1" and job.checkpointing == "selective":
         return ZB_SELECTIVE
+    if ctx.tp > 1 and not ctx.sharding_options():
+        return f"sharding zero1 does not run with tp={ctx.tp} (the runtime refuses it): use replicate, zero2 or zero3"
     if job.dp is None and job.pp is None:
         return None
     dp, tp = job.dp or 1, ctx.tp
@@ -55,7 +57,7 @@ def pin_problem(ctx: PlanningContext) -> str | None:
 
 def respects_pins(plan: Plan, job: JobSpec) -> bool:
     """Does the plan keep every layout choice the job fixes?"""
-    fixed = {"pp": job.pp, "dp": job.dp, "tp": job.tp,
+    fixed = {"pp": job.pp, "dp": job.dp, "tp": job.tp if isinstance(job.tp, int) else None,
              "micro_batch": job.micro_batch if isinstance(job.micro_batch, int) else None,
              "schedule": None if job.schedule == "auto" else job.schedule,
              "checkpointing": None if job.checkpointing == "auto" else job.checkpointing,

@@ -34,6 +34,7 @@ class Candidate:
     connections: tuple[int, ...]
     est: Estimate
     name: str = "geotrain"
+    tp: int | None = None   # the context's tp when None
 
     def to_plan(self, ctx: PlanningContext) -> Plan:
         lay = self.layout
@@ -42,7 +43,7 @@ class Candidate:
         links = tuple(LinkPlan(src_dc=a, dst_dc=b, connections=n, sharing="fair")
                       for (a, b), n in zip(zip(lay.chain, lay.chain[1:]), self.connections, strict=True))
         plan = Plan(stages=stages, dp=lay.dp, micro_batch=lay.micro_batch, num_microbatches=lay.m,
-                    schedule=self.kind, tp=ctx.tp, precision=ctx.job.precision,
+                    schedule=self.kind, tp=self.tp or ctx.tp, precision=ctx.job.precision,
                     checkpointing=self.checkpointing, sharding=self.sharding, links=links,
                     extra_warmup=self.extra if self.kind == "wan-1f1b" else (), name=self.name)
         if self.sharing == "temporal":
@@ -145,7 +146,7 @@ class Scorer:
         pp, m = lay.pp, lay.m
         kinds = kinds or self.kinds or schedule_kinds(ctx, len(lay.chain))
         wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(lay.chain, lay.chain[1:]))
-        variants = self._variants(lay)
+        variants = self.variants(lay)
         best: Candidate | None = None
         self._layout_costs = {}
         for ckpt in ctx.checkpointing_options()[skip:]:
@@ -168,7 +169,7 @@ class Scorer:
                 break  # heavier checkpointing only adds recompute (so it is behind the cutoff too)
         return best
 
-    def _variants(self, lay: Layout) -> list[tuple[str, tuple[int, ...], list[BoundaryCosts], float]]:
+    def variants(self, lay: Layout) -> list[tuple[str, tuple[int, ...], list[BoundaryCosts], float]]:
         """(sharing, connections, boundary costs, temporal stagger) per WAN sharing worth trying
         (memoised: split_bound asks before score does)."""
         key = (lay.chain, lay.counts, lay.dp, lay.micro_batch)
@@ -203,34 +204,6 @@ class Scorer:
         least = min(inflight(k, lay.pp, lay.m, 0) for k in kinds)
         return self.ctx.stage_fits(chunks[0], lay.chain[0], lay.micro_batch, least,
                                    self.ctx.sharding_options()[-1], lay.dp, ckpt)
-
-    def split_bound(self, lay: Layout, ckpt: str) -> float | None:
-        """A lower bound on every estimate `score(lay)` can give with `ckpt` or heavier, from the
-        real balanced split (the layout's bound assumes a perfect one): the slowest stage sets
-        the period, each kind's fill from the stage times, WAN bytes and latencies as in the
-        layout's bound. None where the split is not the one scored (interleaved chunks)."""
-        kinds = self.kinds or schedule_kinds(self.ctx, len(lay.chain))
-        if "interleaved" in kinds or not self.wan_aware:
-            return None
-        dcs = lay.stage_dcs
-        chunks = self.split(dcs, lay.micro_batch, ckpt, 1)
-        compute = self.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
-        steps = [f + b for f, b, _, _ in compute]
-        fills = []
-        for kind in kinds:
-            if kind == "zb-h1":
-                fills.append(sum(f + bi - bw for f, _, bi, bw in compute) + 2 * max(c[3] for c in compute))
-            else:
-                fills.append(sum(steps))
-        t_max = max(steps)
-        # Per WAN sharing, the boundary costs score() uses: the busiest link bounds the period,
-        # each boundary is crossed twice in the fill, temporal turns add their start spread.
-        out = math.inf
-        for sharing, _, bounds, stagger in self._variants(lay):
-            period = max([t_max] + [b.occupancy for b in bounds])
-            span = offsets_span(lay.dp, stagger, period) if sharing == "temporal" else 0.0
-            out = min(out, (lay.m - 1) * period + 2 * sum(b.delay for b in bounds) + span)
-        return out + min(fills)
 
     def compute_costs(self, dcs, chunks, mb: int, ckpt: str) -> list[tuple[float, float, float, float]]:
         key = (tuple(dcs), chunks, mb, ckpt)
@@ -316,7 +289,7 @@ class Scorer:
                 hit = parts[extra] = (part, span)
             est = finish(hit[0], costs, bounds, hit[1], wan_lat)
             if best is None or est.total < best.est.total:
-                best = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, sharing, conns, est)
+                best = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, sharing, conns, est, tp=ctx.tp)
         if best is not None:
             return best
         if self.scored == 0:
@@ -372,6 +345,8 @@ class Scorer:
 
 def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
     """The analytical estimate of an existing plan (for baselines and the explanation)."""
+    if plan.tp != ctx.tp:   # costs are per tp: price it in a context of its own
+        ctx = PlanningContext(ctx.spec, ctx.profile, tp=plan.tp)
     chain = []
     counts = []
     for st in plan.stages:
@@ -395,4 +370,4 @@ def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
     est = estimate(costs, bounds, plan.num_microbatches, plan.schedule, plan.virtual_per_stage, plan.extra_warmup,
                    span, wan_lat)
     return Candidate(lay, plan.schedule, plan.virtual_per_stage, plan.checkpointing, plan.sharding,
-                     tuple(s.chunks for s in plan.stages), plan.extra_warmup, sharing, conns, est, plan.name)
+                     tuple(s.chunks for s in plan.stages), plan.extra_warmup, sharing, conns, est, plan.name, plan.tp)

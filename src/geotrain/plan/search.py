@@ -23,7 +23,7 @@ from geotrain.plan.explain import analyse, infeasible_reason
 from geotrain.plan.layouts import Layout, chain_signature, enumerate_layouts
 from geotrain.plan.pins import pin_problem, respects_pins
 from geotrain.plan.plan import Plan
-from geotrain.plan.scan import search
+from geotrain.plan.scan import search, search_groups, tp_groups
 from geotrain.plan.scorer import Candidate, Scorer, score_plan
 from geotrain.plan.temporal import apply_fair, apply_temporal, with_connections
 
@@ -64,6 +64,15 @@ class Shortlist:
     layouts: int
     scored: int
     search_s: float
+    ctxs: dict[int, PlanningContext] = field(default_factory=dict)   # per tensor-parallel degree searched
+
+    def ctx_for(self, tp: int) -> PlanningContext:
+        """The context pricing plans of this tp (the costs are per tp)."""
+        if tp == self.ctx.tp:
+            return self.ctx
+        if tp not in self.ctxs:
+            self.ctxs[tp] = PlanningContext(self.spec, self.ctx.profile, tp=tp)
+        return self.ctxs[tp]
 
 
 def _diagnose_infeasible(ctx: PlanningContext, scorer: Scorer | None = None) -> str:
@@ -75,15 +84,15 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None) -> Shortl
     """Search, and list the `top_k` best distinct estimates with their variants and the upgraded
     baselines, for a caller to simulate."""
     t0 = time.perf_counter()
-    ctx = PlanningContext(spec, profile)
+    groups = tp_groups(spec, profile)      # one per tensor-parallel degree; the smallest first
+    ctx, scorer, _ = groups[0]
     problem = pin_problem(ctx)
     if problem:
         raise InfeasibleError(problem)
-    scorer = Scorer(ctx)
-    layouts = enumerate_layouts(ctx)
+    layouts = sum(len(g[2]) for g in groups)
     if not layouts:
         raise InfeasibleError(_diagnose_infeasible(ctx))
-    cands = search(ctx, scorer, layouts, keep=max(top_k, 1) * 2)
+    cands = search_groups(groups, keep=max(top_k, 1) * 2)
     if not cands:
         raise InfeasibleError(_diagnose_infeasible(ctx, scorer))
     distinct = _distinct(cands, ctx)
@@ -102,14 +111,16 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None) -> Shortl
     # A baseline picks its own dp, schedule, ...: for a pinned job only those keeping the pins count.
     plans += [(p, None) for p in _upgraded_baselines(spec, ctx) if respects_pins(p, spec.job)]
     plans = _worth_simulating(ctx, plans, best.est.total)
-    return Shortlist(spec, ctx, plans, len(layouts), scorer.scored, time.perf_counter() - t0)
+    return Shortlist(spec, ctx, plans, layouts, sum(g[1].scored for g in groups), time.perf_counter() - t0,
+                     {g[0].tp: g[0] for g in groups})
 
 
 def conclude(short: Shortlist, index: int, sim=None, simulated: list[tuple[Plan, float]] | None = None,
              simulate_s: float = 0.0) -> PlanResult:
     """The PlanResult for finalist `index` (the simulator's pick, or 0 without simulation)."""
-    spec, ctx = short.spec, short.ctx
+    spec = short.spec
     plan, cand = short.plans[index]
+    ctx = short.ctx_for(plan.tp)
     if cand is None:
         cand = score_plan(ctx, plan)
     # Candidates are numbered internally ("geotrain-3"); the plan a user gets is named after the experiment.
@@ -166,7 +177,7 @@ def _worth_simulating(ctx: PlanningContext, plans: list[tuple[Plan, Candidate | 
 
 def _signature(ctx: PlanningContext, c: Candidate) -> tuple:
     return (chain_signature(ctx, c.layout.chain), c.layout.counts, c.layout.dp, c.layout.micro_batch, c.kind,
-            c.sharing, c.checkpointing, c.sharding)
+            c.sharing, c.checkpointing, c.sharding, c.tp)
 
 
 def _distinct(cands: list[Candidate], ctx: PlanningContext | None = None) -> list[Candidate]:
