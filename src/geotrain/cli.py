@@ -12,13 +12,12 @@ import importlib
 import pkgutil
 import sys
 
+import geotrain.commands as pkg
 from geotrain import __version__
 from geotrain.errors import GeotrainError
 
 
 def _command_modules() -> list:
-    import geotrain.commands as pkg
-
     mods = [importlib.import_module(f"geotrain.commands.{m.name}")
             for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_")]
     return sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.__name__))

@@ -36,6 +36,7 @@ def bubble_windows(trace: Trace, iteration: int = 0, period: float | None = None
     into Event objects. fill_dp_reduction: also offer the DP reduction's time (prefill then
     overlaps the collective, as compute overlaps communication in FSDP; NCCL's kernels take
     only a few of the GPU's SMs) -- an option, since the two then share memory bandwidth."""
+    # lazy: numpy only when called (importers that never call it stay free of it)
     import numpy as np
 
     from geotrain.trace.metrics import trace_columns

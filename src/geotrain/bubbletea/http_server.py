@@ -20,6 +20,7 @@ import time
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from geotrain.bubbletea.idle_priority import lower_own_priority
 from geotrain.errors import GeotrainError
 
 log = logging.getLogger("geotrain.bubbletea")
@@ -82,8 +83,6 @@ class HttpServer:
         """idle_priority: the server thread, and the worker threads it starts (decoding), take
         only CPU nothing else wants -- for a service sharing cores with training ranks. Safe
         because ranks never wait for the service past their bubble (see bubble_executor)."""
-        from geotrain.bubbletea.idle_priority import lower_own_priority
-
         sock = bind(host, port)
         protocol = type("HeadTimeoutH11", (_HeadTimeoutH11,), {"head_timeout_s": self.header_timeout_s})
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off", http=protocol,

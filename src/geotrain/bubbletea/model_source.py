@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geotrain.config.hf import is_hf_dir
-from geotrain.errors import GeotrainError
+from geotrain.config.load import load_model
+from geotrain.errors import GeotrainError, SpecError
+from geotrain.models.presets import PRESETS
 
 
 @dataclass
@@ -25,8 +27,6 @@ class InferenceModel:
 
 def describe_ref(ref: str) -> str:
     """One line on what `ref` is, or a GeotrainError saying why it is not a servable model."""
-    from geotrain.models.presets import PRESETS
-
     if ref in PRESETS:
         return f"preset {ref} (untrained)"
     if is_hf_dir(Path(ref)):
@@ -36,10 +36,6 @@ def describe_ref(ref: str) -> str:
 
 
 def model_spec(ref: str):
-    from geotrain.config.load import load_model
-    from geotrain.errors import SpecError
-    from geotrain.models.presets import PRESETS
-
     if ref in PRESETS:
         return PRESETS[ref]
     try:
@@ -49,6 +45,7 @@ def model_spec(ref: str):
 
 
 def load_inference_model(ref: str) -> InferenceModel:
+    # lazy: numpy, torch, tqdm only when called (importers that never call it stay free of it)
     from geotrain.data.tokenizer import ByteTokenizer, load_tokenizer
     from geotrain.models.hf import HFWeightsError, load_hf_weights
     from geotrain.models.llama import build_model

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from geotrain.config.cluster import GPUType
 from geotrain.config.model import ModelSpec
+from geotrain.models.presets import PRESETS
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -64,6 +65,7 @@ class PrefillCost:
     @classmethod
     def fit(cls, samples: Sequence[tuple[Sequence[int], float]]) -> PrefillCost:
         """Least-squares fit of (a, b, c) to measured (prompt lengths, seconds) samples."""
+        # lazy: numpy only when called (importers that never call it stay free of it)
         import numpy as np
 
         X = np.array([[1.0, float(sum(ls)), float(sum(n * n for n in ls))] for ls, _ in samples])
@@ -98,8 +100,6 @@ def free_beside_training(spec, plan, rank: int, used: float) -> float:
 def headroom(spec, plan, peak_memory: dict[int, float]) -> tuple[float, list[str]]:
     """Memory left beside training on the tightest GPU (bytes, see free_beside_training), and
     the model presets whose prefill fits there with a full-length prompt."""
-    from geotrain.models.presets import PRESETS
-
     room = min((free_beside_training(spec, plan, r, used) for r, used in peak_memory.items()), default=0.0)
     fit = [name for name, m in PRESETS.items() if inference_memory_bytes(m, m.seq_len) <= room]
     return room, fit

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from geotrain.bubbletea.bubble_executor import BubbleWorker
+from geotrain.bubbletea.inference import KVCache, forward_with_cache
+from geotrain.bubbletea.model_source import load_inference_model
 from geotrain.bubbletea.predictor import BubblePredictor
 from geotrain.bubbletea.prefill_cost import PrefillCost
 
@@ -25,8 +27,6 @@ log = logging.getLogger(__name__)
 
 def profile_prefill_cost(model, lengths: tuple[int, ...] = (8, 24, 48), repeats: int = 3) -> PrefillCost:
     """Fit a + b*n + c*n^2 to a short profile of this process's prefill (a few ms on a tiny model)."""
-    from geotrain.bubbletea.inference import KVCache, forward_with_cache
-
     samples = []
     for n in lengths:
         toks = torch.randint(0, model.spec.vocab, (1, n))
@@ -97,8 +97,6 @@ def make_hook(conf: dict[str, Any], rank: int, recorder) -> BubbleHook | None:
 
     priority: "idle" (default on CPU ranks) computes prefill on a SCHED_IDLE thread, since CPU ranks
     share cores; "normal" (default with CUDA, where the rank's own device is what idles) runs it in place."""
-    from geotrain.bubbletea.model_source import load_inference_model
-
     model = load_inference_model(conf.get("inference_model", "tiny")).model   # the service's model, same weights
     model = model.to(conf.get("device", "cpu"))          # the rank's device (the runtime says which)
     cost = profile_prefill_cost(model)

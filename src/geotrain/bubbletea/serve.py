@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from geotrain.bubbletea.bubble_executor import BubbleExecutor
 from geotrain.bubbletea.executor import DecodeWorker
+from geotrain.bubbletea.model_source import load_inference_model
 from geotrain.bubbletea.service import PrefillService
 
 
@@ -29,17 +37,13 @@ class RunningService:
         if self.service.run_dir:
             self._write_summary(left)
         if self.work_dir is not None:
-            import shutil
-
             shutil.rmtree(self.work_dir, ignore_errors=True)
         return left
 
 
     def _write_summary(self, finished_after: int) -> None:
         """RUN_DIR/bubbletea.json: what the report's BubbleTea section shows (all measured)."""
-        import json
-        from pathlib import Path
-
+        # lazy: prometheus_client only when called (importers that never call it stay free of it)
         from geotrain.bubbletea.metrics import quantile
 
         s = self.service.stats
@@ -70,15 +74,8 @@ def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str =
     threads (and decoding) at idle priority too (see idle_priority), "normal" runs both as usual,
     "auto" picks idle on CPU and normal with CUDA, where the service has host cores of its own.
     The executor threads that answer ranks keep normal priority."""
-    import os
-    import shutil
-    import tempfile
-
-    from geotrain.bubbletea.model_source import load_inference_model
 
     if priority == "auto":
-        import torch
-
         priority = "normal" if torch.cuda.is_available() else "idle"
     work_dir = tempfile.mkdtemp(prefix="geotrain-bt-") if unix else None
     executor = None

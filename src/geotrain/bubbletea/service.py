@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from geotrain.bubbletea.inference import Sampler
+from geotrain.data.tokenizer import ByteTokenizer
 
 MAX_BODY = 1 << 20
 
@@ -114,8 +115,6 @@ class PrefillService:
                  max_new_tokens: int = 64, vocab: int = 256, token: str | None = None,
                  request_timeout_s: float = 120.0, tokenizer=None, model_name: str = "geotrain-tiny",
                  run_dir: str | None = None, max_connections: int = 256, read_timeout_s: float = 10.0):
-        from geotrain.data.tokenizer import ByteTokenizer
-
         self.executor, self.decoder = executor, decoder
         self.max_queue, self.max_prompt_tokens, self.max_new_limit = max_queue, max_prompt_tokens, max_new_tokens
         self.vocab, self.token, self.timeout = vocab, token, request_timeout_s
@@ -197,6 +196,7 @@ class PrefillService:
     def serve(self, host: str = "127.0.0.1", port: int = 0, idle_priority: bool = False) -> tuple[str, int]:
         """Start the HTTP API on a background thread; returns the bound address. A port in use
         is a GeotrainError (one line)."""
+        # lazy: the ASGI stack (fastapi, starlette, uvicorn, prometheus_client) only when serving
         from geotrain.bubbletea.http_server import HttpServer
         from geotrain.bubbletea.openai_api import build_app
 

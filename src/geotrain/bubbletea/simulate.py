@@ -7,9 +7,12 @@ rank is idle, so every training action keeps its start time by construction -- a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import numpy as np
+import tomllib
 
 from geotrain.bubbletea.bubbles import NOT_FILLABLE, Window, bubble_windows
 from geotrain.bubbletea.prefill_cost import (
@@ -20,6 +23,10 @@ from geotrain.bubbletea.prefill_cost import (
 )
 from geotrain.bubbletea.scheduler import BubbleScheduler, Placement, Request
 from geotrain.bubbletea.workload import Workload
+from geotrain.console import human_bytes, human_seconds
+from geotrain.errors import GeotrainError, SpecError
+from geotrain.models.presets import PRESETS
+from geotrain.trace.metrics import compute_metrics, trace_columns
 from geotrain.trace.schema import TRAINING_COMPUTE_KINDS, Event, Trace
 
 
@@ -39,8 +46,6 @@ class BubbleTeaResult:
     windows: dict[int, list[Window]] = field(default_factory=dict)
 
     def summary_rows(self) -> list[tuple[str, str]]:
-        from geotrain.console import human_seconds
-
         return [
             ("GPU utilization without BubbleTea", f"{self.utilization_without:.1%}"),
             ("GPU utilization with BubbleTea", f"{self.utilization_with:.1%}"),
@@ -55,8 +60,6 @@ def run_bubbletea(trace: Trace, requests: list[Request], cost: PrefillCost, *, m
                   min_chunk: int = 16, max_wait: float = float("inf"), period: float | None = None,
                   horizon: float | None = None) -> BubbleTeaResult:
     """Serve `requests` from the bubbles of every rank of `trace`."""
-    from geotrain.trace.metrics import compute_metrics
-
     windows, period = bubble_windows(trace, period=period)
     busy = compute_metrics(trace, 0).mean_utilization
     return run_windows(windows, period, requests, cost, margin=margin, min_chunk=min_chunk,
@@ -118,8 +121,6 @@ def prefill_events(result: BubbleTeaResult, iteration_start: float = 0.0,
 def check_no_overlap(trace: Trace, result: BubbleTeaResult, fill_dp_reduction: bool = False) -> None:
     """Raise if any prefill chunk overlaps a training compute action (or, unless it may be
     filled, the DP reduction) of the same rank, with iteration 0 repeated every period."""
-    from geotrain.trace.metrics import trace_columns
-
     cols = trace_columns(trace)
     sel = cols.iteration == 0
     t0 = float(cols.start[sel].min()) if sel.any() else 0.0
@@ -172,12 +173,7 @@ INFERENCE_CHOICES = ("llama2-13b", "llama2-7b", "small", "tiny")
 def parse_workload(arg: str | None, spec_table: dict | None = None) -> WorkloadConfig:
     """`--bubbletea` accepts a TOML file, "key=value,key=value", or "spec" (the experiment's
     [bubbletea] table). Unknown keys are errors."""
-    from dataclasses import fields
-    from pathlib import Path
 
-    import tomllib
-
-    from geotrain.errors import SpecError
 
     known = {f.name: f.type for f in fields(WorkloadConfig)}
     where = arg or "spec"
@@ -221,7 +217,6 @@ def parse_workload(arg: str | None, spec_table: dict | None = None) -> WorkloadC
     problem = _workload_problem(cfg)
     if problem:
         raise SpecError(where, problem[0], problem[1])
-    from geotrain.models.presets import PRESETS
 
     if cfg.inference_model != "auto" and cfg.inference_model not in PRESETS:
         raise SpecError(where, "inference_model", f"unknown preset {cfg.inference_model!r}")
@@ -231,8 +226,6 @@ def parse_workload(arg: str | None, spec_table: dict | None = None) -> WorkloadC
 def _workload_problem(cfg: WorkloadConfig) -> tuple[str, str] | None:
     """(key, reason) for the first out-of-range workload value. Negative rates or sigma crashed
     numpy's samplers; zero prompts, iterations or chunks served nothing and reported 0 ms TTFT."""
-    import math
-
     # Upper bounds too: the simulated request stream is sampled up front (load = 1e12 asked numpy
     # for petabytes), so each value stays within what a service could meet.
     checks = [
@@ -275,8 +268,6 @@ def bubbletea_for_plan(spec, sim_result, cfg: WorkloadConfig) -> PlanBubbleTea:
     temporal-sharing stagger), so the stream is served by `representative_replicas` replicas of
     every stage, with the arrival rate scaled to their share: utilization and TTFT are per-GPU
     quantities and carry over, while the scheduler's cost stays independent of cluster size."""
-    from geotrain.models.presets import PRESETS
-
     plan, trace, metrics = sim_result.plan, sim_result.trace, sim_result.metrics
     period = metrics.iteration_time
     windows, _ = bubble_windows(trace, period=period, fill_dp_reduction=cfg.fill_dp_reduction)
@@ -293,9 +284,6 @@ def bubbletea_for_plan(spec, sim_result, cfg: WorkloadConfig) -> PlanBubbleTea:
     no_room = [r for r in chosen if headroom[r] < need]
     serving = {r: windows.get(r, []) for r in chosen if r not in no_room}
     if not serving:
-        from geotrain.console import human_bytes
-        from geotrain.errors import GeotrainError
-
         raise GeotrainError(f"inference model {name} needs {human_bytes(need)} for a {cfg.max_prompt}-token prompt, "
                             f"more than any GPU has beside training (least headroom "
                             f"{human_bytes(min(headroom.values()))}); models that fit: {', '.join(fit) or 'none'}")

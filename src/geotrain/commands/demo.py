@@ -12,6 +12,16 @@
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from geotrain.cli import main as cli
+from geotrain.errors import GeotrainError
 
 HELP = "run the built-in demo: plan, simulate, train across emulated DCs with BubbleTea, report"
 ORDER = 1
@@ -46,21 +56,16 @@ def _default_spec() -> str:
 
 def _shipped(rel: str, what: str, hint: str) -> str:
     """A file shipped in the repository: relative to the working directory, else to the checkout."""
-    from pathlib import Path
-
     here = Path(__file__).resolve().parents[3] / rel
     if Path(rel).exists():
         return rel
     if here.exists():
         return str(here)
-    from geotrain.errors import GeotrainError
 
     raise GeotrainError(f"cannot find {what} {rel}; {hint}")
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -68,11 +73,6 @@ def _free_port() -> int:
 
 def _client(url: str, prompts: list[str], results: list, stop) -> None:
     """Send prompts one after another while training runs; keep every answer."""
-    import http.client
-    import json
-    import time
-    from urllib.parse import urlparse
-
     u = urlparse(url)
     deadline = time.time() + 120
     while not stop.is_set() and time.time() < deadline:  # wait until a training rank has joined
@@ -104,11 +104,6 @@ def _client(url: str, prompts: list[str], results: list, stop) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import threading
-    from pathlib import Path
-
-    from geotrain.cli import main as cli
-    from geotrain.errors import GeotrainError
 
     # Checked here, not by `train` at step 3 after planning and simulating (and 0 was taken as "unset").
     if args.steps is not None and args.steps < 1:

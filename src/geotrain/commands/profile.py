@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import time
+
+from geotrain.errors import GeotrainError
 
 HELP = "measure per-unit compute, DP all-reduce, optimizer, WAN and runtime overheads on this machine"
 DESCRIPTION = (
@@ -29,12 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
+    # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.calibrate.measure import measure_profile
     from geotrain.calibrate.profile import save_profile
     from geotrain.config.load import load_spec
-    from geotrain.errors import GeotrainError
 
     spec = load_spec(args.spec)
     if args.micro_batch and min(args.micro_batch) < 1:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from geotrain.errors import GeotrainError
+
 HELP = "re-plan a run for the cluster left after losing datacenters or GPUs (then train --resume-from)"
 ORDER = 55
 DESCRIPTION = ("Write a new plan for RUN_DIR's model, global batch and optimizer on what is left of its cluster, "
@@ -26,8 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_gpus(items: list[str]) -> dict[str, int]:
-    from geotrain.errors import GeotrainError
-
     out = {}
     for item in items:
         name, sep, n = item.partition("=")
@@ -38,7 +38,7 @@ def parse_gpus(items: list[str]) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from geotrain.errors import GeotrainError
+    # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.orchestrate.replan import describe, replan
     from geotrain.plan.plan import save_plan
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from geotrain.console import format_table, human_bytes, human_rate, human_seconds
+from geotrain.report.bubbletea import bubbletea_rows
+
 HELP = "rebuild report.html and timeline.png of a run directory (predicted vs measured when both exist)"
 DESCRIPTION = (
     "Rebuild DIR/timeline.png and DIR/report.html from DIR/trace.jsonl (or predicted_trace.jsonl), "
@@ -19,8 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from geotrain.console import format_table, human_bytes, human_rate, human_seconds
-    from geotrain.report.bubbletea import bubbletea_rows
+    # lazy: matplotlib, numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.report.build import metrics_label, prediction_note, rebuild
     from geotrain.report.compare import format_rel, format_value
 

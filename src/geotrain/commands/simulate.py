@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from geotrain.console import format_table, human_bytes, human_rate, human_seconds
+from geotrain.errors import GeotrainError
+from geotrain.trace.schema import Trace
 
 HELP = "simulate a training plan and write its trace, timeline and HTML report"
 DESCRIPTION = (
@@ -33,8 +41,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def check_plan_for_spec(spec, plan) -> None:
     """Refuse, in one line, a plan file that does not fit the spec's cluster or model (a plan
     made for another experiment), before the simulator trips over it."""
-    from geotrain.errors import GeotrainError
-
     where = f"plan {plan.name}"
     if min(plan.pp, plan.dp, plan.tp, plan.micro_batch, plan.num_microbatches) < 1:
         raise GeotrainError(f"{where}: pp, dp, tp, micro_batch and num_microbatches must all be >= 1")
@@ -60,13 +66,8 @@ def check_plan_for_spec(spec, plan) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-    import sys
-    from pathlib import Path
-
+    # lazy: matplotlib, numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.config import load_spec
-    from geotrain.console import format_table, human_bytes, human_rate, human_seconds
-    from geotrain.errors import GeotrainError
     from geotrain.orchestrate.schedules import compare_schedules
     from geotrain.plan.plan import load_plan, plan_spec, save_plan
     from geotrain.plan.variants import schedule_variant
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
     workload = None
     if args.bubbletea:  # a bad workload is refused before the simulation, not after its output
+        # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
         from geotrain.bubbletea.simulate import parse_workload
 
         workload = parse_workload(args.bubbletea, spec.bubbletea)
@@ -106,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         if args.schedule:
             plan, _ = schedule_variant(plan, args.schedule, spec.model.num_units, spec)
     else:
+        # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
         from geotrain.orchestrate.planning import make_plan
 
         # What `geotrain plan SPEC` chooses -- also for a job that pins pp/dp, so plan, simulate and
@@ -177,16 +180,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _bubbletea(cfg, spec, res, out) -> list:
     """Serve the workload from the simulated bubbles; print the table, draw the filled timeline."""
-    import json
-    from dataclasses import asdict
-
+    # lazy: matplotlib, numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     import numpy as np
 
     from geotrain.bubbletea.simulate import bubbletea_for_plan, check_no_overlap, prefill_events
-    from geotrain.console import format_table
     from geotrain.report.timeline import draw_timeline
     from geotrain.trace.metrics import trace_columns
-    from geotrain.trace.schema import Trace
 
     bt = bubbletea_for_plan(spec, res, cfg)
     check_no_overlap(res.trace, bt.result, cfg.fill_dp_reduction)   # prefill only in bubbles: training unchanged

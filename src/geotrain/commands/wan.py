@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from geotrain.emulation import netns as N
+from geotrain.errors import GeotrainError
+
 HELP = "emulate the cluster's datacenters and WAN with network namespaces (root)"
 ORDER = 80
 
@@ -24,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cluster(path: str):
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.config import load_cluster, load_spec
     from geotrain.config.load import _read_toml
 
@@ -32,9 +36,8 @@ def _cluster(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from geotrain.emulation import netns as N
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.emulation.network import WanEmulation, cluster_tag, emulation_available
-    from geotrain.errors import GeotrainError
 
     try:
         if args.action == "status":

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from geotrain.config.cluster import Cluster
+from geotrain.config.hf import HFConfigError, is_hf_dir, read_hf_config
 from geotrain.config.job import MAX_MICROBATCHES, JobSpec, training_state_bytes_per_param
 from geotrain.config.model import ModelSpec
 from geotrain.errors import SpecError
@@ -152,8 +153,6 @@ _HF_OVERRIDES = {"hf", "name", "seq_len"}
 def _hf_model(data: dict[str, Any], file: str, prefix: str, default_name: str | None) -> ModelSpec:
     """A model whose shape and weights come from a Hugging Face directory (`hf = "DIR"`, relative
     to the file naming it); `seq_len` may shorten the trained context."""
-    from geotrain.config.hf import HFConfigError, is_hf_dir, read_hf_config
-
     ref = data["hf"]
     if not isinstance(ref, str) or not ref:
         raise SpecError(file, _join(prefix, "hf"), "must be the path of a Hugging Face model directory")

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
 class ByteTokenizer:
@@ -47,6 +48,7 @@ class HFTokenizer:
     chat template of its tokenizer_config.json when present."""
 
     def __init__(self, directory: str | Path):
+        # lazy: tokenizers only when called (importers that never call it stay free of it)
         from tokenizers import Tokenizer
 
         directory = Path(directory)
@@ -84,8 +86,6 @@ class HFTokenizer:
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         """The prompt text of a chat, rendered as transformers does (sandboxed Jinja)."""
-        from jinja2.sandbox import ImmutableSandboxedEnvironment  # optional: only chat needs it
-
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         return env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token or "")

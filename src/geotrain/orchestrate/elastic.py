@@ -219,6 +219,7 @@ def plot_losses(run_dir: Path) -> Path | None:
     import matplotlib  # heavy: only when a run had a plot to draw
 
     matplotlib.use("Agg")
+    # lazy: matplotlib only when called (importers that never call it stay free of it)
     import matplotlib.pyplot as plt
 
     rows = [json.loads(x) for x in (run_dir / "losses.jsonl").read_text().splitlines() if x.strip()]

@@ -14,15 +14,17 @@ Run directory files:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from geotrain.errors import GeotrainError
-from geotrain.plan.plan import Plan
+from geotrain.plan.plan import Plan, load_plan
+from geotrain.report.bubbletea import bubbletea_rows
 from geotrain.report.compare import CompareRow, ScheduleRow, compare_metrics, explain_rows
 from geotrain.report.html import write_html
 from geotrain.report.timeline import draw_timeline, draw_timelines
+from geotrain.trace.chrome import write_chrome
 from geotrain.trace.layout import num_ranks, plan_of, rank_layout
 from geotrain.trace.metrics import Metrics, compute_metrics
 from geotrain.trace.schema import Trace
@@ -106,8 +108,6 @@ def prediction_note(trace: Trace) -> str:
 
 def write_measured_chrome(run_dir: str | Path, plan: Plan | None = None) -> Path | None:
     """RUN_DIR/measured_trace.chrome.json (open in ui.perfetto.dev or chrome://tracing)."""
-    from geotrain.trace.chrome import write_chrome
-
     src = Path(run_dir) / MEASURED_NAME
     if not src.exists():
         return None
@@ -133,7 +133,6 @@ def last_iterations(measured: Trace, k: int) -> tuple[Trace, str]:
     keep = set(its[-k:])
     events = [e for e in measured.events if e.iteration in keep]
     t0 = min(e.start for e in events)
-    from dataclasses import replace
 
     shifted = [replace(e, start=e.start - t0, end=e.end - t0) for e in events]
     return (Trace(shifted, num_ranks=measured.num_ranks, source=measured.source, meta=measured.meta),
@@ -160,7 +159,6 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
     """`geotrain report`: rebuild timeline.png and report.html (and the measured trace's Chrome
     JSON) from the files in `run_dir`. Returns the files, the main trace's metrics and the
     measured trace (None if absent) -- and the main trace itself with `with_trace`."""
-    from geotrain.plan.plan import load_plan
     from geotrain.report.compare import ScheduleRow
 
     d = Path(run_dir)
@@ -188,7 +186,6 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
     measured_metrics = _metrics(measured, tokens, run_measured or None, str(measured_path)) \
         if measured is not None else None
     schedules = [ScheduleRow(**r) for r in doc.get("schedule_comparison") or []] or None
-    from geotrain.report.bubbletea import bubbletea_rows
 
     if measured_path is not None:
         write_measured_chrome(d, plan)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from geotrain.console import human_bytes, human_rate, human_seconds
 from geotrain.trace.layout import num_ranks
 from geotrain.trace.metrics import Metrics, compute_metrics
 from geotrain.trace.schema import Trace
@@ -59,8 +60,6 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
 
 def format_value(v: float, unit: str) -> str:
     """A CompareRow value in human units ("s", "B", "fraction" or a rate unit such as "tok/s")."""
-    from geotrain.console import human_bytes, human_rate, human_seconds
-
     if v != v:  # nan: the trace does not record this quantity
         return "not recorded"
     if unit == "s":

@@ -14,6 +14,7 @@ def draw_pareto(spec, simulated, chosen_index: int, path: str, objective: str) -
     import matplotlib  # optional heavy dependency: only for drawing
 
     matplotlib.use("Agg")
+    # lazy: matplotlib only when called (importers that never call it stay free of it)
     import matplotlib.pyplot as plt
 
     pts = []
