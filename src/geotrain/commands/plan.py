@@ -115,6 +115,9 @@ def _print_plan(spec, res) -> None:
     print(f"  dp {p.dp}  pp {p.pp}  tp {p.tp}  micro-batch {p.micro_batch} x {p.num_microbatches}  "
           f"schedule {p.schedule}" + (f" extra warm-up {list(p.extra_warmup)}" if p.extra_warmup else ""))
     print(f"  precision {p.precision}  checkpointing {p.checkpointing}  sharding {p.sharding}")
+    if p.replica_dcs:
+        print("  region plan: DP pipelines per DC " + ", ".join(f"{d} {n}" for d, n in p.replicas_per_dc())
+              + " (each pipeline inside one DC; the gradient sync crosses their links)")
     print("  stages:")
     for s, st in enumerate(p.stages):
         gpu = cl.dc(st.dc).gpu_type

@@ -53,6 +53,9 @@ class Datacenter(Strict):
     intra_dc_gbps: bounded_float(1e-3, 1e12) = 200.0
     intra_dc_latency_us: float = Field(5.0, ge=0, le=1e6)
     price_per_gpu_hour: float | None = Field(None, ge=0, le=1e6)
+    # DCs of one region (zones of a cloud region): the planner may spread a stage's DP replicas
+    # over them, the gradient reduction then crossing their links (plan/regions.py).
+    region: str | None = Field(None, min_length=1)
 
 
 class WanLink(Strict):
@@ -70,6 +73,7 @@ class WanLink(Strict):
     max_connections: bounded_int(1, 4096) = 64
     loss: float = Field(0.0, ge=0, lt=1)
     jitter_ms: float = Field(0.0, ge=0, le=1e4)
+    egress_usd_per_gb: float | None = Field(None, ge=0, le=1e4)   # $ per GB sent over the link (either way)
 
     @field_validator("between")
     @classmethod

@@ -1,4 +1,5 @@
-"""Collective-communication times inside one datacenter (alpha-beta model of ring algorithms).
+"""Collective-communication times inside one datacenter, and across the DCs of a region (alpha-beta
+model of ring algorithms).
 
 A ring reduce-scatter or all-gather of B bytes over n ranks moves (n-1)/n * B per rank in n-1
 steps: t = (n-1)/n * B / bw + (n-1) * latency. An all-reduce is a reduce-scatter followed by an
@@ -59,3 +60,29 @@ def dp_sync_time(nbytes: float, dp: int, dc: Datacenter, sharding: str, tp: int 
 
 def allreduce_time(nbytes: float, n: int, per_node: int, dc: Datacenter) -> float:
     return 2 * hierarchical_half(nbytes, n, per_node, dc)
+
+
+def cross_dc_sync_time(nbytes: float, groups: list[tuple[Datacenter, int]], links: list, sharding: str,
+                       tp: int = 1) -> float:
+    """DP gradient synchronization of a stage whose replicas span DCs (a region plan), per iteration.
+
+    Hierarchical, per reduce-scatter/all-gather half: inside each DC a half over its replicas
+    (hierarchical_half: NVLink ring, then across nodes), then a ring across the k DCs over the
+    WAN on each replica's shard -- every replica (all its tp ranks) owns a slice and sends it on
+    its own connection, so a link carries (k-1)/k of the stage's whole gradient (all tp slices)
+    at min(capacity, owners x per-connection rate), owners = tp x the fewest replicas in a DC, in
+    k-1 steps of the slowest link's latency. The slowest of `links` (every pair of the DCs)
+    prices the ring. nbytes: gradient bytes per GPU (grad_bytes, one tp slice)."""
+    if sharding == "fsdp":
+        sharding = "zero3"
+    groups = [(dc, n) for dc, n in groups if n > 0]
+    if len(groups) == 1:
+        dc, n = groups[0]
+        return dp_sync_time(nbytes, n, dc, sharding, tp)
+    k = len(groups)
+    intra = max(hierarchical_half(nbytes, n, max(1, dc.gpus_per_node // tp), dc) for dc, n in groups)
+    owners = min(n for _, n in groups) * tp
+    rate = min(link.rate_gbps(owners) for link in links) * GBIT
+    lat = max(link.latency_ms for link in links) * 1e-3
+    wan = (k - 1) / k * nbytes * tp / rate + (k - 1) * lat
+    return HALVES_PER_ITERATION[sharding] * (intra + wan)

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from geotrain.config.cluster import Datacenter, GPUType, WanLink
 from geotrain.config.load import Spec
+from geotrain.cost import comm
 from geotrain.plan.split import prefix_sums
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
@@ -191,6 +192,20 @@ class PlanningContext:
             units = _units(chunks)
             nbytes = cm.grad_bytes(units, self.tp)
             v = cm.allreduce_time(nbytes, dp, self.dc(dc_name), sharding, self.tp)
+            self._memo[key] = v
+        return v
+
+    def allreduce_span(self, chunks: tuple[tuple[int, int], ...], span: tuple[str, ...], replicas: tuple[int, ...],
+                       sharding: str) -> float:
+        """A region plan's gradient sync: the stage's replicas spread over the DCs of `span`."""
+        key = ("ars", self.shape(chunks), span, replicas, sharding)
+        v = self._memo.get(key)
+        if v is None:
+            cm = self.cost("none")
+            links = [self.link(a, b) for i, a in enumerate(span) for b in span[i + 1:]]
+            v = comm.cross_dc_sync_time(cm.grad_bytes(_units(chunks), self.tp),
+                                        [(self.dc(d), n) for d, n in zip(span, replicas, strict=True)], links,
+                                        sharding, self.tp)
             self._memo[key] = v
         return v
 

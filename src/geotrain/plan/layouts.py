@@ -29,6 +29,8 @@ class Layout:
     micro_batch: int
     m: int
     bound: float = 0.0
+    span: tuple[str, ...] = ()        # region layout: the DCs the DP pipelines spread over (chain = (span[0],))
+    replicas: tuple[int, ...] = ()    # ... and the pipelines in each
 
     @property
     def pp(self) -> int:
@@ -61,7 +63,8 @@ def chain_signature(ctx: PlanningContext, chain: tuple[str, ...]) -> tuple:
         return (d.gpu_type, d.gpus_per_node, d.intra_node_gbps, d.intra_dc_gbps, d.intra_dc_latency_us,
                 d.price_per_gpu_hour)
 
-    hops = tuple((lk.latency_ms, lk.capacity_gbps, lk.per_connection_gbps, lk.max_connections, lk.loss, lk.jitter_ms)
+    hops = tuple((lk.latency_ms, lk.capacity_gbps, lk.per_connection_gbps, lk.max_connections, lk.loss, lk.jitter_ms,
+                  lk.egress_usd_per_gb)
                  for lk in (ctx.link(a, b) for a, b in zip(chain, chain[1:])))
     return tuple(dc(x) for x in chain), hops
 

@@ -31,7 +31,8 @@ def plan_from_job(spec: Spec, schedule: str | None = None, virtual_per_stage: in
     fit=False: when nothing fits in memory, the placement of the layout with the lowest bound
     anyway, with the job's first checkpointing/sharding choices (what `estimate` reports on)."""
     kind = schedule or ("interleaved" if virtual_per_stage > 1 else None)
-    groups = tp_groups(spec, kinds=(kind,) if kind else None)   # tp = "auto": every tp, one scan
+    # tp = "auto": every tp, one scan; no region layouts, which the runtime cannot train yet
+    groups = tp_groups(spec, regions=False, kinds=(kind,) if kind else None)
     ctx, scorer, layouts = groups[0]
     problem = pin_problem(ctx)
     if problem:

@@ -1,9 +1,11 @@
 """The plan: the one description of a training layout that simulator and runtime both consume.
 
 Layout rules it encodes: pipeline stages may sit in different DCs (joined by the WAN); every DP
-replica of a stage sits in the stage's DC, so the gradient reduction never crosses the WAN; TP
-stays inside a node. Ranks are numbered stage-major -- rank = (stage * dp + replica) * tp + t --
-so the ranks of one DC are contiguous.
+replica of a stage sits in the stage's DC, so the gradient reduction never crosses the WAN --
+except in a region plan (`replica_dcs`): every stage in one DC's pipeline, DP pipeline d in DC
+replica_dcs[d], so only the gradient reduction crosses the (fast, regional) links. TP stays
+inside a node. Ranks are numbered stage-major -- rank = (stage * dp + replica) * tp + t -- so
+the ranks of one DC are contiguous (in a region plan: per stage).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Plan:
     links: tuple[LinkPlan, ...] = ()
     extra_warmup: tuple[int, ...] = ()       # wan-1f1b: extra warm-up forwards per stage
     pipeline_offsets: tuple[float, ...] = () # start offset (s) of each DP pipeline
+    replica_dcs: tuple[str, ...] = ()        # region plan: the DC of each DP pipeline (else the stage's DC)
     name: str = "plan"
     notes: tuple[str, ...] = field(default=())
 
@@ -94,11 +97,26 @@ class Plan:
         sr = rank // self.tp
         return sr // self.dp, sr % self.dp, t
 
+    def dc_of(self, stage: int, replica: int) -> str:
+        """The DC of one stage replica."""
+        return self.replica_dcs[replica] if self.replica_dcs else self.stages[stage].dc
+
     def gpus_per_dc(self) -> dict[str, int]:
         out: dict[str, int] = {}
+        if self.replica_dcs:
+            for dc in self.replica_dcs:
+                out[dc] = out.get(dc, 0) + self.pp * self.tp
+            return out
         for s in self.stages:
             out[s.dc] = out.get(s.dc, 0) + self.dp * self.tp
         return out
+
+    def replicas_per_dc(self) -> list[tuple[str, int]]:
+        """Region plan: (DC, DP pipelines there) in first-appearance order; else [(stage 0's DC, dp)]."""
+        out: dict[str, int] = {}
+        for dc in self.replica_dcs or (self.stages[0].dc,) * self.dp:
+            out[dc] = out.get(dc, 0) + 1
+        return list(out.items())
 
     def link_between(self, a: str, b: str) -> LinkPlan | None:
         for lp in self.links:
@@ -125,7 +143,7 @@ class Plan:
             StagePlan(dc=s["dc"], chunks=tuple(tuple(c) for c in s["chunks"])) for s in d["stages"]
         )
         d["links"] = tuple(LinkPlan(**{**lp, "order": tuple(lp.get("order", ()))}) for lp in d.get("links", ()))
-        for k in ("extra_warmup", "pipeline_offsets", "notes"):
+        for k in ("extra_warmup", "pipeline_offsets", "replica_dcs", "notes"):
             d[k] = tuple(d.get(k, ()))
         return cls(**d)
 
@@ -246,6 +264,13 @@ def _plan_field_problem(plan: Plan) -> tuple[str, str] | None:
             return f"plan.links[{i}].stagger_s", f"must be a finite number >= 0 (got {lp.stagger_s!r})"
         if not all(_is_int(x) for x in lp.order):
             return f"plan.links[{i}].order", f"must list DP pipeline indices (got {list(lp.order)!r})"
+    if plan.replica_dcs:
+        if len(plan.replica_dcs) != plan.dp or not all(isinstance(x, str) for x in plan.replica_dcs):
+            return "plan.replica_dcs", (f"must name the DC of each of the {plan.dp} DP pipelines "
+                                        f"(got {list(plan.replica_dcs)!r})")
+        if len({st.dc for st in plan.stages}) > 1 or plan.stages[0].dc != plan.replica_dcs[0]:
+            return "plan.replica_dcs", ("a region plan keeps each pipeline in one DC: every stage's dc must be "
+                                        "replica_dcs[0]")
     if not all(_is_int(x) and x >= 0 for x in plan.extra_warmup):
         return "plan.extra_warmup", f"must be integers >= 0 (got {list(plan.extra_warmup)!r})"
     if not all(_is_number(x) and x >= 0 for x in plan.pipeline_offsets):

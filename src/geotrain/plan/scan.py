@@ -14,22 +14,27 @@ import time
 from geotrain.config.load import Spec
 from geotrain.plan.context import PlanningContext, tp_options
 from geotrain.plan.layouts import Layout, enumerate_layouts, layout_bound, schedule_kinds
+from geotrain.plan.regions import region_layouts
 from geotrain.plan.scorer import Candidate, Scorer
 from geotrain.plan.temporal import offsets_span
 
 
-def tp_groups(spec: Spec, profile: dict | None = None,
+def tp_groups(spec: Spec, profile: dict | None = None, regions: bool = True,
               **scorer_kw) -> list[tuple[PlanningContext, Scorer, list[Layout]]]:
     """(context, scorer, layouts) per tensor-parallel degree the job allows (context.tp_options),
     smallest first; a tp under which no sharding the job allows runs is left out when the job
-    leaves tp open (a pinned one is reported by pins.pin_problem)."""
+    leaves tp open (a pinned one is reported by pins.pin_problem). `regions`: with the region
+    layouts (DP across the DCs of a region, plan/regions.py) the cluster allows."""
     tps = tp_options(spec)
     out = []
     for t in tps:
         ctx = PlanningContext(spec, profile, tp=t)
         if len(tps) > 1 and not ctx.sharding_options():
             continue
-        out.append((ctx, Scorer(ctx, **scorer_kw), enumerate_layouts(ctx)))
+        layouts = enumerate_layouts(ctx)
+        if regions:
+            layouts += region_layouts(ctx)
+        out.append((ctx, Scorer(ctx, **scorer_kw), layouts))
     return out
 
 

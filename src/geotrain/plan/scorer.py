@@ -45,7 +45,8 @@ class Candidate:
         plan = Plan(stages=stages, dp=lay.dp, micro_batch=lay.micro_batch, num_microbatches=lay.m,
                     schedule=self.kind, tp=self.tp or ctx.tp, precision=ctx.job.precision,
                     checkpointing=self.checkpointing, sharding=self.sharding, links=links,
-                    extra_warmup=self.extra if self.kind == "wan-1f1b" else (), name=self.name)
+                    extra_warmup=self.extra if self.kind == "wan-1f1b" else (), name=self.name,
+                    replica_dcs=tuple(d for d, n in zip(lay.span, lay.replicas, strict=True) for _ in range(n)))
         if self.sharing == "temporal":
             return apply_temporal(plan, ctx.cluster, ctx.boundary_bytes(lay.micro_batch), self.est.period)
         return apply_fair(plan)
@@ -88,10 +89,17 @@ class Scorer:
             self._splits[key] = out
         return out
 
-    def stage_costs(self, dcs: list[str], chunks, mb: int, ckpt: str, sharding: str, dp: int) -> list[StageCosts]:
+    def stage_costs(self, dcs: list[str], chunks, mb: int, ckpt: str, sharding: str, dp: int,
+                    lay: Layout | None = None) -> list[StageCosts]:
         ctx = self.ctx
-        return [StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
+        return [StageCosts(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
                 for (f, b, bi, bw), ch, dc in zip(self._compute_only(dcs, chunks, mb, ckpt), chunks, dcs, strict=True)]
+
+    def _sync(self, lay: Layout | None, chunks, dp: int, dc: str, sharding: str) -> float:
+        """The stage's DP gradient sync: inside its DC, or across the DCs of a region layout."""
+        if lay is not None and lay.span:
+            return self.ctx.allreduce_span(chunks, lay.span, lay.replicas, sharding)
+        return self.ctx.allreduce(chunks, dp, dc, sharding)
 
     def connections(self, a: str, b: str, dp: int, sharing: str) -> int:
         link = self.ctx.link(a, b)
@@ -228,7 +236,7 @@ class Scorer:
             out.append((f, b, bi, bw))
         return out
 
-    def _costs(self, compute, chunks, dcs, ckpt: str, v: int, sharding: str, dp: int) -> list[StageCosts]:
+    def _costs(self, compute, chunks, dcs, ckpt: str, v: int, sharding: str, dp: int, lay: Layout) -> list[StageCosts]:
         """Per-stage costs of the layout being scored: the same for every schedule kind of one
         chunking and both WAN sharings, so built once per (checkpointing, chunking, sharding)."""
         key = (ckpt, v, sharding)
@@ -236,7 +244,7 @@ class Scorer:
         if hit is None:
             ctx = self.ctx
             hit = self._layout_costs[key] = [
-                StageCosts(f, b, bi, bw, ctx.allreduce(ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
+                StageCosts(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
                 for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)]
         return hit
 
@@ -254,7 +262,7 @@ class Scorer:
         if cutoff < math.inf:
             # The pipeline part bounds every sharding's estimate from below (the tail only adds):
             # a kind already behind the search's keep-th best is not worth its memory checks.
-            base = self._costs(compute, chunks, dcs, ckpt, v, ctx.sharding_options()[0], dp)
+            base = self._costs(compute, chunks, dcs, ckpt, v, ctx.sharding_options()[0], dp, lay)
             if kind == "wan-1f1b":   # any warm-up: period >= slowest stage and busiest link, fill >= sum of steps
                 steps = [c.step for c in base]
                 floor = ((m - 1) * max([max(steps)] + [b.occupancy for b in bounds]) + sum(steps)
@@ -281,7 +289,7 @@ class Scorer:
             if not all(ctx.stage_fits(ch, dc, mb, k, sharding, dp, ckpt) for ch, dc, k in worst):
                 continue
             self.scored += 1
-            costs = self._costs(compute, chunks, dcs, ckpt, v, sharding, dp)
+            costs = self._costs(compute, chunks, dcs, ckpt, v, sharding, dp, lay)
             hit = parts.get(extra)
             if hit is None:
                 part = pipeline_part(costs, bounds, m, kind, v, extra)
@@ -355,7 +363,9 @@ def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
         else:
             chain.append(st.dc)
             counts.append(1)
-    lay = Layout(tuple(chain), tuple(counts), plan.dp, plan.micro_batch, plan.num_microbatches)
+    spread = plan.replicas_per_dc() if plan.replica_dcs else []
+    lay = Layout(tuple(chain), tuple(counts), plan.dp, plan.micro_batch, plan.num_microbatches,
+                 span=tuple(d for d, _ in spread), replicas=tuple(n for _, n in spread))
     sharing = "temporal" if any(lp.sharing == "temporal" for lp in plan.links) else "fair"
     scorer = Scorer(ctx, kinds=(plan.schedule,))
     conns = tuple(lp.connections for lp in plan.links)
@@ -364,7 +374,7 @@ def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
     bounds, stagger = scorer.boundaries(lay, sharing, conns, plan.virtual_per_stage)
     dcs = lay.stage_dcs
     costs = scorer.stage_costs(dcs, tuple(s.chunks for s in plan.stages), plan.micro_batch, plan.checkpointing,
-                               plan.sharding, plan.dp)
+                               plan.sharding, plan.dp, lay)
     wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
     span = max(plan.pipeline_offsets, default=0.0)
     est = estimate(costs, bounds, plan.num_microbatches, plan.schedule, plan.virtual_per_stage, plan.extra_warmup,

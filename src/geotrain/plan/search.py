@@ -177,7 +177,7 @@ def _worth_simulating(ctx: PlanningContext, plans: list[tuple[Plan, Candidate | 
 
 def _signature(ctx: PlanningContext, c: Candidate) -> tuple:
     return (chain_signature(ctx, c.layout.chain), c.layout.counts, c.layout.dp, c.layout.micro_batch, c.kind,
-            c.sharing, c.checkpointing, c.sharding, c.tp)
+            c.sharing, c.checkpointing, c.sharding, c.tp, c.layout.span, c.layout.replicas)
 
 
 def _distinct(cands: list[Candidate], ctx: PlanningContext | None = None) -> list[Candidate]:

@@ -66,6 +66,10 @@ def resolve(cfg: RunConfig):
     problem = tp_problem(spec.model, plan, spec.cluster)
     if problem:
         raise GeotrainError(f"plan {plan.name!r}: {problem}")
+    if plan.replica_dcs:
+        raise GeotrainError(f"plan {plan.name!r} spreads DP over {', '.join(d for d, _ in plan.replicas_per_dc())} "
+                            "(a region plan): the runtime places every replica of a stage in the stage's DC and "
+                            "cannot train it yet; plan and simulate it, or plan without regions")
     if plan.tp > 1 and plan.sharding == "zero1":
         raise GeotrainError(f"plan {plan.name!r}: sharding zero1 is not supported with tp={plan.tp} "
                             "(use replicate, zero2 or zero3)")

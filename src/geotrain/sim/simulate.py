@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from geotrain.config import Cluster
+from geotrain.cost import comm
+from geotrain.errors import GeotrainError
 from geotrain.plan.plan import Plan
 from geotrain.schedule.actions import Schedule
 from geotrain.sim.engine import run_engine
@@ -119,6 +121,20 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     return SimResult(trace, sched, plan, fast, tokens_per_iteration, peak_memory)
 
 
+def _dp_sync(cost, cluster: Cluster, plan: Plan, units, dc) -> float:
+    """A stage's DP gradient sync: inside its DC, or -- a region plan -- hierarchically across the
+    DCs of its pipelines over their links (cost.comm.cross_dc_sync_time)."""
+    nbytes = cost.grad_bytes(units, plan.tp)
+    if not plan.replica_dcs:
+        return cost.allreduce_time(nbytes, plan.dp, dc, plan.sharding, plan.tp)
+    spread = plan.replicas_per_dc()
+    names = [d for d, _ in spread]
+    links = [cluster.link(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    if any(link is None for link in links):
+        raise GeotrainError(f"plan {plan.name!r} spreads DP over {', '.join(names)}, which are not all linked")
+    return comm.cross_dc_sync_time(nbytes, [(cluster.dc(d), n) for d, n in spread], links, plan.sharding, plan.tp)
+
+
 def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = False) -> SimResult:
     """Simulate `plan` on `spec.cluster` with times and bytes from the cost model.
 
@@ -153,8 +169,7 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
         dc = cluster.dc(st.dc)
         gpu = cluster.gpu(dc.gpu_type)
         units = st.units
-        allreduce.append(cost.allreduce_time(cost.grad_bytes(units, tp), plan.dp, dc, plan.sharding, tp)
-                         if plan.dp > 1 else 0.0)
+        allreduce.append(_dp_sync(cost, cluster, plan, units, dc) if plan.dp > 1 else 0.0)
         optimizer.append(cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp))
         held = -(-inflight[s] // vps)  # (virtual stage, micro-batch) pairs -> whole-stage micro-batches
         mem = cost.stage_memory(units, gpu, mb, held, plan.sharding, plan.dp, tp,

@@ -64,7 +64,7 @@ def rank_layout(trace: Trace, plan: Plan | None = None) -> list[RankInfo]:
         for r in range(n):
             if r < plan.num_ranks:
                 s, rep, _ = plan.coords(r)
-                out.append(RankInfo(r, s, rep, plan.stages[s].dc))
+                out.append(RankInfo(r, s, rep, plan.dc_of(s, rep)))
             else:
                 out.append(RankInfo(r, -1, -1, "?"))
         return out

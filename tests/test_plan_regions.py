@@ -1,0 +1,84 @@
+"""Region plans: DP across the DCs of one region, where their links are fast enough.
+
+Llama-2-7B on the 3-DC A100 example with its DCs in one region: at 200 and 400 Gbit/s links the
+planner's plan must be at least as fast as pure DP across the DCs (it was 0.9x of it when DP
+could not cross a DC); over WAN-slow links it keeps every DP replica inside its DC (Atlas)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from geotrain.config import load_spec
+from geotrain.config.document import spec_document
+from geotrain.cost import comm
+from geotrain.errors import GeotrainError
+from geotrain.orchestrate.planning import evaluate_baselines, make_plan
+from geotrain.plan.plan import load_plan, save_plan
+from geotrain.sim import simulate
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _three_dc(tmp_path: Path, capacity: float | None, per_connection: float | None, region: bool = True):
+    shutil.copytree(EXAMPLES, tmp_path / "ex")
+    path = tmp_path / "ex/clusters/a100_3dc.toml"
+    text = path.read_text()
+    if region:
+        text = text.replace("price_per_gpu_hour", 'region = "us"\nprice_per_gpu_hour')
+    if capacity is not None:
+        text = re.sub(r"capacity_gbps = \d+", f"capacity_gbps = {capacity}", text)
+        text = re.sub(r"per_connection_gbps = \d+", f"per_connection_gbps = {per_connection}", text)
+    path.write_text(text)
+    return load_spec(tmp_path / "ex/llama2_7b_a100_3dc.toml")
+
+
+@pytest.mark.parametrize("gbps", [200, 400])
+def test_fast_regional_links_beat_dp_across_dcs(tmp_path, gbps):
+    spec = _three_dc(tmp_path, gbps, 25)
+    res = make_plan(spec)
+    dp_across = next(b for b in evaluate_baselines(spec) if b.name == "dp-across-dcs")
+    assert res.plan.replica_dcs, "expected DP spread over the region's DCs"
+    assert res.iteration_s <= dp_across.iteration_s, (res.iteration_s, dp_across.iteration_s)
+    # the plan file carries it; the simulator prices the cross-DC sync from it alone
+    save_plan(tmp_path / "plan.json", res.plan, spec=spec)
+    plan, _ = load_plan(tmp_path / "plan.json")
+    assert plan.replica_dcs == res.plan.replica_dcs
+    assert simulate(spec, plan).iteration_time == pytest.approx(res.iteration_s)
+    assert sum(plan.gpus_per_dc().values()) == plan.num_ranks
+
+
+def test_wan_slow_links_keep_dp_inside_dcs(tmp_path):
+    spec = _three_dc(tmp_path, 10, 1)
+    res = make_plan(spec)
+    assert not res.plan.replica_dcs
+
+
+def test_cross_dc_sync_prices_the_slowest_link(tmp_path):
+    spec = _three_dc(tmp_path, None, None, region=False)
+    cl = spec.cluster
+    east, central = cl.dc("us-east"), cl.dc("us-central")
+    link = cl.link("us-east", "us-central")          # 200 Gbit/s, 5 per connection, 14 ms
+    nbytes = 1e9
+    one = comm.cross_dc_sync_time(nbytes, [(east, 8)], [], "replicate")
+    assert one == comm.dp_sync_time(nbytes, 8, east, "replicate")
+    two = comm.cross_dc_sync_time(nbytes, [(east, 8), (central, 8)], [link], "replicate")
+    intra = comm.hierarchical_half(nbytes, 8, 8, east)
+    wan = 0.5 * nbytes / (min(8 * 5, 200) * comm.GBIT) + 0.014
+    assert two == pytest.approx(2 * (intra + wan))
+    slow = cl.link("us-east", "us-west")             # 50 Gbit/s, 34 ms: the ring's slowest hop
+    assert comm.cross_dc_sync_time(nbytes, [(east, 8), (central, 8)], [link, slow], "replicate") > two
+
+
+def test_train_refuses_a_region_plan(tmp_path):
+    from geotrain.runtime.trainer import RunConfig, resolve
+
+    spec = _three_dc(tmp_path, 400, 25)
+    plan = make_plan(spec, simulate_finalists=False).plan
+    assert plan.replica_dcs
+    cfg = RunConfig(spec=str(spec.path), plan=plan.to_dict(), spec_doc=spec_document(spec))
+    with pytest.raises(GeotrainError, match="region plan"):
+        resolve(cfg)
