@@ -89,8 +89,11 @@ def test_calibrated_inputs_use_the_measured_numbers(spec, unit_profile):
         params = cost.stage_params(st.units)
         assert inp.allreduce[s] == pytest.approx(2e-3 + 4 * params * 1e-9)     # fp32 gradients
         assert inp.optimizer[s] == pytest.approx(1e-3 + params * 1e-9)
-    # the world-wide loss/overflow all-reduce: 2 log2(n) = 4 gloo hops on loopback
-    assert inp.global_sync == pytest.approx(4 * rt["p2p"]["alpha_s"])
+    # bf16: no world-wide loss/overflow all-reduce (only fp16 must agree on skipped steps) ...
+    assert inp.global_sync == 0.0
+    # ... fp16: 2 log2(n) = 4 gloo hops on loopback
+    fp16 = calibrated_inputs(spec, plan.with_(precision="fp16"), unit_profile)
+    assert fp16.global_sync == pytest.approx(4 * rt["p2p"]["alpha_s"])
     # The interpreter overhead is spread over the compute actions of each stage.
     blk = unit_profile["block"]["2"]
     n = len(plan.stages[1].units) - 1           # blocks of the last stage (its other unit is the head)
@@ -139,6 +142,8 @@ def test_global_sync_crosses_the_wan_only_where_gloo_does(spec, unit_profile):
 
     prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "p2p": {"alpha_s": 1e-4, "per_byte_s": 0.0}}}
     plan = plan_from_job(spec)                  # pp=2 x dp=2, ranks 0,1 east and 2,3 west; link 5 ms
+    assert global_sync_s(spec, plan, prof, "kernel") == 0.0      # bf16: no world-wide collective
+    plan = plan.with_(precision="fp16")
     hop, lat = 1e-4, 5e-3
     # Halving-doubling: pairs (0,1),(2,3) inside a DC, then (0,2),(1,3) across the WAN; reduce + gather.
     assert global_sync_s(spec, plan, prof, "kernel") == pytest.approx(4 * hop + 2 * lat)
@@ -288,7 +293,9 @@ def test_validate_sim_passes_its_wan_mode_on(monkeypatch, tmp_path):
 
     monkeypatch.setattr(validate, "run_validation", fake_run_validation)
     assert main(["validate-sim", "--out", str(tmp_path), "--wan", "kernel", "--case", "base"]) == 0
-    assert seen["mode"] == "kernel" and seen["only"] == ["base"]
+    assert seen["modes"] == ["kernel"] and seen["only"] == ["base"] and seen["runs"] == 1
+    assert main(["validate-sim", "--out", str(tmp_path), "--runs", "3"]) == 0
+    assert seen["modes"] == ["kernel", "shaper"] and seen["runs"] == 3      # kernel is the headline
 
 
 @pytest.mark.parametrize("edit, reason", [

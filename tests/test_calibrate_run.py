@@ -41,4 +41,11 @@ def test_one_case_runs_simulates_and_compares(tmp_path, tiny_profile):
     # The CPU share each rank got while it trained, from its main thread's run-queue wait.
     assert set(details["rank_slowdown"]) == {0, 1}
     assert all(1.0 <= s < 50 for s in details["rank_slowdown"].values())
-    assert details["contention_measured"]
+    # The headline prediction used nothing the run measured, and was written before the run began;
+    # the post-hoc one (with the measured CPU share) is kept beside it.
+    assert not details["contention_measured"]
+    assert (tmp_path / "predicted_trace.jsonl").stat().st_mtime <= details["predicted_at"]
+    assert min(p.stat().st_mtime for p in (tmp_path / "run").iterdir()) >= details["predicted_at"]
+    assert row.posthoc_iteration_s is not None and math.isfinite(row.posthoc_error)
+    assert set(row.measured_bubble_rank) == {0, 1}
+    assert sum(row.measured_bubble_rank.values()) == pytest.approx(row.measured_bubble_s)

@@ -9,6 +9,7 @@ pp x dp shapes (2x1, 2x2, 4x1), fair and temporal sharing, and 1 vs 4 connection
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,15 +103,21 @@ def write_spec(case: Case, directory: Path):
 
 
 def case_plan(spec, case: Case):
-    """The plan the case pins: the job's layout with its WAN link settings (and wan-1f1b warm-up)."""
+    """The plan the case pins: the job's layout with its WAN link settings, as the planner writes them
+    (temporal sharing through plan.temporal.apply_temporal: the DP pipelines' order, the turn's
+    stagger and the planner's pipeline offsets; wan-1f1b with the extra warm-up the report computes)."""
+    from geotrain.cost import CostModel
     from geotrain.plan.manual import plan_from_job
     from geotrain.plan.plan import LinkPlan
+    from geotrain.plan.temporal import apply_temporal
     from geotrain.plan.variants import wan_warmup_for
 
     plan = plan_from_job(spec)
-    link = LinkPlan(src_dc="east", dst_dc="west", connections=case.connections, sharing=case.sharing,
-                    order=tuple(range(case.dp)))
+    link = LinkPlan(src_dc="east", dst_dc="west", connections=case.connections, sharing="fair")
     plan = plan.with_(links=(link,), name=f"validate-{case.name}", pipeline_offsets=())
+    if case.sharing == "temporal":
+        boundary = CostModel(spec.model, precision=plan.precision).boundary_bytes(plan.micro_batch)
+        plan = apply_temporal(plan, spec.cluster, boundary, period=0.0)
     if case.schedule == "wan-1f1b":
         base = plan.with_(schedule="1f1b")
         plan = plan.with_(extra_warmup=wan_warmup_for(spec, base))
@@ -119,8 +126,15 @@ def case_plan(spec, case: Case):
 
 def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup: int = 2,
              mode: str | None = None):
-    """Run `case` for real (steps iterations, the first `warmup` discarded) over the runtime's WAN
-    `mode` (default: wanrun.DEFAULT_MODE), simulate it with the profile, and return (CaseRow, details)."""
+    """Predict `case` from the profile alone, then run it for real (steps iterations, the first
+    `warmup` discarded) over the runtime's WAN `mode` (default: wanrun.DEFAULT_MODE) and compare.
+    Returns (CaseRow, details).
+
+    The prediction is written (predicted_trace.jsonl, `predicted_at`) before the run starts and
+    uses nothing the run measures: CPU sharing is the processor-sharing model at the background the
+    profile's calibration run had. details["posthoc_iteration_s"] is a second prediction made after
+    the run with each stage's compute scaled by its ranks' measured slow-down -- how much of the
+    error the machine's load during the run explains, never the headline."""
     from geotrain.calibrate.compare import compare_case, measured_metrics
     from geotrain.calibrate.costs import predict
     from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
@@ -132,33 +146,27 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     directory = Path(directory)
     spec = write_spec(case, directory)
     plan = case_plan(spec, case)
+    mode = mode or DEFAULT_MODE
+    sim, details = predict(spec, plan, profile, iterations=steps - warmup, mode=mode)
+    sim.trace.write_jsonl(directory / "predicted_trace.jsonl")
+    predicted_at = time.time()
     retried = None
     try:
-        trace_path, cond = run_plan(spec, plan, directory / "run", steps=steps, mode=mode or DEFAULT_MODE,
-                                    warmup=warmup)
+        trace_path, cond = run_plan(spec, plan, directory / "run", steps=steps, mode=mode, warmup=warmup)
     except GeotrainError as e:
         # Once, and on the record: a run that fails (seen: a rank's final gloo barrier losing its peer
         # after training finished, pp4) says nothing about the simulator.
         retried = str(e)
-        trace_path, cond = run_plan(spec, plan, directory / "run", steps=steps, mode=mode or DEFAULT_MODE,
-                                    warmup=warmup)
+        trace_path, cond = run_plan(spec, plan, directory / "run", steps=steps, mode=mode, warmup=warmup)
     measured = Trace.read_jsonl(trace_path)
     tokens = plan.global_batch * spec.model.seq_len
     mm = measured_metrics(measured, warmup, tokens)
-    background, slow = cond["background_runnable"], cond["rank_slowdown"]
-    # Primary: CPU sharing as measured on the ranks (run-queue wait); the model of it from the
-    # sampled runnable threads, and from the CPU other work got, are kept for comparison.
-    sim, details = predict(spec, plan, profile, iterations=steps - warmup, background=background,
-                           mode=cond["mode"], rank_slowdown=slow)
-    sim.trace.write_jsonl(directory / "predicted_trace.jsonl")
     row = compare_case(case.name, case.description, sim.metrics, mm)
-    alt = {}
-    for name, bg in (("runnable", background), ("cores_used", cond["background_cores"])):
-        res, _ = predict(spec, plan, profile, iterations=steps - warmup, background=bg, mode=cond["mode"])
-        alt[name] = res.metrics.iteration_time
-    details.update(run_wall_s=cond["wall_s"], background_runnable=background,
-                   background_cores_used=cond["background_cores"], wan_mode=cond["mode"], rank_slowdown=slow,
-                   retried_after=retried,
-                   predicted_iteration_s_modelled_sharing=alt["runnable"],
-                   predicted_iteration_s_with_cores_used=alt["cores_used"])
+    background, slow = cond["background_runnable"], cond["rank_slowdown"]
+    posthoc, _ = predict(spec, plan, profile, iterations=steps - warmup, mode=cond["mode"], rank_slowdown=slow)
+    row.posthoc_iteration_s = posthoc.metrics.iteration_time
+    details.update(predicted_at=predicted_at, run_started_after_prediction=True, run_wall_s=cond["wall_s"],
+                   background_runnable=background, background_cores_used=cond["background_cores"],
+                   wan_mode=cond["mode"], rank_slowdown=slow, retried_after=retried,
+                   posthoc_iteration_s=posthoc.metrics.iteration_time)
     return row, details

@@ -10,7 +10,7 @@ already a fraction: its error is the mean over ranks of |predicted - measured| i
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from geotrain.trace.metrics import Metrics, compute_metrics
 from geotrain.trace.schema import Trace
@@ -26,6 +26,14 @@ class CaseRow:
     measured_busy: dict[int, float]
     predicted_bubble_s: float          # total bubble time per iteration, all ranks together
     measured_bubble_s: float
+    predicted_bubble_rank: dict[int, float] = field(default_factory=dict)   # per rank, s per iteration
+    measured_bubble_rank: dict[int, float] = field(default_factory=dict)
+    posthoc_iteration_s: float | None = None   # predicted after the run, with its measured CPU share
+
+    @property
+    def posthoc_error(self) -> float:
+        return rel_error(self.posthoc_iteration_s, self.measured_iteration_s) \
+            if self.posthoc_iteration_s is not None else float("nan")
 
     @property
     def iteration_error(self) -> float:
@@ -34,6 +42,13 @@ class CaseRow:
     @property
     def bubble_error(self) -> float:
         return rel_error(self.predicted_bubble_s, self.measured_bubble_s)
+
+    @property
+    def worst_rank_bubble_error(self) -> float:
+        """The largest |relative error| of one rank's bubble time."""
+        ranks = sorted(set(self.predicted_bubble_rank) & set(self.measured_bubble_rank))
+        errs = [abs(rel_error(self.predicted_bubble_rank[r], self.measured_bubble_rank[r])) for r in ranks]
+        return max(errs) if errs else float("nan")
 
     @property
     def busy_error_pp(self) -> float:
@@ -46,7 +61,8 @@ class CaseRow:
     def as_dict(self) -> dict:
         d = asdict(self)
         d.update(iteration_error=self.iteration_error, bubble_error=self.bubble_error,
-                 busy_error_pp=self.busy_error_pp)
+                 busy_error_pp=self.busy_error_pp, worst_rank_bubble_error=self.worst_rank_bubble_error,
+                 posthoc_error=self.posthoc_error)
         return d
 
 
@@ -67,11 +83,20 @@ def bubble_per_iteration(m: Metrics) -> float:
     return sum(b - a for _, a, b in m.bubbles) / max(1, m.iterations)
 
 
+def bubble_per_rank(m: Metrics) -> dict[int, float]:
+    """Seconds per iteration each rank spends without training compute."""
+    out = {r: 0.0 for r in m.busy_fraction}
+    for r, a, b in m.bubbles:
+        out[r] = out.get(r, 0.0) + (b - a)
+    return {r: v / max(1, m.iterations) for r, v in sorted(out.items())}
+
+
 def compare_case(name: str, description: str, predicted: Metrics, measured: Metrics) -> CaseRow:
     return CaseRow(case=name, description=description,
                    predicted_iteration_s=predicted.iteration_time, measured_iteration_s=measured.iteration_time,
                    predicted_busy=dict(predicted.busy_fraction), measured_busy=dict(measured.busy_fraction),
-                   predicted_bubble_s=bubble_per_iteration(predicted), measured_bubble_s=bubble_per_iteration(measured))
+                   predicted_bubble_s=bubble_per_iteration(predicted), measured_bubble_s=bubble_per_iteration(measured),
+                   predicted_bubble_rank=bubble_per_rank(predicted), measured_bubble_rank=bubble_per_rank(measured))
 
 
 def measured_metrics(trace: Trace, warmup: int, tokens: int) -> Metrics:

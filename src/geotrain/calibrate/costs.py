@@ -22,8 +22,8 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     and scaled with the CPU sharing of each run. A message queued behind another on the same
     connections pays the dispatcher/writer hand-off again as link time (the probe's back-to-back
     `gap_s`): the link's rate for boundary tensors is lowered by that much;
-  * the runtime's per-step global all-reduce of (overflow flag, loss) over ALL ranks, before every
-    optimizer step (runtime.trainer on_optimizer): a gloo all-reduce, so it crosses the WAN
+  * fp16 only: the runtime's per-step global all-reduce of (overflow flag, loss) over ALL ranks,
+    before every optimizer step (runtime.rank_run _on_optimizer): a gloo all-reduce, so it crosses the WAN
     where the ranks' gloo traffic does ("kernel" mode: ranks in DC namespaces; "shaper" mode: gloo
     stays on loopback, only StripedTransport is shaped). Added to each stage's optimizer time
     (`global_sync_s`); waiting for the slowest stage at that barrier is slack the simulator's
@@ -164,9 +164,13 @@ def global_sync_s(spec, plan, profile: dict, mode: str) -> float:
     both times; a ring would cost 2(n-1) steps, three one-way latencies at n = 4). Each exchange
     costs its hand-off (the calibration run's measured collective over its steps; else the gloo p2p
     latency) plus, in "kernel" mode only, the WAN latency where the pair sits in
-    different DCs; in "shaper" mode gloo stays on loopback and only StripedTransport is delayed."""
+    different DCs; in "shaper" mode gloo stays on loopback and only StripedTransport is delayed.
+
+    Only fp16 has it (runtime.rank_run `_on_optimizer`: every rank must skip the same overflowed
+    steps); bf16 and fp32 sum the loss inside the last stage's DP group and need no world-wide step,
+    so they pay nothing here."""
     n = plan.num_ranks
-    if n < 2:
+    if n < 2 or plan.precision != "fp16":
         return 0.0
     rt = profile.get("runtime", {})
     cal = rt.get("calibration_run", {})

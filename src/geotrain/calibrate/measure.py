@@ -96,3 +96,12 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
     runtime["startup_s"] = measure_startup(1)
     prof[RUNTIME_KEY] = runtime
     return prof
+
+
+def recalibrate(spec, profile: dict[str, Any], mode: str) -> dict[str, Any]:
+    """The profile with its calibration run redone over WAN `mode` (the unit, pool and interpreter
+    timings kept): what the other WAN mode's predictions need, without profiling twice."""
+    runtime = dict(profile[RUNTIME_KEY])
+    runtime["compute_factor"], runtime["wan_message_overhead_s"], runtime["calibration_run"] = \
+        calibration_run(spec, {**profile, RUNTIME_KEY: runtime}, mode=mode)
+    return {**profile, RUNTIME_KEY: runtime}

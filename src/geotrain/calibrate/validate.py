@@ -1,8 +1,16 @@
-"""Run the validation set: profile (or load a profile), run + simulate every case, write the table.
+"""Run the validation set: profile once, then for every run, WAN mode and case predict first and
+measure after, and write the tables.
 
-Outputs in DIR: profile.json (when measured here), results.json (every row, the details of the
-calibrated simulation and the run conditions), VALIDATION.md (the markdown table), and per case
-DIR/<case>/ with its spec, the run directory and predicted_trace.jsonl.
+Order, and why: the profile (`geotrain profile`'s measure_profile, its calibration run over the
+first mode's WAN; the other modes get their own calibration run, `measure.recalibrate`) is taken
+once at the start and saved as DIR/profile-<mode>.json; each case's prediction is made from that
+file alone and written before its run starts (cases.run_case), so nothing measured in a run
+feeds its own prediction. `runs` repeats the whole set (every mode, every case) with the same
+profiles, so the runs differ only by what the machine did meanwhile.
+
+Outputs in DIR: profile-<mode>.json, results.json (every row, every run, the details),
+VALIDATION.md (the tables), and per run, mode and case DIR/run<k>/<mode>/<case>/ with its spec,
+the run directory (measured trace, Chrome trace) and predicted_trace.jsonl.
 """
 
 from __future__ import annotations
@@ -13,65 +21,82 @@ import platform
 import time
 from pathlib import Path
 
+from geotrain.calibrate.cases import CASES, QUICK, run_case, write_spec
+from geotrain.calibrate.compare import summarize
+from geotrain.calibrate.costs import profile_mode
+from geotrain.calibrate.measure import measure_profile, recalibrate
+from geotrain.calibrate.profile import save_profile
+from geotrain.calibrate.tables import validation_markdown
+from geotrain.errors import GeotrainError
 
-def run_validation(out: Path, quick: bool = False, profile: dict | None = None, profile_spec=None,
-                   steps: int = 6, warmup: int = 2, only: list[str] | None = None, say=print,
-                   mode: str | None = None) -> tuple[list, str]:
-    """Returns (rows, markdown). `profile_spec`: the Spec to profile when no profile is given
-    (default: the tiny model of the first case). `mode`: the runtime WAN of every run (wanrun.py)."""
-    from geotrain.calibrate.cases import CASES, QUICK, write_spec
-    from geotrain.calibrate.compare import markdown_table, summarize
-    from geotrain.calibrate.measure import measure_profile
-    from geotrain.calibrate.profile import save_profile
-    from geotrain.errors import GeotrainError
+MODES = ("kernel", "shaper")
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+
+def select_cases(quick: bool, only: list[str] | None):
     names = only or (QUICK if quick else [c.name for c in CASES])
     unknown = set(names) - {c.name for c in CASES}
     if unknown:
         raise GeotrainError(f"unknown validation case(s) {sorted(unknown)} (known: {', '.join(c.name for c in CASES)})")
-    cases = [c for c in CASES if c.name in names]
+    return [c for c in CASES if c.name in names]
+
+
+def profiles_for(modes, out: Path, spec, quick: bool, profile: dict | None, say=print) -> dict[str, dict]:
+    """One profile per WAN mode: `profile` (or a fresh measure_profile over the first mode) and, for
+    each other mode, the same profile recalibrated over it. Saved as out/profile-<mode>.json."""
+    t0 = time.time()
     if profile is None:
-        spec = profile_spec or write_spec(cases[0], out / "_profile_spec")
-        say(f"profiling {spec.model.name} on this machine ...")
-        t0 = time.time()
-        profile = measure_profile(spec, quick=quick, mode=mode)
-        save_profile(profile, out / "profile.json")
-        say(f"  done in {time.time() - t0:.0f} s -> {out / 'profile.json'}")
-    rows, details = [], {}
-    for i, case in enumerate(cases, 1):
-        from geotrain.calibrate.cases import run_case
+        say(f"profiling {spec.model.name} on this machine ({modes[0]} WAN) ...")
+        profile = measure_profile(spec, quick=quick, mode=modes[0])
+    out_profiles = {}
+    for m in modes:
+        if profile_mode(profile) == m:
+            out_profiles[m] = profile
+        else:
+            say(f"calibration run over the {m} WAN ...")
+            out_profiles[m] = recalibrate(spec, profile, m)
+        save_profile(out_profiles[m], out / f"profile-{m}.json")
+    say(f"  profiles done in {time.time() - t0:.0f} s -> {out}/profile-<mode>.json")
+    return out_profiles
 
-        row, det = run_case(case, profile, out / case.name, steps=steps, warmup=warmup, mode=mode)
-        rows.append(row)
-        details[case.name] = det
-        say(f"[{i}/{len(cases)}] {case.name:<14} predicted {1e3 * row.predicted_iteration_s:7.1f} ms  measured "
-            f"{1e3 * row.measured_iteration_s:7.1f} ms  error {100 * row.iteration_error:+6.1f}%  "
-            f"(other runnable threads {det['background_runnable']:.1f})")
-    table = markdown_table(rows)
-    modes = sorted({d["wan_mode"] for d in details.values()})
-    conditions = (f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), one CPU thread "
-                  f"per rank; WAN: {', '.join(modes)} (runtime.launch.run_with_wan); {steps} steps per case, the "
-                  f"first {warmup} discarded. Background (mean number of "
-                  "other threads ready to run on the machine while each case ran): "
-                  + ", ".join(f"{n} {d['background_runnable']:.1f}" for n, d in details.items()) + ".\n")
-    def errors(key: str) -> str:
-        e = [abs(d[key] - r.measured_iteration_s) / r.measured_iteration_s for r, d in zip(rows, details.values())]
-        return f"mean |iteration-time error| {100 * sum(e) / len(e):.1f}%, worst {100 * max(e):.1f}%"
 
-    conditions += ("CPU sharing in the table: each stage's compute scaled by its ranks' measured slow-down "
-                   "(run-queue wait / CPU time of the rank's main thread while it trained): "
-                   + ", ".join(f"{n} " + "/".join(f"{v:.2f}" for _, v in sorted(d["rank_slowdown"].items()))
-                               for n, d in details.items()) + ".\n")
-    conditions += (f"Same runs, CPU sharing modelled instead (processor sharing, k ranks computing beside b other "
-                   f"runnable threads sampled from /proc): {errors('predicted_iteration_s_modelled_sharing')}; "
-                   f"b read as the CPU other work got: {errors('predicted_iteration_s_with_cores_used')}.\n")
-    retried = [n for n, d in details.items() if d.get("retried_after")]
-    if retried:
-        conditions += f"Runs retried once after a failed first attempt: {', '.join(retried)}.\n"
-    md = table + "\n" + conditions
+def run_validation(out: Path, quick: bool = False, profile: dict | None = None, profile_spec=None,
+                   steps: int = 6, warmup: int = 2, only: list[str] | None = None, say=print,
+                   modes=MODES, runs: int = 1) -> tuple[dict, str]:
+    """Returns (results, markdown). `profile_spec`: the Spec to profile when no profile is given
+    (default: the tiny model of the first case). `modes`: the runtime WAN of each column, the first
+    one the headline."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    modes = tuple(modes)
+    if not modes or set(modes) - {"kernel", "shaper", "auto"}:
+        raise GeotrainError(f"--wan modes must be among kernel, shaper, auto (got {', '.join(modes) or 'none'})")
+    cases = select_cases(quick, only)
+    t_start = time.time()
+    spec = profile_spec or write_spec(cases[0], out / "_profile_spec")
+    profiles = profiles_for(modes, out, spec, quick, profile, say)
+    all_runs = []
+    for k in range(1, runs + 1):
+        per_mode = {}
+        for m in modes:
+            rows, details = [], {}
+            for i, case in enumerate(cases, 1):
+                row, det = run_case(case, profiles[m], out / f"run{k}" / m / case.name, steps=steps,
+                                    warmup=warmup, mode=m)
+                rows.append(row)
+                details[case.name] = det
+                say(f"[run {k}/{runs} {m} {i}/{len(cases)}] {case.name:<14} predicted "
+                    f"{1e3 * row.predicted_iteration_s:7.1f} ms  measured {1e3 * row.measured_iteration_s:7.1f} ms "
+                    f"error {100 * row.iteration_error:+6.1f}%  bubble {100 * row.bubble_error:+6.1f}%  "
+                    f"(other runnable threads {det['background_runnable']:.1f})")
+            per_mode[m] = {"rows": rows, "details": details}
+        all_runs.append(per_mode)
+    wall = time.time() - t_start
+    conditions = {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "steps": steps,
+                  "warmup": warmup, "runs": runs, "modes": list(modes), "wall_s": wall}
+    md = validation_markdown(all_runs, modes, conditions)
     (out / "VALIDATION.md").write_text(md)
-    (out / "results.json").write_text(json.dumps({"summary": summarize(rows), "rows": [r.as_dict() for r in rows],
-                                                  "details": details}, indent=1, default=float) + "\n")
-    return rows, md
+    results = {"conditions": conditions,
+               "runs": [{m: {"summary": summarize(r[m]["rows"]), "rows": [x.as_dict() for x in r[m]["rows"]],
+                             "details": r[m]["details"]} for m in modes} for r in all_runs]}
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
+    return results, md

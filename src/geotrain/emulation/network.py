@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 from geotrain.config import Cluster
 from geotrain.emulation import netns as N
-from geotrain.emulation.shaping import htb_commands
+from geotrain.emulation.shaping import emulation_mtu, htb_commands
 from geotrain.errors import GeotrainError
 
 ROUTE_TABLE = "100"
@@ -127,6 +127,9 @@ class WanEmulation:
             owner_start=None if manual else N.process_start_time(os.getpid()),
             lifetime_s=lifetime_s,
         )
+        # Packets small enough that htb paces a message at its cap (shaping.emulation_mtu).
+        self.mtu = emulation_mtu([min(wl.per_connection_gbps, wl.capacity_gbps) * rate_scale
+                                  for wl in cluster.wan_links])
         self.delayer: subprocess.Popen | None = None
         self.failed: str | None = None
         self._procs: list[subprocess.Popen] = []
@@ -219,7 +222,7 @@ class WanEmulation:
                               "net.ipv4.conf.default.rp_filter=0"])
         N.run_ip("link", "set", "lo", "up", ns=st.router)
         N.run_ip("tuntap", "add", "dev", N.TUN_IFNAME, "mode", "tun", ns=st.router)
-        N.run_ip("link", "set", N.TUN_IFNAME, "mtu", str(N.MTU), "txqueuelen", "2000", "up", ns=st.router)
+        N.run_ip("link", "set", N.TUN_IFNAME, "mtu", str(self.mtu), "txqueuelen", "2000", "up", ns=st.router)
         N.run_ip("route", "add", "default", "dev", N.TUN_IFNAME, "table", ROUTE_TABLE, ns=st.router)
         hosts = {N.hostname(dc): N.dc_address(i) for i, dc in enumerate(self.dcs)}
         for ns in st.all_namespaces():
@@ -228,8 +231,8 @@ class WanEmulation:
             N.run_ip("netns", "add", ns)
             N.run_ip("link", "set", "lo", "up", ns=ns)
             rif = N.router_ifname(i)
-            N.run_ip("link", "add", rif, "mtu", str(N.MTU), "type", "veth", "peer", "name", N.DC_IFNAME,
-                     "mtu", str(N.MTU), "netns", ns, ns=st.router)
+            N.run_ip("link", "add", rif, "mtu", str(self.mtu), "type", "veth", "peer", "name", N.DC_IFNAME,
+                     "mtu", str(self.mtu), "netns", ns, ns=st.router)
             N.run_ip("addr", "add", f"{N.router_address(i)}/24", "dev", rif, ns=st.router)
             N.run_ip("link", "set", rif, "up", ns=st.router)
             N.run_ip("addr", "add", f"{N.dc_address(i)}/24", "dev", N.DC_IFNAME, ns=ns)
@@ -244,7 +247,7 @@ class WanEmulation:
                     sources.append((j, N.dc_subnet(j), link.capacity_gbps * self.rate_scale,
                                     link.per_connection_gbps * self.rate_scale))
             if sources:
-                batch = "\n".join(" ".join(c) for c in htb_commands(N.router_ifname(i), sources, N.MTU,
+                batch = "\n".join(" ".join(c) for c in htb_commands(N.router_ifname(i), sources, self.mtu,
                                                                      self._queue_bytes(dc))) + "\n"
                 r = subprocess.run(["tc", "-n", st.router, "-batch", "-"], input=batch, capture_output=True,
                                    text=True)

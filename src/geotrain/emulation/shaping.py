@@ -25,9 +25,29 @@ def _bits(gbps: float) -> str:
     return f"{max(8, int(gbps * 1e9))}bit"
 
 
+MIN_MTU, MAX_MTU = 1280, 65000
+PACKET_MS = 1.0                         # a packet takes at most this long to serialize at the slowest cap
+
+
+def emulation_mtu(rates_gbps: list[float], max_mtu: int = MAX_MTU) -> int:
+    """The MTU of the emulated network: a packet serializes in at most PACKET_MS at the slowest
+    per-connection cap (clamped to [MIN_MTU, max_mtu]).
+
+    htb lets a packet through whenever its class has credit and charges it afterwards, so a
+    message smaller than a packet (or than the burst) crosses at line speed however low the cap:
+    with the former fixed 64 KB MTU (and 130 KB of burst) a 16 KB boundary tensor on a 5 Mbit/s
+    link took ~0 ms instead of its 26 ms, and a validation run at 5 Mbit/s ran as fast as one at
+    50. Fast links keep large packets (the Python delayer handles a few thousand packets/s)."""
+    slowest = min((r for r in rates_gbps if r > 0), default=0.0)
+    if slowest <= 0:
+        return max_mtu
+    return int(min(max_mtu, max(MIN_MTU, slowest * 1e9 / 8 * PACKET_MS * 1e-3)))
+
+
 def _burst(gbps: float, mtu: int) -> int:
-    """Bytes: at least two MTU-sized packets (htb needs burst >= MTU), or 2 ms at the rate."""
-    return int(max(2 * mtu + 2000, gbps * 1e9 / 8 * 0.002))
+    """Bytes: one MTU-sized packet (htb needs burst >= MTU) or 1 ms at the rate, whichever is more:
+    a larger burst lets small messages through faster than the cap (see emulation_mtu)."""
+    return int(max(mtu + 100, gbps * 1e9 / 8 * 0.001))
 
 
 def bucket_of_port(port: int) -> int:
