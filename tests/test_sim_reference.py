@@ -3,7 +3,8 @@
 The reference is the obvious, slow algorithm written independently of the engine: GPUs take
 turns, each runs its action list while the inputs are there (a receive needs its matching send
 to have happened, an all-reduce needs every replica to have reached it); a transfer arrives
-latency + bytes / rate after it was sent. With links wide enough that transfers never compete,
+latency + bytes / rate after it was sent, and its sender holds the ACK one latency later (an
+optimizer step waits for the ACKs of the GPU's WAN sends, as the runtime does). With links wide enough that transfers never compete,
 the engine (run-ahead units, slots, event heap, processor sharing) must give the same start
 time for every compute action.
 """
@@ -23,19 +24,22 @@ def reference(plan, cluster, sched, costs, allreduce, optimizer, iterations):
     pp, dp = plan.pp, plan.dp
     offsets = list(plan.pipeline_offsets) + [0.0] * dp
 
-    def hop(src: int, dst: int, nbytes: int) -> float:
+    def hop(src: int, dst: int, nbytes: int) -> tuple[float, float]:
+        """(arrival after the send, ACK back at the sender after the send)."""
         a, b = plan.stages[src].dc, plan.stages[dst].dc
         if a == b:
             dc = cluster.dc(a)
-            return dc.intra_dc_latency_us * 1e-6 + nbytes / (dc.intra_dc_gbps * 1e9 / 8)
+            return (dc.intra_dc_latency_us * 1e-6 + nbytes / (dc.intra_dc_gbps * 1e9 / 8),) * 2
         wl = cluster.link(a, b)
         lp = plan.link_between(a, b)
-        return wl.latency_ms * 1e-3 + nbytes / (wl.rate_gbps(lp.connections) * 1e9 / 8)
+        arrive = wl.latency_ms * 1e-3 + nbytes / (wl.rate_gbps(lp.connections) * 1e9 / 8)
+        return arrive, arrive + wl.latency_ms * 1e-3
 
     todo = {(s, d): [(it, a) for it in range(iterations) for a in sched.actions[s]]
             for s in range(pp) for d in range(dp)}
     pos = dict.fromkeys(todo, 0)
     clock = {(s, d): offsets[d] for s, d in todo}
+    acked = dict.fromkeys(todo, 0.0)
     arrived: dict[tuple, float] = {}
     reached: dict[tuple, dict[int, float]] = {}
     starts: dict[tuple, float] = {}
@@ -46,6 +50,8 @@ def reference(plan, cluster, sched, costs, allreduce, optimizer, iterations):
             while pos[(s, d)] < len(acts):
                 it, a = acts[pos[(s, d)]]
                 t = clock[(s, d)]
+                if a.op == Op.OPTIMIZER:
+                    t = max(t, acked[(s, d)])
                 if a.op in COMPUTE:
                     starts[(s, d, a.op.value, a.stage, a.mb, it)] = t
                     dur = optimizer[s] if a.op == Op.OPTIMIZER else getattr(costs[a.stage], a.op.value)
@@ -53,7 +59,9 @@ def reference(plan, cluster, sched, costs, allreduce, optimizer, iterations):
                 elif a.op in (Op.SEND_ACT, Op.SEND_GRAD):
                     nbytes = costs[a.stage if a.op == Op.SEND_ACT else a.peer].send_bytes
                     key = (d, a.op == Op.SEND_ACT, a.stage, a.peer, a.mb, it)
-                    arrived[key] = t + hop(s, a.peer % pp, nbytes)
+                    arrive, ack = hop(s, a.peer % pp, nbytes)
+                    arrived[key] = t + arrive
+                    acked[(s, d)] = max(acked[(s, d)], t + ack)
                 elif a.op in (Op.RECV_ACT, Op.RECV_GRAD):
                     key = (d, a.op == Op.RECV_ACT, a.peer, a.stage, a.mb, it)
                     if key not in arrived:

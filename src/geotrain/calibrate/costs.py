@@ -22,6 +22,10 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     and scaled with the CPU sharing of each run. A message queued behind another on the same
     connections pays the dispatcher/writer hand-off again as link time (the probe's back-to-back
     `gap_s`): the link's rate for boundary tensors is lowered by that much;
+  * the ACK wait: a send completes when the receiver's ACK is back (wan/striped_send.py) and every
+    rank waits for its sends before its optimizer step -- one round trip after the last byte left
+    over the kernel WAN, only the hand-offs over the user-space shaper, which ACKs before it holds
+    the message for the emulated latency (`ack_delays`; the simulator's WAIT_ACKS);
   * fp16 only: the runtime's per-step global all-reduce of (overflow flag, loss) over ALL ranks,
     before every optimizer step (runtime.rank_run _on_optimizer): a gloo all-reduce, so it crosses the WAN
     where the ranks' gloo traffic does ("kernel" mode: ranks in DC namespaces; "shaper" mode: gloo
@@ -57,6 +61,7 @@ class CalibratedInputs:
     optimizer: list[float]       # per physical stage: the step itself (CPU work)
     tokens: int
     global_sync: float = 0.0     # the world-wide loss/overflow all-reduce before each step (waiting, not CPU)
+    ack_s: dict[str, float] | None = None   # per WAN direction: last byte out -> ACK at the sender (None: RTT)
 
 
 def slowdown(concurrent: float, background: float, cores: int) -> float:
@@ -97,6 +102,10 @@ def calibrated_cluster(spec, profile: dict, background: float | None = None, mod
         links = []
         for wl in cluster.wan_links:
             extra, gap = message_overhead_s(profile, wl.latency_ms)
+            if mode != "shaper":
+                # The kernel queues the next message's bytes while the transport hands it on: a
+                # queued message pays no gap (measured: back-to-back arrivals size / rate apart).
+                extra, gap = extra + gap, 0.0
             upd = {"latency_ms": wl.latency_ms + 1e3 * extra * scale}
             if gap > 0 and boundary_bytes:
                 # Each message holds its connections for its stripe's size / rate + gap (a queued
@@ -283,7 +292,23 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
         else:
             step = cost.optimizer_time(st.units, cluster.gpu(dc.gpu_type), plan.sharding, plan.dp)
         optimizer.append(step)
-    return CalibratedInputs(cluster, stage_costs, allreduce, optimizer, plan.global_batch * spec.model.seq_len, sync)
+    return CalibratedInputs(cluster, stage_costs, allreduce, optimizer, plan.global_batch * spec.model.seq_len, sync,
+                            ack_delays(spec, cluster, mode))
+
+
+def ack_delays(spec, cluster, mode: str) -> dict[str, float] | None:
+    """When a sender holds the ACK of a WAN message, after its last byte left: "kernel" (and real
+    hosts) one round trip of the (calibrated) link -- the simulator's default, None; "shaper": the
+    receiver ACKs on receipt, before it holds the message for the emulated latency, so only the
+    transport's own hand-offs (the calibrated per-message overhead); "off": gloo, no ACK."""
+    if mode not in ("shaper", "off"):
+        return None
+    out = {}
+    for plain, cal in zip(spec.cluster.wan_links, cluster.wan_links):
+        extra = max(0.0, cal.latency_ms - plain.latency_ms) * 1e-3 if mode == "shaper" else 0.0
+        a, b = plain.between
+        out[f"{a}->{b}"] = out[f"{b}->{a}"] = extra
+    return out
 
 
 def compute_concurrency(result, plan) -> list[float]:
@@ -363,7 +388,8 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
         # The simulator has no global barrier: the all-reduce sits in each stage's optimizer time,
         # unscaled by CPU sharing (its ranks wait on the network, they do not compute).
         opt = [t * f + inp.global_sync for t, f in zip(inp.optimizer, factors)]
-        res = simulate_costs(plan, inp.cluster, costs, inp.allreduce, opt, inp.tokens, iterations=iterations)
+        res = simulate_costs(plan, inp.cluster, costs, inp.allreduce, opt, inp.tokens, iterations=iterations,
+                             ack_s=inp.ack_s)
         if not contention or measured:
             break
         conc = compute_concurrency(res, plan)

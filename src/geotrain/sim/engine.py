@@ -16,6 +16,11 @@ own clock (start, an arrival, a collective's end), and its clock never goes back
 instant: link arrivals and link completions first (phase 0), then temporal admissions (phase 1),
 so a temporal link picks among *all* transfers ready at that instant by plan order.
 
+Before its optimizer step a GPU waits until every WAN send it made is acknowledged, as the
+runtime does (its transport completes a send on the receiver's ACK): a WAIT_ACKS slot blocks
+while any of its transfers is undelivered, then until the latest ACK is back (delivery plus the
+direction's `ack_s`, one round trip by default).
+
 What it records: for each unit and program slot, one float -- when the action started (a
 receive: when the GPU reached it; a WAN send: when the transfer entered the link) -- and for
 each receive slot, when its tensor arrived. Everything in the trace follows from these two
@@ -30,7 +35,7 @@ from heapq import heappop, heappush
 
 from geotrain.errors import GeotrainError
 from geotrain.sim.links import FairLink, TemporalLink
-from geotrain.sim.program import ALLREDUCE, COMPUTE, RECV, SEND_INTRA, SEND_LOCAL, SEND_WAN, Program
+from geotrain.sim.program import ALLREDUCE, COMPUTE, RECV, SEND_INTRA, SEND_LOCAL, SEND_WAN, WAIT_ACKS, Program
 from geotrain.wan.temporal import concurrent_turns
 
 _ARRIVE, _FAIR_DONE, _DISPATCH = 0, 1, 2
@@ -51,6 +56,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
     P = len(prog.stages)
     U = P * dp
     assert ALLREDUCE == 5 and COMPUTE == 0 and RECV == 1 and SEND_LOCAL == 2 and SEND_INTRA == 3 and SEND_WAN == 4
+    assert WAIT_ACKS == 6
     sdata = []
     for s, p in enumerate(prog.stages):
         ddst = [(ds - s) * dp if ds >= 0 else 0 for ds in p.dst_stage]
@@ -60,7 +66,11 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
     box = [[-1.0] * lengths[u // dp] for u in range(U)]
     pcs = [0] * U
     clock = [float(offsets[u % dp]) if offsets else 0.0 for u in range(U)]
-    wait = [-1] * U            # slot a unit is blocked on (-1 running/runnable, -2 in a collective)
+    wait = [-1] * U            # slot a unit is blocked on (-1 running/runnable, -2 in a collective, -3 acks)
+    # WAN sends not yet delivered, and when the latest delivered one's ACK reaches its sender.
+    unacked = [0] * U
+    acked = [0.0] * U
+    ack_of = [w.ack_s for w in prog.wan]
     links: list[FairLink | TemporalLink] = [
         FairLink(w.capacity, w.flow_rate, w.latency) if w.sharing == "fair"
         else TemporalLink(w.flow_rate, w.latency, w.priority, w.capacity, concurrent_turns(w.capacity, w.flow_rate))
@@ -123,6 +133,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
                         stack.append(v)
                 elif op == 4:                    # SEND_WAN: enters its link in time order
                     mst[pc] = t
+                    unacked[u] += 1
                     seq += 1
                     heappush(heap, (t, 0, seq, _ARRIVE, u, pc))
                 elif op == 5:                    # ALLREDUCE
@@ -147,6 +158,13 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
                             clock[w] = t
                             wait[w] = -1
                             stack.append(w)
+                elif op == 6:                    # WAIT_ACKS: every WAN send so far acknowledged
+                    if unacked[u]:
+                        wait[u] = -3
+                        break
+                    mst[pc] = t
+                    if acked[u] > t:
+                        t = acked[u]
                 else:                            # SEND_LOCAL
                     mst[pc] = t
                     mbox[dslot[pc]] = t
@@ -180,8 +198,15 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
                 continue                         # superseded by a later arrival or completion
             when = now + link.latency
             done, started = link.complete(now)
+            ack = now + ack_of[x]
             for u, slot in done:
                 deliver(u, slot, when)
+                unacked[u] -= 1
+                if ack > acked[u]:
+                    acked[u] = ack
+                if wait[u] == -3 and not unacked[u]:
+                    wait[u] = -1
+                    stack.append(u)
             for u, slot in started:
                 start[u][slot] = now
             if link.heads:

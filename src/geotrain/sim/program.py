@@ -24,6 +24,7 @@ SEND_LOCAL = 2   # to the same GPU (interleaving with pp=1): instantaneous
 SEND_INTRA = 3   # inside a DC: arrives after dur = latency + bytes / bandwidth (no contention)
 SEND_WAN = 4     # queued on a WAN link direction (fair or temporal sharing)
 ALLREDUCE = 5    # DP collective: starts when every replica of the stage reached it
+WAIT_ACKS = 6    # before the optimizer step: until every WAN send so far is acknowledged (see below)
 
 GBPS = 1e9 / 8   # bytes/s per Gbit/s
 
@@ -40,6 +41,7 @@ class WanDirection:
     latency: float       # one-way, s
     sharing: str         # "fair" | "temporal"
     priority: tuple[int, ...]  # per DP replica: rank in the link plan's order (temporal tie-break)
+    ack_s: float = 0.0   # from a transfer's last byte leaving until its sender holds the receiver's ACK
 
 
 @dataclass
@@ -69,7 +71,7 @@ class Program:
     link_meta: dict[str, dict[str, float | str]]
 
 
-def _wan_direction(cluster: Cluster, plan: Plan, a: str, b: str) -> WanDirection:
+def _wan_direction(cluster: Cluster, plan: Plan, a: str, b: str, ack_s: dict[str, float] | None) -> WanDirection:
     wl = cluster.link(a, b)
     if wl is None:
         raise InfeasibleError(f"the schedule sends between datacenters {a} and {b}, which no WAN link joins")
@@ -78,13 +80,33 @@ def _wan_direction(cluster: Cluster, plan: Plan, a: str, b: str) -> WanDirection
         raise InfeasibleError(f"link {a}-{b}: unknown sharing {lp.sharing!r} (known: fair, temporal)")
     order = {d: i for i, d in enumerate(lp.order)}
     prio = tuple(order.get(d, len(order) + d) for d in range(plan.dp))
-    return WanDirection(name=f"{a}->{b}", capacity=wl.capacity_gbps * GBPS,
+    name = f"{a}->{b}"
+    # The runtime's transport completes a send when the receiver's ACK is back (wan/striped_send.py),
+    # and waits for its sends before the optimizer step: one round trip after the last byte left.
+    ack = (ack_s or {}).get(name, 2 * wl.latency_ms * 1e-3)
+    return WanDirection(name=name, capacity=wl.capacity_gbps * GBPS,
                         flow_rate=wl.rate_gbps(lp.connections) * GBPS, latency=wl.latency_ms * 1e-3,
-                        sharing=lp.sharing, priority=prio)
+                        sharing=lp.sharing, priority=prio, ack_s=ack)
+
+
+def _append(p: StageProgram, code: int, dur: float, kind: int, v: int, mb: int, it: int, nb: int) -> None:
+    p.ops.append(code)
+    p.dur.append(float(dur))
+    p.kind.append(kind)
+    p.vstage.append(v)
+    p.mb.append(mb)
+    p.iteration.append(it)
+    p.nbytes.append(int(nb))
+    p.dst_stage.append(-1)
+    p.dst_slot.append(-1)
+    p.link.append(-1)
+    p.wan.append(-1)
 
 
 def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_costs: list, allreduce_time: list[float],
-                    optimizer_time: list[float], iterations: int) -> Program:
+                    optimizer_time: list[float], iterations: int, ack_s: dict[str, float] | None = None) -> Program:
+    """ack_s: per WAN direction ("A->B"), seconds from a transfer's last byte leaving until its sender
+    holds the ACK (default one round trip); each OPTIMIZER is preceded by a WAIT_ACKS slot."""
     pp, vps = plan.pp, schedule.virtual_per_stage
     if schedule.num_stages != pp:
         raise ValueError(f"schedule has {schedule.num_stages} stages, plan has {pp}")
@@ -109,7 +131,7 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
                 meta[name] = {"kind": "intra", "bandwidth_Bps": dc.intra_dc_gbps * GBPS,
                               "latency_s": dc.intra_dc_latency_us * 1e-6}
             else:
-                w = _wan_direction(cluster, plan, a, b)
+                w = _wan_direction(cluster, plan, a, b, ack_s)
                 wan_id[name] = len(wan)
                 wan.append(w)
                 meta[name] = {"kind": "wan", "capacity_Bps": w.capacity, "flow_rate_Bps": w.flow_rate,
@@ -125,6 +147,8 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
         for it in range(iterations):
             for a in acts:
                 op, v = a.op, a.stage
+                if op == Op.OPTIMIZER:
+                    _append(p, WAIT_ACKS, 0.0, -1, v, a.mb, it, 0)
                 slot = len(p.ops)
                 code, dur, kind, nb = COMPUTE, 0.0, -1, 0
                 if op in _COMPUTE_OPS:
@@ -148,17 +172,7 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
                     pending_sends.append((s, slot, op == Op.SEND_ACT, v, a.peer, a.mb, it))
                 else:
                     raise ValueError(f"the simulator has no duration for {a} (op {op.value})")
-                p.ops.append(code)
-                p.dur.append(float(dur))
-                p.kind.append(kind)
-                p.vstage.append(v)
-                p.mb.append(a.mb)
-                p.iteration.append(it)
-                p.nbytes.append(int(nb))
-                p.dst_stage.append(-1)
-                p.dst_slot.append(-1)
-                p.link.append(-1)
-                p.wan.append(-1)
+                _append(p, code, dur, kind, v, a.mb, it, nb)
     # Pass 2: resolve every send to its receive and link.
     for s, slot, is_act, v, peer, mb, it in pending_sends:
         key = (is_act, v, peer, mb, it)

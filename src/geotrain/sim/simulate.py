@@ -101,15 +101,17 @@ def plan_schedule(plan: Plan) -> Schedule:
 def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], allreduce_time: list[float],
                    optimizer_time: list[float], tokens_per_iteration: int, iterations: int = 1,
                    schedule: Schedule | None = None, progress: bool = False,
-                   peak_memory: dict[int, float] | None = None) -> SimResult:
+                   peak_memory: dict[int, float] | None = None, ack_s: dict[str, float] | None = None) -> SimResult:
     """The core: run `iterations` iterations of the plan's schedule with explicit costs.
 
     stage_costs: one per virtual stage; allreduce_time, optimizer_time: one per physical stage.
-    peak_memory (per rank, bytes) is passed through to the metrics."""
+    peak_memory (per rank, bytes) is passed through to the metrics. ack_s: per WAN direction
+    ("A->B"), seconds from a transfer's last byte leaving until its sender holds the ACK (default:
+    one round trip, program.compile_program)."""
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
     sched = schedule if schedule is not None else plan_schedule(plan)
-    prog = compile_program(plan, cluster, sched, stage_costs, allreduce_time, optimizer_time, iterations)
+    prog = compile_program(plan, cluster, sched, stage_costs, allreduce_time, optimizer_time, iterations, ack_s)
     offsets = list(plan.pipeline_offsets) + [0.0] * (plan.dp - len(plan.pipeline_offsets))
     res = run_engine(prog, offsets[:plan.dp], progress=progress)
     meta = {"plan": plan.name, "schedule": sched.kind, "iterations": iterations, "pp": plan.pp, "dp": plan.dp,
