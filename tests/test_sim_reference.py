@@ -4,9 +4,9 @@ The reference is the obvious, slow algorithm written independently of the engine
 turns, each runs its action list while the inputs are there (a receive needs its matching send
 to have happened, an all-reduce needs every replica to have reached it); a transfer arrives
 latency + bytes / rate after it was sent, and its sender holds the ACK one latency later (an
-optimizer step waits for the ACKs of the GPU's WAN sends, as the runtime does). With links wide enough that transfers never compete,
-the engine (run-ahead units, slots, event heap, processor sharing) must give the same start
-time for every compute action.
+optimizer step waits for the ACKs of the GPU's WAN sends, as the runtime does). With links wide
+enough that transfers never compete, the engine (run-ahead units, slots, event heap, processor
+sharing) must give the same start time for every compute action.
 """
 
 from __future__ import annotations
