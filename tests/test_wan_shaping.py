@@ -66,3 +66,18 @@ def test_not_root_means_no_kernel_emulation_and_the_fallback_shapes_cross_dc_pai
     assert shaper(2).aggregate_gbps == pytest.approx(0.2)
     eu = fallback.fallback_shaper(_cluster(), dcs.__getitem__, "eu")
     assert eu(3) is None and eu(0) is None          # same DC; no link East Coast-eu
+
+
+def test_packets_and_burst_are_small_enough_that_htb_paces_a_message_at_its_cap():
+    from geotrain.emulation.shaping import emulation_mtu
+
+    # htb sends a packet whenever its class has credit and charges it after: a message must span
+    # many packets, and the burst must hold little, or a 16 KB tensor crosses a 5 Mbit/s cap at once.
+    slow, fast = 0.005, 0.25                      # Gbit/s per connection
+    mtu = emulation_mtu([fast, slow])
+    assert mtu <= 2000                             # ~1 ms at 5 Mbit/s (floor 1280)
+    assert emulation_mtu([1.0]) == 65000 and emulation_mtu([]) == 65000
+    cmds = htb_commands("gtd1", [(0, "10.77.1.0/24", 1.0, slow)], mtu=mtu)
+    leaf = next(c for c in cmds if c[0] == "class" and c[5] != "1:")
+    burst_s = int(leaf[leaf.index("burst") + 1]) / (slow * 1e9 / 8)
+    assert burst_s <= 0.003                        # a 16 KB message takes its 26 ms, less at most 3 ms
