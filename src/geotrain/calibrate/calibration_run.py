@@ -7,6 +7,7 @@ when ranks run side by side), the per-message WAN overhead and the global all-re
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -21,13 +22,28 @@ from geotrain.trace.metrics import compute_metrics
 from geotrain.trace.schema import Trace
 
 
+def collective_s(events) -> float:
+    """The DP gradient reduction's own duration in a measured trace: per (iteration, stage) the
+    shortest of its replicas' allreduce events (the replica that arrived last waits only for the
+    collective; the others' events also hold their wait for it, which the simulator puts before
+    the collective), median over those groups; 0.0 without any."""
+    groups: dict[tuple[int, int], float] = {}
+    for e in events:
+        if e.kind == "allreduce":
+            key = (e.iteration, e.stage)
+            groups[key] = min(groups.get(key, float("inf")), e.duration)
+    return statistics.median(groups.values()) if groups else 0.0
+
+
 def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
                      mode: str | None = None) -> tuple[dict[str, float], float, dict]:
     """Run a 2-stage pipeline of the spec's model for real (over the spec's WAN, through the runtime's
     launcher in WAN `mode`, as validation runs and `geotrain train` do) and compare each compute kind's
     mean duration with the calibrated simulation's: the ratio is what the runtime adds to the isolated
     unit times when ranks run side by side (the other rank's transfers and threads, the allocator, the
-    recorder), beyond the CPU sharing costs.py models. From the same trace: the per-message WAN
+    recorder), beyond the CPU sharing costs.py models; for the DP all-reduce (dp > 1) the ratio of the
+    collective's in-run duration to the isolated gloo fit (on 2 cores, 4 ranks' gloo threads wait for
+    cores: 12 ms in the run where the fit says 3.6). From the same trace: the per-message WAN
     transport overhead and the global all-reduce (messages.py)."""
     base = plan_from_job(spec)
     dcs = [st.dc for st in base.stages]
@@ -60,6 +76,8 @@ def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
         if kind == "optimizer":       # the simulated step carries the global all-reduce; the trace records it apart
             p -= det["global_sync_s"]
         factors[kind] = m / p if p > 0 and m > 0 else 1.0
+    p, m = mean(pred_events, "allreduce"), collective_s(measured.events)
+    factors["allreduce"] = m / p if p > 0 and m > 0 else 1.0
     info = {"plan": f"pp=2 x dp={plan.dp} 1f1b {plan.sharding}", "num_microbatches": plan.num_microbatches,
             "background_runnable": background, "steps": steps, "warmup": warmup, "wan_mode": mode,
             "rank_slowdown": slow}

@@ -65,9 +65,9 @@ def validation_markdown(all_runs: list[dict], modes, conditions: dict) -> str:
                  _ranks(r0.predicted_bubble_rank), _ranks(meas_bub),
                  " / ".join(_pct(r.bubble_error) for r in rows)]
         for m in others:
-            cells.append(" / ".join(_pct(r[m]["rows"][i].iteration_error) for r in all_runs))
+            cells.append(" / ".join(_pct(r[m]["rows"][i].iteration_error) for r in all_runs if m in r))
         for m in others:
-            cells.append(" / ".join(_pct(r[m]["rows"][i].bubble_error) for r in all_runs))
+            cells.append(" / ".join(_pct(r[m]["rows"][i].bubble_error) for r in all_runs if m in r))
         cells.append(" / ".join(_pct(r.posthoc_error) for r in rows))
         lines.append("| " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
@@ -79,9 +79,13 @@ def validation_markdown(all_runs: list[dict], modes, conditions: dict) -> str:
     slines = ["| " + " | ".join(scol) + " |", "|" + "---|" * len(scol)]
 
     def srow(label: str, picked: list[dict]) -> str:
-        st = {m: stats([x for r in picked for x in r[m]["rows"]]) for m in modes}
-        bg = _mean([d["background_runnable"] for r in picked for m in modes for d in r[m]["details"].values()])
-        cells = [label] + [_pair(st[m], "iteration") for m in modes] + [_pair(st[m], "bubble") for m in modes]
+        st = {m: stats([x for r in picked if m in r for x in r[m]["rows"]]) for m in modes}
+        bg = _mean([d["background_runnable"] for r in picked for m in r for d in r[m]["details"].values()])
+
+        def pair(m: str, key: str) -> str:
+            return _pair(st[m], key) if any(m in r for r in picked) else "-"
+
+        cells = [label] + [pair(m, "iteration") for m in modes] + [pair(m, "bubble") for m in modes]
         cells += [f"{100 * st[head_mode]['bubble_rank_worst']:.1f}", _pair(st[head_mode], "posthoc"), f"{bg:.1f}"]
         return "| " + " | ".join(cells) + " |"
 
@@ -99,6 +103,8 @@ def validation_markdown(all_runs: list[dict], modes, conditions: dict) -> str:
             f"stage's compute scaled by its ranks' measured CPU share (run-queue wait), for diagnosis only. "
             f"Machine: {conditions['cores']} CPU cores ({conditions['cpu']}), one CPU thread per rank; "
             f"{conditions['steps']} steps per case, the first {conditions['warmup']} discarded; "
-            f"{conditions['wall_s']:.0f} s in all.\n")
+            f"{conditions['wall_s']:.0f} s in all."
+            + (f" The {', '.join(others)} column(s) were measured in the first {conditions['other_mode_runs']} "
+               "run(s) only." if others and conditions.get('other_mode_runs', runs) < runs else "") + "\n")
     return table + "\n" + summary + foot
 

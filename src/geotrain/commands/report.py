@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # lazy: matplotlib, numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.report.build import metrics_label, prediction_note, rebuild
-    from geotrain.report.compare import format_rel, format_value
+    from geotrain.report.compare import format_rel, format_value, steady_state
 
     files, m, measured, main = rebuild(args.run_dir, with_trace=True)
     print(format_table(["metric", metrics_label(main)], [
@@ -39,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(["metric", metrics_label(main), "measured", "rel. error", "why (over 10%)"], [
             [r.metric, format_value(r.predicted, r.unit), format_value(r.measured, r.unit), format_rel(r.rel_error),
              r.note] for r in files.comparison]))
+    if files.comparison and measured is not None:
+        its = sorted({e.iteration for e in measured.events})
+        kept = sorted({e.iteration for e in steady_state(measured).events})
+        if kept and len(kept) < len(its):
+            print(f"measured: iterations {kept[0]}-{kept[-1]} of {its[0]}-{its[-1]} (the first {len(its) - len(kept)} "
+                  "pay connection set-up and first-step allocation; the simulator predicts steady state)")
     print(prediction_note(main))
     bt = bubbletea_rows(args.run_dir)
     if bt:

@@ -21,7 +21,7 @@ from typing import Any
 from geotrain.errors import GeotrainError
 from geotrain.plan.plan import Plan, load_plan
 from geotrain.report.bubbletea import bubbletea_rows
-from geotrain.report.compare import CompareRow, ScheduleRow, compare_metrics, explain_rows
+from geotrain.report.compare import CompareRow, ScheduleRow, compare_metrics, explain_rows, steady_state
 from geotrain.report.html import write_html
 from geotrain.report.timeline import draw_timeline, draw_timelines
 from geotrain.trace.chrome import write_chrome
@@ -183,7 +183,8 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
     run_predicted, run_measured = _run_memory(d, plan)
     peak = peak or (run_predicted if predicted_path else run_measured)
     metrics = _metrics(main, tokens, peak, str(predicted_path or measured_path))
-    measured_metrics = _metrics(measured, tokens, run_measured or None, str(measured_path)) \
+    # Compared in steady state: the first measured iterations are left out (compare.steady_state).
+    measured_metrics = _metrics(steady_state(measured), tokens, run_measured or None, str(measured_path)) \
         if measured is not None else None
     schedules = [ScheduleRow(**r) for r in doc.get("schedule_comparison") or []] or None
 

@@ -29,6 +29,20 @@ class CompareRow(NamedTuple):
 
 
 TOLERANCE = 0.10
+WARMUP_ITERATIONS = 2      # measured iterations left out of a comparison (see steady_state)
+
+
+def steady_state(measured: Trace, warmup: int = WARMUP_ITERATIONS) -> Trace:
+    """The measured trace without its first `warmup` iterations, when at least two are left: the
+    simulator predicts steady state, and a run's first iterations also pay connection set-up,
+    allocator growth and autograd's first graph (the demo's 30 steps: 350 ms per iteration over
+    all of them, 287 ms over iterations 3-30, against 281 ms predicted). The same cut as the
+    validation set's (calibrate.compare.drop_warmup)."""
+    its = sorted({e.iteration for e in measured.events})
+    if len(its) < warmup + 2:
+        return measured
+    keep = [e for e in measured.events if e.iteration >= its[warmup]]
+    return Trace(events=keep, num_ranks=measured.num_ranks, source=measured.source, meta=measured.meta)
 
 
 def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> list[CompareRow]:
