@@ -323,3 +323,42 @@ def test_old_foreign_or_malformed_profiles_are_one_line_errors(tmp_path, unit_pr
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and reason in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_validation_tables_summarize_every_run_and_the_headline_mode():
+    from geotrain.calibrate.compare import CaseRow
+    from geotrain.calibrate.tables import stats, validation_markdown
+
+    def row(case, pred, meas, bp, bm):
+        return CaseRow(case, "d", pred, meas, {0: 0.5}, {0: 0.5}, bp, bm, {0: bp / 2, 1: bp / 2},
+                       {0: bm / 2, 1: bm / 2}, posthoc_iteration_s=meas)
+
+    det = {"background_runnable": 0.5}
+    run1 = {"kernel": {"rows": [row("a", 1.1, 1.0, 0.5, 0.5), row("b", 0.9, 1.0, 0.6, 0.5)],
+                       "details": {"a": det, "b": det}},
+            "shaper": {"rows": [row("a", 1.0, 1.0, 0.5, 0.5), row("b", 1.0, 1.0, 0.5, 0.5)],
+                       "details": {"a": det, "b": det}}}
+    run2 = {"kernel": {"rows": [row("a", 1.0, 1.0, 0.5, 0.5), row("b", 1.3, 1.0, 0.5, 0.5)],
+                       "details": {"a": det, "b": det}}}
+    st = stats(run1["kernel"]["rows"] + run2["kernel"]["rows"])
+    assert st["iteration_mean"] == pytest.approx((0.1 + 0.1 + 0.0 + 0.3) / 4)
+    assert st["iteration_worst"] == pytest.approx(0.3) and st["bubble_worst"] == pytest.approx(0.2)
+    assert st["posthoc_worst"] == 0.0
+    md = validation_markdown([run1, run2], ("kernel", "shaper"), {"cores": 2, "cpu": "x", "steps": 6, "warmup": 2,
+                                                                 "wall_s": 1.0, "other_mode_runs": 1})
+    assert "| 2 | 15.0 / 30.0 | - |" in md                   # run 2: kernel only
+    assert "| **all** | 12.5 / 30.0 | 0.0 / 0.0 |" in md
+    assert "mean |iteration-time error| 12.5%, worst 30.0%" in md
+    assert "| a | d | 1100.0 / 1000.0 | 1000.0 / 1000.0 | +10.0% / +0.0% |" not in md   # one prediction per case
+    assert "| a | d | 1100.0 | 1000.0 / 1000.0 | +10.0% / +0.0% |" in md
+
+
+def test_the_report_compares_a_run_in_steady_state():
+    from geotrain.report.compare import steady_state
+
+    evs = [Event(rank=0, kind="forward", start=it, end=it + (0.9 if it <= 2 else 0.1), iteration=it)
+           for it in range(1, 7)]
+    trace = Trace(events=evs, num_ranks=1)
+    assert sorted({e.iteration for e in steady_state(trace).events}) == [3, 4, 5, 6]
+    short = Trace(events=evs[:3], num_ranks=1)
+    assert steady_state(short) is short                     # too few iterations: nothing left out
