@@ -105,7 +105,6 @@ NOT_YET = {
     'bubbletea/bubble_executor.py',
     'calibrate/cases.py',
     'calibrate/costs.py',
-    'calibrate/validate.py',
     'calibrate/wanrun.py',
     'commands/estimate.py',
     'commands/export.py',
