@@ -33,9 +33,11 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 COUNTS = (1, 2, 4, 8)
 PY = sys.executable
@@ -321,16 +323,22 @@ def main() -> int:
     link = cluster.wan_links[0]
     with WanEmulation(cluster) as wan:
         east, west = wan.address("east"), wan.address("west")
+        import tempfile
+
+        from geotrain.emulation.probe import probe_env
+
+        env = probe_env(Path(tempfile.mkdtemp(prefix="geotrain-bench-")))
         srv = wan.popen("west", [PY, "-m", "geotrain.emulation.probe", "serve", "--host", west], stdout=subprocess.PIPE,
-                        text=True)
+                        text=True, env=env)
         port = srv.stdout.readline().split()[1]
         rtt = json.loads(wan.exec_in("east", [PY, "-m", "geotrain.emulation.probe", "ping", "--host", west,
-                                              "--port", port]).stdout)["rtt_ms"]
+                                              "--port", port], env=env).stdout)["rtt_ms"]
         raw = {}
         for k in COUNTS:
             r = wan.exec_in("east", [PY, "-m", "geotrain.emulation.probe", "send", "--host", west, "--port", port,
-                                     "--connections", str(k), "--seconds", str(a.seconds)])
+                                     "--connections", str(k), "--seconds", str(a.seconds)], env=env)
             raw[k] = json.loads(r.stdout)["gbps"]
+        shutil.rmtree(Path(env["GEOTRAIN_SECRET_FILE"]).parent, ignore_errors=True)
         common = [PY, os.path.abspath(__file__), "--store-host", east, "--store-port", "29655",
                   "--mib", str(a.mib), "--reps", str(a.reps)]
         recv = wan.popen("west", [*common, "--role", "recv", "--host", west], stdout=subprocess.PIPE, text=True)

@@ -21,7 +21,7 @@ def test_ranks_prefill_in_bubbles_and_answers_match_a_plain_prefill():
     host, port = svc.serve()
     # A cost model that makes a 20 ms bubble hold ~25 tokens: requests get chunked.
     cost = PrefillCost(a=0.0, b=0.0008, c=0.0)
-    workers = [BubbleWorker(ex.address, r, model, cost) for r in range(2)]
+    workers = [BubbleWorker(ex.address, r, model, cost, secret=ex.secret) for r in range(2)]
     for w in workers:
         w.connect()
     deadline = time.time() + 10
@@ -77,7 +77,7 @@ def test_a_request_of_a_vanished_rank_restarts_elsewhere():
     ex = BubbleExecutor(min_chunk=2)
     cost = PrefillCost(a=0.0, b=0.001, c=0.0)
     fut = ex.submit(7, list(range(1, 41)))
-    w1 = BubbleWorker(ex.address, 0, model, cost)
+    w1 = BubbleWorker(ex.address, 0, model, cost, secret=ex.secret)
     w1.connect()
     # Exactly one chunk of ~12 tokens (a fill could run several: real chunks beat this cost model),
     # then the rank dies.
@@ -89,7 +89,7 @@ def test_a_request_of_a_vanished_rank_restarts_elsewhere():
     w1._run_chunk(chunk)
     w1.close()
     time.sleep(0.2)
-    w2 = BubbleWorker(ex.address, 1, model, cost)
+    w2 = BubbleWorker(ex.address, 1, model, cost, secret=ex.secret)
     w2.connect()
     deadline = time.time() + 30
     while not fut.done() and time.time() < deadline:
@@ -102,22 +102,37 @@ def test_a_request_of_a_vanished_rank_restarts_elsewhere():
     ex.close()
 
 
+FAKE_SECRET = b"s" * 32
+
+
 def _fake_service():
-    """A listening socket standing in for the executor: the test decides what it answers."""
+    """A listening socket standing in for the executor: the test decides what it answers. The
+    connection it accepts has passed the executor's handshake (`accepted.get()` gives it)."""
+    import queue
     import socket
 
+    from geotrain.wan.auth import ANY_RANK, BUBBLETEA, server_handshake
+
     srv = socket.create_server(("127.0.0.1", 0))
-    return srv, srv.getsockname()[:2]
+    accepted: queue.Queue = queue.Queue()
+
+    def accept() -> None:
+        conn, _ = srv.accept()
+        server_handshake(conn, FAKE_SECRET, BUBBLETEA, ANY_RANK)
+        accepted.put(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    return srv, srv.getsockname()[:2], accepted
 
 
 def test_a_late_answer_ends_the_bubble_and_is_dropped_when_it_comes():
     from geotrain.bubbletea.wire import recv_frame, send_frame
 
     model = build_model(PRESETS["tiny"]).eval()
-    srv, addr = _fake_service()
-    w = BubbleWorker(addr, 0, model, PrefillCost(a=0.0, b=0.0001, c=0.0))
+    srv, addr, accepted = _fake_service()
+    w = BubbleWorker(addr, 0, model, PrefillCost(a=0.0, b=0.0001, c=0.0), secret=FAKE_SECRET)
     w.connect()
-    conn, _ = srv.accept()
+    conn = accepted.get(timeout=10)
     recv_frame(conn)                                   # hello
     got = []
     th = threading.Thread(target=lambda: got.append(w.fill(0.03)), daemon=True)  # the service does not answer
@@ -146,10 +161,10 @@ def test_a_proposal_that_no_longer_fits_is_not_run():
     from geotrain.bubbletea.wire import recv_frame, send_frame
 
     model = build_model(PRESETS["tiny"]).eval()
-    srv, addr = _fake_service()
-    w = BubbleWorker(addr, 0, model, PrefillCost(a=0.0, b=0.001, c=0.0))   # 20 tokens: 20 ms
+    srv, addr, accepted = _fake_service()
+    w = BubbleWorker(addr, 0, model, PrefillCost(a=0.0, b=0.001, c=0.0), secret=FAKE_SECRET)   # 20 tokens: 20 ms
     w.connect()
-    conn, _ = srv.accept()
+    conn = accepted.get(timeout=10)
     recv_frame(conn)
 
     def answer():
@@ -174,7 +189,7 @@ def test_an_ignored_proposal_is_proposed_again():
     ex = BubbleExecutor(min_chunk=1)
     prompt = list(range(1, 21))
     fut = ex.submit(3, prompt)
-    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0))
+    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0), secret=ex.secret)
     w.connect()
     send_frame(w._sock, {"op": "poll", "budget": 1.0})
     offered, _ = recv_frame(w._sock)                   # taken, never run
@@ -195,7 +210,8 @@ def test_idle_priority_worker_computes_on_a_sched_idle_thread():
     model = build_model(PRESETS["tiny"]).eval()
     ex = BubbleExecutor(min_chunk=1)
     fut = ex.submit(1, list(range(1, 9)))
-    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0), priority="idle")
+    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0), priority="idle",
+                     secret=ex.secret)
     w.connect()
     deadline = time.time() + 30
     while not fut.done() and time.time() < deadline:
@@ -220,3 +236,44 @@ def test_chunks_slower_than_profiled_shrink_what_the_rank_asks_for():
     for _ in range(200):                            # then as profiled again: fall slowly, never below 1
         w._learn(measured=0.005, modelled=0.01)
     assert w.slowdown == 1.0
+
+
+def test_a_connection_without_the_secret_is_dropped_and_logged_and_joins_no_rank(capfd):
+    import socket
+
+    from geotrain.bubbletea.wire import send_frame
+
+    model = build_model(PRESETS["tiny"]).eval()
+    ex = BubbleExecutor(min_chunk=1)
+    hello = {"rank": 0, "cost": [0.0, 0.0005, 0.0]}
+    with socket.create_connection(ex.address) as forged:          # the old protocol: a hello, no proof
+        send_frame(forged, hello)
+        send_frame(forged, {"op": "poll", "budget": 1.0})
+        forged.settimeout(5)
+        got = b""
+        try:
+            while data := forged.recv(1 << 16):                  # until the executor hangs up
+                got += data
+        except ConnectionResetError:
+            pass
+        assert b'"op"' not in got, got                           # it never answered the poll
+    impostor = BubbleWorker(ex.address, 1, model, PrefillCost(a=0.0, b=0.0005, c=0.0), secret=b"w" * 32)
+    try:
+        impostor.connect()
+        raise AssertionError("a wrong secret was accepted")
+    except OSError:
+        pass
+    deadline = time.time() + 5
+    while ex.drops.dropped < 2 and time.time() < deadline:
+        time.sleep(0.02)
+    assert not ex.ready() and not ex.ranks                        # neither joined as a rank
+    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0), secret=ex.secret)
+    w.connect()
+    while not ex.ready() and time.time() < deadline:
+        time.sleep(0.01)
+    assert ex.ready()
+    w.close()
+    ex.close()
+    err = capfd.readouterr().err
+    assert err.count("geotrain bubbletea: executor: dropped a connection") == 2, err
+    assert "Traceback" not in err

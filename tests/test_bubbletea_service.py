@@ -255,7 +255,7 @@ def test_no_rank_yet_answers_503_then_serves_once_a_rank_joins(model):
     assert status == 503 and "no training rank" in json.loads(body)["error"]["message"]
     assert headers.get("retry-after") == "1"
     assert json.loads(call(host, port, "GET", "/healthz", token=None)[1])["ready"] is False
-    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0))
+    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0005, c=0.0), secret=ex.secret)
     w.connect()
     deadline = time.time() + 10
     while not ex.ready() and time.time() < deadline:

@@ -7,6 +7,7 @@ mid-stream, or records the stream for a later replay."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
@@ -272,3 +273,37 @@ def test_tls_transfers_arrive_exactly_and_a_listener_refuses_plain_or_foreign_tl
     assert "TLS handshake failed ([SSL: WRONG_VERSION_NUMBER]" in err, err    # the plain-TCP client
     assert "TLS certificate is not this run's" in err, err                     # the foreign run's listener check
     assert "Traceback" not in err
+
+
+def test_the_wan_probe_serves_only_openers_with_its_secret(tmp_path):
+    import subprocess
+    import sys
+
+    from geotrain.emulation.probe import SINK_HDR, probe_env
+
+    env = {**os.environ, **probe_env(tmp_path)}
+    probe = [sys.executable, "-m", "geotrain.emulation.probe"]
+    srv = subprocess.Popen([*probe, "serve", "--host", "127.0.0.1"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(srv.stdout.readline().split()[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:   # the old protocol: ping, no proof
+            s.sendall(SINK_HDR.pack(b"P", 0.0) + b"x" * 64)
+            echo = b""
+            try:
+                while data := s.recv(1 << 16):
+                    echo += data
+            except ConnectionResetError:
+                pass
+        assert b"x" * 64 not in echo                                          # not echoed: dropped
+        r = subprocess.run([*probe, "ping", "--host", "127.0.0.1", "--port", str(port), "--count", "3"], env=env,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and json.loads(r.stdout)["rtt_ms"] > 0, r.stderr
+        bare = {k: v for k, v in env.items() if k != "GEOTRAIN_SECRET_FILE"}
+        r = subprocess.run([*probe, "ping", "--host", "127.0.0.1", "--port", str(port)], env=bare,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "GEOTRAIN_SECRET_FILE" in r.stderr, r.stderr
+    finally:
+        srv.kill()
+    err = srv.communicate()[1]
+    assert err.count("geotrain emulation: probe: dropped a connection") == 1 and "Traceback" not in err, err

@@ -48,27 +48,35 @@ def wan():
 
 
 @pytest.fixture(scope="module")
-def probe_port(wan):
+def probe_secret(tmp_path_factory):
+    from geotrain.emulation.probe import probe_env
+
+    return probe_env(tmp_path_factory.mktemp("probe"))
+
+
+@pytest.fixture(scope="module")
+def probe_port(wan, probe_secret):
     srv = wan.popen("west", [PY, "-m", "geotrain.emulation.probe", "serve", "--host", wan.address("west")],
-                    stdout=subprocess.PIPE, text=True)
+                    stdout=subprocess.PIPE, text=True, env=probe_secret)
     return int(srv.stdout.readline().split()[1])
 
 
-def _probe(wan, *args) -> dict:
-    r = wan.exec_in("east", [PY, "-m", "geotrain.emulation.probe", *args, "--host", wan.address("west")], timeout=60)
+def _probe(wan, probe_secret, *args) -> dict:
+    r = wan.exec_in("east", [PY, "-m", "geotrain.emulation.probe", *args, "--host", wan.address("west")], timeout=60,
+                    env=probe_secret)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
-def test_rtt_matches_configured_latency(wan, probe_port):
-    rtt = _probe(wan, "ping", "--port", str(probe_port))["rtt_ms"]
+def test_rtt_matches_configured_latency(wan, probe_port, probe_secret):
+    rtt = _probe(wan, probe_secret, "ping", "--port", str(probe_port))["rtt_ms"]
     assert abs(rtt - 2 * LATENCY_MS) <= 0.1 * 2 * LATENCY_MS, rtt
 
 
-def test_one_connection_is_capped_and_n_connections_reach_the_link(wan, probe_port):
+def test_one_connection_is_capped_and_n_connections_reach_the_link(wan, probe_port, probe_secret):
     common = ["--port", str(probe_port), "--seconds", "3", "--warmup", "1.0"]
-    one = _probe(wan, "send", "--connections", "1", *common)["gbps"]
-    four = _probe(wan, "send", "--connections", "4", *common)["gbps"]
+    one = _probe(wan, probe_secret, "send", "--connections", "1", *common)["gbps"]
+    four = _probe(wan, probe_secret, "send", "--connections", "4", *common)["gbps"]
     link = _cluster().wan_links[0]
     assert abs(one - link.rate_gbps(1)) <= 0.15 * link.rate_gbps(1), one
     assert abs(four - link.rate_gbps(4)) <= 0.15 * link.rate_gbps(4), four      # min(4 * 50, 120) Mbit/s
@@ -88,7 +96,7 @@ def test_striped_transport_reassembles_exactly_across_namespaces(wan, tmp_path):
     assert res["all_equal"] and res["messages"] == 6, res
 
 
-def test_teardown_leaves_nothing_and_watchdog_restarts_a_dead_delayer():
+def test_teardown_leaves_nothing_and_watchdog_restarts_a_dead_delayer(probe_secret):
     from geotrain.emulation import WanEmulation
     from geotrain.emulation.netns import existing_namespaces, process_alive
 
@@ -103,10 +111,10 @@ def test_teardown_leaves_nothing_and_watchdog_restarts_a_dead_delayer():
             time.sleep(0.05)
         assert w.delayer_alive() and w.delayer.pid != old
         srv = w.popen("west", [PY, "-m", "geotrain.emulation.probe", "serve", "--host", w.address("west")],
-                      stdout=subprocess.PIPE, text=True)
+                      stdout=subprocess.PIPE, text=True, env=probe_secret)
         p = srv.stdout.readline().split()[1]
         r = w.exec_in("east", [PY, "-m", "geotrain.emulation.probe", "ping", "--host", w.address("west"), "--port", p,
-                               "--count", "5"], timeout=30)
+                               "--count", "5"], timeout=30, env=probe_secret)
         assert r.returncode == 0 and json.loads(r.stdout)["rtt_ms"] >= 9.5, r.stderr
         delayer_pid, state_path = w.delayer.pid, w.state.path
     assert not (names & existing_namespaces())

@@ -7,6 +7,12 @@ oldest request that its fitted prefill cost says will finish inside that budget.
 once started, stays on its rank (its KV cache grows there); when its last chunk is done the
 rank sends the first token and the KV cache back, and the request's future resolves.
 
+Only ranks of this run may connect: the executor holds a secret (`secret`, written by the service
+to a 0600 file the ranks read), and every connection starts with `wan.auth`'s challenge-response
+handshake; one that fails it, or whose hello names another rank than it proved, is logged in one
+line and dropped. (The socket is local -- a Unix socket in a private folder, or 127.0.0.1 -- so
+the opener is what needs proving; the frames after it are not MAC'd.)
+
 The rank never waits for the service past the bubble's budget (a late answer is dropped: the
 service counts tokens as done only when the rank reports them), and never starts a chunk that its
 cost model predicts will outlast the bubble: training does not wait for prefill.
@@ -30,6 +36,7 @@ from geotrain.bubbletea.inference import KVCache, forward_with_cache
 from geotrain.bubbletea.prefill_cost import PrefillCost
 from geotrain.bubbletea.wire import ProtocolError, recv_frame, send_frame
 from geotrain.models.llama import UnitStack
+from geotrain.wan.auth import ANY_RANK, BUBBLETEA, DropLog, client_handshake, new_secret, server_handshake
 
 
 @dataclass
@@ -57,8 +64,11 @@ class BubbleExecutor:
     """unix_path: listen on a Unix socket instead of TCP -- it reaches ranks that run inside
     emulated datacenters' network namespaces, where 127.0.0.1 is not the launcher's."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, min_chunk: int = 8, unix_path: str | None = None):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, min_chunk: int = 8, unix_path: str | None = None,
+                 secret: bytes | None = None):
         self.min_chunk = min_chunk
+        self.secret = secret or new_secret()         # what a rank must prove it holds (BubbleWorker.secret)
+        self.drops = DropLog("executor", prefix="geotrain bubbletea")
         self._lock = threading.Lock()
         self._pending: collections.deque[_Job] = collections.deque()
         self._jobs: dict[int, _Job] = {}
@@ -148,8 +158,17 @@ class BubbleExecutor:
     def _serve_rank(self, conn: socket.socket) -> None:
         rank = None
         try:
+            proved, _, _ = server_handshake(conn, self.secret, BUBBLETEA, ANY_RANK)
+        except (OSError, ConnectionError) as e:
+            conn.close()
+            if not self._closed:
+                self.drops(f"dropped a connection: {e}")
+            return
+        try:
             hello, _ = recv_frame(conn)
-            rank = int(hello["rank"])
+            if int(hello["rank"]) != proved:
+                raise ProtocolError(f"hello names rank {hello['rank']}, but the handshake proved rank {proved}")
+            rank = proved
             a, b, c = (float(x) for x in hello["cost"])
             with self._lock:
                 self.ranks[rank] = _RankState(PrefillCost(a, b, c))
@@ -164,8 +183,10 @@ class BubbleExecutor:
                     self._chunk_done(rank, msg, payload)
                 else:
                     raise ProtocolError(f"unknown op {msg.get('op')!r}")
-        except (ConnectionError, OSError, ProtocolError, KeyError, ValueError, TypeError):
-            pass
+        except (ConnectionError, OSError):
+            pass                                    # the rank left (training ended, or it died)
+        except (ProtocolError, KeyError, ValueError, TypeError) as e:
+            self.drops(f"dropped rank {proved}'s connection: {type(e).__name__}: {e}")
         finally:
             conn.close()
             if rank is not None:
@@ -233,6 +254,7 @@ class BubbleWorker:
     cost: PrefillCost
     margin_s: float = 0.0
     priority: str = "normal"         # "idle": compute on a SCHED_IDLE thread (CPU ranks; see idle_priority)
+    secret: bytes = b""              # the executor's secret (BubbleExecutor.secret): proves this rank may join
     busy_s: float = 0.0
     chunks: int = 0
     predicted_s: float = 0.0         # what the cost model said the chunks run would take
@@ -251,6 +273,12 @@ class BubbleWorker:
         else:
             self._sock = socket.create_connection(tuple(self.address))
         _nodelay(self._sock)
+        try:
+            client_handshake(self._sock, self.secret, BUBBLETEA, self.rank, ANY_RANK)
+        except OSError:
+            self._sock.close()
+            self._sock = None
+            raise
         send_frame(self._sock, {"rank": self.rank, "cost": [self.cost.a, self.cost.b, self.cost.c]})
         if self.priority == "idle" and self._runner is None:
             self._runner = IdlePriorityThread()

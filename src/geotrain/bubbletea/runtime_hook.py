@@ -21,6 +21,8 @@ from geotrain.bubbletea.inference import KVCache, forward_with_cache
 from geotrain.bubbletea.model_source import load_inference_model
 from geotrain.bubbletea.predictor import BubblePredictor
 from geotrain.bubbletea.prefill_cost import PrefillCost
+from geotrain.errors import GeotrainError
+from geotrain.wan.auth import read_secret_file
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,8 @@ class BubbleHook:
 
 
 def make_hook(conf: dict[str, Any], rank: int, recorder) -> BubbleHook | None:
-    """conf: {"address": [host, port] or a Unix socket path, "inference_model": preset or HF dir,
+    """conf: {"address": [host, port] or a Unix socket path, "secret_file": the executor's 0600 secret,
+    "inference_model": preset or HF dir,
     "margin_frac", "margin_s",
     "warmup_iterations", "priority", "duty", "device"}. Returns None (and logs why) when the service cannot be reached.
 
@@ -102,8 +105,13 @@ def make_hook(conf: dict[str, Any], rank: int, recorder) -> BubbleHook | None:
     cost = profile_prefill_cost(model)
     addr = conf["address"]
     priority = conf.get("priority") or ("normal" if torch.cuda.is_available() else "idle")
+    try:
+        secret = read_secret_file(conf["secret_file"])
+    except (KeyError, GeotrainError) as e:
+        log.warning("bubbletea: no secret to join the prefill service with (%s)", e)
+        return None
     worker = BubbleWorker(addr if isinstance(addr, str) else tuple(addr), rank, model, cost,
-                          margin_s=float(conf.get("margin_s", 0.0)), priority=priority)
+                          margin_s=float(conf.get("margin_s", 0.0)), priority=priority, secret=secret)
     try:
         worker.connect()
     except OSError as e:

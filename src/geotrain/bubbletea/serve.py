@@ -24,7 +24,7 @@ class RunningService:
     url: str
     rank_config: dict          # what each rank needs to join (RunConfig.bubbletea)
     model: object = None       # the inference model, for requests left when training ends
-    work_dir: str | None = None  # holds the Unix socket; removed on close
+    work_dir: str | None = None  # holds the Unix socket and the ranks' secret file; removed on close
 
     def close(self) -> int:
         """Stop taking requests (503), prefill what is still queued here, answer everyone, then
@@ -64,7 +64,8 @@ class RunningService:
 def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str = "tiny",  # a preset or HF dir
                   token: str | None = None, max_queue: int = 64, unix: bool = True,
                   priority: str = "auto", run_dir: str | None = None) -> RunningService:
-    """HTTP API on host:port. Ranks fetch work from the executor over a Unix socket in a
+    """HTTP API on host:port. Ranks fetch work from the executor (after proving they hold the secret
+    in the folder's 0600 file, `rank_config["secret_file"]`) over a Unix socket in a
     private temporary folder (it reaches ranks inside the emulated DCs' network namespaces,
     and its path stays short), or over local TCP with unix=False. The decode worker runs here,
     on the launcher, as a separate decode machine would. A port in use is a GeotrainError, and
@@ -77,13 +78,18 @@ def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str =
 
     if priority == "auto":
         priority = "normal" if torch.cuda.is_available() else "idle"
-    work_dir = tempfile.mkdtemp(prefix="geotrain-bt-") if unix else None
+    from pathlib import Path
+
+    from geotrain.wan.auth import write_secret_file
+
+    work_dir = tempfile.mkdtemp(prefix="geotrain-bt-")      # 0700: the socket and the ranks' secret
     executor = None
     try:
         if unix:
             executor = BubbleExecutor(unix_path=os.path.join(work_dir, "work.sock"))
         else:
             executor = BubbleExecutor(host="127.0.0.1")
+        secret_file = write_secret_file(Path(work_dir) / "secret", executor.secret)
         served = load_inference_model(inference_model)
         model, spec = served.model, served.spec
         svc = PrefillService(executor, DecodeWorker(model), max_queue=max_queue, token=token, vocab=spec.vocab,
@@ -93,9 +99,9 @@ def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str =
     except BaseException:
         if executor is not None:
             executor.close()
-        if work_dir is not None:
-            shutil.rmtree(work_dir, ignore_errors=True)
+        shutil.rmtree(work_dir, ignore_errors=True)
         raise
     addr = executor.address if isinstance(executor.address, str) else list(executor.address)
-    conf = {"address": addr, "inference_model": inference_model, "priority": priority}
+    conf = {"address": addr, "inference_model": inference_model, "priority": priority,
+            "secret_file": str(secret_file)}
     return RunningService(svc, executor, f"http://{h}:{p}", conf, model, work_dir)

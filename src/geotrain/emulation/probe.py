@@ -7,20 +7,39 @@
 Throughput is measured at the receiver (the bottleneck side): each connection's bytes arriving
 after a warm-up (slow start, queue fill) divided by the time they took, summed over connections.
 No torch import, so a probe process starts in a fraction of a second.
+
+Both ends read a secret from the 0600 file named by GEOTRAIN_SECRET_FILE (`probe_env` makes one),
+and every connection starts with `wan.auth`'s challenge-response handshake: the server talks only
+to openers that hold it, and logs any other connection in one line and drops it. What follows the
+handshake is plain TCP on purpose: the probe measures the network, not the cost of MACs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import struct
 import sys
 import threading
 import time
+from pathlib import Path
 
 from geotrain.emulation.ports import spread_port_connections as open_connections
+from geotrain.errors import GeotrainError
+from geotrain.wan.auth import (
+    ANY_RANK,
+    PROBE,
+    SECRET_ENV,
+    DropLog,
+    client_handshake,
+    new_secret,
+    read_secret_file,
+    server_handshake,
+    write_secret_file,
+)
 from geotrain.wan.sockets import recv_exact, tune
 
 PING_SIZE = 64
@@ -28,9 +47,35 @@ SINK_HDR = struct.Struct("!cd")         # mode, warm-up seconds
 SINK_REPLY = struct.Struct("!dd")       # bytes after warm-up, seconds they took
 
 
-def _handle(conn: socket.socket) -> None:
+def probe_env(folder: Path) -> dict[str, str]:
+    """A fresh secret in FOLDER/probe_secret (0600); the environment both probe ends need."""
+    path = Path(folder) / "probe_secret"
+    path.unlink(missing_ok=True)
+    return {SECRET_ENV: str(write_secret_file(path, new_secret()))}
+
+
+def _secret() -> bytes:
+    path = os.environ.get(SECRET_ENV)
+    if not path:
+        raise GeotrainError(f"probe: set {SECRET_ENV} to the 0600 file holding the probe's secret (both ends)")
+    return read_secret_file(Path(path))
+
+
+def _connect(host: str, port: int, k: int, secret: bytes) -> list[socket.socket]:
+    socks = open_connections(host, port, k)
+    for s in socks:
+        client_handshake(s, secret, PROBE, 0, ANY_RANK)
+    return socks
+
+
+def _handle(conn: socket.socket, secret: bytes, drops: DropLog) -> None:
     try:
         tune(conn)
+        try:
+            server_handshake(conn, secret, PROBE, ANY_RANK)
+        except ConnectionError as e:
+            drops(f"dropped a connection: {e}")
+            return
         hdr = bytearray(SINK_HDR.size)
         recv_exact(conn, memoryview(hdr))
         mode, warm = SINK_HDR.unpack(hdr)
@@ -66,6 +111,7 @@ def _handle(conn: socket.socket) -> None:
 
 
 def serve(host: str, port: int = 0) -> None:
+    secret, drops = _secret(), DropLog("probe", prefix="geotrain emulation")
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind((host, port))
@@ -73,12 +119,12 @@ def serve(host: str, port: int = 0) -> None:
     print(f"port {ls.getsockname()[1]}", flush=True)
     while True:
         conn, _ = ls.accept()
-        threading.Thread(target=_handle, args=(conn,), daemon=True).start()
+        threading.Thread(target=_handle, args=(conn, secret, drops), daemon=True).start()
 
 
 def ping(host: str, port: int, count: int = 20) -> float:
     """Median TCP round trip (ms) of a 64-byte message."""
-    s = open_connections(host, port, 1)[0]
+    s = _connect(host, port, 1, _secret())[0]
     s.sendall(SINK_HDR.pack(b"P", 0.0))
     msg = bytearray(PING_SIZE)
     times = []
@@ -93,7 +139,7 @@ def ping(host: str, port: int, count: int = 20) -> float:
 
 def send(host: str, port: int, connections: int, seconds: float, warmup: float = 1.0) -> float:
     """Aggregate receiver-side throughput (Gbit/s) of `connections` parallel TCP streams."""
-    socks = open_connections(host, port, connections)
+    socks = _connect(host, port, connections, _secret())
     results: list[float] = []
     payload = bytes(1 << 20)
 
@@ -127,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--count", type=int, default=20)
     a = ap.parse_args(argv)
+    try:
+        _secret()
+    except GeotrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if a.mode == "serve":
         serve(a.host, a.port)
     elif a.mode == "ping":

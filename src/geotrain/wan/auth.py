@@ -3,6 +3,8 @@
 Every TCP listener of the WAN layer (the striped transport, the turn arbiter) accepts a connection
 only after the opener proved it holds the run's secret, and then reads only frames that carry a
 valid HMAC-SHA256 tag; anything else is logged in one line and dropped while the run goes on.
+The local listeners (the BubbleTea executor's socket, the emulation's WAN probe) use the same
+handshake to admit only openers that hold their secret.
 
 Secret: 32 random bytes per run (`new_secret`). The launcher writes it to a 0600 file and names the
 file in GEOTRAIN_SECRET_FILE (never on a command line); under torchrun without such a file rank 0
@@ -49,8 +51,8 @@ HANDSHAKE_TIMEOUT_S = 10.0
 HELLO = struct.Struct("!IBiiH16s")          # magic, purpose, client rank, server rank, stripe, nonce
 CHALLENGE = struct.Struct("!Ii16s")         # magic, server rank, nonce
 MAGIC = 0x47544155                          # "GTAU"
-PURPOSES = {1: "striped transport", 2: "turn arbiter"}
-STRIPED, TURNS = 1, 2
+PURPOSES = {1: "striped transport", 2: "turn arbiter", 3: "BubbleTea executor", 4: "WAN probe"}
+STRIPED, TURNS, BUBBLETEA, PROBE = 1, 2, 3, 4
 ANY_RANK = -1
 
 
@@ -112,8 +114,8 @@ class DropLog:
     """Logs each dropped connection in one line on stderr, at most `burst` lines per minute (a flood
     of forged connections must not flood the training log); counts the rest."""
 
-    def __init__(self, who: str, burst: int = 20):
-        self.who, self.burst = who, burst
+    def __init__(self, who: str, burst: int = 20, prefix: str = "geotrain wan"):
+        self.who, self.burst, self.prefix = who, burst, prefix
         self.dropped = 0
         self._window = (0.0, 0)
         self._lock = threading.Lock()
@@ -130,7 +132,7 @@ class DropLog:
             self._window = (start, n)
             if n > self.burst:
                 return
-            line = f"geotrain wan: {self.who}: {what}" + (" (further drops this minute not logged)"
+            line = f"{self.prefix}: {self.who}: {what}" + (" (further drops this minute not logged)"
                                                           if n == self.burst else "")
             self.lines = [*self.lines[-99:], line]
         print(line + "\n", end="", file=sys.stderr, flush=True)     # one write: ranks share a terminal
