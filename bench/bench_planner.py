@@ -6,8 +6,9 @@
 2. The plan against the exhaustive optimum (geotrain.plan.exhaustive, every plan simulated) on
    the small clusters of tests/test_plan_exhaustive.py: planner / optimum (goal <= 1.01).
 3. Per example: the chosen plan's simulated iteration time vs its lower bound, vs each baseline,
-   and its price: $/iteration and $/1M tokens from the DCs' price_per_gpu_hour (GPU-hours only;
-   WAN egress is not priced yet).
+   and its price: $/iteration and $/1M tokens from the DCs' price_per_gpu_hour plus WAN egress at
+   each link's egress_usd_per_gb (geotrain.plan.price; no example sets an egress price, so pass
+   --egress USD_PER_GB to price every link alike).
 
 Run: .venv/bin/python bench/bench_planner.py [--quick]   (--quick: only part 1)
 """
@@ -15,6 +16,7 @@ Run: .venv/bin/python bench/bench_planner.py [--quick]   (--quick: only part 1)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -30,16 +32,24 @@ def _timed(fn):
     return out, time.perf_counter() - w, time.process_time() - c
 
 
-def price(spec, plan, iteration_s: float) -> tuple[float, float] | None:
-    """($ per iteration, $ per 1M tokens) from GPU-hours, or None when a DC has no price."""
-    per_hour = 0.0
-    for dc, n in plan.gpus_per_dc().items():
-        p = spec.cluster.dc(dc).price_per_gpu_hour
-        if p is None:
-            return None
-        per_hour += n * p
-    it = per_hour * iteration_s / 3600
-    return it, it / (plan.global_batch * spec.model.seq_len) * 1e6
+def price(spec, plan, iteration_s: float) -> tuple[float, float, float] | None:
+    """($ per iteration, $ per 1M tokens, of which egress $ per iteration), or None when a DC has
+    no price."""
+    from geotrain.plan.price import cost_per_iteration, cost_per_mtoken, egress_per_iteration
+
+    egress = egress_per_iteration(spec, plan)
+    it = cost_per_iteration(spec.cluster, plan, iteration_s, egress)
+    if it is None:
+        return None
+    return it, cost_per_mtoken(spec.cluster, plan, iteration_s, spec.model.seq_len, egress), egress
+
+
+def with_egress(spec, usd_per_gb: float | None):
+    """The spec with every WAN link's egress price set (None: as the spec says)."""
+    if usd_per_gb is None:
+        return spec
+    links = [lk.model_copy(update={"egress_usd_per_gb": usd_per_gb}) for lk in spec.cluster.wan_links]
+    return dataclasses.replace(spec, cluster=spec.cluster.model_copy(update={"wan_links": links}))
 
 
 def planning_times(load_spec, make_plan) -> None:
@@ -76,11 +86,11 @@ def against_exhaustive(make_plan) -> None:
                   f"ratio {chosen / best:.4f} -> {'PASS' if chosen <= 1.01 * best else 'FAIL'} (<= 1.01)")
 
 
-def examples(load_spec, make_plan, evaluate_baselines, GeotrainError) -> None:
+def examples(load_spec, make_plan, evaluate_baselines, GeotrainError, egress: float | None = None) -> None:
     print("\n[3] every example: simulated plan vs lower bound and baselines; price")
     for f in sorted((ROOT / "examples").glob("*.toml")):
         try:
-            spec = load_spec(f)
+            spec = with_egress(load_spec(f), egress)
             res = make_plan(spec, top_k=3)
         except GeotrainError as e:
             print(f"    {f.stem:<26} error: {e}")
@@ -88,7 +98,8 @@ def examples(load_spec, make_plan, evaluate_baselines, GeotrainError) -> None:
         cells = [f"{b.name} {b.iteration_s:.2f}s ({b.iteration_s / res.iteration_s:.2f}x)" if b.ok
                  else f"{b.name} n/a" for b in evaluate_baselines(spec)]
         cost = price(spec, res.plan, res.iteration_s)
-        money = f"${cost[0]:.2f}/iteration, ${cost[1]:.3f}/1M tokens" if cost else "no prices"
+        money = (f"${cost[0]:.2f}/iteration (egress ${cost[2]:.2f}), ${cost[1]:.3f}/1M tokens" if cost
+                 else "no prices")
         print(f"    {spec.name:<26} {res.iteration_s:8.3f} s (bound {res.lower_bound_s:.3f}, "
               f"x{res.iteration_s / res.lower_bound_s:.2f}, {res.bottleneck}); {money}")
         print("        baselines (ours x faster): " + "; ".join(cells))
@@ -103,12 +114,13 @@ def main() -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="only the planning times")
+    ap.add_argument("--egress", type=float, metavar="USD_PER_GB", help="egress price on every WAN link in [3]")
     args = ap.parse_args()
     planning_times(load_spec, make_plan)
     if args.quick:
         return 0
     against_exhaustive(make_plan)
-    examples(load_spec, make_plan, evaluate_baselines, GeotrainError)
+    examples(load_spec, make_plan, evaluate_baselines, GeotrainError, args.egress)
     return 0
 
 

@@ -1,5 +1,6 @@
 """The cost objective: among the simulated finalists, the lowest $/hour or $/1M tokens (GPU-hours
-at each DC's price_per_gpu_hour) within --max-cost-per-hour and --min-tokens-per-s."""
+at each DC's price_per_gpu_hour, WAN egress at each link's egress_usd_per_gb) within
+--max-cost-per-hour and --min-tokens-per-s."""
 
 from __future__ import annotations
 
@@ -78,3 +79,52 @@ def test_plan_with_a_measured_profile_prices_compute_by_it(spec, tmp_path, capsy
     assert main(["plan", SPEC, "--profile", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "profile" in err and "Traceback" not in err
+
+
+def _with_egress(tmp_path, usd_per_gb: float):
+    """The Llama-2-7B 3-DC A100 example with an egress price on every WAN link."""
+    import re
+    import shutil
+
+    shutil.copytree("examples", tmp_path / "ex")
+    path = tmp_path / "ex/clusters/a100_3dc.toml"
+    path.write_text(re.sub(r"(max_connections = \d+)", rf"\1\negress_usd_per_gb = {usd_per_gb}", path.read_text()))
+    return load_spec(tmp_path / "ex/llama2_7b_a100_3dc.toml")
+
+
+def test_egress_is_priced_per_byte_the_plan_sends(tmp_path):
+    from geotrain.plan.price import egress_per_iteration, wan_bytes_per_link
+    from geotrain.sim import simulate
+
+    spec = _with_egress(tmp_path, 0.05)
+    res = make_plan(spec)
+    assert res.plan.links, "expected a pipeline across DCs"
+    per_link = wan_bytes_per_link(spec, res.plan)
+    # the plan's count is what the simulator moves over the WAN in an iteration
+    assert sum(per_link.values()) == simulate(spec, res.plan).metrics.wan_bytes
+    assert egress_per_iteration(spec, res.plan) == pytest.approx(sum(per_link.values()) / 1e9 * 0.05)
+    gpu_only = cost_per_mtoken(spec.cluster, res.plan, res.iteration_s, spec.model.seq_len)
+    with_egress = cost_per_mtoken(spec.cluster, res.plan, res.iteration_s, spec.model.seq_len,
+                                  egress_per_iteration(spec, res.plan))
+    assert with_egress > gpu_only
+
+
+def test_egress_counts_against_the_budget(tmp_path):
+    from geotrain.plan.price import wan_bytes_per_link
+
+    free_spec, dear_spec = _with_egress(tmp_path / "free", 0.0), _with_egress(tmp_path / "dear", 1.0)
+    fast = make_plan(free_spec)
+    assert sum(wan_bytes_per_link(free_spec, fast.plan).values()) > 0     # the fastest plan pipelines over the WAN
+    cap = 1.01 * cost_per_hour(free_spec.cluster, fast.plan)             # its GPU-hours fit the budget ...
+    assert make_plan(free_spec, max_cost_per_hour=cap).plan == fast.plan
+    dear = make_plan(dear_spec, max_cost_per_hour=cap)                   # ... not with $1/GB of egress
+    assert dear.plan != fast.plan.with_(name=dear.plan.name)
+    sent = sum(wan_bytes_per_link(dear_spec, dear.plan).values())
+    assert sent < sum(wan_bytes_per_link(free_spec, fast.plan).values())
+
+
+def test_compare_prints_egress(tmp_path, capsys):
+    _with_egress(tmp_path, 0.05)
+    assert main(["plan", str(tmp_path / "ex/llama2_7b_a100_3dc.toml"), "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "WAN egress" in out and "egress" in out.split("compare")[1]

@@ -42,14 +42,15 @@ def _hourly(spec, gpus: dict[str, int]) -> float | None:
 
 
 def _money(spec, plan, iteration_s: float) -> str:
-    from geotrain.plan.price import cost_per_hour, cost_per_iteration, cost_per_mtoken
+    from geotrain.plan.price import cost_per_hour, cost_per_iteration, cost_per_mtoken, egress_per_iteration
 
-    hour = cost_per_hour(spec.cluster, plan)
+    egress = egress_per_iteration(spec, plan)
+    hour = cost_per_hour(spec.cluster, plan, iteration_s, egress)
     if hour is None or not math.isfinite(iteration_s):
         return "n/a (a DC it uses has no price_per_gpu_hour)"
-    return (f"${hour:,.2f}/hour, ${cost_per_iteration(spec.cluster, plan, iteration_s):,.2f}/iteration, "
-            f"${cost_per_mtoken(spec.cluster, plan, iteration_s, spec.model.seq_len):,.3f}/1M tokens "
-            "(GPU-hours; WAN egress not priced)")
+    return (f"${hour:,.2f}/hour, ${cost_per_iteration(spec.cluster, plan, iteration_s, egress):,.2f}/iteration, "
+            f"${cost_per_mtoken(spec.cluster, plan, iteration_s, spec.model.seq_len, egress):,.3f}/1M tokens "
+            f"(GPU-hours + WAN egress ${egress:,.2f}/iteration)")
 
 
 def _t(x: float) -> str:
@@ -157,26 +158,29 @@ def _print_plan(spec, res) -> None:
 def _print_compare(spec, res) -> None:
     from geotrain.console import human_bytes
     from geotrain.orchestrate.planning import evaluate_baselines
+    from geotrain.plan.price import egress_per_iteration, wan_bytes_per_link
 
     rows = [("geotrain", res.plan.gpus_per_dc(), res.iteration_s,
              res.sim.metrics.tokens_per_s if res.sim else math.nan,
              res.sim.metrics.mean_utilization if res.sim else math.nan,
-             res.sim.metrics.wan_bytes if res.sim else math.nan, "")]
+             sum(wan_bytes_per_link(spec, res.plan).values()), "", egress_per_iteration(spec, res.plan))]
     for b in evaluate_baselines(spec):
-        rows.append((b.name, b.gpus_per_dc, b.iteration_s, b.tokens_per_s, b.utilization, b.wan_bytes, b.note))
-    print("\ncompare (simulated; dp-across-dcs analytical):")
+        egress = egress_per_iteration(spec, b.plan) if b.plan is not None else b.egress_usd
+        rows.append((b.name, b.gpus_per_dc, b.iteration_s, b.tokens_per_s, b.utilization, b.wan_bytes, b.note,
+                     egress))
+    print("\ncompare (simulated; dp-across-dcs analytical; $ = GPU-hours + WAN egress):")
     print(f"  {'plan':<14} {'iteration':>10} {'tokens/s':>12} {'util':>6} {'WAN/iter':>10} {'ours x':>7} "
-          f"{'$/iter':>9} {'$/1M tok':>9}  GPUs per DC")
+          f"{'$/iter':>9} {'egress':>8} {'$/1M tok':>9}  GPUs per DC")
     ours = res.iteration_s
-    for name, gpus, t, tok, util, wan, note in rows:
+    for name, gpus, t, tok, util, wan, note, egress in rows:
         if math.isfinite(t):
             sp = f"{t / ours:.2f}" if name != "geotrain" else "1.00"
             per_hour = _hourly(spec, gpus)
-            it = f"{per_hour * t / 3600:.2f}" if per_hour is not None else "-"
-            mt = f"{per_hour * t / 3600 / (spec.job.global_batch * spec.model.seq_len) * 1e6:.3f}" \
-                if per_hour is not None else "-"
+            per_it = per_hour * t / 3600 + egress if per_hour is not None else None
+            it = f"{per_it:.2f}" if per_it is not None else "-"
+            mt = f"{per_it / (spec.job.global_batch * spec.model.seq_len) * 1e6:.3f}" if per_it is not None else "-"
             print(f"  {name:<14} {_t(t):>10} {tok:>12,.0f} {util:>6.1%} {human_bytes(wan):>10} {sp:>7} "
-                  f"{it:>9} {mt:>9}  {_fmt_gpus(gpus)}" + (f"  ({note})" if note else ""))
+                  f"{it:>9} {egress:>8.2f} {mt:>9}  {_fmt_gpus(gpus)}" + (f"  ({note})" if note else ""))
         else:
             print(f"  {name:<14} {'n/a':>10} {'':>12} {'':>6} {'':>10} {'':>7}  {note}")
 

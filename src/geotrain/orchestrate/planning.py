@@ -59,8 +59,9 @@ def _choose(spec: Spec, results, objective: str, max_cost_per_hour: float | None
     cl, seq = spec.cluster, spec.model.seq_len
     needs_price = objective != "throughput" or max_cost_per_hour is not None
     ok, why = [], []
+    egress = [price.egress_per_iteration(spec, r.plan) for r in results]
     for i, r in enumerate(results):
-        hour = price.cost_per_hour(cl, r.plan)
+        hour = price.cost_per_hour(cl, r.plan, r.iteration_time, egress[i])
         if needs_price and hour is None:
             why.append(f"{r.plan.name} uses a DC without price_per_gpu_hour")
             continue
@@ -78,9 +79,9 @@ def _choose(spec: Spec, results, objective: str, max_cost_per_hour: float | None
         r = results[i]
         t = r.iteration_time
         if objective == "cost":
-            return price.cost_per_hour(cl, r.plan), t
+            return price.cost_per_hour(cl, r.plan, t, egress[i]), t
         if objective == "cost-per-token":
-            return price.cost_per_mtoken(cl, r.plan, t, seq), t
+            return price.cost_per_mtoken(cl, r.plan, t, seq, egress[i]), t
         return t, 0.0
 
     return min(ok, key=key)   # ties: the earlier finalist

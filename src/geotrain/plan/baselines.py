@@ -42,6 +42,7 @@ class BaselineResult:
     gpus_per_dc: dict[str, int] = field(default_factory=dict)
     note: str = ""
     sim: object | None = None
+    egress_usd: float = 0.0            # $ of WAN egress per iteration (plans: plan.price computes it)
 
     @property
     def ok(self) -> bool:
@@ -212,6 +213,11 @@ def dp_across_dcs(spec: Spec, ctx: PlanningContext | None = None) -> BaselineRes
         full = cm.grad_bytes(units) * 1.0  # whole gradient, all tp slices
         wan = 2 * (k - 1) / k * full / rate + 2 * (k - 1) * lat
         wan_bytes = 2 * (k - 1) * full
+        ring = [d.name for d, _ in used]   # each hop of the ring carries 2 (k-1)/k of the gradient
+        for a, b in zip(ring, ring[1:] + ring[:1]):
+            link = ctx.link(a, b)
+            if link is not None and link.egress_usd_per_gb:
+                res.egress_usd += 2 * (k - 1) / k * full / 1e9 * link.egress_usd_per_gb
     opt = max(cm.optimizer_time(units, ctx.gpu(d.name), sharding, r, tp) for d, r in used)
     t = compute + intra + wan + opt
     res.iteration_s = t

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from geotrain.errors import GeotrainError
-from geotrain.plan.price import cost_per_mtoken
+from geotrain.plan.price import cost_per_mtoken, egress_per_iteration
 
 
 def draw_pareto(spec, simulated, chosen_index: int, path: str, objective: str) -> int:
@@ -19,7 +19,7 @@ def draw_pareto(spec, simulated, chosen_index: int, path: str, objective: str) -
 
     pts = []
     for i, (plan, t) in enumerate(simulated):
-        usd = cost_per_mtoken(spec.cluster, plan, t, spec.model.seq_len)
+        usd = cost_per_mtoken(spec.cluster, plan, t, spec.model.seq_len, egress_per_iteration(spec, plan))
         if usd is not None and math.isfinite(t) and t > 0:
             pts.append((plan.global_batch * spec.model.seq_len / t, usd, plan, i))
     if not pts:
