@@ -53,6 +53,8 @@ def test_auto_under_torchrun_uses_the_striped_transport_and_logs_it(runs):
     # pp=2 x dp=2: each of the 4 ranks has one cross-DC peer stage
     assert len(lines) == 4, r.stderr[-2000:]
     assert all("StripedTransport" in ln and "direct" in ln and "connections" in ln for ln in lines), lines
+    # no GEOTRAIN_SECRET_FILE: the secret went through the c10d store, and rank 0 said so, once
+    assert r.stderr.count("the run secret is shared through the rendezvous store") == 1, r.stderr[-2000:]
 
 
 def test_auto_under_torchrun_trains_like_the_built_in_launcher(runs):

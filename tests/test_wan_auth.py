@@ -307,3 +307,21 @@ def test_the_wan_probe_serves_only_openers_with_its_secret(tmp_path):
         srv.kill()
     err = srv.communicate()[1]
     assert err.count("geotrain emulation: probe: dropped a connection") == 1 and "Traceback" not in err, err
+
+
+def test_a_secret_shared_through_the_store_is_warned_about_once(monkeypatch, capfd):
+    from geotrain.wan import auth
+
+    monkeypatch.delenv("GEOTRAIN_SECRET_FILE", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(auth, "_warned", [])
+    store = dist.HashStore()
+    first, again = auth.run_secret(store), auth.run_secret(store)
+    assert first == again and len(first) == 32
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if "warning" in ln]
+    assert len(lines) == 1 and "anyone who can reach MASTER_ADDR:MASTER_PORT can read it" in lines[0], err
+    monkeypatch.setattr(auth, "_warned", [])
+    monkeypatch.setenv("RANK", "3")                            # the other ranks stay quiet
+    auth.run_secret(store)
+    assert "warning" not in capfd.readouterr().err

@@ -7,8 +7,10 @@ The local listeners (the BubbleTea executor's socket, the emulation's WAN probe)
 handshake to admit only openers that hold their secret.
 
 Secret: 32 random bytes per run (`new_secret`). The launcher writes it to a 0600 file and names the
-file in GEOTRAIN_SECRET_FILE (never on a command line); under torchrun without such a file rank 0
-generates one and shares it through the rendezvous store, which every rank already trusts.
+file in GEOTRAIN_SECRET_FILE (never on a command line); under torchrun without such a file the
+first rank to ask generates one and shares it through the rendezvous store -- which anyone who can
+reach the store can read, so rank 0 prints a one-line warning then (give every host the same 0600
+file to avoid it).
 
 Handshake (the opener is the client):
     client -> HELLO  (magic, purpose, client rank, server rank, stripe, client nonce)
@@ -105,8 +107,22 @@ def run_secret(store=None) -> bytes:
         return read_secret_file(Path(path))
     if store is None:
         raise RuntimeError(f"no run secret: set {SECRET_ENV} or pass the rendezvous store")
+    _warn_secret_in_store()
     raw = store.compare_set(STORE_KEY, "", new_secret().hex())
     return bytes.fromhex(raw.decode() if isinstance(raw, bytes) else str(raw))
+
+
+_warned: list[bool] = []
+
+
+def _warn_secret_in_store() -> None:
+    """Once per process, on the first rank only: say that the secret travels through the store."""
+    if _warned or os.environ.get("RANK", "0") != "0":
+        return
+    _warned.append(True)
+    print(f"geotrain wan: warning: no {SECRET_ENV}, so the run secret is shared through the rendezvous store: "
+          f"anyone who can reach MASTER_ADDR:MASTER_PORT can read it and join the WAN transport; give every host "
+          f"the same 0600 secret file ({SECRET_ENV}) to keep it private", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- one-line drop log
