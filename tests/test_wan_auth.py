@@ -134,7 +134,7 @@ def test_forged_garbage_and_wrong_secret_connections_are_dropped_and_transfers_g
                    OLD_HELLO.pack(OLD_MAGIC, 0, 0) + OLD_HEADER.pack(OLD_MAGIC, 1, 0, 0, 1, 2**62, 0, 2**62, 0)]
         for p in attacks:
             _attack(b.port, p)
-        intruder = StripedTransport(0, dist.HashStore(), secret=b"x" * 32, connections=1)   # claims rank 0
+        intruder = StripedTransport(0, dist.HashStore(), secret=b"x" * 32, connections=1, timeout_s=0.5)  # rank 0?
         intruder.store.set("geotrain/striped/1", f"127.0.0.1:{b.port}")
         with pytest.raises(TransportError):
             intruder.send(torch.ones(10), 1, 1).wait(timeout=3)
@@ -259,7 +259,7 @@ def test_tls_transfers_arrive_exactly_and_a_listener_refuses_plain_or_foreign_tl
         _transfer(a, b, 11, n=700_000)                       # several frames over both connections
         _transfer(a, b, 12)
         _attack(b.port, OLD_HELLO.pack(OLD_MAGIC, 0, 0))     # plain TCP to a TLS listener
-        foreign = StripedTransport(0, dist.HashStore(), secret=b"z" * 32, connections=1, tls=True)
+        foreign = StripedTransport(0, dist.HashStore(), secret=b"z" * 32, connections=1, tls=True, timeout_s=0.5)
         foreign.store.set("geotrain/striped/1", f"127.0.0.1:{b.port}")
         with pytest.raises(TransportError):
             foreign.send(torch.ones(10), 1, 1).wait(timeout=3)   # another run's certificate: refused

@@ -15,6 +15,7 @@ from geotrain.bubbletea.bubble_executor import BubbleExecutor
 from geotrain.bubbletea.executor import DecodeWorker
 from geotrain.bubbletea.model_source import load_inference_model
 from geotrain.bubbletea.service import PrefillService
+from geotrain.wan.auth import write_secret_file
 
 
 @dataclass
@@ -78,10 +79,6 @@ def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str =
 
     if priority == "auto":
         priority = "normal" if torch.cuda.is_available() else "idle"
-    from pathlib import Path
-
-    from geotrain.wan.auth import write_secret_file
-
     work_dir = tempfile.mkdtemp(prefix="geotrain-bt-")      # 0700: the socket and the ranks' secret
     executor = None
     try:

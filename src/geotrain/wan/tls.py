@@ -43,7 +43,8 @@ class RunTLS:
     """The TLS contexts of one run, derived from its secret (see module docstring)."""
 
     def __init__(self, secret: bytes):
-        try:    # optional dependency, needed only with TLS on
+        try:
+            # cryptography: an optional dependency (the tls extra), needed only with TLS on
             from cryptography import x509
             from cryptography.hazmat.primitives import hashes, serialization
             from cryptography.hazmat.primitives.asymmetric import ec
