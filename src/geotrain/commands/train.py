@@ -197,6 +197,12 @@ def run(args: argparse.Namespace) -> int:
     profile = _profile(args)
     if args.steps is not None and args.steps < 1:
         raise GeotrainError("--steps must be at least 1")
+    if args.wan_tls:
+        from geotrain.wan.tls import check_tls_available  # (keeps ssl off `geotrain --help`'s path)
+
+        if args.wan == "off":
+            raise GeotrainError("--wan-tls encrypts the WAN transport, but --wan off sends plain gloo/NCCL")
+        check_tls_available()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEOTRAIN_LAUNCHER_PID" not in os.environ:
         from dataclasses import replace
 

@@ -33,6 +33,16 @@ from geotrain.errors import GeotrainError
 
 P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
 BLOCK = 1 << 20            # bytes per SSL write (one lock hold)
+NO_CRYPTOGRAPHY = "--wan-tls needs the 'cryptography' package: pip install 'geotrain[tls]'"
+
+
+def check_tls_available() -> None:
+    """Raise the one-line error a rank would hit, before any rank starts."""
+    try:
+        # cryptography: an optional dependency (the tls extra), needed only with TLS on
+        import cryptography  # noqa: F401
+    except ImportError:
+        raise GeotrainError(NO_CRYPTOGRAPHY) from None
 
 
 class TLSError(ConnectionError):
@@ -50,7 +60,7 @@ class RunTLS:
             from cryptography.hazmat.primitives.asymmetric import ec
             from cryptography.x509.oid import NameOID
         except ImportError:
-            raise GeotrainError("--wan-tls needs the 'cryptography' package: pip install 'geotrain[tls]'") from None
+            raise GeotrainError(NO_CRYPTOGRAPHY) from None
         self._x509, self._ser = x509, serialization
         seed = int.from_bytes(hmac.new(secret, b"geotrain tls key", hashlib.sha256).digest(), "big")
         key = ec.derive_private_key(seed % (P256_ORDER - 1) + 1, ec.SECP256R1())
