@@ -362,3 +362,16 @@ def test_the_report_compares_a_run_in_steady_state():
     assert sorted({e.iteration for e in steady_state(trace).events}) == [3, 4, 5, 6]
     short = Trace(events=evs[:3], num_ranks=1)
     assert steady_state(short) is short                     # too few iterations: nothing left out
+
+
+def test_the_calibration_runs_residual_slowdown_multiplies_processor_sharing(spec, unit_profile):
+    one = plan_from_job(spec).with_(dp=1)               # 2 ranks on 2 cores: no oversubscription
+    cal = {"background_runnable": 0.0, "background_effective": 1.0, "sharing_residual": 1.05}
+    prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "calibration_run": cal}}
+    _, det = predict(spec, one, prof, iterations=2)
+    assert det["contention_factors"] == pytest.approx([1.05, 1.05])
+    # A profile without it: the additive "effective background" (what older profiles hold).
+    old = {**unit_profile, "runtime": {**unit_profile["runtime"],
+                                       "calibration_run": {"background_runnable": 0.0, "background_effective": 1.0}}}
+    _, det_old = predict(spec, one, old, iterations=2)
+    assert all(f > 1.05 for f in det_old["contention_factors"])

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from geotrain.calibrate.compare import drop_warmup
-from geotrain.calibrate.costs import predict
+from geotrain.calibrate.costs import predict, slowdown
 from geotrain.calibrate.messages import global_sync, waiting_overhead
 from geotrain.calibrate.profile import RUNTIME_KEY
 from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
@@ -103,4 +103,7 @@ def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
         cores = int(profile[RUNTIME_KEY].get("cores", 1))
         k = sum(det["compute_concurrency"]) / len(det["compute_concurrency"])
         info["background_effective"] = max(0.0, cores * sum(slow.values()) / len(slow) - k)
+        # What the ranks lost beyond oversubscribed cores (transport threads, interrupts, other
+        # work), as a factor: costs.predict multiplies the processor-sharing slow-down by it.
+        info["sharing_residual"] = max(1.0, sum(slow.values()) / len(slow) / slowdown(k, background, cores))
     return factors, overhead, info
