@@ -106,7 +106,8 @@ def test_sharding_divides_the_right_terms_by_dp():
     """The runtime's state at a step's peak: fp32 weights and gradients (autocast), Adam's fp32
     moments; zero1 shards the moments, FSDP (zero2/zero3) also the weights, but gathers them
     during the step (zero2: all, zero3: the root group and one prefetched block) and accumulates
-    unsharded gradients until ALLREDUCE."""
+    unsharded gradients until ALLREDUCE -- in bf16 both in bf16 (FSDP2's MixedPrecisionPolicy),
+    which also spares autocast's per-micro-batch weight copies."""
     spec = PRESETS["llama2-13b"]
     cost = CostModel(spec, precision="bf16", checkpointing="full")
     units, dp = range(0, 11), 8
@@ -115,14 +116,24 @@ def test_sharding_divides_the_right_terms_by_dp():
     P = cost.stage_params(units)
     assert (rep.params, rep.grads, rep.optimizer) == (4 * P, 4 * P, 8 * P)
     assert (z["zero1"].params, z["zero1"].grads, z["zero1"].optimizer) == (4 * P, 4 * P, 8 * P / dp)
-    assert (z["zero2"].params, z["zero2"].grads, z["zero2"].optimizer) == (4 * P / dp, 4 * P, 8 * P / dp)
-    assert (z["zero3"].params, z["zero3"].grads, z["zero3"].optimizer) == (4 * P / dp, 4 * P, 8 * P / dp)
+    assert (z["zero2"].params, z["zero2"].grads, z["zero2"].optimizer) == (4 * P / dp, 2 * P, 8 * P / dp)
+    assert (z["zero3"].params, z["zero3"].grads, z["zero3"].optimizer) == (4 * P / dp, 2 * P, 8 * P / dp)
     assert z["fsdp"] == z["zero3"]
-    for m in z.values():
-        assert m.activations == rep.activations
     block = 4 * 5120 * 5120 + 3 * 5120 * 13824 + 2 * 5120
-    assert z["zero2"].buffers - rep.buffers == 4 * P
-    assert z["zero3"].buffers - rep.buffers == 4 * (block + spec.vocab * spec.hidden)  # embedding + one block
+    assert z["zero1"].activations == rep.activations
+    for s in ("zero2", "zero3"):      # full checkpointing keeps no block weight copies; the recompute makes none
+        assert z[s].activations == rep.activations
+        assert rep.transient - z[s].transient == 2 * (block - 2 * 5120)
+    none = CostModel(spec, precision="bf16", checkpointing="none")
+    copies = 2 * 10 * (block - 2 * 5120)           # autocast's bf16 copies of 10 blocks' matmul weights
+    assert (none.stage_memory(units, A100, 2, 4, "replicate", dp).activations
+            - none.stage_memory(units, A100, 2, 4, "zero3", dp).activations) == 4 * copies
+    assert z["zero2"].buffers - rep.buffers == 2 * P
+    assert z["zero3"].buffers - rep.buffers == 2 * (block + spec.vocab * spec.hidden)  # embedding + one block
+    fp32 = CostModel(spec, precision="fp32", checkpointing="full")
+    f3 = fp32.stage_memory(units, A100, 2, 4, "zero3", dp)   # fp32: no policy, gathered and accumulated in fp32
+    assert (f3.grads, f3.buffers - fp32.stage_memory(units, A100, 2, 4, "replicate", dp).buffers) == (
+        4 * P, 4 * (block + spec.vocab * spec.hidden))
     # tensor parallelism divides the training state by tp
     tp2 = cost.stage_memory(units, A100, 2, 4, "replicate", dp, tp=2)
     assert (tp2.params, tp2.grads, tp2.optimizer) == (2 * P, 2 * P, 4 * P)

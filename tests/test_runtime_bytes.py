@@ -44,13 +44,7 @@ def measured(tmp_path_factory):
     return tmp, run_counted(tmp, cases, timeout=300)
 
 
-GAP = pytest.mark.xfail(strict=True, reason="FSDP2 reduce-scatters in fp32 (no MixedPrecisionPolicy reduce_dtype: "
-                       "with it the measured peak left the memory model's 10% band, tests/test_memory_fit.py), "
-                       "while CostModel.grad_bytes counts bf16")
-
-
-@pytest.mark.parametrize("precision,sharding", [c if c[0] == "fp32" or c[1] in ("replicate", "zero1")
-                                                else pytest.param(*c, marks=GAP) for c in CASES])
+@pytest.mark.parametrize("precision,sharding", CASES)
 def test_state_and_reduction_bytes_equal_the_cost_model(measured, precision, sharding):
     tmp, counts = measured
     spec = load_spec(SPEC)

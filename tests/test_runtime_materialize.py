@@ -70,7 +70,7 @@ def test_a_zero3_stage_is_never_materialised_whole(fake_dp_group):
 
     spec = PRESETS["tiny"]
     mesh = init_device_mesh("cpu", (1, DP, 1), mesh_dim_names=("pp", "dp", "tp"))
-    plan = SimpleNamespace(tp=1, checkpointing="none", sharding="zero3")
+    plan = SimpleNamespace(tp=1, checkpointing="none", sharding="zero3", precision="bf16")
     with AllocatedBytes() as mode:
         chunk = build_chunk(spec, 0, spec.num_units, plan, mesh, torch.device("cpu"))
     params = dict(chunk.named_parameters())

@@ -54,7 +54,11 @@ def runtime_state_bytes_per_param(precision: str, optimizer: str, sharding: str,
     `gathered` is per gathered parameter) until the gradients are reduced, and accumulate
     unsharded gradients over the micro-batches (no gradient sync until ALLREDUCE, like
     torch.distributed.pipelining), so at the peak a rank holds its shard, the gathered weights and
-    the full gradients. `precision` is accepted for the day the runtime keeps 16-bit weights."""
+    the full gradients. In bf16, FSDP2's MixedPrecisionPolicy (`runtime.parallelize.
+    fsdp_mixed_precision`) gathers the weights in bf16 and accumulates their unsharded gradients in
+    bf16 (reduced in bf16, then kept as fp32 shards: `sharded_fractions`); the shards the
+    optimizer updates -- the master weights -- stay fp32, and autocast makes no weight copies
+    (`fsdp_weight_copies`)."""
     if precision not in DTYPE_BYTES:
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(DTYPE_BYTES)})")
     if sharding == "fsdp":
@@ -63,5 +67,12 @@ def runtime_state_bytes_per_param(precision: str, optimizer: str, sharding: str,
         raise ValueError(f"unknown sharding {sharding!r} (known: {', '.join(SHARDINGS)})")
     fsdp = sharding in ("zero2", "zero3")
     moments = 0 if optimizer == "sgd" else 8
-    return {"params": 4.0 / dp if fsdp else 4.0, "gathered": 4.0 if fsdp else 0.0, "grads": 4.0,
+    held = 2.0 if fsdp and precision == "bf16" else 4.0   # gathered weights and unsharded gradients
+    return {"params": 4.0 / dp if fsdp else 4.0, "gathered": held if fsdp else 0.0, "grads": held,
             "optimizer": moments / dp if sharding != "replicate" else float(moments)}
+
+
+def fsdp_weight_copies(precision: str, sharding: str) -> bool:
+    """Whether autocast copies the weights into the compute dtype per micro-batch: not when FSDP2
+    already gathers them in bf16 (its MixedPrecisionPolicy), else whenever autocast is on."""
+    return precision != "fp32" and not (precision == "bf16" and sharding in ("zero2", "zero3", "fsdp"))

@@ -24,6 +24,7 @@ from geotrain.cost.activations import deferred_weight_bytes, stage_input_bytes
 from geotrain.cost.memory import (
     DTYPE_BYTES,
     OPTIMIZERS,
+    fsdp_weight_copies,
     optimizer_state_bytes_per_param,
     optimizer_step_bytes_per_param,
     runtime_state_bytes_per_param,
@@ -254,6 +255,13 @@ class CostModel:
         per_mb = self.microbatch_activation_bytes(units, micro_batch, tp)
         grads = P * state["grads"] / tp
         recompute = (a_none - self._activations(micro_batch, tp)[1]) if self.checkpointing != "none" and n else 0.0
+        if autocast and not fsdp_weight_copies(self.precision, sharding):
+            # FSDP2 computes with its bf16 gathered weights: none of autocast's copies (a block's, where
+            # kept or recomputed; the head's) exists.
+            block_copy = self.dtype_bytes * (self._params[1] - 2 * self.model.hidden) / tp
+            per_mb -= h * self.dtype_bytes * V * self.model.hidden / tp
+            per_mb -= n * block_copy if self.checkpointing == "none" else 0.0
+            recompute -= block_copy if recompute else 0.0
         # A block's backward peaks in the MLP: two T x ffn gradients live before its saved tensors go.
         mlp_grads = 2.0 * self.dtype_bytes * T * self.model.ffn / tp if n else 0.0
         fwd_ws = max(recompute, h * (self.dtype_bytes + (4 if autocast else 0)) * T * V / tp)

@@ -101,12 +101,16 @@ class Block(nn.Module):
 
 
 class Embedding(nn.Module):
+    """Token embedding. Its output -- the residual stream -- is fp32 whatever dtype the weights are
+    held in (16-bit weights give a 16-bit lookup, cast up here; fp32 weights: no copy), so the
+    additions of every block stay in fp32."""
+
     def __init__(self, spec: ModelShape):
         super().__init__()
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok(tokens)
+        return self.tok(tokens).float()
 
 
 class Head(nn.Module):

@@ -32,7 +32,7 @@ def build_chunk(model, start: int, end: int, plan, mesh, device: torch.device, h
         apply_tp(module, mesh["tp"])
     apply_checkpointing(module, plan.checkpointing)
     if plan.sharding in ("zero2", "zero3"):
-        apply_fsdp(module, mesh["dp"], plan.sharding)
+        apply_fsdp(module, mesh["dp"], plan.sharding, plan.precision)
     materialize(module, model, device, hf)
     return module
 

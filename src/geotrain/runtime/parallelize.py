@@ -102,21 +102,38 @@ def autocast_context(precision: str, device: torch.device) -> Callable[[], conte
     return functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
 
 
-def apply_fsdp(stack: UnitStack, mesh, sharding: str) -> nn.Module:
+def fsdp_mixed_precision(precision: str):
+    """FSDP2's MixedPrecisionPolicy for a plan's precision: bf16 gathers the weights in bf16,
+    computes with them and reduce-scatters the gradients in bf16, while the shards the optimizer
+    updates (the master weights) and their gradients stay fp32 -- the bytes the cost model counts
+    (`cost.memory.runtime_state_bytes_per_param`, `CostModel.grad_bytes`): at the peak the bf16
+    gathered weights and bf16 unsharded gradients, the fp32 shards. fp32: None (no casts).
+    fp16 keeps fp32 weights under autocast (None too): its loss scaler unscales fp32 gradients."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision != "bf16":
+        return None
+    # Inputs are not cast: the residual stream stays fp32 (the model's embedding casts it up), so
+    # activations are autocast's, less its per-micro-batch copies of the weights.
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, cast_forward_inputs=False)
+
+
+def apply_fsdp(stack: UnitStack, mesh, sharding: str, precision: str = "fp32") -> nn.Module:
     """FSDP2 over the stage's DP mesh: one parameter group per block plus the chunk root.
 
     zero3 frees the gathered weights after each forward (re-gathered for backward); zero2
-    keeps them, so only gradients and optimizer state stay sharded. Gradients are reduce-scattered
-    in fp32 (no MixedPrecisionPolicy): the peak memory model (`cost.memory`) counts it so, while
-    `CostModel.grad_bytes` counts the training dtype -- a known gap (tests/test_runtime_bytes.py).
-    Replicated DP and ZeRO-1 reduce in the training dtype (`allreduce_grads`)."""
+    keeps them, so only gradients and optimizer state stay sharded. In bf16 the weights are
+    gathered, used and their gradients accumulated and reduced in bf16 (`fsdp_mixed_precision`);
+    replicated DP and ZeRO-1 reduce in the training dtype too (`allreduce_grads`)."""
     from torch.distributed.fsdp import fully_shard
 
     reshard = sharding == "zero3"
+    policy = fsdp_mixed_precision(precision)
+    kwargs = {"mp_policy": policy} if policy is not None else {}
     for unit in stack.units.values():
         if isinstance(unit, Block):
-            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(stack, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, **kwargs)
+    fully_shard(stack, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     return stack
 
 
