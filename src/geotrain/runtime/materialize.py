@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+# DTensor's own arithmetic of where a local shard sits (what DCP uses to save it).
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from geotrain.models.hf import load_hf_weights
 from geotrain.models.llama import Block, UnitStack, build_units, initial_rows
+from geotrain.runtime.checkpointing import apply_checkpointing
+from geotrain.runtime.parallelize import apply_fsdp, apply_tp
 
 
 def build_chunk(model, start: int, end: int, plan, mesh, device: torch.device, hf: str | None = None) -> UnitStack:
     """Units [start, end) of `model` as this rank holds them under `plan` (its tp, checkpointing
     and sharding), on `device`; `mesh` is the run's ("pp", "dp", "tp") device mesh."""
-    from geotrain.runtime.checkpointing import apply_checkpointing
-    from geotrain.runtime.parallelize import apply_fsdp, apply_tp
-
     with torch.device("meta"):
         module = build_units(model, start, end, init=False)
     if plan.tp > 1:
@@ -45,8 +49,6 @@ def materialize(module: UnitStack, model, device: torch.device, hf: str | None =
         if isinstance(unit, Block):
             unit.reset_rope()
     if hf:
-        from geotrain.models.hf import load_hf_weights
-
         load_hf_weights(module, hf, model.layers, model.tie_embeddings)
         return
     for name, param in module.named_parameters():
@@ -58,11 +60,6 @@ def _local_block(param) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(shape, offset) of the contiguous block of the full tensor a DTensor's local shard is, for
     layouts made of plain Shard/Replicate placements (FSDP2 alone, TP alone); None otherwise
     (FSDP2 over TP shards strided)."""
-    from torch.distributed.tensor import Replicate, Shard
-
-    # DTensor's own arithmetic of where a local shard sits (what DCP uses to save it).
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
     if any(type(pl) not in (Shard, Replicate) for pl in param.placements):
         return None
     shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
@@ -72,8 +69,6 @@ def _local_block(param) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
 
 
 def _fill(param: nn.Parameter, model, unit: int, name: str) -> None:
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     full_shape = tuple(param.shape)
     if not isinstance(param, DTensor):
         param.copy_(initial_rows(model, unit, name, full_shape))
