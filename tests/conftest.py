@@ -9,3 +9,22 @@ EXAMPLES = ROOT / "examples"
 @pytest.fixture
 def examples_dir() -> Path:
     return EXAMPLES
+
+
+@pytest.fixture(scope="session")
+def tiny_2dc_builtin_run(tmp_path_factory) -> Path:
+    """`geotrain train examples/tiny_2dc.toml` with the built-in launcher, 3 steps, synthetic data,
+    plain gloo (`--wan off`: the losses are the same over any WAN) -- the reference the torchrun and
+    rehearse tests compare with, paid once per session."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("builtin") / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "geotrain.cli", "train", str(EXAMPLES / "tiny_2dc.toml"), "--steps", "3",
+                        "--wan", "off", "--out", str(out), "--no-progress", "--data", "synthetic"],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out

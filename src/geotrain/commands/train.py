@@ -74,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="encrypt cross-DC transport connections with TLS 1.3, keyed by the run's secret (no "
                         "certificates to distribute; needs the 'cryptography' package). Without it they are "
                         "authenticated (HMAC) but readable on the wire")
+    p.add_argument("--dc", default=None, metavar="NAME",
+                   help="under torchrun: the datacenter this host is in; every rank checks that the plan puts its "
+                        "RANK there (a host started in the wrong node-rank order is a one-line error, not a silently "
+                        "misplaced pipeline)")
     p.add_argument("--wan-rate-scale", type=float, default=1.0, metavar="X",
                    help="multiply every WAN capacity and per-connection cap (the emulator's packet delayer carries "
                         "~1 Gbit/s: for faster links use e.g. 0.01 with 100 Gbit/s; latency stays exact)")
@@ -206,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEOTRAIN_LAUNCHER_PID" not in os.environ:
         from dataclasses import replace
 
+        from geotrain.runtime.rank_run import report_rank
         from geotrain.runtime.wan import bind_address
         from geotrain.runtime.worker import run_cases
 
@@ -221,13 +226,19 @@ def run(args: argparse.Namespace) -> int:
             mode = "direct" if args.wan == "auto" else "shaper"
             cfg = replace(cfg, wan={"mode": mode, "rate_scale": args.wan_rate_scale,
                                     "bind": bind_address(args.wan_bind), "tls": args.wan_tls})
+        spec, plan = resolve(cfg)
+        if args.dc is not None:
+            _check_host_dc(plan, int(os.environ["RANK"]), args.dc)
         # Under torchrun this process is one rank.
         run_cases([cfg], bubble_hook=None)
-        if os.environ["RANK"] == "0":
-            spec, plan = resolve(cfg)
+        if int(os.environ["RANK"]) == report_rank(plan):   # the run directory is the reporting rank's host's
             mode = (cfg.wan or {}).get("mode", "off")
             write_prediction(spec, plan, Path(cfg.out), profile, mode, iterations=_predicted_iterations(cfg, spec))
-        return 0
+        # Every output is written and the process group destroyed: leave without the interpreter's and
+        # C++'s teardown, which can abort on gloo/TCPStore threads (see geotrain.process).
+        from geotrain.process import exit_skipping_teardown
+
+        exit_skipping_teardown(0)
     spec, plan = resolve(cfg)  # user errors surface here, before any process starts
     if spec.model.hf and (Path(spec.model.hf) / "tokenizer.json").is_file() and cfg.data != "synthetic":
         from geotrain.runtime.batches import make_source
@@ -301,6 +312,23 @@ def run(args: argparse.Namespace) -> int:
     write_prediction(spec, last["plan"], Path(cfg.out), profile, last["wan"].mode,
                      iterations=_predicted_iterations(cfg, spec))
     return 0
+
+
+def _check_host_dc(plan, rank: int, dc: str) -> None:
+    """--dc under torchrun: the plan must put this RANK in this host's datacenter. (torchrun numbers
+    nodes in rendezvous order -- c10d sorts them by --local-addr -- which need not be the plan's.)"""
+    from geotrain.errors import GeotrainError
+
+    dcs = [st.dc for st in plan.stages]
+    if dc not in dcs:
+        raise GeotrainError(f"--dc {dc}: the plan uses no such datacenter ({', '.join(dict.fromkeys(dcs))})")
+    if rank >= plan.num_ranks:
+        return                          # the world-size check names this one
+    mine = plan.stages[plan.coords(rank)[0]].dc
+    if mine != dc:
+        raise GeotrainError(f"--dc {dc}: rank {rank} is stage {plan.coords(rank)[0]} in {mine} by the plan; start each "
+                            f"datacenter's torchrun so that node ranks follow the plan's datacenter order "
+                            f"({' -> '.join(dict.fromkeys(dcs))}), e.g. with --node-rank")
 
 
 def _predicted_iterations(cfg, spec) -> int:

@@ -178,7 +178,7 @@ def draw_on_axes(ax: plt.Axes, trace: Trace, rows: Rows, t_end: float, scale: fl
     """Draw the GPU rows of `trace` on `ax` (top to bottom); returns the kinds that appear."""
     cols = trace_columns(trace)
     row = _row_index(cols, rows.ranks)
-    keep = (row >= 0) & (cols.end > cols.start) & ~cols.kind_mask({"transfer"})
+    keep = (row >= 0) & (cols.end > cols.start) & ~cols.kind_mask({"transfer", "turn"})   # on the link, not the GPU
     spans: Spans = {}
     for code in np.unique(cols.kind[keep]).tolist():
         m = keep & (cols.kind == code)

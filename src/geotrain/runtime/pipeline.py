@@ -179,14 +179,19 @@ class PipelineRank:
 
     def _wait_sends(self) -> None:
         """Wait for this iteration's sends. A cross-DC send becomes a `transfer` event on its WAN
-        link, ending when the transport says its last byte left (`finished_at`, wall clock) --
-        or, for a transport that does not say, as a zero-length event that still counts the bytes."""
+        link, from when the transport says it entered the link (`started_at`: after its temporal
+        turn and the earlier messages to that peer; else when it was posted) to when its last byte
+        left (`finished_at`, wall clock) -- or, for a transport that does not say, a zero-length
+        event that still counts the bytes."""
         sends, self._sends = self._sends, []
         rec = self.recorder
         for work, t_start, nbytes, link, dst, a in sends:
             work.wait()
             if link:
                 done = getattr(work, "finished_at", None)
+                began = getattr(work, "started_at", None)
+                if began is not None:
+                    t_start = max(t_start, began - rec.t0)
                 end = max(t_start, done - rec.t0) if done is not None else t_start
                 rec.add("transfer", t_start, end, stage=a.stage, mb=a.mb, nbytes=nbytes, peer=dst, link=link)
 

@@ -165,7 +165,7 @@ class RankRun:
         from geotrain.runtime.wan import build_transport
 
         spec, plan = self.spec, self.plan
-        transport = build_transport(self.cfg.wan, spec, plan, self.schedule, self.rank)
+        transport = build_transport(self.cfg.wan, spec, plan, self.schedule, self.rank, recorder=self.recorder)
         runner = PipelineRank(plan=plan, schedule=self.schedule, stage=self.stage, replica=self.replica,
                               tp_rank=self.tp_rank, chunks=self.chunks, transport=transport, recorder=self.recorder,
                               autocast=autocast_context(plan.precision, self.device),
@@ -188,7 +188,7 @@ class RankRun:
             self.resumed = {"load_start": t_load, "load_end": time.time()}
         if loader_state is not None and hasattr(self.source, "load_state_dict"):
             self.source.load_state_dict(loader_state)
-        if self.rank == 0:
+        if self.reporter:      # the run directory is the reporting rank's (its host's, under torchrun)
             self.out.mkdir(parents=True, exist_ok=True)
             save_plan(self.out / "plan.json", self.plan, spec=self.spec,
                       spec_path=None if cfg.spec_doc else str(Path(cfg.spec).resolve()))

@@ -2,8 +2,8 @@
 
 Times are seconds since a t0 that rank 0 broadcasts at start (wall clock), so events of
 different ranks share one time axis (exact on one machine, NTP-accurate across machines).
-Each rank writes its own JSONL file; one rank merges them after the run -- no Python objects
-cross the network.
+Each rank writes its own JSONL file and sends its lines (bytes) to the reporting rank, which
+merges them after the run -- no Python objects cross the network.
 
 On a CUDA rank the work of an event runs asynchronously on the GPU, so `now()` first waits for
 the device (`sync`, torch.cuda.synchronize): an event that ends on the GPU ends when the GPU
@@ -56,11 +56,11 @@ class Recorder:
                 f.write(json.dumps(asdict(e)) + "\n")
 
 
-def merge_rank_traces(paths: list[Path], out: Path, num_ranks: int, meta: dict) -> Trace:
+def merge_trace_lines(files: list[bytes], out: Path, num_ranks: int, meta: dict) -> Trace:
+    """The ranks' trace files (as `Recorder.write` wrote them) merged into one trace at `out`."""
     trace = Trace(num_ranks=num_ranks, source="measured", meta=meta)
-    for p in paths:
-        with open(p) as f:
-            trace.events.extend(Event(**json.loads(line)) for line in f if line.strip())
+    for data in files:
+        trace.events.extend(Event(**json.loads(line)) for line in data.decode().splitlines() if line.strip())
     trace.events.sort(key=lambda e: (e.start, e.rank))
     trace.write_jsonl(out)
     return trace

@@ -4,9 +4,10 @@
 runtime executes and measures, it does not simulate. It does set the cost model's peak memory per
 stage -- the number the plan's fit was checked with, a lookup -- beside the peak it measured.)
 
-Per-rank time totals travel as one tensor all-reduce (a row per rank); trace files are written
-per rank and merged by the reporting rank (the one that owns the loss) from disk, so no Python
-objects cross the network.
+Per-rank time totals travel as one tensor all-reduce (a row per rank); each rank writes its own
+trace file and sends the same JSON lines, as bytes in a uint8 tensor, to the reporting rank (the
+one that owns the loss), which merges them: hosts need not share a filesystem for RUN_DIR on the
+reporting rank's host to be complete, and no Python objects cross the network (JSON, never pickle).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.console import human_bytes
-from geotrain.runtime.recorder import Recorder, merge_rank_traces
+from geotrain.runtime.recorder import Recorder, merge_trace_lines
 from geotrain.trace.chrome import write_chrome
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
@@ -36,6 +37,7 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
     trace_dir = out / "trace"
     trace_dir.mkdir(parents=True, exist_ok=True)
     recorder.write(trace_dir / f"rank{rank}.jsonl")
+    lines = _gather_trace_lines((trace_dir / f"rank{rank}.jsonl").read_bytes(), reporter)
     tot = recorder.totals()
     row = torch.zeros(world, len(COLUMNS), dtype=torch.float64)
     row[rank] = torch.tensor([sum(tot.get(k, 0.0) for k in COMPUTE), tot.get("recv_wait", 0.0),
@@ -52,8 +54,7 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
             "tokens_per_iteration": tokens_per_step,
             # Where it ran: ranks sharing CPU cores measure differently from dedicated GPUs (report.compare).
             "device": "cuda" if torch.cuda.is_available() else "cpu", "cores": os.cpu_count() or 1}
-    merged = merge_rank_traces([trace_dir / f"rank{r}.jsonl" for r in range(world)], out / "measured_trace.jsonl",
-                               world, meta)
+    merged = merge_trace_lines(lines, out / "measured_trace.jsonl", world, meta)
     write_chrome(merged, out / "measured_trace.chrome.json", plan)     # for ui.perfetto.dev / chrome://tracing
     losses = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines() if line.strip()]
     per_stage = {}
@@ -74,6 +75,24 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
     if cfg.progress:
         print(format_summary(summary, out), file=sys.stdout, flush=True)
     return {"losses": losses, "summary": summary}
+
+
+def _gather_trace_lines(mine: bytes, dst: int) -> list[bytes]:
+    """Every rank's trace file (JSON lines), on rank `dst`; [] elsewhere. Two collectives over the
+    CPU group (gloo): the sizes, then the bytes padded to the largest."""
+    world = dist.get_world_size()
+    size = torch.tensor([len(mine)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    n = max(int(s) for s in sizes)
+    buf = torch.zeros(max(n, 1), dtype=torch.uint8)
+    if mine:
+        buf[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+    bufs = [torch.zeros_like(buf) for _ in range(world)] if dist.get_rank() == dst else None
+    dist.gather(buf, bufs, dst=dst)
+    if bufs is None:
+        return []
+    return [bytes(b[:int(s)].numpy().tobytes()) for b, s in zip(bufs, sizes)]
 
 
 def _memory_per_stage(spec, plan, peaks: list[float]) -> list[dict[str, Any]]:

@@ -35,6 +35,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,11 +123,41 @@ def bind_address(explicit: str | None = None) -> str:
                             "pass --wan-bind ADDR") from None
 
 
+class RecordedTurns:
+    """One pipeline's turns on a link direction, each turn it held recorded as a `turn` event
+    (granted -> released) in the rank's trace: the measured trace shows the turns the transport
+    took, not only the plan's intent (`geotrain rehearse` counts them per link)."""
+
+    def __init__(self, inner, recorder, link: str, stage: int):
+        self.inner, self.recorder, self.link, self.stage = inner, recorder, link, stage
+        self._granted: dict[int, float] = {}        # per sending thread (one per peer)
+
+    def acquire(self) -> None:
+        self.inner.acquire()
+        self._granted[threading.get_ident()] = time.time()
+
+    def release(self) -> None:
+        end = time.time()        # before the link is handed on: the next holder's turn starts after it
+        t = self._granted.pop(threading.get_ident(), None)
+        self.inner.release()
+        if t is not None and self.recorder is not None:
+            t0 = self.recorder.t0
+            self.recorder.add("turn", t - t0, end - t0, stage=self.stage, link=self.link)
+
+    def leave(self) -> None:
+        self.inner.leave()
+
+    def close(self) -> None:
+        if hasattr(self.inner, "close"):
+            self.inner.close()
+
+
 def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
-                    p2p_groups: dict | None = None):
+                    p2p_groups: dict | None = None, recorder=None):
     """The transport for this rank: plain gloo/NCCL without a WAN config; else a RoutedTransport with
     StripedTransport on the cross-DC peers (see module docstring). p2p_groups: the per-direction
-    process groups (default: `transport.directed_groups`, a collective every rank enters)."""
+    process groups (default: `transport.directed_groups`, a collective every rank enters);
+    recorder: where the temporal turns taken are recorded (`RecordedTurns`)."""
     import torch.distributed as dist
 
     from geotrain.runtime import transport as T
@@ -175,6 +207,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
                                             secret=secret)
             if arbiter is not None:
                 arbiters.append(arbiter)
+            turn = RecordedTurns(turn, recorder, f"{my_dc}->{plan.stages[peer_stage].dc}", stage)
         elif lp.sharing not in ("fair", "temporal"):
             raise GeotrainError(f"link {lp.src_dc}-{lp.dst_dc}: unknown sharing {lp.sharing!r} (fair, temporal)")
         for d in range(plan.dp):

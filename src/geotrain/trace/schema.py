@@ -6,6 +6,8 @@ kind is one of:
   recv_wait -- the rank is blocked waiting for an activation or gradient to arrive;
   transfer  -- a tensor moving over a link: rank is the sender, start is when it entered the
                link (after queueing), end when the last byte arrived; `link` names the link.
+  turn      -- measured only: a temporal turn a rank's transport held on `link` (granted -> released);
+               it runs beside the rank's compute, on the link.
 Times are seconds from the start of the run (sim: iteration 0 starts at 0).
 """
 

@@ -39,7 +39,8 @@ class Work:
 
     While it waits longer than `stall_s` it says so on stderr, naming the transfer, once per
     `stall_s`; after `timeout_s` it raises. `finished_at` (wall clock) is when the last byte left
-    the sender (a send) or when the message was complete (a recv)."""
+    the sender (a send) or when the message was complete (a recv); `started_at`, of a send, when it
+    entered the link (its turn granted, the messages before it to that peer gone)."""
 
     def __init__(self, what: str, timeout_s: float, stall_s: float = 30.0, say=None):
         self.what = what
@@ -49,6 +50,7 @@ class Work:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self.finished_at: float | None = None
+        self.started_at: float | None = None
 
     def _finish(self, error: BaseException | None = None, at: float | None = None) -> None:
         if self._done.is_set():

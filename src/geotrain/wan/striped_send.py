@@ -185,6 +185,7 @@ class Peer:
                 self.unacked.pop(out.msg, None)
             out.work._finish(e)
             return
+        out.work.started_at = time.time()      # on the link from here (the trace's transfer start)
         try:
             error = None
             try:

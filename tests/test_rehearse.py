@@ -1,0 +1,113 @@
+"""`geotrain rehearse`: tiny_2dc (pp=2 x dp=2) as a two-host deployment on this machine -- one
+torchrun per emulated datacenter inside its network namespace, c10d rendezvous across the kernel
+WAN -- trains bit for bit like the built-in launcher's run of the same plan, and what it measured
+on each link (connections counted by `ss` in the namespaces, turns recorded by the transport)
+is what the plan says. Root only (network namespaces); CI runs as root, so there it never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from geotrain.errors import GeotrainError
+from geotrain.plan.plan import load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "tiny_2dc.toml"
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+       "OMP_NUM_THREADS": "1"}
+needs_root = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
+                                reason="network namespaces need root (CI runs as root: never skipped there)")
+
+
+def _rehearse(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "geotrain.cli", "rehearse", *args], env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(x)["loss"] for x in (run / "losses.jsonl").read_text().splitlines() if x.strip()]
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory, tiny_2dc_builtin_run):
+    out = tmp_path_factory.mktemp("rehearse") / "run"
+    r = _rehearse(str(SPEC), "--steps", "3", "--data", "synthetic", "--out", str(out),
+                  "--compare-with", str(tiny_2dc_builtin_run), "--timeout", "240")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return out, r, json.loads((out / "rehearse.json").read_text())
+
+
+@pytest.mark.netns
+@needs_root
+def test_rehearse_trains_bit_for_bit_like_the_built_in_launcher(rehearsal, tiny_2dc_builtin_run):
+    out, r, report = rehearsal
+    assert load_plan(out / "plan.json")[0] == load_plan(tiny_2dc_builtin_run / "plan.json")[0]   # the same plan
+    mine = _losses(out)
+    assert len(mine) == 3 and mine == _losses(tiny_2dc_builtin_run)
+    assert report["losses_identical"] and "identical to the built-in launcher" in r.stdout
+    # One torchrun per DC, each rank's cross-DC link on the direct striped transport bound to its namespace.
+    lines = [ln for dc in ("east", "west") for ln in (out / "logs" / f"{dc}.log").read_text().splitlines()
+             if "geotrain wan: rank" in ln]
+    assert len(lines) == 4 and all("StripedTransport" in ln and "direct (listening on 10.77." in ln for ln in lines)
+
+
+@pytest.mark.netns
+@needs_root
+def test_rehearse_measures_the_plans_connections_and_turns_on_each_link(rehearsal):
+    out, _, report = rehearsal
+    plan, _ = load_plan(out / "plan.json")
+    links = {x["link"]: x for x in report["links"]}
+    assert set(links) == {"east->west", "west->east"}
+    for name, x in links.items():
+        lp = plan.link_between(*name.split("->"))
+        assert lp.sharing == "temporal" and lp.connections > 1, lp      # the plan exercises both mechanisms
+        assert x["plan_connections"] == lp.connections
+        # counted in the kernel: every sending rank held the plan's connections to its peer
+        assert x["pairs"] == plan.dp and x["measured_connections_per_pair"] == [lp.connections] * plan.dp, x
+        # recorded by the transport: every transfer took a turn, both pipelines took turns, one at a time
+        assert x["transfers_per_iteration"] == plan.num_microbatches * plan.dp, x
+        assert x["turns_per_iteration"] == x["transfers_per_iteration"], x
+        assert x["turn_pipelines"] == plan.dp and x["turns_held_at_once"] == x["turn_slots"] == 1, x
+        assert x["bytes_per_iteration"] > 0
+
+
+@pytest.mark.netns
+@needs_root
+def test_rehearse_leaves_one_run_dir_and_no_namespaces(rehearsal):
+    out, r, _ = rehearsal
+    # the last stage's host writes the run directory; the other host only its ranks' own trace files
+    for name in ("losses.jsonl", "measured_trace.jsonl", "summary.json", "plan.json", "predicted_trace.jsonl"):
+        assert (out / name).is_file(), name
+    assert not (out / "hosts" / "east" / "losses.jsonl").exists()
+    ranks = {json.loads(x).get("rank") for x in (out / "measured_trace.jsonl").read_text().splitlines()[1:]}
+    assert ranks == {0, 1, 2, 3}                 # merged over the network, not from a shared directory
+    tag = r.stdout.split("(gt-", 1)[1].split("-*", 1)[0]
+    assert not [ln for ln in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+                if ln.startswith(f"gt-{tag}")]
+
+
+def test_rehearse_refuses_serve_prefill_in_one_line(tmp_path):
+    r = _rehearse(str(SPEC), "--serve-prefill", "0", "--out", str(tmp_path / "x"), timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "--serve-prefill is not available under rehearse" in r.stderr
+
+
+def test_a_host_started_in_the_wrong_node_order_is_refused():
+    from geotrain.commands.train import _check_host_dc
+    from geotrain.config.load import load_spec
+    from geotrain.plan.manual import plan_from_job
+
+    plan = plan_from_job(load_spec(SPEC))            # ranks 0-1 in east, 2-3 in west
+    _check_host_dc(plan, 0, "east")
+    _check_host_dc(plan, 3, "west")
+    with pytest.raises(GeotrainError, match="rank 0 is stage 0 in east"):
+        _check_host_dc(plan, 0, "west")
+    with pytest.raises(GeotrainError, match="no such datacenter"):
+        _check_host_dc(plan, 0, "north")
