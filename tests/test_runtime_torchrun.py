@@ -28,27 +28,31 @@ def _losses(run: Path) -> list[float]:
     return [json.loads(x)["loss"] for x in (run / "losses.jsonl").read_text().splitlines() if x.strip()]
 
 
-def _torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "4",
-                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                           "-m", "geotrain.cli", "train", str(SPEC), *args],
+def _torchrun(*args: str, timeout: float = 240, nproc: int = 4) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                           "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+                           "--master-port", str(free_port()), "-m", "geotrain.cli", "train", str(SPEC), *args],
                           env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
+# As root, tests/test_rehearse.py runs the same checks on a real two-host layout (one torchrun per
+# emulated DC, c10d across the kernel WAN): this single-host launch is then skipped to keep the
+# suite's time, and runs where namespaces are not available.
+covered_by_rehearse = pytest.mark.skipif(os.geteuid() == 0, reason="as root, test_rehearse.py covers it over "
+                                                                   "the kernel WAN with one torchrun per DC")
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, tiny_2dc_builtin_run):
     tmp = tmp_path_factory.mktemp("torchrun")
     r = _torchrun("--steps", "3", "--wan", "auto", "--out", str(tmp / "auto"), "--no-progress", "--data", "synthetic")
     assert r.returncode == 0, r.stderr[-3000:]
-    off = subprocess.run([sys.executable, "-m", "geotrain.cli", "train", str(SPEC), "--steps", "3", "--wan", "off",
-                          "--out", str(tmp / "off"), "--no-progress", "--data", "synthetic"],
-                         env=ENV, capture_output=True, text=True, timeout=240)
-    assert off.returncode == 0, off.stderr[-3000:]
-    return tmp, r
+    return tmp, r, tiny_2dc_builtin_run
 
 
+@covered_by_rehearse
 def test_auto_under_torchrun_uses_the_striped_transport_and_logs_it(runs):
-    _, r = runs
+    _, r, _ = runs
     lines = [ln for ln in r.stderr.splitlines() if "geotrain wan: rank" in ln]
     # pp=2 x dp=2: each of the 4 ranks has one cross-DC peer stage
     assert len(lines) == 4, r.stderr[-2000:]
@@ -57,13 +61,15 @@ def test_auto_under_torchrun_uses_the_striped_transport_and_logs_it(runs):
     assert r.stderr.count("the run secret is shared through the rendezvous store") == 1, r.stderr[-2000:]
 
 
+@covered_by_rehearse
 def test_auto_under_torchrun_trains_like_the_built_in_launcher(runs):
-    tmp, _ = runs
-    auto, off = _losses(tmp / "auto"), _losses(tmp / "off")
-    assert len(auto) == 3 and auto == off
+    tmp, _, off = runs
+    auto = _losses(tmp / "auto")
+    assert len(auto) == 3 and auto == _losses(off)
 
 
 def test_serve_prefill_under_torchrun_is_refused_in_one_line(tmp_path):
-    r = _torchrun("--steps", "1", "--serve-prefill", "0", "--out", str(tmp_path / "x"), timeout=120)
+    # refused before the process group forms: one rank shows it
+    r = _torchrun("--steps", "1", "--serve-prefill", "0", "--out", str(tmp_path / "x"), timeout=120, nproc=1)
     assert r.returncode != 0
     assert "--serve-prefill is not available under torchrun" in r.stderr

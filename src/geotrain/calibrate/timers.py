@@ -5,6 +5,11 @@ boundary tensors, the last unit's loss through the runtime's own `lm_loss` -- so
 the runtime's, not a kernel benchmark's. `measure_units` is the cost model's profile table (per
 unit kind and micro-batch: forward and backward seconds) from these same timings, on CPU or GPU.
 Robust statistics (a low percentile) because the machine is shared.
+
+Every timer runs on the rank's device (`runtime.rank_run.rank_device`: its GPU under CUDA, else
+the CPU) unless told otherwise, and reads that device's clock (`device_timer`): on CUDA, events
+recorded on the device's stream and read after it finished -- the GPU's time for the work, not
+the host's time to queue it (kernels launch asynchronously); on the CPU, the host's clock.
 """
 
 from __future__ import annotations
@@ -24,7 +29,47 @@ from geotrain.cost.units import BLOCK, EMBEDDING, HEAD
 from geotrain.models.llama import build_units
 from geotrain.runtime.parallelize import autocast_context
 from geotrain.runtime.pipeline import lm_loss
+from geotrain.runtime.rank_run import rank_device
 from geotrain.runtime.trainer import make_optimizer
+
+
+class HostTimer:
+    """The CPU's clock: work on the CPU is done when the call returns."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def seconds(self, a: float, b: float) -> float:
+        return b - a
+
+
+class CudaEventTimer:
+    """A CUDA device's clock: an event recorded on its current stream per mark; `seconds` waits for
+    the later event, then reads the GPU time between the two."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def mark(self):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(torch.cuda.current_stream(self.device))
+        return e
+
+    def seconds(self, a, b) -> float:
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3
+
+
+def timing_device(device: str | torch.device | None = None) -> torch.device:
+    """The device to time on: the one given, else the rank's (as the runtime computes there)."""
+    return torch.device(device) if device is not None else rank_device()
+
+
+def device_timer(device: torch.device) -> HostTimer | CudaEventTimer:
+    return CudaEventTimer(device) if device.type == "cuda" else HostTimer(device)
 
 
 def _median_times(fn, repeats: int, warmup: int = 2) -> tuple[float, float]:
@@ -47,13 +92,13 @@ def low_percentile(xs: list[float]) -> float:
 
 
 def time_unit(spec, index: int, micro_batch: int, precision: str, repeats: int = 10,
-              device: str = "cpu") -> tuple[float, float]:
+              device: str | None = None) -> tuple[float, float]:
     """(forward_s, backward_s) of model unit `index` at `micro_batch`, executed as the runtime does."""
     return _median_times(unit_runner(spec, index, micro_batch, precision, device), repeats)
 
 
 def measure_units(spec, micro_batches: Iterable[int] = (1,), precision: str = "fp32", repeats: int = 10,
-                  device: str = "cpu") -> dict[str, Any]:
+                  device: str | None = None) -> dict[str, Any]:
     """The cost model's profile table (geotrain.cost.profile): {"embedding"|"block"|"head":
     {str(micro_batch): [forward_s, backward_s]}}, one unit of each kind built alone -- cheap even
     for large shapes (a 70B block is ~1.7 GB in bf16), so a big model's table can be taken on one GPU."""
@@ -61,10 +106,11 @@ def measure_units(spec, micro_batches: Iterable[int] = (1,), precision: str = "f
             for kind, index in ((EMBEDDING, 0), (BLOCK, 1), (HEAD, spec.layers + 1))}
 
 
-def unit_runner(spec, index: int, micro_batch: int, precision: str, device: str = "cpu"):
+def unit_runner(spec, index: int, micro_batch: int, precision: str, device: str | None = None):
     """A function that runs unit `index` forward and backward once and returns (forward_s, backward_s)."""
     m = spec
-    dev = torch.device(device)
+    dev = timing_device(device)
+    clock = device_timer(dev)
     stack = build_units(m, index, index + 1).to(dev)
     autocast = autocast_context(precision, dev)
     g = torch.Generator().manual_seed(index)
@@ -72,54 +118,50 @@ def unit_runner(spec, index: int, micro_batch: int, precision: str, device: str 
     x0 = torch.randn(micro_batch, m.seq_len, m.hidden, generator=g).to(dev)
     grad = torch.randn(micro_batch, m.seq_len, m.hidden, generator=g).to(dev)
 
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
     def once() -> tuple[float, float]:
         stack.zero_grad(set_to_none=True)
         inp = tokens if index == 0 else x0.detach().clone().requires_grad_(True)
-        sync()
-        t0 = time.perf_counter()
+        t0 = clock.mark()
         with autocast():
             out = stack(inp)
         if stack.has_head:
             out = lm_loss(out, tokens)
-        sync()
-        t1 = time.perf_counter()
+        t1 = clock.mark()
         torch.autograd.backward(out, None if stack.has_head else grad)
-        sync()
-        t2 = time.perf_counter()
-        return t1 - t0, t2 - t1
+        t2 = clock.mark()
+        return clock.seconds(t0, t1), clock.seconds(t1, t2)
 
     return once
 
 
-def time_split_backward(spec, micro_batch: int, precision: str, repeats: int = 10) -> dict[str, float]:
+def time_split_backward(spec, micro_batch: int, precision: str, repeats: int = 10,
+                        device: str | None = None) -> dict[str, float]:
     """The zero-bubble split of a backward as the runtime runs it (torch.distributed.pipelining's
     stage_backward_input, then stage_backward_weight) on units 1..L+1 (blocks and head), relative to
     one plain backward of the same units: {"input": B_input / B, "weight": W / B}. The split costs
     more than the whole (two autograd passes), and not half and half."""
     m = spec
-    stack = build_units(m, 1, m.num_units)
-    autocast = autocast_context(precision, torch.device("cpu"))
+    dev = timing_device(device)
+    clock = device_timer(dev)
+    stack = build_units(m, 1, m.num_units).to(dev)
+    autocast = autocast_context(precision, dev)
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, m.vocab, (micro_batch, m.seq_len), generator=g)
-    x0 = torch.randn(micro_batch, m.seq_len, m.hidden, generator=g)
+    tokens = torch.randint(0, m.vocab, (micro_batch, m.seq_len), generator=g).to(dev)
+    x0 = torch.randn(micro_batch, m.seq_len, m.hidden, generator=g).to(dev)
 
     def once(split: bool) -> tuple[float, float]:
         stack.zero_grad(set_to_none=True)
         inp = x0.detach().clone().requires_grad_(True)
         with autocast():
             out = lm_loss(stack(inp), tokens)
-        t0 = time.perf_counter()
+        t0 = clock.mark()
         if not split:
             torch.autograd.backward(out)
-            return time.perf_counter() - t0, 0.0
+            return clock.seconds(t0, clock.mark()), 0.0
         _, groups = stage_backward_input([out], None, [inp], stack.parameters())
-        t1 = time.perf_counter()
+        t1 = clock.mark()
         stage_backward_weight(stack.parameters(), groups)
-        return t1 - t0, time.perf_counter() - t1
+        return clock.seconds(t0, t1), clock.seconds(t1, clock.mark())
 
     whole, parts = [], []
     for i in range(repeats + 2):            # interleaved: a burst of other work hits both alike
@@ -133,20 +175,23 @@ def time_split_backward(spec, micro_batch: int, precision: str, repeats: int = 1
     return {"input": ins[len(ins) // 2], "weight": ws[len(ws) // 2]}
 
 
-def time_optimizer(spec, units: range, job, repeats: int = 8) -> tuple[int, float]:
+def time_optimizer(spec, units: range, job, repeats: int = 8, device: str | None = None) -> tuple[int, float]:
     """(parameters, seconds) of one optimizer step (+ zero_grad) over `units`, as the runtime steps it."""
-    stack = build_units(spec, units.start, units.stop)
+    dev = timing_device(device)
+    clock = device_timer(dev)
+    stack = build_units(spec, units.start, units.stop).to(dev)
     params = list(stack.parameters())
     opt = make_optimizer(params, job)
     times = []
     for i in range(repeats + 2):
         for p in params:
             p.grad = torch.ones_like(p)
-        t0 = time.perf_counter()
+        t0 = clock.mark()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        t1 = clock.mark()
         if i >= 2:
-            times.append(time.perf_counter() - t0)
+            times.append(clock.seconds(t0, t1))
     return sum(p.numel() for p in params), low_percentile(times)
 
 

@@ -1,0 +1,122 @@
+"""Benchmark: `geotrain rehearse` (one torchrun per emulated datacenter) beside the built-in launcher
+for the same plan, and 1 vs K connections and temporal vs fair sharing under rehearse.
+
+    sudo .venv/bin/python bench/bench_rehearse.py [--spec examples/tiny_2dc.toml] [--steps 8]
+         [--warmup 2] [--rounds 1] [--wan-rate-scale 0.01]
+
+Root only (rehearse needs network namespaces). One plan -- the planner's for SPEC, whose links the
+plan gives K connections and temporal sharing -- and three variants of it, each written as a plan
+file and trained through the CLI, alternated within each round so drift in the machine's load hits
+them alike:
+  * builtin      -- `geotrain train PLAN --wan auto` (the built-in launcher over the kernel WAN);
+  * rehearse     -- `geotrain rehearse PLAN` (same plan, one torchrun per DC);
+  * rehearse-c1  -- the plan with 1 connection per link;
+  * rehearse-fair -- the plan with fair instead of temporal sharing.
+Measured: the median step time (the reporting rank's `step_time_s`) of the steps after `warmup`,
+pooled over rounds; for the rehearsals also the connections per pair counted in the kernel and
+the turns per iteration the transport recorded (rehearse.json). The WAN is slowed by
+--wan-rate-scale (default 0.01: tiny_2dc's 1 Gbit/s link becomes 10 Mbit/s, 2.5 per connection)
+so the tiny model's 16 KiB boundary tensors take long enough for the mechanisms to show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _plans(spec_path: Path, out: Path) -> dict[str, Path]:
+    from geotrain.config import load_spec
+    from geotrain.orchestrate.planning import make_plan
+    from geotrain.plan.plan import save_plan
+
+    spec = load_spec(spec_path)
+    plan = make_plan(spec).plan
+    if not plan.links or any(lp.sharing != "temporal" or lp.connections < 2 for lp in plan.links):
+        sys.exit(f"{spec_path}: the plan's links must be temporal with >= 2 connections to compare variants")
+    variants = {"rehearse": plan,
+                "rehearse-c1": plan.with_(links=tuple(replace(lp, connections=1) for lp in plan.links)),
+                "rehearse-fair": plan.with_(links=tuple(replace(lp, sharing="fair") for lp in plan.links))}
+    paths = {}
+    for name, p in variants.items():
+        paths[name] = out / f"{name}.json"
+        save_plan(paths[name], p, spec=spec)
+    return paths
+
+
+def _steps(run: Path, warmup: int) -> list[float]:
+    rows = [json.loads(x) for x in (run / "losses.jsonl").read_text().splitlines() if x.strip()]
+    return [r["step_time_s"] for r in rows[warmup:]]
+
+
+def _run(argv: list[str], log: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "geotrain.cli", *argv], env=env, capture_output=True, text=True)
+    log.write_text(r.stdout + r.stderr)
+    if r.returncode != 0:
+        sys.exit(f"failed ({log}): {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", default=str(ROOT / "examples" / "tiny_2dc.toml"))
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--wan-rate-scale", type=float, default=0.01)
+    ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary directory)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench_rehearse needs root (rehearse runs each datacenter in a network namespace)")
+    sys.path.insert(0, str(ROOT / "src"))
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench-rehearse-"))
+    out.mkdir(parents=True, exist_ok=True)
+    plans = _plans(Path(args.spec), out)
+    common = ["--steps", str(args.steps), "--data", "synthetic", "--wan-rate-scale", str(args.wan_rate_scale)]
+    load0, t0 = os.getloadavg()[0], time.time()
+    steps: dict[str, list[float]] = {k: [] for k in ("builtin", *plans)}
+    measured: dict[str, dict] = {}
+    for rnd in range(args.rounds):
+        for name in ("builtin", *plans):
+            run = out / f"r{rnd}-{name}"
+            if name == "builtin":
+                _run(["train", str(plans["rehearse"]), "--wan", "auto", "--out", str(run), "--no-progress",
+                      "--checkpoint-every", "0", *common], out / f"r{rnd}-{name}.log")
+            else:
+                _run(["rehearse", str(plans[name]), "--no-compare", "--out", str(run), *common],
+                     out / f"r{rnd}-{name}.log")
+                measured[name] = json.loads((run / "rehearse.json").read_text())
+            steps[name] += _steps(run, args.warmup)
+            print(f"round {rnd + 1}/{args.rounds} {name}: median step {statistics.median(steps[name]):.3f} s",
+                  flush=True)
+    med = {k: statistics.median(v) for k, v in steps.items()}
+    print(f"\n{args.spec}, {args.steps} steps ({args.warmup} warm-up left out) x {args.rounds} round(s), "
+          f"WAN rates x{args.wan_rate_scale:g}; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores, {time.time() - t0:.0f} s")
+    print("| variant | median step (s) | connections per pair (plan / kernel) | sharing | turns per iteration |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in ("builtin", *plans):
+        links = measured.get(name, {}).get("links", [])
+        conns = "; ".join(f"{x['link']} {x['plan_connections']} / "
+                          + ",".join(f"{c:g}" for c in sorted(set(x["measured_connections_per_pair"]))) for x in links)
+        sharing = ", ".join(sorted({x["sharing"] for x in links})) or "(plan's)"
+        turns = "; ".join(f"{x['link']} {x['turns_per_iteration']:g}" for x in links) or "-"
+        print(f"| {name} | {med[name]:.3f} | {conns or '-'} | {sharing} | {turns} |")
+    print(f"\nratios: rehearse / builtin {med['rehearse'] / med['builtin']:.2f}; "
+          f"1 / K connections (rehearse) {med['rehearse-c1'] / med['rehearse']:.2f}; "
+          f"fair / temporal (rehearse) {med['rehearse-fair'] / med['rehearse']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
