@@ -25,6 +25,7 @@ What is measured per cross-DC link direction, and where:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -37,7 +38,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from geotrain.emulation.network import WanEmulation, emulation_available
 from geotrain.errors import GeotrainError
+from geotrain.trace.schema import Trace
+from geotrain.wan.temporal import concurrent_turns
 
 RDZV_PORT = 29400          # inside the first DC's namespace (a fresh network stack: always free)
 LISTENING = re.compile(r"geotrain wan: rank (\d+) \(([^)]*)\) -> stage \d+ \([^)]*\): StripedTransport, .*"
@@ -167,9 +171,6 @@ def _max_at_once(intervals: list[tuple[float, float]]) -> int:
 def link_reports(spec, plan, trace_path: Path, conns: dict[tuple[str, str, int], int]) -> list[dict]:
     """Per cross-DC link direction: the plan's connections, sharing and turn slots beside what was
     measured (see the module docstring)."""
-    from geotrain.trace.schema import Trace
-    from geotrain.wan.temporal import concurrent_turns
-
     trace = Trace.read_jsonl(trace_path)
     its = sorted({e.iteration for e in trace.events}) or [0]
     n_it = len(its)
@@ -244,8 +245,6 @@ def _env() -> dict[str, str]:
 def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[str], rate_scale: float = 1.0,
                   timeout_s: float = 3600.0, say=print) -> Rehearsal:
     """Bring the emulated DCs up, one torchrun per DC inside its namespace, wait, measure, tear down."""
-    from geotrain.emulation.network import WanEmulation, emulation_available
-
     ok, why = emulation_available()
     if not ok:
         raise GeotrainError(f"rehearse needs the kernel WAN emulation (network namespaces): {why}")
@@ -306,8 +305,6 @@ def _wait(hosts: list[Host], emu, deadline: float) -> None:
 
 
 def losses_of(run_dir: Path) -> list[float]:
-    import json
-
     path = Path(run_dir) / "losses.jsonl"
     if not path.is_file():
         raise GeotrainError(f"{run_dir}: no losses.jsonl (not a training run directory?)")
@@ -316,8 +313,6 @@ def losses_of(run_dir: Path) -> list[float]:
 
 def median_step_s(run_dir: Path, skip: int = 1) -> float | None:
     """Median step wall time of a run, the first `skip` steps (start-up, connections) left out."""
-    import json
-
     rows = [json.loads(x) for x in (Path(run_dir) / "losses.jsonl").read_text().splitlines() if x.strip()]
     times = [r["step_time_s"] for r in rows[skip:]] or [r["step_time_s"] for r in rows]
     return statistics.median(times) if times else None
