@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compare with this finished `geotrain train` run of the same plan instead of training one")
     p.add_argument("--wan-rate-scale", type=float, default=1.0, metavar="X",
                    help="multiply every WAN capacity and per-connection cap (as for `geotrain train`)")
+    p.add_argument("--wan-tls", action="store_true",
+                   help="cross-DC connections in TLS 1.3 (as `geotrain train --wan-tls`; the comparison run too)")
     p.add_argument("--timeout", type=float, default=3600.0, metavar="S",
                    help="stop the rehearsal after S seconds (default 3600)")
     p.add_argument("--serve-prefill", type=int, default=None, metavar="PORT",
@@ -42,11 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(path: Path):
+    # lazy: the command's heavy imports (torch, pydantic) load only when it runs (`geotrain --help` stays fast)
     from geotrain.plan.plan import load_plan, plan_spec
 
     if path.suffix == ".json":
         plan, doc = load_plan(path)
         return plan_spec(doc, path), plan, Path(doc.get("spec") or path).stem
+    # lazy: the command's heavy imports (torch, pydantic) load only when it runs (`geotrain --help` stays fast)
     from geotrain.config import load_spec
     from geotrain.orchestrate.planning import make_plan
 
@@ -56,6 +60,7 @@ def _plan(path: Path):
 
 def _builtin(plan_path: Path, out: Path, train_args: list[str]) -> Path:
     """The built-in launcher's run of the same plan file, over the same kind of emulated WAN."""
+    # lazy: the command's heavy imports (torch, pydantic) load only when it runs (`geotrain --help` stays fast)
     from geotrain.errors import GeotrainError
 
     argv = [sys.executable, "-m", "geotrain.cli", "train", str(plan_path), "--out", str(out), "--wan", "auto",
@@ -70,6 +75,7 @@ def _builtin(plan_path: Path, out: Path, train_args: list[str]) -> Path:
 
 
 def _link_lines(links: list[dict]) -> list[str]:
+    # lazy: the command's heavy imports (torch, pydantic) load only when it runs (`geotrain --help` stays fast)
     from geotrain.console import human_bytes
 
     lines = ["per cross-DC link (plan / measured):",
@@ -86,6 +92,7 @@ def _link_lines(links: list[dict]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: the command's heavy imports (torch, pydantic) load only when it runs (`geotrain --help` stays fast)
     from geotrain.errors import GeotrainError
     from geotrain.orchestrate.rehearse import losses_of, median_step_s, run_rehearsal
     from geotrain.plan.plan import save_plan
@@ -107,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     plan_path = out / "rehearse_plan.json"          # one plan file: every host and the comparison train it
     save_plan(plan_path, plan, spec=spec)
     train_args = [*(["--steps", str(args.steps)] if args.steps else []), *(["--data", args.data] if args.data else []),
-                  "--wan-rate-scale", str(args.wan_rate_scale)]
+                  "--wan-rate-scale", str(args.wan_rate_scale), *(["--wan-tls"] if args.wan_tls else [])]
     result = run_rehearsal(spec, plan, plan_path, out, train_args, rate_scale=args.wan_rate_scale,
                            timeout_s=args.timeout, say=lambda line: print(line, flush=True))
     losses = losses_of(out)

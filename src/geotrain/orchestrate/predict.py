@@ -1,10 +1,10 @@
 """Predict beside a finished run: the simulator's trace of the plan a run just executed.
 
 The runtime only executes and measures; `geotrain train` calls this afterwards (on the launching
-process, or under torchrun on the reporting rank, whose host holds the run directory) so `geotrain report RUN_DIR` can put prediction and
-measurement side by side. With a `geotrain profile` file the prediction uses the calibrated
-inputs of `calibrate.costs` -- measured unit times, runtime overheads, the WAN mode this run
-used -- else the plain cost model.
+process, or under torchrun on the reporting rank, whose host holds the run directory) so
+`geotrain report RUN_DIR` can put prediction and measurement side by side. With a `geotrain
+profile` file the prediction uses the calibrated inputs of `calibrate.costs` -- measured unit
+times, runtime overheads, the WAN mode this run used -- else the plain cost model.
 """
 
 from __future__ import annotations
