@@ -56,6 +56,9 @@ def test_rehearse_trains_bit_for_bit_like_the_built_in_launcher(rehearsal, tiny_
     lines = [ln for dc in ("east", "west") for ln in (out / "logs" / f"{dc}.log").read_text().splitlines()
              if "geotrain wan: rank" in ln]
     assert len(lines) == 4 and all("StripedTransport" in ln and "direct (listening on 10.77." in ln for ln in lines)
+    # no secret file under torchrun: rank 0 says once that the run secret travels through the c10d store
+    logs = "".join((out / "logs" / f"{dc}.log").read_text() for dc in ("east", "west"))
+    assert logs.count("the run secret is shared through the rendezvous store") == 1
 
 
 @pytest.mark.netns
