@@ -70,15 +70,16 @@ def against_exhaustive(make_plan) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     import tempfile
 
-    from test_plan_exhaustive import CASES, write_spec
+    from test_plan_exhaustive import CASES, OPT, write_spec
 
     from geotrain.plan.exhaustive import all_plans
     from geotrain.sim import simulate
 
     print("\n[2] planner vs exhaustive optimum (every plan simulated)")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (dcs, links, job) in sorted(CASES.items()):
-            spec = write_spec(Path(tmp) / name, dcs, links, "llama2-7b", job, name=name)
+        for name, (dcs, links, job, *opt) in sorted(CASES.items()):
+            spec = write_spec(Path(tmp) / name, dcs, links, OPT if opt else "llama2-7b", job, name=name,
+                              region="r1" if opt else None)
             plans, t_enum, _ = _timed(lambda spec=spec: all_plans(spec))
             best = min(simulate(spec, p).metrics.iteration_time for p in plans)
             chosen = make_plan(spec).iteration_s

@@ -51,6 +51,10 @@ def check_plan_for_spec(spec, plan) -> None:
                                 f"{spec.cluster.name} ({', '.join(names)})")
         if len(st.chunks) != plan.virtual_per_stage:
             raise GeotrainError(f"{where}: every stage must hold the same number of model chunks")
+    stray = sorted(set(plan.replica_dcs) - set(names))
+    if stray:
+        raise GeotrainError(f"{where}: replica_dcs names {', '.join(stray)}, not a datacenter of cluster "
+                            f"{spec.cluster.name} ({', '.join(names)})")
     for s in range(plan.pp - 1):
         a, b = plan.stages[s].dc, plan.stages[s + 1].dc
         if a != b and spec.cluster.link(a, b) is None:

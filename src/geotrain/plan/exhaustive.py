@@ -6,7 +6,8 @@ nothing the job leaves open: every chain of linked DCs, every number of stages o
 (all compositions, not only fastest-first), every tensor-parallel degree the job allows (one per job, as
 the runtime runs), every dp and pp, every micro-batch, schedule kind,
 checkpointing and sharding that fits in memory, temporal (lockstep and staggered starts) and
-fair WAN sharing. What it keeps
+fair WAN sharing, and every region layout (each split of the DP pipelines over a region's DCs).
+What it keeps
 from the planner are the pieces that are optimal or fixed by construction: the time-balanced
 layer split (optimal for per-stage compute), the saturating TCP connection counts and the
 wan-1f1b warm-up sized to the WAN round trip within memory.
@@ -19,6 +20,7 @@ few DCs with a few GPUs each; `limit` guards against a big one.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import chain as chain_of
 
 from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.config.load import Spec
@@ -27,6 +29,7 @@ from geotrain.plan.estimate import inflight
 from geotrain.plan.layouts import MICRO_BATCHES, Layout, schedule_kinds
 from geotrain.plan.placement import chains, iter_dp
 from geotrain.plan.plan import Plan
+from geotrain.plan.regions import region_sets
 from geotrain.plan.scorer import Candidate, Scorer, score_plan
 from geotrain.plan.temporal import apply_temporal
 
@@ -77,8 +80,29 @@ def all_plans(spec: Spec, limit: int = DEFAULT_LIMIT) -> list[Plan]:
     return out
 
 
+def region_layouts_all(ctx: PlanningContext) -> Iterator[Layout]:
+    """Every region layout (plan/regions.py): each DC set, micro-batch, pp, dp and every split of
+    the dp pipelines over the set's DCs (all compositions, not only proportional)."""
+    job = ctx.job
+    gb = job.global_batch
+    mbs = [job.micro_batch] if isinstance(job.micro_batch, int) else [b for b in MICRO_BATCHES if gb % b == 0]
+    for group in region_sets(ctx):
+        gpus = [ctx.dc(n).gpus for n in group]
+        for mb in mbs:
+            for pp in range(1, min(ctx.model.layers, min(gpus) // ctx.tp) + 1):
+                if job.pp is not None and pp != job.pp:
+                    continue
+                caps = [g // (pp * ctx.tp) for g in gpus]
+                for dp in iter_dp(gb, mb, sum(caps)):
+                    m = gb // (dp * mb)
+                    if (job.dp is not None and dp != job.dp) or m > MAX_MICROBATCHES:
+                        continue
+                    for reps in compositions(dp, caps):
+                        yield Layout((group[0],), (pp,), dp, mb, m, span=group, replicas=reps)
+
+
 def _plans_of(ctx: PlanningContext, out: list[Plan], limit: int) -> None:
-    for lay in all_layouts(ctx):
+    for lay in chain_of(all_layouts(ctx), region_layouts_all(ctx)):
         for sharing in (("temporal", "offsets", "fair") if len(lay.chain) > 1 and lay.dp > 1 else ("fair",)):
             for kind in schedule_kinds(ctx, len(lay.chain)):
                 for ckpt in ctx.checkpointing_options():

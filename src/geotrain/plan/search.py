@@ -20,7 +20,7 @@ from geotrain.plan.baselines import pipeline_baselines
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.estimate import Estimate
 from geotrain.plan.explain import analyse, infeasible_reason
-from geotrain.plan.layouts import Layout, chain_signature, enumerate_layouts
+from geotrain.plan.layouts import Layout, chain_signature, enumerate_layouts, schedule_kinds
 from geotrain.plan.pins import pin_problem, respects_pins
 from geotrain.plan.plan import Plan
 from geotrain.plan.scan import search, search_groups, tp_groups
@@ -108,6 +108,16 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None) -> Shortl
         plans.append((apply_fair(best.to_plan(ctx)).with_(name=f"{best.name}-fair"), best))
         plans.append((apply_temporal(best.to_plan(ctx), ctx.cluster, ctx.boundary_bytes(best.layout.micro_batch),
                                      best.est.period, offsets=True).with_(name=f"{best.name}-offsets"), best))
+    # The scorer keeps one schedule kind per layout; the estimate ranks kinds within a few per cent
+    # of each other (a 2-DC case: wan-1f1b estimated first, zb-h1 simulated 2% faster), so the best
+    # layout's other kinds within the band are simulated too.
+    scorer_of = {g[0].tp: g[1] for g in groups}
+    for kind in schedule_kinds(ctx, len(best.layout.chain)):
+        if kind != best.kind:
+            other = scorer_of[best.tp].score(best.layout, kinds=(kind,))
+            if other is not None and other.est.total <= band:
+                other.name = f"{best.name}-{kind}"
+                plans.append((other.to_plan(ctx), other))
     # A baseline picks its own dp, schedule, ...: for a pinned job only those keeping the pins count.
     plans += [(p, None) for p in _upgraded_baselines(spec, ctx) if respects_pins(p, spec.job)]
     plans = _worth_simulating(ctx, plans, best.est.total)

@@ -131,6 +131,10 @@ def _dp_sync(cost, cluster: Cluster, plan: Plan, units, dc) -> float:
         return cost.allreduce_time(nbytes, plan.dp, dc, plan.sharding, plan.tp)
     spread = plan.replicas_per_dc()
     names = [d for d, _ in spread]
+    known = {d.name for d in cluster.datacenters}
+    if any(n not in known for n in names):
+        raise GeotrainError(f"plan {plan.name!r}: replica_dcs names {sorted(set(names) - known)}, not datacenters "
+                            f"of cluster {cluster.name}")
     links = [cluster.link(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     if any(link is None for link in links):
         raise GeotrainError(f"plan {plan.name!r} spreads DP over {', '.join(names)}, which are not all linked")
