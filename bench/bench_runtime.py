@@ -1,15 +1,16 @@
 """Runtime benchmarks (not a test): framework overhead, checkpointing x precision, memory per rank.
 
     .venv/bin/python bench/bench_runtime.py [--steps N] [--model small] [--reps 2] [--skip-sharding]
+        [--precisions fp32,bf16,fp16] [--skip-overhead]
 
 1. overhead: `geotrain train` machinery at pp=1, dp=1 against a plain PyTorch loop of the same
    model, batch and micro-batching (median step time after warm-up; target <= 5%).
-2. checkpointing none/full/selective x fp32/bf16/fp16 at pp=1, dp=1: step time (arms alternated
-   over `--reps` rounds, median), activation bytes of one micro-batch -- measured as the storages a
-   forward leaves alive (runtime.memory.LiveBytes) beside the cost model's -- and the peak of a
-   step, measured by the runtime (summary.json) beside the cost model's; then each checkpointing
-   mode's activation cut and step-time cost against none (the seed's claim: up to 70% less
-   activation memory for 15-25% more step time).
+2. checkpointing none/selective/keep-matmul/keep-attention/full x fp32/bf16/fp16 at pp=1, dp=1:
+   step time (arms alternated over `--reps` rounds, median), activation bytes of one micro-batch --
+   measured as the storages a forward leaves alive (runtime.memory.LiveBytes) beside the cost
+   model's -- and the peak of a step, measured by the runtime (summary.json) beside the cost
+   model's; then each checkpointing mode's activation cut and step-time cost against none (the
+   seed's claim: up to 70% less activation memory for 15-25% more step time).
 3. replicate/zero1/zero2/zero3 on 2 and 4 local ranks (dp only): peak per rank, measured vs
    predicted, and the state at the first optimizer step.
 Each table is measured side by side in one run of this script; numbers vary with machine load.
@@ -148,23 +149,31 @@ def main() -> None:
     ap.add_argument("--model", default="small")
     ap.add_argument("--reps", type=int, default=2, help="rounds over the checkpointing arms (alternated)")
     ap.add_argument("--skip-sharding", action="store_true")
+    ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--precisions", default="fp32,bf16,fp16", help="comma-separated precisions of section 2")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="bench_runtime_"))
     init_single_rank()
 
-    print(f"## 1. framework overhead (pp=1, dp=1, {args.model}, fp32, 4 micro-batches of 2, 1 thread)")
-    spec = write_spec(tmp, args.model, 1)
-    plain, ours = [], []
-    for rep in range(2):  # interleave to spread machine-load drift over both
-        plain += plain_step_times(spec, args.steps)
-        ours += runtime_step_times(spec, tmp / f"overhead{rep}", args.steps)
-    p, o = statistics.median(plain), statistics.median(ours)
-    print(f"plain loop {p * 1e3:8.1f} ms/step   geotrain runtime {o * 1e3:8.1f} ms/step   overhead {o / p - 1:+.1%}")
+    print(f"load average at start: {os.getloadavg()[0]:.1f} (other work on the machine inflates and scatters "
+          "step times)")
+    if not args.skip_overhead:
+        print(f"## 1. framework overhead (pp=1, dp=1, {args.model}, fp32, 4 micro-batches of 2, 1 thread)")
+        spec = write_spec(tmp, args.model, 1)
+        plain, ours = [], []
+        for rep in range(2):  # interleave to spread machine-load drift over both
+            plain += plain_step_times(spec, args.steps)
+            ours += runtime_step_times(spec, tmp / f"overhead{rep}", args.steps)
+        p, o = statistics.median(plain), statistics.median(ours)
+        print(f"plain loop {p * 1e3:8.1f} ms/step   geotrain runtime {o * 1e3:8.1f} ms/step   "
+              f"overhead {o / p - 1:+.1%}")
 
     print(f"\n## 2. checkpointing x precision (pp=1, dp=1, {args.model}, 4 micro-batches of 2, 1f1b); "
           f"arms alternated over {args.reps} rounds")
-    arms = [(c, p) for c in ("none", "full", "selective") for p in ("fp32", "bf16", "fp16")]
+    from geotrain.plan.context import CHECKPOINTING_ORDER
+
+    arms = [(c, p) for c in CHECKPOINTING_ORDER for p in args.precisions.split(",")]
     times: dict[tuple[str, str], list[float]] = {a: [] for a in arms}
     peaks: dict[tuple[str, str], dict] = {}
     for rep in range(args.reps):
@@ -196,6 +205,7 @@ def main() -> None:
         print(f"| {ckpt} | {prec} | {1 - acts[(ckpt, prec)][0] / base_a:.0%} "
               f"| {1 - peaks[(ckpt, prec)]['measured_peak'] / base_p:.0%} "
               f"| {statistics.median(times[(ckpt, prec)]) / base_t - 1:+.0%} |")
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
     dist.destroy_process_group()
 
     if args.skip_sharding:

@@ -202,8 +202,16 @@ def test_stage_times_are_flops_over_achieved_peak():
     assert full.forward == pytest.approx(t.forward)
     assert full.backward == pytest.approx(t.backward + t.forward)
     assert full.backward_weight == pytest.approx(t.backward_weight)
-    sel = CostModel(spec, checkpointing="selective").stage_times(units, A100, 2)
-    assert sel.backward == pytest.approx(t.backward + 4 * attn / rate)
+    # selective policies replay what they do not keep: elementwise ops only (memory-bound: each byte
+    # not kept written and read once), plus attention's products (keep-matmul) or every matmul
+    # (keep-attention)
+    bw = CostModel(spec).memory_bandwidth(A100)
+    for mode, flops in (("selective", 0), ("keep-matmul", 4 * attn), ("keep-attention", 4 * f - 4 * attn)):
+        cm = CostModel(spec, checkpointing=mode)
+        _, kept, _, none = cm._activations(2, 1)
+        sel = cm.stage_times(units, A100, 2)
+        assert sel.backward == pytest.approx(t.backward + flops / rate + 4 * 2 * (none - kept) / bw), mode
+        assert sel.forward == pytest.approx(t.forward) and sel.backward_weight == pytest.approx(t.backward_weight)
     # tp divides compute; fp32 runs at the fp32 peak
     assert CostModel(spec).stage_times(units, A100, 2, tp=4).forward == pytest.approx(t.forward / 4)
     assert CostModel(spec, precision="fp32").stage_times(units, A100, 2).forward == pytest.approx(

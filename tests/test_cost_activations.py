@@ -29,7 +29,8 @@ from geotrain.runtime.pipeline import lm_loss
 MB = 2
 SHAPES = {"tiny": PRESETS["tiny"],
           "mha": ModelSpec(name="mha", layers=2, hidden=48, heads=3, kv_heads=3, ffn=100, vocab=96, seq_len=32)}
-PAIRS = [(p, c) for p in ("fp32", "bf16", "fp16") for c in ("none", "full", "selective")]
+MODES = ("none", "full", "selective", "keep-matmul", "keep-attention")
+PAIRS = [(p, c) for p in ("fp32", "bf16", "fp16") for c in MODES]
 
 
 def unit_input(spec, index):
@@ -93,7 +94,7 @@ def test_saved_tensor_hooks_agree_without_checkpointing(shape, precision):
         assert sum(saved.values()) == cost.unit_activation_bytes(i, MB), i
 
 
-@pytest.mark.parametrize("checkpointing", ["none", "full", "selective"])
+@pytest.mark.parametrize("checkpointing", ["none", "full", "selective", "keep-matmul", "keep-attention"])
 def test_a_stage_keeps_the_sum_of_its_units_and_its_input(checkpointing):
     """Units of one chunk share no storage; a non-first stage also keeps its fp32 input."""
     spec = PRESETS["tiny"]

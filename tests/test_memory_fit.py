@@ -29,6 +29,8 @@ SINGLE = [  # precision, checkpointing, sharding, schedule, pp, dp
     ("bf16", "full", "replicate", "gpipe", 1, 1),
     ("fp16", "selective", "replicate", "1f1b", 1, 1),
     ("bf16", "none", "replicate", "gpipe", 1, 1),
+    ("fp32", "keep-matmul", "replicate", "1f1b", 1, 1),
+    ("bf16", "keep-attention", "replicate", "gpipe", 1, 1),
 ]
 TWO_RANKS = [
     ("fp32", "none", "replicate", "1f1b", 2, 1),

@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: job.data, else the built-in corpus)")
     p.add_argument("--schedule", default=None, help="override the plan's schedule kind")
     p.add_argument("--precision", default=None, choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--checkpointing", default=None, choices=["none", "full", "selective"])
+    p.add_argument("--checkpointing", default=None,
+                   choices=["none", "full", "selective", "keep-matmul", "keep-attention"])
     p.add_argument("--sharding", default=None, choices=["replicate", "zero1", "zero2", "zero3"])
     p.add_argument("--no-progress", action="store_true", help="no progress bar or summary")
     p.add_argument("--serve-prefill", type=int, default=None, metavar="PORT",

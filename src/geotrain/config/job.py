@@ -12,12 +12,12 @@ from pydantic import Field, field_validator, model_validator
 from geotrain.config.base import Strict, bounded_float, bounded_int
 
 Precision = Literal["fp32", "bf16", "fp16"]
-Checkpointing = Literal["none", "full", "selective"]
+Checkpointing = Literal["none", "full", "selective", "keep-matmul", "keep-attention"]
 Sharding = Literal["replicate", "zero1", "zero2", "zero3"]
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "wan-1f1b"]
 # One flat Literal each (not `X | Literal["auto"]`): a flat Literal gives one clear error listing
 # every allowed value, where a union would report one error per member.
-CheckpointingOrAuto = Literal["none", "full", "selective", "auto"]
+CheckpointingOrAuto = Literal["none", "full", "selective", "keep-matmul", "keep-attention", "auto"]
 ShardingOrAuto = Literal["replicate", "zero1", "zero2", "zero3", "auto"]
 ScheduleOrAuto = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "wan-1f1b", "auto"]
 

@@ -28,9 +28,14 @@ backward, or its output, which the next unit saves (so the stage input is not a 
     backward: p * (block matmul parameters) per micro-batch in flight, whatever the tokens.
 
 Full checkpointing keeps only the block output (4Th); the block input is the previous unit's
-output, held by the checkpoint for the recompute. Selective checkpointing
-(`runtime/checkpointing.py`'s policy: save matmul and SDPA outputs, recompute the rest) keeps the
-seven matmul outputs (3pTh + 2pT*kv + 2pTf), SDPA's output and log-sum-exp, and the block output.
+output, held by the checkpoint for the recompute. A selective policy (`runtime/checkpointing.py`:
+selective checkpointing stores exactly the outputs of the ops its policy marks MUST_SAVE, and
+replays everything else in backward) keeps those outputs and the block output:
+  * "selective": the seven matmul outputs (3pTh + 2pT*kv + 2pTf) and SDPA's output and
+    log-sum-exp (pTh + 4*b*heads*s); norms, RoPE, SiLU and products are recomputed;
+  * "keep-matmul": the seven matmul outputs; SDPA is recomputed too (its s^2 FLOPs);
+  * "keep-attention": SDPA's output and log-sum-exp; every matmul is recomputed (nearly full
+    checkpointing's time, without attention's s^2 recompute).
 
 A split backward (zero-bubble B then W, `runtime/pipeline.py` with torch.distributed.pipelining's
 `stage_backward_input`) keeps more between B and W: B runs autograd with `retain_graph=True`, so
@@ -53,7 +58,10 @@ from dataclasses import dataclass
 from geotrain.config.model import ModelSpec
 
 EMBEDDING, BLOCK, HEAD = "embedding", "block", "head"
-CHECKPOINTING = ("none", "full", "selective")
+# Every checkpointing mode: none; three selective policies (runtime/checkpointing.py: which op
+# outputs a block keeps, the rest recomputed in backward), lightest first; full.
+SELECTIVE = ("selective", "keep-matmul", "keep-attention")
+CHECKPOINTING = ("none", "full", *SELECTIVE)
 RESIDUAL_BYTES = 4  # the residual stream stays fp32: weights are fp32 and autocast leaves adds alone
 
 
@@ -123,9 +131,11 @@ def kind_activations(spec: ModelSpec, micro_batch: int, dtype_bytes: int,
         attn = p * T * h + 2 * p * T * kv + p * T * h + lse + p * T * h   # q, k, v; SDPA out + lse; wo input
         block = KindActivations(2 * res + norm(3) + norm(2),
                                 attn + rope_copies + 4 * p * T * f + weight_copies)
-    elif checkpointing == "selective":
+    elif checkpointing in SELECTIVE:
         matmul_outputs = 3 * p * T * h + 2 * p * T * kv + 2 * p * T * f  # wq, wo, w_down; wk, wv; gate, up
-        block = KindActivations(res, matmul_outputs + p * T * h + lse)
+        sdpa = p * T * h + lse                                           # SDPA's output and log-sum-exp
+        kept = {"selective": matmul_outputs + sdpa, "keep-matmul": matmul_outputs, "keep-attention": sdpa}
+        block = KindActivations(res, kept[checkpointing])
     else:  # full: the block output; everything else is recomputed in backward
         block = KindActivations(res, 0)
     head_copy = p * v * h if autocast else 0

@@ -20,7 +20,7 @@ from typing import Any
 from geotrain.config.cluster import Datacenter, GPUType
 from geotrain.config.model import ModelSpec
 from geotrain.cost import comm
-from geotrain.cost.activations import deferred_weight_bytes, stage_input_bytes
+from geotrain.cost.activations import SELECTIVE, deferred_weight_bytes, stage_input_bytes
 from geotrain.cost.memory import (
     DTYPE_BYTES,
     OPTIMIZERS,
@@ -75,6 +75,19 @@ class MemoryBreakdown:
     def total(self) -> float:
         return (self.params + self.grads + self.optimizer + self.activations + self.buffers + self.transient
                 + self.data)
+
+
+def _recompute_share(checkpointing: str, f) -> float:
+    """The fraction of a block's forward FLOPs its backward replays: all of it under full
+    checkpointing; under a selective policy the expensive ops it does not keep -- attention's s^2
+    products for keep-matmul, every matmul for keep-attention, none for selective (it keeps both)."""
+    if checkpointing == "full":
+        return 1.0
+    if checkpointing == "keep-matmul":
+        return f.attention_forward / f.forward
+    if checkpointing == "keep-attention":
+        return (f.forward - f.attention_forward) / f.forward
+    return 0.0
 
 
 class CostModel:
@@ -191,14 +204,10 @@ class CostModel:
         flops = self._kind_flops(micro_batch)
         rate = gpu.achieved_flops(self.precision)
         out = []
+        elementwise = self._elementwise_recompute(gpu, micro_batch)
         for kind in KINDS:
             f = flops[kind]
-            if self.checkpointing == "full" and kind == BLOCK:
-                recompute_share = 1.0
-            elif self.checkpointing == "selective" and kind == BLOCK:
-                recompute_share = f.attention_forward / f.forward
-            else:
-                recompute_share = 0.0
+            recompute_share = _recompute_share(self.checkpointing, f) if kind == BLOCK else 0.0
             if self.profile is not None and self.profile.has(kind):
                 fwd, bwd = self.profile.times(kind, micro_batch)
                 ratio = self.profile.speed_ratio(gpu, self.precision)
@@ -209,10 +218,20 @@ class CostModel:
                 b_in, b_w = bwd * split, bwd * (1 - split)
             else:
                 fwd, b_in, b_w = f.forward / rate, f.backward_input / rate, f.backward_weight / rate
-            out.append((fwd, b_in + recompute_share * fwd, b_w))
+            out.append((fwd, b_in + recompute_share * fwd + (elementwise if kind == BLOCK else 0.0), b_w))
         times = tuple(out)
         self._times[key] = (gpu, times)
         return times
+
+    def _elementwise_recompute(self, gpu: GPUType, micro_batch: int) -> float:
+        """Seconds a selective policy spends replaying a block's elementwise ops (norms, RoPE, SiLU,
+        products: no FLOPs by the convention of units.py, but memory-bound): each byte it does not
+        keep is written again and read once, at the HBM bandwidth. Full checkpointing's replay is
+        the measured or FLOP-rated forward, which includes them."""
+        if self.checkpointing not in SELECTIVE:
+            return 0.0
+        _, kept, _, none = self._activations(micro_batch, 1)
+        return 2.0 * (none - kept) / self.memory_bandwidth(gpu)
 
     def stage_times(self, units: Sequence[int], gpu: GPUType, micro_batch: int, tp: int = 1) -> StageTimes:
         e, n, h = self._counts(units)

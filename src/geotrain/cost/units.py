@@ -78,7 +78,7 @@ class KindFlops:
     forward: float
     backward_input: float     # dgrad (and all of attention's backward)
     backward_weight: float    # wgrad
-    attention_forward: float  # the part of `forward` that selective checkpointing recomputes
+    attention_forward: float  # the part of `forward` in attention's s^2 products (keep-matmul recomputes it)
 
     @property
     def backward(self) -> float:

@@ -19,7 +19,7 @@ from geotrain.plan.split import prefix_sums
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
-CHECKPOINTING_ORDER = ("none", "selective", "full")
+CHECKPOINTING_ORDER = ("none", "selective", "keep-matmul", "keep-attention", "full")  # lightest recompute first
 SHARDING_ORDER = ("replicate", "zero1", "zero2", "zero3")
 
 

@@ -24,6 +24,7 @@ from itertools import chain as chain_of
 
 from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.config.load import Spec
+from geotrain.cost.activations import SELECTIVE
 from geotrain.plan.context import PlanningContext, tp_options
 from geotrain.plan.estimate import inflight
 from geotrain.plan.layouts import MICRO_BATCHES, Layout, schedule_kinds
@@ -119,7 +120,7 @@ def _plan(ctx: PlanningContext, lay: Layout, kind: str, ckpt: str, sharding: str
     v = 2 if kind == "interleaved" else 1
     if v > 1 and (pp < 2 or m % pp or ctx.num_units < pp * v):
         return None
-    if kind == "zb-h1" and ckpt == "selective":
+    if kind == "zb-h1" and ckpt in SELECTIVE:
         return None
     if kind in ("1f1b", "wan-1f1b", "zb-h1", "interleaved") and m < pp:
         return None

@@ -13,6 +13,7 @@ A pin that cannot be placed says why with the numbers of each DC (`plan.pins`).
 from __future__ import annotations
 
 from geotrain.config.load import Spec
+from geotrain.cost.activations import SELECTIVE
 from geotrain.errors import InfeasibleError
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.explain import infeasible_reason
@@ -37,7 +38,7 @@ def plan_from_job(spec: Spec, schedule: str | None = None, virtual_per_stage: in
     problem = pin_problem(ctx)
     if problem:
         raise InfeasibleError(problem)
-    if kind == "zb-h1" and ctx.checkpointing_options() == ("selective",):
+    if kind == "zb-h1" and len(ctx.checkpointing_options()) == 1 and ctx.checkpointing_options()[0] in SELECTIVE:
         raise InfeasibleError(ZB_SELECTIVE)
     best = search_groups(groups, keep=1)
     if best:

@@ -9,20 +9,21 @@ plans that ignore a pin (the baselines pick their own dp and schedule) out of a 
 from __future__ import annotations
 
 from geotrain.config.job import JobSpec
+from geotrain.cost.activations import SELECTIVE
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.placement import chains
 from geotrain.plan.plan import Plan
 
-ZB_SELECTIVE = ("schedule zb-h1 cannot run with selective checkpointing: its split backward runs twice "
-                "through a checkpointed region, which PyTorch refuses -- pin checkpointing none or full, "
-                "or another schedule")
+ZB_SELECTIVE = ("schedule zb-h1 cannot run with selective checkpointing (selective, keep-matmul, keep-attention): "
+                "its split backward runs twice through a checkpointed region, which PyTorch refuses -- pin "
+                "checkpointing none or full, or another schedule")
 
 
 def pin_problem(ctx: PlanningContext) -> str | None:
     """Why the job's pins cannot be placed on the cluster, with each DC's arithmetic; None if the
     GPU counts allow them (memory is judged later, by the search)."""
     job, cl = ctx.job, ctx.cluster
-    if job.schedule == "zb-h1" and job.checkpointing == "selective":
+    if job.schedule == "zb-h1" and job.checkpointing in SELECTIVE:
         return ZB_SELECTIVE
     if ctx.tp > 1 and not ctx.sharding_options():
         return f"sharding zero1 does not run with tp={ctx.tp} (the runtime refuses it): use replicate, zero2 or zero3"

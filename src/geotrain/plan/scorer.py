@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from geotrain.cost.activations import SELECTIVE
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.estimate import BoundaryCosts, Estimate, StageCosts, estimate, finish, inflight, pipeline_part
 from geotrain.plan.layouts import Layout, schedule_kinds
@@ -164,7 +165,7 @@ class Scorer:
                     continue
                 if kind == "wan-1f1b" and len(lay.chain) < 2:
                     continue
-                if kind == "zb-h1" and ckpt == "selective":
+                if kind == "zb-h1" and ckpt in SELECTIVE:
                     continue  # the split backward runs twice through a checkpointed region: PyTorch refuses
                 chunks = self.split(dcs, lay.micro_batch, ckpt, v)
                 compute = self.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
@@ -206,7 +207,7 @@ class Scorer:
         kinds = self.kinds or schedule_kinds(self.ctx, len(lay.chain))
         if "interleaved" in kinds:
             return True      # its chunks are split differently; not worth a second check
-        if kinds == ("zb-h1",) and ckpt == "selective":
+        if kinds == ("zb-h1",) and ckpt in SELECTIVE:
             return False
         chunks = self.split(lay.stage_dcs, lay.micro_batch, ckpt, 1)
         least = min(inflight(k, lay.pp, lay.m, 0) for k in kinds)

@@ -12,35 +12,41 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from geotrain.cost.activations import CHECKPOINTING, SELECTIVE  # noqa: F401 -- the modes, named once
 from geotrain.errors import GeotrainError
 from geotrain.models.llama import Block, UnitStack
 
-CHECKPOINTING = ("none", "full", "selective")
-
-# Ops whose outputs selective checkpointing keeps; everything else in a block (norms, RoPE,
-# SiLU, elementwise products) is recomputed in backward -- cheap FLOPs, large activations.
-_SAVE_OPS = {
-    torch.ops.aten.mm.default,
-    torch.ops.aten.addmm.default,
-    torch.ops.aten.bmm.default,
+_MATMUL_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+_ATTENTION_OPS = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
 }
+# Per selective policy, the ops whose outputs a block keeps; everything else in the block is
+# recomputed in backward. Norms, RoPE, SiLU and elementwise products are cheap FLOPs with large
+# outputs, so every policy recomputes them; the policies differ in the expensive ops they keep.
+SAVE_OPS = {
+    "selective": _MATMUL_OPS | _ATTENTION_OPS,   # recompute only the elementwise ops
+    "keep-matmul": _MATMUL_OPS,                  # also recompute attention (s^2 FLOPs, no weights)
+    "keep-attention": _ATTENTION_OPS,            # recompute every matmul, keep attention's output
+}
 
 
-def _selective_policy(ctx, op, *args, **kwargs):  # noqa: ANN001 -- torch's policy signature
-    from torch.utils.checkpoint import CheckpointPolicy
+def _policy(save_ops: frozenset):
+    def policy(ctx, op, *args, **kwargs):  # noqa: ANN001 -- torch's policy signature
+        from torch.utils.checkpoint import CheckpointPolicy
 
-    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if op in save_ops else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
 
 
-def _checkpointed(forward: Callable, selective: bool) -> Callable:
+def _checkpointed(forward: Callable, mode: str) -> Callable:
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-    if selective:
-        ctx_fn = functools.partial(create_selective_checkpoint_contexts, _selective_policy)
+    if mode in SAVE_OPS:
+        ctx_fn = functools.partial(create_selective_checkpoint_contexts, _policy(frozenset(SAVE_OPS[mode])))
 
         @functools.wraps(forward)
         def run(*args):
@@ -55,8 +61,8 @@ def _checkpointed(forward: Callable, selective: bool) -> Callable:
 
 
 def apply_checkpointing(stack: UnitStack, mode: str) -> None:
-    """full: recompute each transformer block in backward (keep only its input);
-    selective: per block, keep matmul and attention outputs, recompute the rest."""
+    """full: recompute each transformer block in backward (keep only its input); a selective
+    policy (SAVE_OPS): per block, keep the outputs of its ops, recompute the rest."""
     if mode not in CHECKPOINTING:
         raise GeotrainError(f"unknown checkpointing mode {mode!r} (known: {', '.join(CHECKPOINTING)})")
     stack.checkpointing = mode  # read by the pipeline's split backward (`weight_gradients_in_one_pass`)
@@ -66,7 +72,7 @@ def apply_checkpointing(stack: UnitStack, mode: str) -> None:
         if isinstance(unit, Block):
             # An instance attribute shadows the class's forward; module hooks (FSDP's unshard)
             # still run around it in __call__, outside the checkpointed region.
-            unit.forward = _checkpointed(unit.forward, selective=mode == "selective")
+            unit.forward = _checkpointed(unit.forward, mode)
 
 
 def weight_gradients_in_one_pass(weights: Iterable[torch.nn.Parameter], param_groups: list[dict]) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from geotrain.cost.activations import SELECTIVE
 from geotrain.errors import GeotrainError
 from geotrain.runtime.rank_run import LossLog, RankRun, make_optimizer, state_bytes
 
@@ -76,8 +77,9 @@ def resolve(cfg: RunConfig):
     if plan.num_microbatches < 1 or plan.micro_batch < 1:
         raise GeotrainError("the plan needs at least one micro-batch of at least one sequence")
     schedule = _build_schedule(plan)  # a schedule the builders refuse is a user error, found before any rank starts
-    if plan.checkpointing == "selective" and _splits_backward(schedule):
-        raise GeotrainError(f"plan {plan.name!r}: selective checkpointing cannot run under the {plan.schedule} "
+    if plan.checkpointing in SELECTIVE and _splits_backward(schedule):
+        raise GeotrainError(f"plan {plan.name!r}: selective checkpointing ({plan.checkpointing}) cannot run under "
+                            f"the {plan.schedule} "
                             "schedule's split backward (PyTorch allows one backward through a selectively "
                             "checkpointed region); use checkpointing full or none")
     return spec, plan
