@@ -124,3 +124,49 @@ def test_the_planner_refuses_a_plan_predicted_not_to_fit(tmp_path):
     with pytest.raises(InfeasibleError, match="GiB per GPU"):
         plan_from_job(load_spec(write_spec(tmp_path, *row, memory_gib=round(gib * 0.97, 6))))
     assert plan_from_job(load_spec(write_spec(tmp_path, *row, memory_gib=round(gib * 1.3, 6)))) == replace(plan)
+
+
+def test_the_planner_checkpoints_only_the_stage_that_needs_it(tmp_path, capsys):
+    """Under 1F1B the first stage holds more micro-batches than the last: on a GPU where the first
+    stage fits only with checkpointing and the last fits without, only the first is checkpointed
+    (the lightest-time mode that fits it), `estimate` shows the mode per stage, and a run of that
+    plan applies it (its measured peaks match the per-stage predictions)."""
+    import argparse
+
+    from geotrain.commands import estimate
+    from geotrain.cost import CostModel
+    from geotrain.plan.estimate import inflight
+
+    row = ("fp32", "auto", "replicate", "1f1b", 2, 1)
+    spec = load_spec(write_spec(tmp_path, *row))
+    stages = plan_from_job(spec).stages
+    gpu = spec.cluster.gpu("box")
+
+    def need(mode, s):
+        cost = CostModel(spec.model, precision="fp32", checkpointing=mode)
+        return cost.stage_memory(stages[s].units, gpu, 2, inflight("1f1b", 2, 4, s), "replicate", 1).total
+
+    memory = max(need("full", 0), need("none", 1)) * 1.01
+    assert need("none", 0) > memory  # the first stage needs checkpointing; the last does not
+    path = write_spec(tmp_path, *row, memory_gib=round(memory / 2**30, 6))
+    plan = plan_from_job(load_spec(path))
+    first, last = plan.stage_checkpointing(0), plan.stage_checkpointing(1)
+    assert first != "none" and last == "none", plan.checkpointing_label()
+    assert need(first, 0) <= memory
+
+    estimate.run(argparse.Namespace(spec=str(path), profile=None))
+    table = capsys.readouterr().out.split("Per stage: peak memory")[1]
+    rows = [line.split() for line in table.splitlines() if line.split()[:1] in (["0"], ["1"])]
+    assert [r[1] for r in rows] == [first, "none"]
+
+    results = run_grid_paths(tmp_path, [path], 2)
+    assert [s["stage"] for _, s in results] == [0, 1]
+    check(results)
+
+
+def run_grid_paths(tmp: Path, specs, ranks: int) -> list[tuple[str, dict]]:
+    cases = [RunConfig(spec=str(p), out=str(tmp / p.stem), steps=2, data="synthetic", progress=False,
+                       checkpoint_every=0, trace=False) for p in specs]
+    launch(cases, ranks, tmp / f"launch-paths{ranks}", timeout_s=300)
+    return [(p.stem, s) for p in specs
+            for s in json.loads((tmp / p.stem / "summary.json").read_text())["memory_per_stage"]]

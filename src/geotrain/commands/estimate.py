@@ -37,18 +37,34 @@ def _load_profile(path: str) -> dict:
     return data
 
 
-def _held_microbatches(plan) -> tuple[list[int], str]:
-    """Whole-stage micro-batches each stage holds at its peak under the plan's schedule."""
+def _stage_peaks(spec, plan) -> tuple[list[tuple], str]:
+    """Per stage (peak, micro-batches held, of them between B and W) under the plan's schedule,
+    as `geotrain train` predicts it (runtime.memory.stage_peaks)."""
+    from geotrain.runtime.memory import stage_peaks
     from geotrain.schedule.builders import schedule_for_plan
-    from geotrain.schedule.validate import peak_inflight
 
     try:
-        sched = schedule_for_plan(plan)
+        return stage_peaks(spec, plan, schedule_for_plan(plan)), ""
     except ValueError as e:  # fall back to 1F1B's count rather than refuse to estimate
-        held = [min(plan.num_microbatches, plan.pp - s) for s in range(plan.pp)]
-        return held, f"(schedule {plan.schedule!r} not buildable: {e}; 1F1B in-flight counts used)"
-    v = plan.virtual_per_stage
-    return [-(-k // v) for k in peak_inflight(sched)], ""
+        out = []
+        for s, st in enumerate(plan.stages):
+            held = min(plan.num_microbatches, plan.pp - s)
+            cost = _cost(spec, plan, s)
+            gpu = spec.cluster.gpu(spec.cluster.dc(st.dc).gpu_type)
+            out.append((cost.stage_memory(st.units, gpu, plan.micro_batch, held, plan.sharding, plan.dp, plan.tp,
+                                          num_microbatches=plan.num_microbatches), held, 0.0))
+        return out, f"(schedule {plan.schedule!r} not buildable: {e}; 1F1B in-flight counts used)"
+
+
+def _cost(spec, plan, stage: int, profile: dict | None = None):
+    from geotrain.cost import CostModel
+
+    return CostModel(spec.model, precision=plan.precision, checkpointing=plan.stage_checkpointing(stage),
+                     optimizer=spec.job.optimizer, profile=profile)
+
+
+def _count(x: float) -> str:
+    return f"{x:.0f}" if abs(x - round(x)) < 1e-6 else f"{x:.2f}"
 
 
 def _left_to_planner(job) -> list[str]:
@@ -75,27 +91,26 @@ def _unit_groups(model, chunks):
 def run(args: argparse.Namespace) -> int:
     from geotrain.config.load import load_spec
     from geotrain.console import format_table, human_bytes, human_rate, human_seconds
-    from geotrain.cost import CostModel
     from geotrain.plan.manual import plan_from_job
 
     spec = load_spec(args.spec)
     plan = plan_from_job(spec, virtual_per_stage=2 if spec.job.schedule == "interleaved" else 1, fit=False)
     profile = _load_profile(args.profile) if args.profile else None
     try:
-        cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
-                         optimizer=spec.job.optimizer, profile=profile)
+        stage_cost = [_cost(spec, plan, s, profile) for s in range(plan.pp)]
     except ValueError as e:
         from geotrain.errors import SpecError
 
         raise SpecError(args.profile or args.spec, "profile", str(e)) from None
     model, cluster, mb, tp = spec.model, spec.cluster, plan.micro_batch, plan.tp
-    held, note = _held_microbatches(plan)
+    cost = stage_cost[0]
+    peaks, note = _stage_peaks(spec, plan)
     tokens = plan.global_batch * model.seq_len
 
     print(f"{spec.name}: {model.name} ({human_rate(model.param_count(), '')} params, {model.layers} layers) "
           f"on {cluster.name} ({len(cluster.datacenters)} DCs, {cluster.total_gpus} GPUs)")
     print(f"layout: pp={plan.pp} dp={plan.dp} tp={tp}, micro-batch {mb} x {plan.num_microbatches}, "
-          f"schedule {plan.schedule}, {plan.precision}, checkpointing {plan.checkpointing}, "
+          f"schedule {plan.schedule}, {plan.precision}, checkpointing {plan.checkpointing_label()}, "
           f"sharding {plan.sharding}, optimizer {spec.job.optimizer}"
           + (", measured profile" if profile else ""))
     print(f"per iteration: {tokens:,} tokens, {human_rate(cost.training_flops(tokens), 'FLOP')} "
@@ -110,12 +125,13 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for s, st in enumerate(plan.stages):
         gpu = cluster.gpu(cluster.dc(st.dc).gpu_type)
+        sc = stage_cost[s]
         for label, kind, u, count in _unit_groups(model, st.chunks):
-            f, b = cost.unit_flops(u, mb)
-            t = cost.stage_times([u], gpu, mb, tp)
+            f, b = sc.unit_flops(u, mb)
+            t = sc.stage_times([u], gpu, mb, tp)
             rows.append([s, label, kind + (f" x{count}" if count > 1 else ""),
-                         human_rate(cost.unit_params(u), ""), human_rate(f, "FLOP"), human_rate(b, "FLOP"),
-                         human_bytes(cost.unit_activation_bytes(u, mb)),
+                         human_rate(sc.unit_params(u), ""), human_rate(f, "FLOP"), human_rate(b, "FLOP"),
+                         human_bytes(sc.unit_activation_bytes(u, mb)),
                          human_seconds(t.forward), human_seconds(t.backward)])
     print(format_table(["stage", "units", "kind", "params", "fwd FLOP", "bwd FLOP", "saved/mb", "fwd", "bwd"], rows))
 
@@ -125,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         dc = cluster.dc(st.dc)
         gpu = cluster.gpu(dc.gpu_type)
         units = st.units
+        cost = stage_cost[s]
         t = cost.stage_times(units, gpu, mb, tp)
         tpc = cost.tp_comm_time(units, mb, tp, dc)
         sync = cost.allreduce_time(cost.grad_bytes(units, tp), plan.dp, dc, plan.sharding, tp)
@@ -132,30 +149,30 @@ def run(args: argparse.Namespace) -> int:
         busy = plan.num_microbatches * (t.forward + t.backward + tpc)
         busiest = max(busiest, (busy, s))
         label = ",".join(f"{a}-{b - 1}" if b - a > 1 else str(a) for a, b in st.chunks)
-        rows.append([s, label, dc.name, dc.gpu_type, human_seconds(t.forward),
+        rows.append([s, label, dc.name, dc.gpu_type, plan.stage_checkpointing(s), human_seconds(t.forward),
                      human_seconds(t.backward), human_seconds(tpc) if tp > 1 else "-",
                      human_seconds(busy), human_seconds(sync), human_seconds(opt)])
-    print(format_table(["stage", "units", "DC", "GPU", "fwd/mb", "bwd/mb", "TP comm/mb", "compute/iter",
-                        "DP sync", "optimizer"], rows))
+    print(format_table(["stage", "units", "DC", "GPU", "checkpointing", "fwd/mb", "bwd/mb", "TP comm/mb",
+                        "compute/iter", "DP sync", "optimizer"], rows))
     print(f"busiest stage: {busiest[1]} ({human_seconds(busiest[0])} of compute per iteration)")
 
     print(f"\nPer stage: peak memory per GPU of one step (in flight = micro-batches whose activations are "
-          f"held at the {plan.schedule} peak; transient = logits and their gradients, a recomputed block; "
+          f"held at the {plan.schedule} peak, as whole-stage equivalents; B-W = of them, those a split "
+          f"backward ran B for and not yet W; transient = logits and their gradients, a recomputed block; "
           f"buffers = boundary receives/sends, gathered FSDP weights, RoPE tables; data = token ids) {note}".rstrip())
     rows, all_fit = [], True
     for s, st in enumerate(plan.stages):
         dc = cluster.dc(st.dc)
         gpu = cluster.gpu(dc.gpu_type)
-        m = cost.stage_memory(st.units, gpu, mb, held[s], plan.sharding, plan.dp, tp,
-                              num_microbatches=plan.num_microbatches)
+        m, held, deferred = peaks[s]
         fits = m.total <= gpu.memory_bytes
         all_fit &= fits
-        rows.append([s, held[s], *(human_bytes(x) for x in (m.params, m.grads, m.optimizer, m.activations,
-                                                               m.transient, m.buffers, m.data, m.total)),
+        parts = (m.params, m.grads, m.optimizer, m.activations, m.transient, m.buffers, m.data, m.total)
+        rows.append([s, plan.stage_checkpointing(s), _count(held), _count(deferred), *(human_bytes(x) for x in parts),
                      human_bytes(gpu.memory_bytes), f"{100 * m.total / gpu.memory_bytes:.0f}%",
                      "yes" if fits else "NO"])
-    print(format_table(["stage", "in flight", "params", "grads", "optimizer", "activations", "transient", "buffers",
-                        "data", "peak", "GPU memory", "used", "fits"], rows))
+    print(format_table(["stage", "checkpointing", "in flight", "B-W", "params", "grads", "optimizer", "activations",
+                        "transient", "buffers", "data", "peak", "GPU memory", "used", "fits"], rows))
     print("all stages fit" if all_fit else "some stages do NOT fit: raise dp with zero sharding, checkpoint, "
           "or lower the micro-batch")
     return 0

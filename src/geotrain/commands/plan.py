@@ -115,7 +115,7 @@ def _print_plan(spec, res) -> None:
     print(f"plan for {spec.name}: {spec.model.name} on {cl.name} ({len(cl.datacenters)} DCs, {cl.total_gpus} GPUs)")
     print(f"  dp {p.dp}  pp {p.pp}  tp {p.tp}  micro-batch {p.micro_batch} x {p.num_microbatches}  "
           f"schedule {p.schedule}" + (f" extra warm-up {list(p.extra_warmup)}" if p.extra_warmup else ""))
-    print(f"  precision {p.precision}  checkpointing {p.checkpointing}  sharding {p.sharding}")
+    print(f"  precision {p.precision}  checkpointing {p.checkpointing_label()}  sharding {p.sharding}")
     if p.replica_dcs:
         print("  region plan: DP pipelines per DC " + ", ".join(f"{d} {n}" for d, n in p.replicas_per_dc())
               + " (each pipeline inside one DC; the gradient sync crosses their links)")
@@ -123,7 +123,8 @@ def _print_plan(spec, res) -> None:
     for s, st in enumerate(p.stages):
         gpu = cl.dc(st.dc).gpu_type
         ranges = " ".join(f"{a}-{b - 1}" for a, b in st.chunks)
-        print(f"    {s:3d}  {st.dc:<14} {gpu:<14} units {ranges:<12} ({len(st.units)} units)")
+        print(f"    {s:3d}  {st.dc:<14} {gpu:<14} units {ranges:<12} ({len(st.units)} units)"
+              + (f"  checkpointing {p.stage_checkpointing(s)}" if st.checkpointing else ""))
     for lp in p.links:
         extra = ""
         if lp.sharing == "temporal":

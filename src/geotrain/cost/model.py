@@ -101,6 +101,8 @@ class CostModel:
             raise ValueError(f"unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZERS)})")
         self.model, self.precision, self.checkpointing, self.optimizer = model, precision, checkpointing, optimizer
         self.profile = Profile(profile) if profile is not None else None
+        self._profile_doc = profile
+        self._variants: dict[str, CostModel] = {}
         self.dtype_bytes = DTYPE_BYTES[precision]
         self._head = model.layers + 1
         params = kind_params(model)
@@ -111,6 +113,17 @@ class CostModel:
         self._acts: dict[tuple[int, int], tuple[float, float, float, float]] = {}
         self._deferred: dict[tuple[int, int], tuple[float, float, float]] = {}
         self._times: dict[tuple[int, int], tuple[GPUType, tuple]] = {}
+
+    def with_checkpointing(self, checkpointing: str) -> CostModel:
+        """The same model, precision, optimizer and profile under another checkpointing mode (a
+        plan may checkpoint each stage differently: `Plan.stage_checkpointing`)."""
+        if checkpointing == self.checkpointing:
+            return self
+        hit = self._variants.get(checkpointing)
+        if hit is None:
+            hit = self._variants[checkpointing] = CostModel(self.model, self.precision, checkpointing,
+                                                            self.optimizer, self._profile_doc)
+        return hit
 
     # -- unit structure ---------------------------------------------------------------------
     def _counts(self, units: Sequence[int]) -> tuple[int, int, int]:

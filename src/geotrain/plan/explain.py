@@ -118,10 +118,10 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
         sched += f" ({plan.virtual_per_stage} chunks per stage)"
     lines.append(sched + f"; micro-batch {plan.micro_batch} x {plan.num_microbatches} per pipeline.")
     peak = max(ctx.stage_memory_fraction(st.chunks, st.dc, plan.micro_batch, _inflight(plan, s), plan.sharding,
-                                         plan.dp, plan.checkpointing) * ctx.gpu(st.dc).memory_gib
+                                         plan.dp, plan.stage_checkpointing(s)) * ctx.gpu(st.dc).memory_gib
                for s, st in enumerate(plan.stages))
-    memory = (f"Memory: checkpointing {plan.checkpointing}, sharding {plan.sharding} -- the cheapest the job "
-              f"allows that fits; peak {_b(peak * GIB)} per GPU")
+    memory = (f"Memory: checkpointing {plan.checkpointing_label()}, sharding {plan.sharding} -- the cheapest the "
+              f"job allows that fits; peak {_b(peak * GIB)} per GPU")
     if bottleneck == "memory":
         slower = f"{100 * (_recompute_factor(ctx, plan) - 1):.0f}%"
         if ctx.job.checkpointing == "auto":

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from geotrain.config.document import spec_document, spec_from_document
 from geotrain.config.load import Spec, load_spec
+from geotrain.cost.activations import CHECKPOINTING
 from geotrain.errors import GeotrainError, SpecError
 
 
@@ -28,10 +29,13 @@ class StagePlan:
     """One physical pipeline stage: its DC and its model units.
 
     chunks: unit ranges [start, end) this stage holds; one chunk normally, several for
-    interleaved schedules (chunk c of stage s is virtual stage c * pp + s)."""
+    interleaved schedules (chunk c of stage s is virtual stage c * pp + s).
+    checkpointing: this stage's own mode when it differs from the plan's (the planner checkpoints
+    only the stages that need it: under 1F1B the first stages hold the most micro-batches)."""
 
     dc: str
     chunks: tuple[tuple[int, int], ...]
+    checkpointing: str | None = None
 
     @property
     def units(self) -> list[int]:
@@ -118,6 +122,17 @@ class Plan:
             out[dc] = out.get(dc, 0) + 1
         return list(out.items())
 
+    def stage_checkpointing(self, stage: int) -> str:
+        """The checkpointing mode stage `stage` runs: its own, else the plan's."""
+        return self.stages[stage].checkpointing or self.checkpointing
+
+    def checkpointing_label(self) -> str:
+        """The plan's checkpointing in one phrase: one mode, or the mode of each stage."""
+        modes = [self.stage_checkpointing(s) for s in range(self.pp)]
+        if len(set(modes)) == 1:
+            return modes[0]
+        return "per stage " + "/".join(modes)
+
     def link_between(self, a: str, b: str) -> LinkPlan | None:
         for lp in self.links:
             if {lp.src_dc, lp.dst_dc} == {a, b}:
@@ -140,7 +155,8 @@ class Plan:
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         d = dict(d)
         d["stages"] = tuple(
-            StagePlan(dc=s["dc"], chunks=tuple(tuple(c) for c in s["chunks"])) for s in d["stages"]
+            StagePlan(dc=s["dc"], chunks=tuple(tuple(c) for c in s["chunks"]), checkpointing=s.get("checkpointing"))
+            for s in d["stages"]
         )
         d["links"] = tuple(LinkPlan(**{**lp, "order": tuple(lp.get("order", ()))}) for lp in d.get("links", ()))
         for k in ("extra_warmup", "pipeline_offsets", "replica_dcs", "notes"):
@@ -257,6 +273,9 @@ def _plan_field_problem(plan: Plan) -> tuple[str, str] | None:
             return f"plan.stages[{s}].dc", f"must be a datacenter name (got {st.dc!r})"
         if not st.chunks or any(len(c) != 2 or not all(_is_int(u) for u in c) for c in st.chunks):
             return f"plan.stages[{s}].chunks", f"must be [start, end) pairs of unit indices (got {st.chunks!r})"
+        if st.checkpointing is not None and st.checkpointing not in CHECKPOINTING:
+            return (f"plan.stages[{s}].checkpointing",
+                    f"must be one of {', '.join(CHECKPOINTING)} (got {st.checkpointing!r})")
     for i, lp in enumerate(plan.links):
         if not _is_int(lp.connections) or lp.connections < 1:
             return f"plan.links[{i}].connections", f"must be an integer >= 1 (got {lp.connections!r})"

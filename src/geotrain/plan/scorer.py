@@ -36,11 +36,14 @@ class Candidate:
     est: Estimate
     name: str = "geotrain"
     tp: int | None = None   # the context's tp when None
+    stage_checkpointing: tuple[str, ...] = ()   # per stage, where lighter than `checkpointing` fits
 
     def to_plan(self, ctx: PlanningContext) -> Plan:
         lay = self.layout
         dcs = lay.stage_dcs
-        stages = tuple(StagePlan(dc=dc, chunks=ch) for dc, ch in zip(dcs, self.chunks, strict=True))
+        modes = self.stage_checkpointing or (self.checkpointing,) * len(dcs)
+        stages = tuple(StagePlan(dc=dc, chunks=ch, checkpointing=md if md != self.checkpointing else None)
+                       for dc, ch, md in zip(dcs, self.chunks, modes, strict=True))
         links = tuple(LinkPlan(src_dc=a, dst_dc=b, connections=n, sharing="fair")
                       for (a, b), n in zip(zip(lay.chain, lay.chain[1:]), self.connections, strict=True))
         plan = Plan(stages=stages, dp=lay.dp, micro_batch=lay.micro_batch, num_microbatches=lay.m,
@@ -90,11 +93,14 @@ class Scorer:
             self._splits[key] = out
         return out
 
-    def stage_costs(self, dcs: list[str], chunks, mb: int, ckpt: str, sharding: str, dp: int,
+    def stage_costs(self, dcs: list[str], chunks, mb: int, ckpt: str | tuple[str, ...], sharding: str, dp: int,
                     lay: Layout | None = None) -> list[StageCosts]:
+        """Per-stage costs; `ckpt` one mode for every stage or one per stage."""
         ctx = self.ctx
+        modes = (ckpt,) * len(dcs) if isinstance(ckpt, str) else ckpt
+        compute = [self.compute_costs(dcs, chunks, mb, md)[s] for s, md in enumerate(modes)]
         return [StageCosts(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
-                for (f, b, bi, bw), ch, dc in zip(self._compute_only(dcs, chunks, mb, ckpt), chunks, dcs, strict=True)]
+                for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)]
 
     def _sync(self, lay: Layout | None, chunks, dp: int, dc: str, sharding: str) -> float:
         """The stage's DP gradient sync: inside its DC, or across the DCs of a region layout."""
@@ -290,20 +296,49 @@ class Scorer:
             if not all(ctx.stage_fits(ch, dc, mb, k, sharding, dp, ckpt) for ch, dc, k in worst):
                 continue
             self.scored += 1
-            costs = self._costs(compute, chunks, dcs, ckpt, v, sharding, dp, lay)
-            hit = parts.get(extra)
+            modes = self._stage_modes(lay, kind, v, ckpt, chunks, sharding, extra)
+            if modes:
+                costs = self.stage_costs(dcs, chunks, mb, modes, sharding, dp, lay)
+            else:
+                costs = self._costs(compute, chunks, dcs, ckpt, v, sharding, dp, lay)
+            hit = parts.get((extra, modes))
             if hit is None:
                 part = pipeline_part(costs, bounds, m, kind, v, extra)
                 span = offsets_span(dp, stagger, part.period) if sharing == "temporal" else 0.0
-                hit = parts[extra] = (part, span)
+                hit = parts[(extra, modes)] = (part, span)
             est = finish(hit[0], costs, bounds, hit[1], wan_lat)
             if best is None or est.total < best.est.total:
-                best = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, sharing, conns, est, tp=ctx.tp)
+                best = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, sharing, conns, est, tp=ctx.tp,
+                                 stage_checkpointing=modes)
         if best is not None:
             return best
         if self.scored == 0:
             self._record_miss(lay, kind, v, ckpt, chunks, extra)
         return None
+
+    def _stage_modes(self, lay, kind, v, ckpt, chunks, sharding, extra) -> tuple[str, ...]:
+        """Checkpointing per stage once `ckpt` fits them all: for each stage the mode, no heavier
+        than `ckpt`, with the shortest step (forward + backward with its recompute) that fits its
+        own memory -- the stages holding fewer micro-batches (the last ones under 1F1B) need less.
+        () when every stage keeps `ckpt`. Modes the schedule cannot run are left out."""
+        ctx = self.ctx
+        options = ctx.checkpointing_options()
+        lighter = options[:options.index(ckpt)] if ckpt in options else ()
+        if not lighter:
+            return ()
+        if kind == "zb-h1":
+            lighter = tuple(md for md in lighter if md not in SELECTIVE)
+        dcs, mb = lay.stage_dcs, lay.micro_batch
+        modes = []
+        for s in range(lay.pp):
+            k = inflight(kind, lay.pp, lay.m, s, extra, v)
+            fits = [md for md in lighter if ctx.stage_fits(chunks[s], dcs[s], mb, k, sharding, lay.dp, md)]
+            if not fits:
+                modes.append(ckpt)
+                continue
+            times = {md: sum(self.compute_costs(dcs, chunks, mb, md)[s][:2]) for md in (*fits, ckpt)}
+            modes.append(min((*fits, ckpt), key=lambda md: times[md]))
+        return () if all(md == ckpt for md in modes) else tuple(modes)
 
     def _record_miss(self, lay, kind, v, ckpt, chunks, extra) -> None:
         ctx = self.ctx
@@ -374,11 +409,13 @@ def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
         return None
     bounds, stagger = scorer.boundaries(lay, sharing, conns, plan.virtual_per_stage)
     dcs = lay.stage_dcs
-    costs = scorer.stage_costs(dcs, tuple(s.chunks for s in plan.stages), plan.micro_batch, plan.checkpointing,
+    modes = tuple(plan.stage_checkpointing(s) for s in range(plan.pp))
+    costs = scorer.stage_costs(dcs, tuple(s.chunks for s in plan.stages), plan.micro_batch, modes,
                                plan.sharding, plan.dp, lay)
     wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
     span = max(plan.pipeline_offsets, default=0.0)
     est = estimate(costs, bounds, plan.num_microbatches, plan.schedule, plan.virtual_per_stage, plan.extra_warmup,
                    span, wan_lat)
     return Candidate(lay, plan.schedule, plan.virtual_per_stage, plan.checkpointing, plan.sharding,
-                     tuple(s.chunks for s in plan.stages), plan.extra_warmup, sharing, conns, est, plan.name, plan.tp)
+                     tuple(s.chunks for s in plan.stages), plan.extra_warmup, sharing, conns, est, plan.name, plan.tp,
+                     stage_checkpointing=modes if len(set(modes)) > 1 else ())

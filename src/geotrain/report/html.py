@@ -72,7 +72,7 @@ def plan_section(plan: Plan) -> str:
         ("tensor parallel (tp)", str(plan.tp)), ("GPUs", str(plan.num_ranks)),
         ("micro-batches", str(plan.num_microbatches)), ("micro-batch size", str(plan.micro_batch)),
         ("global batch", str(plan.global_batch)), ("chunks per stage", str(plan.virtual_per_stage)),
-        ("precision", plan.precision), ("checkpointing", plan.checkpointing), ("sharding", plan.sharding),
+        ("precision", plan.precision), ("checkpointing", plan.checkpointing_label()), ("sharding", plan.sharding),
     ]
     if plan.extra_warmup:
         head.append(("extra warm-up per stage", ", ".join(map(str, plan.extra_warmup))))

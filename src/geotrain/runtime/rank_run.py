@@ -140,7 +140,9 @@ class RankRun:
 
         plan, model, chunks = self.plan, self.spec.model, {}
         for c, (a, b) in enumerate(plan.stages[self.stage].chunks):
-            chunks[c * plan.pp + self.stage] = build_chunk(model, a, b, plan, self.mesh, self.device, hf=model.hf)
+            stage_plan = plan.with_(checkpointing=plan.stage_checkpointing(self.stage))  # this stage's own mode
+            chunks[c * plan.pp + self.stage] = build_chunk(model, a, b, stage_plan, self.mesh, self.device,
+                                                           hf=model.hf)
         return chunks
 
     def _common_clock(self) -> float:

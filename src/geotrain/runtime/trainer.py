@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from geotrain.cost.activations import SELECTIVE
@@ -62,6 +62,8 @@ def resolve(cfg: RunConfig):
     plan = Plan.from_dict(cfg.plan) if cfg.plan else plan_from_job(spec)
     if cfg.overrides:
         plan = plan.with_(**cfg.overrides)
+        if "checkpointing" in cfg.overrides:  # one mode for every stage, as asked
+            plan = plan.with_(stages=tuple(replace(st, checkpointing=None) for st in plan.stages))
     from geotrain.runtime.parallelize import tp_problem
 
     problem = tp_problem(spec.model, plan, spec.cluster)
@@ -77,8 +79,9 @@ def resolve(cfg: RunConfig):
     if plan.num_microbatches < 1 or plan.micro_batch < 1:
         raise GeotrainError("the plan needs at least one micro-batch of at least one sequence")
     schedule = _build_schedule(plan)  # a schedule the builders refuse is a user error, found before any rank starts
-    if plan.checkpointing in SELECTIVE and _splits_backward(schedule):
-        raise GeotrainError(f"plan {plan.name!r}: selective checkpointing ({plan.checkpointing}) cannot run under "
+    selective = sorted({plan.stage_checkpointing(s) for s in range(plan.pp)} & set(SELECTIVE))
+    if selective and _splits_backward(schedule):
+        raise GeotrainError(f"plan {plan.name!r}: selective checkpointing ({', '.join(selective)}) cannot run under "
                             f"the {plan.schedule} "
                             "schedule's split backward (PyTorch allows one backward through a selectively "
                             "checkpointed region); use checkpointing full or none")

@@ -163,7 +163,8 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
     for v, (a, b) in enumerate(vunits):
         dc = cluster.dc(plan.stages[v % pp].dc)
         units = range(a, b)
-        t = cost.stage_times(units, cluster.gpu(dc.gpu_type), mb, tp)
+        t = cost.with_checkpointing(plan.stage_checkpointing(v % pp)).stage_times(units, cluster.gpu(dc.gpu_type),
+                                                                                   mb, tp)
         tpc = cost.tp_comm_time(units, mb, tp, dc) if tp > 1 else 0.0
         stage_costs.append(StageCost(
             forward=t.forward + tpc / 2, backward=t.backward + tpc / 2,
@@ -178,8 +179,9 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
         allreduce.append(_dp_sync(cost, cluster, plan, units, dc) if plan.dp > 1 else 0.0)
         optimizer.append(cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp))
         held = -(-inflight[s] // vps)  # (virtual stage, micro-batch) pairs -> whole-stage micro-batches
-        mem = cost.stage_memory(units, gpu, mb, held, plan.sharding, plan.dp, tp,
-                                 num_microbatches=plan.num_microbatches).total
+        stage_cost = cost.with_checkpointing(plan.stage_checkpointing(s))
+        mem = stage_cost.stage_memory(units, gpu, mb, held, plan.sharding, plan.dp, tp,
+                                      num_microbatches=plan.num_microbatches).total
         for d in range(plan.dp):
             for t in range(tp):
                 peak_memory[plan.rank(s, d, t)] = mem
