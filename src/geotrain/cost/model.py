@@ -283,10 +283,10 @@ class CostModel:
         T = micro_batch * self.model.seq_len
         V = self.model.vocab
         autocast = self.dtype_bytes < 4
-        a_none = self._activations(micro_batch, tp)[3]
-        per_mb = self.microbatch_activation_bytes(units, micro_batch, tp)
+        a_e, a_b, a_h, a_none = self._activations(micro_batch, tp)
+        per_mb = e * a_e + n * a_b + h * a_h + (0 if e else stage_input_bytes(self.model, micro_batch))
         grads = P * state["grads"] / tp
-        recompute = (a_none - self._activations(micro_batch, tp)[1]) if self.checkpointing != "none" and n else 0.0
+        recompute = (a_none - a_b) if self.checkpointing != "none" and n else 0.0
         if autocast and not fsdp_weight_copies(self.precision, sharding):
             # FSDP2 computes with its bf16 gathered weights: none of autocast's copies (a block's, where
             # kept or recomputed; the head's) exists.

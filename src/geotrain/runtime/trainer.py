@@ -81,10 +81,9 @@ def resolve(cfg: RunConfig):
     schedule = _build_schedule(plan)  # a schedule the builders refuse is a user error, found before any rank starts
     selective = sorted({plan.stage_checkpointing(s) for s in range(plan.pp)} & set(SELECTIVE))
     if selective and _splits_backward(schedule):
-        raise GeotrainError(f"plan {plan.name!r}: selective checkpointing ({', '.join(selective)}) cannot run under "
-                            f"the {plan.schedule} "
-                            "schedule's split backward (PyTorch allows one backward through a selectively "
-                            "checkpointed region); use checkpointing full or none")
+        raise GeotrainError(f"plan {plan.name!r}: selective checkpointing cannot run under the {plan.schedule} "
+                            f"schedule's split backward ({', '.join(selective)}: PyTorch allows one backward "
+                            "through a selectively checkpointed region); use checkpointing full or none")
     return spec, plan
 
 
