@@ -114,3 +114,32 @@ def test_a_host_started_in_the_wrong_node_order_is_refused():
         _check_host_dc(plan, 0, "west")
     with pytest.raises(GeotrainError, match="no such datacenter"):
         _check_host_dc(plan, 0, "north")
+
+
+def test_listeners_and_kernel_connection_counts_are_read_as_the_ranks_log_them(tmp_path):
+    from geotrain.orchestrate.rehearse import listeners, measured_connections
+
+    log = tmp_path / "west.log"
+    log.write_text("geotrain wan: rank 2 (west) -> stage 0 (east): StripedTransport, 4 connections, temporal, turn "
+                   "order [0, 1], direct (listening on 10.77.2.2:4100)\n"
+                   "geotrain wan: rank 3 (west) -> stage 0 (east): StripedTransport, 2 connections, fair, direct, "
+                   "TLS (listening on 10.77.2.2:4200)\n")
+    found = listeners([log, tmp_path / "missing.log"])
+    assert found == {"10.77.2.2:4100": (2, "west"), "10.77.2.2:4200": (3, "west")}
+    a = {(f"10.77.1.2:{p}", "10.77.2.2:4100") for p in (5000, 5002, 5004)}
+    b = {(f"10.77.1.2:{p}", "10.77.2.2:4100") for p in (5000, 5002, 5004, 5006)}
+    gloo = {("10.77.1.2:6000", "10.77.2.2:29400")}
+    same_dc = {("10.77.2.2:7000", "10.77.2.2:4200")}        # seen inside west's namespace: not a WAN connection
+    counts = measured_connections([("east", a | gloo), ("east", b), ("west", same_dc)], found)
+    assert counts == {("east", "west", 2): 4}          # the most seen at once, striped listeners only
+
+
+def test_each_datacenter_is_one_block_of_ranks_in_plan_order():
+    from geotrain.config.load import load_spec
+    from geotrain.orchestrate.rehearse import dc_blocks
+    from geotrain.plan.manual import plan_from_job
+
+    plan = plan_from_job(load_spec(SPEC))
+    assert dc_blocks(plan) == [("east", [0, 1]), ("west", [2, 3])]
+    with pytest.raises(GeotrainError, match="one datacenter"):
+        dc_blocks(plan.with_(stages=tuple(type(st)(**{**st.__dict__, "dc": "east"}) for st in plan.stages)))

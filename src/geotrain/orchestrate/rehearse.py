@@ -207,20 +207,43 @@ def link_reports(spec, plan, trace_path: Path, conns: dict[tuple[str, str, int],
     return out
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun starts each worker in a session of its own, so the
+    agent's process group does not hold them)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children[ppid].append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def _stop(host: Host) -> None:
+    """A torchrun still running: SIGTERM (the agent stops its workers), then SIGKILL to it and to
+    every process it started, so nothing outlives the rehearsal inside a removed namespace."""
     p = host.proc
     if p is None or p.poll() is not None:
         return
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
-        try:
-            os.killpg(p.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            p.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=5.0)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:      # the agent is still alive: its workers are still its children
+        for pid in [p.pid, *_descendants(p.pid)]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        p.wait(timeout=5.0)
 
 
 def _last_error(log: Path) -> str:
