@@ -173,7 +173,8 @@ def _worth_simulating(ctx: PlanningContext, plans: list[tuple[Plan, Candidate | 
     `slack` x behind the best (their simulations cost most of the planning time and never win)."""
     out, seen = [], set()
     for plan, cand in plans:
-        key = plan.with_(name="")
+        # all-zero start offsets are lockstep: the same plan as none (tiny_2dc's "-offsets" variant)
+        key = plan.with_(name="", pipeline_offsets=plan.pipeline_offsets if any(plan.pipeline_offsets) else ())
         if key in seen:
             continue
         if cand is None:
