@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from geotrain.config.load import Spec
 from geotrain.errors import GeotrainError
 from geotrain.plan.context import GBIT, PlanningContext
-from geotrain.plan.estimate import inflight
+from geotrain.plan.estimate import held
 from geotrain.plan.layouts import enumerate_layouts
 from geotrain.plan.placement import divisors
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
@@ -59,8 +59,8 @@ def _cheapest_fit(ctx: PlanningContext, plan: Plan) -> Plan | None:
     for ckpt in ctx.checkpointing_options():
         for sharding in ctx.sharding_options():
             if all(ctx.stage_fits(st.chunks, st.dc, plan.micro_batch,
-                                  inflight(plan.schedule, plan.pp, plan.num_microbatches, s, plan.extra_warmup,
-                                           plan.virtual_per_stage),
+                                  held(plan.schedule, plan.pp, plan.num_microbatches, s, plan.extra_warmup,
+                                       plan.virtual_per_stage),
                                   sharding, plan.dp, ckpt)
                    for s, st in enumerate(plan.stages)):
                 return plan.with_(checkpointing=ckpt, sharding=sharding)

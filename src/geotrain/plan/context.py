@@ -150,17 +150,21 @@ class PlanningContext:
             n += b - a
         return e, n - e - h, h
 
-    def stage_fits(self, chunks: tuple[tuple[int, int], ...], dc_name: str, micro_batch: int, inflight: float,
+    def stage_fits(self, chunks: tuple[tuple[int, int], ...], dc_name: str, micro_batch: int, inflight,
                    sharding: str, dp: int, checkpointing: str) -> bool:
-        """Does this stage's memory per GPU fit the DC's GPU? (memoised)"""
-        key = ("mem", self.shape(chunks), dc_name, micro_batch, round(inflight, 3), sharding, dp, checkpointing)
+        """Does this stage's memory per GPU fit the DC's GPU? (memoised) `inflight`: micro-batches
+        held, or an `estimate.Held` (held, of them between a split backward's B and W)."""
+        inflight, deferred = (inflight[0], inflight[1]) if isinstance(inflight, tuple) else (inflight, 0.0)
+        key = ("mem", self.shape(chunks), dc_name, micro_batch, round(inflight, 3), round(deferred, 3), sharding, dp,
+               checkpointing)
         v = self._memo.get(key)
         if v is None:
             self.memory_calls += 1
             gpu = self.gpu(dc_name)
             units = _units(chunks)
             need = self.cost(checkpointing).stage_memory(
-                units, gpu, micro_batch, max(1, ceil_inflight(inflight)), sharding, dp, self.tp).total
+                units, gpu, micro_batch, max(1, ceil_inflight(inflight)), sharding, dp, self.tp,
+                deferred=deferred).total
             v = need / gpu.memory_bytes
             self._memo[key] = v
         return v <= 1.0
@@ -179,7 +183,9 @@ class PlanningContext:
 
     def stage_memory_fraction(self, chunks, dc_name, micro_batch, inflight, sharding, dp, checkpointing) -> float:
         self.stage_fits(chunks, dc_name, micro_batch, inflight, sharding, dp, checkpointing)
-        key = ("mem", self.shape(chunks), dc_name, micro_batch, round(inflight, 3), sharding, dp, checkpointing)
+        inflight, deferred = (inflight[0], inflight[1]) if isinstance(inflight, tuple) else (inflight, 0.0)
+        key = ("mem", self.shape(chunks), dc_name, micro_batch, round(inflight, 3), round(deferred, 3), sharding, dp,
+               checkpointing)
         return self._memo[key]
 
     def allreduce(self, chunks: tuple[tuple[int, int], ...], dp: int, dc_name: str, sharding: str) -> float:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,23 @@ class Estimate:
         if self.period <= self.compute_period * 1.0001:
             return "compute"
         return "wan-bandwidth" if self.bandwidth_period >= self.latency_period else "wan-latency"
+
+
+class Held(NamedTuple):
+    """What a stage holds at its memory peak: micro-batches whose activations it keeps (whole-stage
+    units) and, of them, those a split backward ran B for and not yet W (`CostModel.deferred_bytes`)."""
+
+    inflight: float
+    deferred: float = 0.0
+
+
+def held(kind: str, pp: int, m: int, stage: int, extra: Sequence[int] = (), v: int = 1) -> Held:
+    """The memory side of `inflight`: ZB-H1 stage s holds min(m, pp) micro-batches at its peak (a
+    deferred W keeps its micro-batch's activations), min(m, s + 1) of them between B and W (it defers
+    its first s weight gradients), as its schedule does (`schedule.validate.peak_held`)."""
+    if kind == "zb-h1":
+        return Held(float(min(m, pp)), float(min(m, stage + 1)))
+    return Held(inflight(kind, pp, m, stage, extra, v))
 
 
 def inflight(kind: str, pp: int, m: int, stage: int, extra: Sequence[int] = (), v: int = 1) -> float:

@@ -26,7 +26,7 @@ from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.config.load import Spec
 from geotrain.cost.activations import SELECTIVE
 from geotrain.plan.context import PlanningContext, tp_options
-from geotrain.plan.estimate import inflight
+from geotrain.plan.estimate import held
 from geotrain.plan.layouts import MICRO_BATCHES, Layout, schedule_kinds
 from geotrain.plan.placement import chains, iter_dp
 from geotrain.plan.plan import Plan
@@ -137,7 +137,7 @@ def _plan(ctx: PlanningContext, lay: Layout, kind: str, ckpt: str, sharding: str
         extra = scorer._fit_warmup(lay, chunks, scorer._wanted_warmup(compute, bounds, m), sharding, ckpt)
         if not any(extra):
             return None
-    if not all(ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, inflight(kind, pp, m, s, extra, v), sharding,
+    if not all(ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, held(kind, pp, m, s, extra, v), sharding,
                               lay.dp, ckpt) for s in range(pp)):
         return None
     plan = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, "fair", conns, None, tp=ctx.tp).to_plan(ctx)

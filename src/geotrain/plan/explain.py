@@ -150,10 +150,10 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
     return lines
 
 
-def _inflight(plan: Plan, s: int) -> float:
-    from geotrain.plan.estimate import inflight
+def _inflight(plan: Plan, s: int):
+    from geotrain.plan.estimate import held
 
-    return inflight(plan.schedule, plan.pp, plan.num_microbatches, s, plan.extra_warmup, plan.virtual_per_stage)
+    return held(plan.schedule, plan.pp, plan.num_microbatches, s, plan.extra_warmup, plan.virtual_per_stage)
 
 
 def gap_reason(plan: Plan, cand, t: float, lb: float) -> str:

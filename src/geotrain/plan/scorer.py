@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from geotrain.cost.activations import SELECTIVE
 from geotrain.plan.context import GBIT, PlanningContext
-from geotrain.plan.estimate import BoundaryCosts, Estimate, StageCosts, estimate, finish, inflight, pipeline_part
+from geotrain.plan.estimate import BoundaryCosts, Estimate, StageCosts, estimate, finish, held, pipeline_part
 from geotrain.plan.layouts import Layout, schedule_kinds
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
 from geotrain.plan.split import balanced_split, split_even
@@ -216,7 +216,7 @@ class Scorer:
         if kinds == ("zb-h1",) and ckpt in SELECTIVE:
             return False
         chunks = self.split(lay.stage_dcs, lay.micro_batch, ckpt, 1)
-        least = min(inflight(k, lay.pp, lay.m, 0) for k in kinds)
+        least = min(held(k, lay.pp, lay.m, 0) for k in kinds)
         return self.ctx.stage_fits(chunks[0], lay.chain[0], lay.micro_batch, least,
                                    self.ctx.sharding_options()[-1], lay.dp, ckpt)
 
@@ -291,7 +291,7 @@ class Scorer:
                     continue
             worst = deciding.get(extra)
             if worst is None:
-                worst = deciding[extra] = ctx.worst_stages(chunks, dcs, [inflight(kind, pp, m, s, extra, v)
+                worst = deciding[extra] = ctx.worst_stages(chunks, dcs, [held(kind, pp, m, s, extra, v)
                                                                          for s in range(pp)])
             if not all(ctx.stage_fits(ch, dc, mb, k, sharding, dp, ckpt) for ch, dc, k in worst):
                 continue
@@ -331,7 +331,7 @@ class Scorer:
         dcs, mb = lay.stage_dcs, lay.micro_batch
         modes = []
         for s in range(lay.pp):
-            k = inflight(kind, lay.pp, lay.m, s, extra, v)
+            k = held(kind, lay.pp, lay.m, s, extra, v)
             fits = [md for md in lighter if ctx.stage_fits(chunks[s], dcs[s], mb, k, sharding, lay.dp, md)]
             if not fits:
                 modes.append(ckpt)
@@ -345,7 +345,7 @@ class Scorer:
         sharding = ctx.sharding_options()[-1]
         dcs = lay.stage_dcs
         frac, dc = max((ctx.stage_memory_fraction(chunks[s], dcs[s], lay.micro_batch,
-                                                  inflight(kind, lay.pp, lay.m, s, extra, v), sharding, lay.dp, ckpt),
+                                                  held(kind, lay.pp, lay.m, s, extra, v), sharding, lay.dp, ckpt),
                         dcs[s]) for s in range(lay.pp))
         if self.tightest is None or frac < self.tightest[0]:
             desc = (f"pp={lay.pp}, dp={lay.dp}, micro-batch {lay.micro_batch}, {kind}, "
