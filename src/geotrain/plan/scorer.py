@@ -18,6 +18,7 @@ from geotrain.plan.estimate import BoundaryCosts, Estimate, StageCosts, estimate
 from geotrain.plan.layouts import Layout, schedule_kinds
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
 from geotrain.plan.split import balanced_split, split_even
+from geotrain.plan.stage_checkpointing import stage_modes
 from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, turn_rate_gbps
 from geotrain.wan.temporal import concurrent_turns
 
@@ -296,7 +297,7 @@ class Scorer:
             if not all(ctx.stage_fits(ch, dc, mb, k, sharding, dp, ckpt) for ch, dc, k in worst):
                 continue
             self.scored += 1
-            modes = self._stage_modes(lay, kind, v, ckpt, chunks, sharding, extra)
+            modes = stage_modes(self, lay, kind, v, ckpt, chunks, sharding, extra)
             if modes:
                 costs = self.stage_costs(dcs, chunks, mb, modes, sharding, dp, lay)
             else:
@@ -315,30 +316,6 @@ class Scorer:
         if self.scored == 0:
             self._record_miss(lay, kind, v, ckpt, chunks, extra)
         return None
-
-    def _stage_modes(self, lay, kind, v, ckpt, chunks, sharding, extra) -> tuple[str, ...]:
-        """Checkpointing per stage once `ckpt` fits them all: for each stage the mode, no heavier
-        than `ckpt`, with the shortest step (forward + backward with its recompute) that fits its
-        own memory -- the stages holding fewer micro-batches (the last ones under 1F1B) need less.
-        () when every stage keeps `ckpt`. Modes the schedule cannot run are left out."""
-        ctx = self.ctx
-        options = ctx.checkpointing_options()
-        lighter = options[:options.index(ckpt)] if ckpt in options else ()
-        if not lighter:
-            return ()
-        if kind == "zb-h1":
-            lighter = tuple(md for md in lighter if md not in SELECTIVE)
-        dcs, mb = lay.stage_dcs, lay.micro_batch
-        modes = []
-        for s in range(lay.pp):
-            k = held(kind, lay.pp, lay.m, s, extra, v)
-            fits = [md for md in lighter if ctx.stage_fits(chunks[s], dcs[s], mb, k, sharding, lay.dp, md)]
-            if not fits:
-                modes.append(ckpt)
-                continue
-            times = {md: sum(self.compute_costs(dcs, chunks, mb, md)[s][:2]) for md in (*fits, ckpt)}
-            modes.append(min((*fits, ckpt), key=lambda md: times[md]))
-        return () if all(md == ckpt for md in modes) else tuple(modes)
 
     def _record_miss(self, lay, kind, v, ckpt, chunks, extra) -> None:
         ctx = self.ctx
