@@ -119,7 +119,6 @@ NOT_YET = {
     'plan/context.py',
     'plan/explain.py',
     'plan/layouts.py',
-    'plan/scorer.py',
     'plan/whatif.py',
     'report/build.py',
     'runtime/batches.py',

@@ -33,6 +33,7 @@ from geotrain.plan.plan import Plan
 from geotrain.plan.regions import region_sets
 from geotrain.plan.scorer import Candidate, Scorer, score_plan
 from geotrain.plan.temporal import apply_temporal
+from geotrain.plan.warmup import fit_warmup, wanted_warmup
 
 DEFAULT_LIMIT = 20_000
 
@@ -134,7 +135,7 @@ def _plan(ctx: PlanningContext, lay: Layout, kind: str, ckpt: str, sharding: str
     if kind == "wan-1f1b":
         compute = scorer.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
         bounds, _ = scorer.boundaries(lay, policy, conns, 1)
-        extra = scorer._fit_warmup(lay, chunks, scorer._wanted_warmup(compute, bounds, m), sharding, ckpt)
+        extra = fit_warmup(ctx, lay, chunks, wanted_warmup(compute, bounds, m), sharding, ckpt)
         if not any(extra):
             return None
     if not all(ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, held(kind, pp, m, s, extra, v), sharding,

@@ -95,9 +95,7 @@ def split_bound(scorer: Scorer, lay: Layout, ckpt: str) -> float | None:
     kinds = scorer.kinds or schedule_kinds(scorer.ctx, len(lay.chain))
     if "interleaved" in kinds or not scorer.wan_aware:
         return None
-    dcs = lay.stage_dcs
-    chunks = scorer.split(dcs, lay.micro_batch, ckpt, 1)
-    compute = scorer.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
+    compute = scorer.split_of(lay, ckpt, 1)[1]
     steps = [f + b for f, b, _, _ in compute]
     fills = []
     for kind in kinds:

@@ -20,6 +20,7 @@ from geotrain.plan.plan import LinkPlan, Plan, StagePlan
 from geotrain.plan.split import balanced_split, split_even
 from geotrain.plan.stage_checkpointing import stage_modes
 from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, turn_rate_gbps
+from geotrain.plan.warmup import fit_warmup, wanted_warmup
 from geotrain.wan.temporal import concurrent_turns
 
 
@@ -73,11 +74,24 @@ class Scorer:
         self._compute: dict[tuple, list] = {}
         self._layout_costs: dict[tuple, list[StageCosts]] = {}   # per layout being scored (_costs)
         self._variant_memo: dict[tuple, list] = {}
+        self._split_of: dict[tuple, tuple] = {}
         self.scored = 0
         self.pruned = False   # the last score() skipped a candidate for its cutoff
         self.tightest: tuple[float, str, str] | None = None  # (memory fraction, DC, layout) nearest to fitting
 
     # -- pieces ------------------------------------------------------------------------------
+    def split_of(self, lay: Layout, ckpt: str, v: int):
+        """(chunks, compute costs) of a layout's balanced split: memoised on the layout's small
+        key -- the scan asks for it from may_fit, the split bound and score, and hashing the
+        per-stage DC list and chunks of an 80-stage pipeline each time cost more than the split."""
+        key = (lay.chain, lay.counts, lay.micro_batch, ckpt, v)
+        hit = self._split_of.get(key)
+        if hit is None:
+            dcs = lay.stage_dcs
+            chunks = self.split(dcs, lay.micro_batch, ckpt, v)
+            hit = self._split_of[key] = (chunks, self.compute_costs(dcs, chunks, lay.micro_batch, ckpt))
+        return hit
+
     def split(self, dcs: list[str], mb: int, ckpt: str, v: int) -> tuple[tuple[tuple[int, int], ...], ...]:
         ctx = self.ctx
         types = tuple(ctx.dc(d).gpu_type for d in dcs)
@@ -158,7 +172,6 @@ class Scorer:
         cannot come under `cutoff` are skipped (so None also means: nothing under the cutoff)."""
         self.pruned = False
         ctx = self.ctx
-        dcs = lay.stage_dcs
         pp, m = lay.pp, lay.m
         kinds = kinds or self.kinds or schedule_kinds(ctx, len(lay.chain))
         wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(lay.chain, lay.chain[1:]))
@@ -174,8 +187,7 @@ class Scorer:
                     continue
                 if kind == "zb-h1" and ckpt in SELECTIVE:
                     continue  # the split backward runs twice through a checkpointed region: PyTorch refuses
-                chunks = self.split(dcs, lay.micro_batch, ckpt, v)
-                compute = self.compute_costs(dcs, chunks, lay.micro_batch, ckpt)
+                chunks, compute = self.split_of(lay, ckpt, v)
                 for sharing, conns, bounds, stagger in variants:
                     cand = self._fit_and_estimate(lay, kind, v, ckpt, chunks, compute, bounds, stagger, sharing,
                                                   conns, wan_lat, cutoff)
@@ -216,7 +228,7 @@ class Scorer:
             return True      # its chunks are split differently; not worth a second check
         if kinds == ("zb-h1",) and ckpt in SELECTIVE:
             return False
-        chunks = self.split(lay.stage_dcs, lay.micro_batch, ckpt, 1)
+        chunks = self.split_of(lay, ckpt, 1)[0]
         least = min(held(k, lay.pp, lay.m, 0) for k in kinds)
         return self.ctx.stage_fits(chunks[0], lay.chain[0], lay.micro_batch, least,
                                    self.ctx.sharding_options()[-1], lay.dp, ckpt)
@@ -263,7 +275,7 @@ class Scorer:
         pp, m, mb, dp = lay.pp, lay.m, lay.micro_batch, lay.dp
         extra: tuple[int, ...] = ()
         if kind == "wan-1f1b":
-            extra = self._wanted_warmup(compute, bounds, m)
+            extra = wanted_warmup(compute, bounds, m)
             if not any(extra):
                 return None  # identical to 1f1b
         wanted = extra
@@ -287,7 +299,7 @@ class Scorer:
             # Every sharding that fits is scored, not only the leanest: sharding the optimizer
             # state also shards the optimizer step, which can make a heavier one faster.
             if kind == "wan-1f1b":
-                extra = self._fit_warmup(lay, chunks, wanted, sharding, ckpt)
+                extra = fit_warmup(ctx, lay, chunks, wanted, sharding, ckpt)
                 if not any(extra):
                     continue
             worst = deciding.get(extra)
@@ -328,40 +340,6 @@ class Scorer:
             desc = (f"pp={lay.pp}, dp={lay.dp}, micro-batch {lay.micro_batch}, {kind}, "
                     f"checkpointing {ckpt}, sharding {sharding}")
             self.tightest = (frac, dc, desc)
-
-    def _wanted_warmup(self, compute, bounds, m: int) -> tuple[int, ...]:
-        """Extra warm-up forwards the WAN round trips call for (memory not yet considered)."""
-        from geotrain.schedule.wan import wan_extra_warmup
-
-        pp = len(compute)
-        delays = [b.delay if b.wan else 0.0 for b in bounds]
-        cap = [min(m, 4 * pp + 64)] * pp
-        return tuple(wan_extra_warmup(pp, [c[0] for c in compute], [c[1] for c in compute], delays, cap))
-
-    def _fit_warmup(self, lay, chunks, wanted, sharding, ckpt) -> tuple[int, ...]:
-        """Lower each stage's extra warm-up until its activations fit (memory is monotone in it),
-        keeping the warm-up non-increasing along the pipeline as the builder requires."""
-        ctx = self.ctx
-        dcs = lay.stage_dcs
-        pp = lay.pp
-        extra = list(wanted)
-        for s in range(pp):
-            base = pp - s
-            lo, hi = 0, extra[s]
-            if hi and not ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, min(lay.m, base + hi), sharding,
-                                         lay.dp, ckpt):
-                hi -= 1
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, min(lay.m, base + mid), sharding,
-                                      lay.dp, ckpt):
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                extra[s] = lo
-        for s in range(pp - 1):
-            extra[s + 1] = min(extra[s + 1], extra[s] + 1)
-        return tuple(extra)
 
 
 def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:

@@ -52,7 +52,8 @@ def balanced_split(prefixes: Sequence[Sequence[float]], rel_tol: float = 1e-4) -
     if parts < 1 or parts > n:
         raise ValueError(f"cannot cut {n} units into {parts} stages")
     # The bound lies between the largest single unit on the fastest GPU and everything on the slowest.
-    lo = max(min(p[u + 1] - p[u] for p in prefixes) for u in range(n)) * 0.999
+    kinds = list({id(p): p for p in prefixes}.values())   # stages on one GPU type share a prefix list
+    lo = max(min(p[u + 1] - p[u] for p in kinds) for u in range(n)) * 0.999
     hi = max(p[n] for p in prefixes)
     best = _greedy(prefixes, hi)
     if best is None:  # cannot happen: one bound that holds everything
