@@ -11,6 +11,8 @@ import functools
 from collections.abc import Callable, Iterable
 
 import torch
+from torch.autograd.graph import GradientEdge
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from geotrain.cost.activations import CHECKPOINTING, SELECTIVE  # noqa: F401 -- the modes, named once
 from geotrain.errors import GeotrainError
@@ -35,16 +37,12 @@ SAVE_OPS = {
 
 def _policy(save_ops: frozenset):
     def policy(ctx, op, *args, **kwargs):  # noqa: ANN001 -- torch's policy signature
-        from torch.utils.checkpoint import CheckpointPolicy
-
         return CheckpointPolicy.MUST_SAVE if op in save_ops else CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
 
 
 def _checkpointed(forward: Callable, mode: str) -> Callable:
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
-
     if mode in SAVE_OPS:
         ctx_fn = functools.partial(create_selective_checkpoint_contexts, _policy(frozenset(SAVE_OPS[mode])))
 
@@ -86,7 +84,7 @@ def weight_gradients_in_one_pass(weights: Iterable[torch.nn.Parameter], param_gr
     whose activations are 0.65 MB). One pass recomputes each region once. Each intermediate's
     incoming gradient is clamped to the one B saved, as torch does for groups of several
     intermediates, so a gradient reaching an intermediate through another is not counted twice."""
-    from torch.autograd.graph import GradientEdge
+    # torch.distributed.pipelining takes seconds to import: only a split backward needs it
     from torch.distributed.pipelining._backward import _get_grad_fn_or_grad_acc
 
     weight_of = {_get_grad_fn_or_grad_acc(w): w for w in weights}

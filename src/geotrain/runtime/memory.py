@@ -25,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from geotrain.cost import CostModel, MemoryBreakdown
+from geotrain.plan.peaks import predicted_stage_peaks, stage_peaks  # noqa: F401 -- the prediction set beside the measurement
 
 
 def _storage(t: torch.Tensor):
@@ -143,44 +143,3 @@ class StepPeak:
         self.bytes = self.baseline + mode.peak
 
 
-def predicted_stage_peaks(spec, plan, schedule) -> list[MemoryBreakdown]:
-    """The cost model's peak per stage (one GPU of it) for this plan and its schedule: the
-    number the planner checked against GPU memory, to set beside the measured peak. Each stage
-    with its own checkpointing mode (`Plan.stage_checkpointing`)."""
-    return [b for b, _, _ in stage_peaks(spec, plan, schedule)]
-
-
-def stage_peaks(spec, plan, schedule) -> list[tuple[MemoryBreakdown, float, float]]:
-    """Per stage: (predicted peak, micro-batches held, of which between B and W), the counts as
-    whole-stage equivalents.
-
-    The schedule is scanned for each stage's worst moment with every chunk weighed by its own
-    bytes per micro-batch (`schedule.validate.peak_held`): interleaved chunks differ (the first
-    has the embedding, the last the head, every other one an fp32 input), and a split backward's
-    micro-batches between B and W keep their hooked gradients (`CostModel.deferred_bytes`)."""
-    from geotrain.schedule.validate import peak_held
-
-    costs = {mode: CostModel(spec.model, precision=plan.precision, checkpointing=mode, optimizer=spec.job.optimizer)
-             for mode in {plan.stage_checkpointing(s) for s in range(plan.pp)}}
-    vunits = plan.virtual_units()
-    mb, tp, pp = plan.micro_batch, plan.tp, plan.pp
-
-    def chunk_held(v: int) -> float:
-        return costs[plan.stage_checkpointing(v % pp)].microbatch_activation_bytes(range(*vunits[v]), mb, tp)
-
-    def chunk_deferred(v: int) -> float:
-        return costs[plan.stage_checkpointing(v % pp)].deferred_bytes(range(*vunits[v]), mb, tp)
-
-    peaks = peak_held(schedule, chunk_held, chunk_deferred)
-    out = []
-    for s, st in enumerate(plan.stages):
-        cost = costs[plan.stage_checkpointing(s)]
-        gpu = spec.cluster.gpu(spec.cluster.dc(st.dc).gpu_type)
-        held_bytes, deferred_bytes = peaks[s]
-        per_mb = cost.microbatch_activation_bytes(st.units, mb, tp)
-        per_deferred = cost.deferred_bytes(st.units, mb, tp)
-        held = held_bytes / per_mb if per_mb else 0.0
-        deferred = deferred_bytes / per_deferred if per_deferred else 0.0
-        out.append((cost.stage_memory(st.units, gpu, mb, held, plan.sharding, plan.dp, tp,
-                                      num_microbatches=plan.num_microbatches, deferred=deferred), held, deferred))
-    return out

@@ -147,9 +147,9 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
     Per virtual stage: the cost model's compute times on the stage DC's GPU, plus tensor-parallel
     communication (half in the forward, half in the backward's input-gradient part, where it
     sits on the critical path); per physical stage: the DP gradient synchronization and the
-    optimizer step; per rank: peak memory with the schedule's peak in-flight micro-batches."""
+    optimizer step; per rank: peak memory as `plan.peaks.stage_peaks` predicts it."""
     from geotrain.cost import CostModel
-    from geotrain.schedule.validate import peak_inflight
+    from geotrain.plan.peaks import stage_peaks
 
     cluster = spec.cluster
     if cost is None:
@@ -171,17 +171,14 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
             backward_input=t.backward_input + tpc / 2, backward_weight=t.backward_weight,
             send_bytes=cost.boundary_bytes(mb) if v < last else 0))
     allreduce, optimizer, peak_memory = [], [], {}
-    inflight = peak_inflight(sched)
+    peaks = stage_peaks(spec, plan, sched, cost)  # as the runtime's prediction: chunks weighed, B-W counted
     for s, st in enumerate(plan.stages):
         dc = cluster.dc(st.dc)
         gpu = cluster.gpu(dc.gpu_type)
         units = st.units
         allreduce.append(_dp_sync(cost, cluster, plan, units, dc) if plan.dp > 1 else 0.0)
         optimizer.append(cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp))
-        held = -(-inflight[s] // vps)  # (virtual stage, micro-batch) pairs -> whole-stage micro-batches
-        stage_cost = cost.with_checkpointing(plan.stage_checkpointing(s))
-        mem = stage_cost.stage_memory(units, gpu, mb, held, plan.sharding, plan.dp, tp,
-                                      num_microbatches=plan.num_microbatches).total
+        mem = peaks[s][0].total
         for d in range(plan.dp):
             for t in range(tp):
                 peak_memory[plan.rank(s, d, t)] = mem
