@@ -28,8 +28,8 @@ class ModelSpec(Strict):
     # A Hugging Face Llama directory (config.json + safetensors) the weights come from; the shape
     # fields above are then read from its config.json (config.hf). None: deterministic init.
     hf: str | None = None
-    # The HF checkpoint ties the output head to the embedding. geotrain loads the tied matrix
-    # into both (a pipeline keeps them on different stages) and trains them as two matrices.
+    # The HF checkpoint ties the output head to the embedding: trained as one matrix (a pipeline
+    # keeps a copy on its first and last stage and sums their gradients: runtime.tied).
     tie_embeddings: bool = False
 
     @model_validator(mode="after")

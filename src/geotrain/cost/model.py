@@ -107,6 +107,9 @@ class CostModel:
         self._head = model.layers + 1
         params = kind_params(model)
         self._params = tuple(params[k] for k in KINDS)  # (embedding, block, head)
+        # Tied embeddings: a stage holding both ends holds the matrix once (one Parameter); a
+        # pipeline's first and last stage each hold a copy (counted with each: `runtime.tied`).
+        self._tied = model.vocab * model.hidden if getattr(model, "tie_embeddings", False) else 0
         self._state_bytes = optimizer_state_bytes_per_param(precision, optimizer)
         self._step_bytes = optimizer_step_bytes_per_param(precision, optimizer)
         self._flops: dict[int, dict] = {}
@@ -201,12 +204,13 @@ class CostModel:
 
     # -- per stage --------------------------------------------------------------------------
     def stage_params(self, units: Sequence[int]) -> int:
-        return int(self._sum(units, self._params))
+        e, _, h = self._counts(units)
+        return int(self._sum(units, self._params)) - (self._tied if e and h else 0)
 
     def grad_bytes(self, units: Sequence[int], tp: int = 1) -> int:
         """Gradient bytes one GPU contributes to the DP reduction per iteration (reduced in the
         training dtype). With tp > 1 each tensor-parallel rank reduces its own 1/tp slice."""
-        return int(self._sum(units, self._params) * self.dtype_bytes / tp)
+        return int(self.stage_params(units) * self.dtype_bytes / tp)
 
     def _kind_times(self, gpu: GPUType, micro_batch: int) -> tuple:
         """Per kind (forward, backward_input incl. recompute, backward_weight) seconds at tp=1."""
@@ -276,7 +280,7 @@ class CostModel:
         equivalents (interleaved chunks of unequal bytes: `runtime.memory.predicted_stage_peaks`).
         See docs/MEMORY.md."""
         e, n, h = self._counts(units)
-        P = e * self._params[0] + n * self._params[1] + h * self._params[2]
+        P = e * self._params[0] + n * self._params[1] + h * self._params[2] - (self._tied if e and h else 0)
         # Unknown micro-batch count: assume a backward came before the peak (gradients allocated).
         m = inflight + 1 if num_microbatches is None else num_microbatches
         state = runtime_state_bytes_per_param(self.precision, self.optimizer, sharding, dp)

@@ -10,9 +10,10 @@ stage holds -- a rank never reads another stage's weights, nor the whole file. A
 TP x FSDP) reads the stage's tensor and keeps its own part (`distribute_tensor(...,
 src_data_rank=None)`: cut locally, no communication).
 
-A tied checkpoint (lm_head = embed_tokens) is loaded into both the embedding and the head; they
-train as two matrices (in a pipeline they live on different stages), so an export writes them
-untied.
+A tied checkpoint (lm_head = embed_tokens) trains tied: a chunk that holds both ends holds one
+matrix, a pipeline keeps a copy on its first and last stage whose gradients are summed every
+step (`runtime.tied`), and each copy loads `embed_tokens`. An export of a tied model writes
+`tie_word_embeddings: true` and no `lm_head.weight`.
 """
 
 from __future__ import annotations
@@ -140,17 +141,20 @@ def load_hf_weights(stack: nn.Module, directory: str | Path, layers: int, tied: 
     return read
 
 
-def to_hf_state(params: Iterable[tuple[str, torch.Tensor]], layers: int) -> dict[str, torch.Tensor]:
-    """geotrain `units.{i}.*` tensors (full, not sharded) -> HF names, contiguous, for save_file."""
+def to_hf_state(params: Iterable[tuple[str, torch.Tensor]], layers: int, tied: bool = False) -> dict[str, torch.Tensor]:
+    """geotrain `units.{i}.*` tensors (full, not sharded) -> HF names, contiguous, for save_file.
+    Tied: the head's copy of the embedding is left out (HF ties it back on load)."""
     out = {}
     for name, t in params:
         unit, rest = _split(name)
+        if tied and unit == layers + 1 and rest == "out.weight":
+            continue
         out[hf_names(layers, unit)[rest]] = t.detach().contiguous()
     return out
 
 
 def hf_config(spec, dtype: str = "float32") -> dict:
-    """The config.json of an export (untied: geotrain trains the head as its own matrix)."""
+    """The config.json of an export (tied exactly when the model trained tied)."""
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": spec.vocab, "hidden_size": spec.hidden, "intermediate_size": spec.ffn,
@@ -159,5 +163,6 @@ def hf_config(spec, dtype: str = "float32") -> dict:
         "max_position_embeddings": spec.seq_len, "rms_norm_eps": spec.norm_eps,
         "rope_theta": spec.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
         "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
-        "tie_word_embeddings": False, "torch_dtype": dtype, "initializer_range": 0.02,
+        "tie_word_embeddings": bool(getattr(spec, "tie_embeddings", False)), "torch_dtype": dtype,
+        "initializer_range": 0.02,
     }

@@ -206,6 +206,14 @@ class UnitStack(nn.Module):
             x = unit(x)
         return x
 
+    def tie_head_to_embedding(self) -> None:
+        """Make the head's output matrix the embedding's Parameter (a tied model -- one matrix for
+        both -- when this slice holds both ends). Parameter listings then name it once, as
+        `units.0.tok.weight`."""
+        if not (self.has_embedding and self.has_head):
+            raise ValueError(f"units [{self.start}, {self.end}) do not hold both the embedding and the head")
+        self.units[str(self.end - 1)].out.weight = self.units["0"].tok.weight
+
     @property
     def has_embedding(self) -> bool:
         return self.start == 0

@@ -137,6 +137,18 @@ class Checkpointer:
         The `vN.` prefix only numbers this rank's virtual chunks; unit indices are already global."""
         return {name: name.split(".", 1)[1] for name, _ in self.container.named_parameters()}
 
+    def _aliases(self) -> dict[str, str]:
+        """Plain name -> the plain name it shares a Parameter with (tied embeddings in one chunk)."""
+        first: dict[int, str] = {}
+        out = {}
+        for name, p in self.container.named_parameters(remove_duplicate=False):
+            plain = name.split(".", 1)[1]
+            if id(p) in first:
+                out[plain] = first[id(p)]
+            else:
+                first[id(p)] = plain
+        return out
+
     def _zero1_state(self) -> dict[str, dict]:
         """This replica's ZeRO-1 partition of the optimizer state, keyed by plain model name."""
         from torch.distributed.checkpoint.state_dict import _init_optim_state
@@ -156,6 +168,9 @@ class Checkpointer:
         else:
             msd, osd = get_state_dict(self.container, self.optimizer)
             ostate = {plain[k]: v for k, v in osd["state"].items()}
+        for alias, name in self._aliases().items():   # a tied matrix: its state under both names, so a
+            if name in ostate:                          # layout holding two copies resumes both alike
+                ostate.setdefault(alias, ostate[name])
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()

@@ -94,7 +94,8 @@ def export_hf(run_dir: str | Path, out: str | Path, model_spec, tokenizer_dir: s
                             f"{model_spec.num_units}: not this run's model")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise GeotrainError(f"--dtype: {dtype!r} is not float32, bfloat16 or float16")
-    state = {k: t.to(getattr(torch, dtype)) for k, t in to_hf_state(tensors.items(), model_spec.layers).items()}
+    tied = bool(getattr(model_spec, "tie_embeddings", False))   # written tied: no lm_head, tie_word_embeddings
+    state = {k: t.to(getattr(torch, dtype)) for k, t in to_hf_state(tensors.items(), model_spec.layers, tied).items()}
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -32,6 +32,8 @@ def build_chunk(model, start: int, end: int, plan, mesh, device: torch.device, h
     and sharding), on `device`; `mesh` is the run's ("pp", "dp", "tp") device mesh."""
     with torch.device("meta"):
         module = build_units(model, start, end, init=False)
+    if getattr(model, "tie_embeddings", False) and module.has_embedding and module.has_head:
+        module.tie_head_to_embedding()      # one matrix; across stages the copies sum gradients (`tied`)
     if plan.tp > 1:
         apply_tp(module, mesh["tp"])
     apply_checkpointing(module, plan.checkpointing)
@@ -53,7 +55,10 @@ def materialize(module: UnitStack, model, device: torch.device, hf: str | None =
         return
     for name, param in module.named_parameters():
         _, unit, rest = name.split(".", 2)          # "units.3.attn.wq.weight"
-        _fill(param, model, int(unit), rest)
+        unit = int(unit)
+        if getattr(model, "tie_embeddings", False) and unit == model.num_units - 1 and rest == "out.weight":
+            unit, rest = 0, "tok.weight"            # a tied head's copy starts as the embedding
+        _fill(param, model, unit, rest)
 
 
 def _local_block(param) -> tuple[tuple[int, ...], tuple[int, ...]] | None:

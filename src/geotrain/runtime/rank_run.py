@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
+from geotrain.runtime.tied import TiedCopies
 
 
 def make_optimizer(params: list[torch.nn.Parameter], job, sharding: str = "replicate",
@@ -109,6 +110,7 @@ class RankRun:
         self.schedule = schedule_for_plan(plan)
         self.chunks = self._build_chunks()
         self.params = [p for m in self.chunks.values() for p in m.parameters()]
+        self.tied = TiedCopies(plan, spec.model, self.rank, self.chunks)
         self.optimizer = make_optimizer(optimizer_param_groups(self.params) if plan.tp > 1 else self.params, job,
                                         plan.sharding, self.dp_group)
         self.scaler = GlobalLossScaler(plan.precision == "fp16")
@@ -233,6 +235,7 @@ class RankRun:
         if (self.rank, self.step) in self.inject_inf:
             g = next(p.grad for p in self.params if p.grad is not None and _local(p.grad).numel())
             _local(g).view(-1)[0] = float("inf")
+        self.tied.sum_grads()             # tied embeddings: the first and last stage's copies stay equal
         t1 = rec.now()
         skipped, loss = False, None
         if self.scaler.enabled:    # fp16: every rank must skip the same steps -- the one world-wide collective
