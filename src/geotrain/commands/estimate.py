@@ -39,8 +39,8 @@ def _load_profile(path: str) -> dict:
 
 def _stage_peaks(spec, plan) -> tuple[list[tuple], str]:
     """Per stage (peak, micro-batches held, of them between B and W) under the plan's schedule,
-    as `geotrain train` predicts it (runtime.memory.stage_peaks)."""
-    from geotrain.runtime.memory import stage_peaks
+    as `geotrain train` predicts it (plan.peaks.stage_peaks)."""
+    from geotrain.plan.peaks import stage_peaks
     from geotrain.schedule.builders import schedule_for_plan
 
     try:

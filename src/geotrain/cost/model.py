@@ -277,7 +277,7 @@ class CostModel:
         in-flight micro-batches, how many a split backward (zero-bubble) has run B for and not yet
         W at the peak; each also keeps `deferred_bytes`, and that peak comes at a W (a W came
         before: gradients allocated). `inflight` and `deferred` may be fractional whole-stage
-        equivalents (interleaved chunks of unequal bytes: `runtime.memory.predicted_stage_peaks`).
+        equivalents (interleaved chunks of unequal bytes: `plan.peaks.stage_peaks`).
         See docs/MEMORY.md."""
         e, n, h = self._counts(units)
         P = e * self._params[0] + n * self._params[1] + h * self._params[2] - (self._tied if e and h else 0)
