@@ -142,3 +142,29 @@ def test_a_split_backward_keeps_the_deferred_bytes_until_w(precision, checkpoint
         del groups
     assert all(p.grad is not None for p in stage.parameters())
     assert sent is not None or head
+
+
+def test_one_pass_weight_gradients_equal_a_plain_backward():
+    """W in one autograd pass (checkpointed chunks under a split backward) gives the gradients a
+    plain backward gives."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    from geotrain.runtime.checkpointing import weight_gradients_in_one_pass
+
+    spec = PRESETS["tiny"]
+    x = unit_input(spec, 1).detach()
+    g = torch.randn(MB, spec.seq_len, spec.hidden, generator=torch.Generator().manual_seed(7))
+    grads = []
+    for split in (False, True):
+        stage = build_units(spec, 1, 3)
+        apply_checkpointing(stage, "full")
+        inp = x.clone().requires_grad_()
+        out = stage(inp)
+        if split:
+            _, groups = stage_backward_input([out], [g], [inp], stage.parameters())
+            weight_gradients_in_one_pass(stage.parameters(), groups)
+        else:
+            out.backward(g)
+        grads.append([p.grad for p in stage.parameters()] + [inp.grad])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b)
