@@ -89,3 +89,78 @@ def test_a_zero3_stage_is_never_materialised_whole(fake_dp_group):
         rows = -(-p.shape[0] // DP)
         torch.testing.assert_close(p.to_local(), plain[name].detach()[RANK * rows:(RANK + 1) * rows], rtol=0, atol=0)
     assert all(not b.is_meta for b in chunk.buffers())
+
+
+@pytest.fixture
+def hf_dir(tmp_path):
+    """A sharded tiny HF checkpoint, saved before any process group exists (transformers saves
+    config.json from rank 0 only)."""
+    pytest.importorskip("transformers")
+    from test_hf_models import make_hf_dir
+
+    make_hf_dir(tmp_path, "gqa-sharded", layers=2, shard=True)
+    return tmp_path
+
+
+@pytest.fixture
+def fake_tp_group():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=1, world_size=2, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hf_weights_go_straight_into_tensor_parallel_shards(hf_dir, fake_tp_group, monkeypatch):
+    """Rank 1 of tp=2: each column- or row-parallel weight reads only its own block of the
+    checkpoint's tensor (rows of wq/wk/wv/w_gate/w_up, columns of wo/w_down, through safetensors'
+    slices; no whole-tensor read), equal to the plain model's."""
+    import safetensors
+
+    whole: list[str] = []
+    real_open = safetensors.safe_open
+
+    class Recording:
+        def __init__(self, *args, **kwargs):
+            self.f = real_open(*args, **kwargs)
+
+        def __enter__(self):
+            self.inner = self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def get_tensor(self, name):
+            whole.append(name)
+            return self.inner.get_tensor(name)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Recording)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from geotrain.config.load import load_model
+    from geotrain.models.hf import load_hf_weights, local_block
+
+    spec = load_model(hf_dir)
+    mesh = init_device_mesh("cpu", (1, 1, 2), mesh_dim_names=("pp", "dp", "tp"))
+    plan = SimpleNamespace(tp=2, checkpointing="none", sharding="replicate", precision="fp32")
+    chunk = build_chunk(spec, 0, spec.num_units, plan, mesh, torch.device("cpu"), hf=spec.hf)
+    assert whole and not [n for n in whole if "proj" in n], whole   # norms, embedding, head: whole
+    plain = build_units(spec, init=False)
+    load_hf_weights(plain, spec.hf, spec.layers)
+    sharded = 0
+    for name, p in chunk.named_parameters():
+        want = dict(plain.named_parameters())[name].detach()
+        if isinstance(p, DTensor):
+            shape, offset = local_block(p)
+            want = want[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+            sharded += p.to_local().numel() < p.numel()
+            p = p.to_local()
+        torch.testing.assert_close(p.detach(), want, rtol=0, atol=0)
+    assert sharded == 2 * 7     # seven matmul weights per block, each split over the two TP ranks

@@ -5,10 +5,10 @@ convention, same RMSNorm, SwiGLU, GQA), so the mapping is a rename: `units.{i}.a
 is `model.layers.{i-1}.self_attn.q_proj.weight`, and so on (`hf_names`).
 
 Loading reads tensor by tensor with `safe_open` (memory-mapped), only the tensors of the units a
-stage holds -- a rank never reads another stage's weights, nor the whole file. An FSDP2 shard
-(dim 0 over the DP mesh) reads only its own rows (`get_slice`); any other sharded layout (TP, or
-TP x FSDP) reads the stage's tensor and keeps its own part (`distribute_tensor(...,
-src_data_rank=None)`: cut locally, no communication).
+stage holds -- a rank never reads another stage's weights, nor the whole file. A sharded
+parameter (FSDP2's rows, TP's rows or columns) reads only its own block (`get_slice`); only a
+strided layout (FSDP2 over TP's shards of the same dim) reads the stage's tensor and keeps its own
+part (`distribute_tensor(..., src_data_rank=None)`: cut locally, no communication).
 
 A tied checkpoint (lm_head = embed_tokens) trains tied: a chunk that holds both ends holds one
 matrix, a pipeline keeps a copy on its first and last stage whose gradients are summed every
@@ -79,39 +79,45 @@ def _split(name: str) -> tuple[int, str]:
     return int(unit), rest
 
 
-def _row_shard(param) -> tuple[int, int] | None:
-    """The rows [a, b) of the full tensor a dim-0-sharded DTensor on a 1-D mesh holds (FSDP2's
-    layout: torch.chunk over the mesh), or None for any other layout."""
-    from torch.distributed.tensor import DTensor, Shard
+def local_block(param) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(shape, offset) of the block of the full tensor that a DTensor's local shard is, for layouts
+    made of plain Shard/Replicate placements (FSDP2 alone, TP alone, both on separate dims); None
+    for any other (FSDP2 over TP's shards of the same dim is strided)."""
+    from torch.distributed.tensor import Replicate, Shard
 
-    if not isinstance(param, DTensor) or len(param.placements) != 1:
+    # DTensor's own arithmetic of where a local shard sits (what DCP uses to save it).
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if any(type(pl) not in (Shard, Replicate) for pl in param.placements):
         return None
-    pl = param.placements[0]
-    if not isinstance(pl, Shard) or pl.dim != 0:
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if tuple(shape) != tuple(param.to_local().shape):
         return None
-    n, size, r = param.shape[0], param.device_mesh.size(), param.device_mesh.get_local_rank()
-    chunk = -(-n // size)
-    a, b = min(n, r * chunk), min(n, (r + 1) * chunk)
-    return (a, b) if param.to_local().shape[0] == b - a else None
+    return tuple(shape), tuple(offset)
 
 
 def _load_one(f, hf: str, name: str, param) -> None:
-    """Read one tensor into `param`: only its own rows for an FSDP2 shard (safetensors slices
-    the memory-mapped file), else the whole tensor, cut locally for any other DTensor layout."""
+    """Read one tensor into `param`: only its own block for a sharded parameter (safetensors
+    slices the memory-mapped file: FSDP2's rows, TP's rows or columns), else the whole tensor, cut
+    locally for a strided DTensor layout."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     full_shape = tuple(f.get_slice(hf).get_shape())
     if full_shape != tuple(param.shape):
         raise HFWeightsError(f"{hf}: shape {full_shape} in the checkpoint, {tuple(param.shape)} in the model ({name})")
-    rows = _row_shard(param)
-    if rows is not None:
-        param.to_local().copy_(f.get_slice(hf)[rows[0]:rows[1]])
-    elif isinstance(param, DTensor):
-        full = f.get_tensor(hf).to(param.dtype)
-        param.to_local().copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-                               .to_local())
-    else:
+    if not isinstance(param, DTensor):
         param.copy_(f.get_tensor(hf))
+        return
+    local = param.to_local()
+    if local.numel() == 0:
+        return
+    block = local_block(param)
+    if block is not None:
+        shape, offset = block
+        local.copy_(f.get_slice(hf)[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))])
+    else:
+        full = f.get_tensor(hf).to(param.dtype)
+        local.copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local())
 
 
 @torch.no_grad()

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
-# DTensor's own arithmetic of where a local shard sits (what DCP uses to save it).
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-from geotrain.models.hf import load_hf_weights
+from geotrain.models.hf import load_hf_weights, local_block
 from geotrain.models.llama import Block, UnitStack, build_units, initial_rows
 from geotrain.runtime.checkpointing import apply_checkpointing
 from geotrain.runtime.parallelize import apply_fsdp, apply_tp
@@ -61,18 +58,6 @@ def materialize(module: UnitStack, model, device: torch.device, hf: str | None =
         _fill(param, model, unit, rest)
 
 
-def _local_block(param) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(shape, offset) of the contiguous block of the full tensor a DTensor's local shard is, for
-    layouts made of plain Shard/Replicate placements (FSDP2 alone, TP alone); None otherwise
-    (FSDP2 over TP shards strided)."""
-    if any(type(pl) not in (Shard, Replicate) for pl in param.placements):
-        return None
-    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-    if tuple(shape) != tuple(param.to_local().shape):
-        return None
-    return tuple(shape), tuple(offset)
-
-
 def _fill(param: nn.Parameter, model, unit: int, name: str) -> None:
     full_shape = tuple(param.shape)
     if not isinstance(param, DTensor):
@@ -81,7 +66,7 @@ def _fill(param: nn.Parameter, model, unit: int, name: str) -> None:
     local = param.to_local()
     if local.numel() == 0:
         return
-    block = _local_block(param)
+    block = local_block(param)
     if block is None:   # a strided layout: draw the tensor and keep this rank's part (cut locally)
         full = initial_rows(model, unit, name, full_shape).to(local.device)
         local.copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local())
