@@ -217,7 +217,8 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
     stage_costs = []
     for v, (a, b) in enumerate(plan.virtual_units()):
         dc = cluster.dc(plan.stages[v % plan.pp].dc)
-        t = cost.stage_times(range(a, b), cluster.gpu(dc.gpu_type), plan.micro_batch)
+        t = cost.with_checkpointing(plan.stage_checkpointing(v % plan.pp)).stage_times(  # the stage's own mode
+            range(a, b), cluster.gpu(dc.gpu_type), plan.micro_batch)
         o = share[v % plan.pp]
         ff, fb = factor.get("forward", 1.0), factor.get("backward", 1.0)
         g_fwd, g_bwd = fsdp_gather_s(plan, cost, range(a, b), rt)
