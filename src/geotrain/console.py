@@ -107,6 +107,7 @@ def progress(iterable: Iterable[T], total: int | None = None, desc: str = "",
         enable = sys.stderr.isatty()
     if not enable:
         return iterable
+    # lazy: tqdm only when called (importers that never call it stay free of it)
     from tqdm import tqdm
 
     return tqdm(iterable, total=total, desc=desc or None, leave=False, file=sys.stderr, dynamic_ncols=True)

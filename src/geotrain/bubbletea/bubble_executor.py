@@ -32,7 +32,7 @@ import torch
 
 from geotrain.bubbletea.executor import PrefillOutput
 from geotrain.bubbletea.idle_priority import IdlePriorityThread
-from geotrain.bubbletea.inference import KVCache, forward_with_cache
+from geotrain.bubbletea.inference import KVCache, forward_with_cache, prefill
 from geotrain.bubbletea.prefill_cost import PrefillCost
 from geotrain.bubbletea.wire import ProtocolError, recv_frame, send_frame
 from geotrain.models.llama import UnitStack
@@ -121,8 +121,6 @@ class BubbleExecutor:
     def finish_locally(self, model: UnitStack, grace_s: float = 5.0) -> int:
         """Training is over: prefill every request still queued (or orphaned by a departed
         rank) here, so no accepted request is lost. Returns how many were finished."""
-        from geotrain.bubbletea.inference import prefill
-
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:  # let departing ranks hand back their requests
             with self._lock:

@@ -13,6 +13,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from geotrain.calibrate.compare import compare_case, measured_metrics
+from geotrain.calibrate.costs import predict
+from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
+from geotrain.config.load import load_spec
+from geotrain.cost import CostModel
+from geotrain.errors import GeotrainError
+from geotrain.plan.manual import plan_from_job
+from geotrain.plan.plan import LinkPlan
+from geotrain.plan.temporal import apply_temporal
+from geotrain.plan.variants import wan_warmup_for
+from geotrain.trace.schema import Trace
+
 
 @dataclass(frozen=True)
 class Case:
@@ -93,8 +105,6 @@ steps = 10
 
 def write_spec(case: Case, directory: Path):
     """Write the case's cluster and experiment TOML into `directory`; returns the loaded Spec."""
-    from geotrain.config.load import load_spec
-
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "cluster.toml").write_text(cluster_toml(case))
     path = directory / "spec.toml"
@@ -106,12 +116,6 @@ def case_plan(spec, case: Case):
     """The plan the case pins: the job's layout with its WAN link settings, as the planner writes them
     (temporal sharing through plan.temporal.apply_temporal: the DP pipelines' order, the turn's
     stagger and the planner's pipeline offsets; wan-1f1b with the extra warm-up the report computes)."""
-    from geotrain.cost import CostModel
-    from geotrain.plan.manual import plan_from_job
-    from geotrain.plan.plan import LinkPlan
-    from geotrain.plan.temporal import apply_temporal
-    from geotrain.plan.variants import wan_warmup_for
-
     plan = plan_from_job(spec)
     link = LinkPlan(src_dc="east", dst_dc="west", connections=case.connections, sharing="fair")
     plan = plan.with_(links=(link,), name=f"validate-{case.name}", pipeline_offsets=())
@@ -135,12 +139,6 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     profile's calibration run had. details["posthoc_iteration_s"] is a second prediction made after
     the run with each stage's compute scaled by its ranks' measured slow-down -- how much of the
     error the machine's load during the run explains, never the headline."""
-    from geotrain.calibrate.compare import compare_case, measured_metrics
-    from geotrain.calibrate.costs import predict
-    from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
-    from geotrain.errors import GeotrainError
-    from geotrain.trace.schema import Trace
-
     if steps <= warmup:
         raise ValueError(f"steps ({steps}) must exceed warm-up ({warmup})")
     directory = Path(directory)

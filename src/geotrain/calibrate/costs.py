@@ -46,12 +46,19 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from geotrain.calibrate.profile import cost_profile
 from geotrain.calibrate.waits import ack_delays, global_sync_s
+from geotrain.cost import CostModel
+from geotrain.schedule.actions import Op
+from geotrain.sim import StageCost, simulate_costs
+from geotrain.sim.simulate import plan_schedule
+from geotrain.trace.metrics import trace_columns
+from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
 
 CONTENTION_ROUNDS = 3
 
@@ -191,12 +198,6 @@ def fsdp_gather_s(plan, cost, units: range, rt: dict) -> tuple[float, float]:
 def calibrated_inputs(spec, plan, profile: dict, background: float | None = None,
                       mode: str | None = None, message_scale: float | None = None) -> CalibratedInputs:
     """Per-stage costs for `geotrain.sim.simulate_costs`, before contention (see module docstring)."""
-    from geotrain.calibrate.profile import cost_profile
-    from geotrain.cost import CostModel
-    from geotrain.schedule.actions import Op
-    from geotrain.sim import StageCost
-    from geotrain.sim.simulate import plan_schedule
-
     rt = profile.get("runtime", {})
     cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
                      optimizer=spec.job.optimizer, profile=cost_profile(profile))
@@ -258,9 +259,6 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
 
 def compute_concurrency(result, plan) -> list[float]:
     """Per physical stage: the time-averaged number of ranks computing while its ranks compute."""
-    from geotrain.trace.metrics import trace_columns
-    from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
-
     cols = trace_columns(result.trace)
     m = cols.kind_mask(TRAINING_COMPUTE_KINDS)
     rank, s, e = cols.rank[m], cols.start[m], cols.end[m]
@@ -300,9 +298,6 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
     from the kernel's per-thread run-queue wait): when given, each stage's compute is scaled by its
     ranks' mean instead of the processor-sharing model -- for runs on a machine whose other load
     is too bursty to model from a sample of runnable threads."""
-    from dataclasses import replace
-
-    from geotrain.sim import simulate_costs
 
     mode = mode or profile_mode(profile)
     # Measured CPU sharing: the message hand-offs slow down like the ranks' main threads did,

@@ -17,6 +17,10 @@ import threading
 import time
 from pathlib import Path
 
+from geotrain.calibrate.cpuload import CpuSampler
+from geotrain.runtime.launch import run_with_wan
+from geotrain.runtime.trainer import RunConfig
+
 DEFAULT_MODE = "shaper"
 
 
@@ -63,8 +67,6 @@ class _Sampling:
     started up) can be read afterwards (`rank_slowdown`)."""
 
     def __init__(self, losses: Path, period_s: float = 0.05):
-        from geotrain.calibrate.cpuload import CpuSampler
-
         self.sampler = CpuSampler()
         self.losses = losses
         self.period_s = period_s
@@ -126,9 +128,6 @@ def run_plan(spec, plan, out: Path, steps: int, mode: str = DEFAULT_MODE, warmup
     threads ready to run meanwhile, on average), "background_cores" (CPU other work got),
     "rank_slowdown" ({rank: measured CPU-sharing slow-down after `warmup` steps}, see _Sampling),
     "mode" (the WAN that ran) and "wall_s"."""
-    from geotrain.runtime.launch import run_with_wan
-    from geotrain.runtime.trainer import RunConfig
-
     out = Path(out)
     cfg = RunConfig(spec=str(spec.path), out=str(out), plan=plan.to_dict(), steps=steps, progress=False,
                     data="synthetic", checkpoint_every=0)

@@ -16,6 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: numpy, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.runtime.export import export_run
 
     out, model = export_run(args.run_dir, args.hf, args.dtype)

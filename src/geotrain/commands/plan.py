@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 
+from geotrain.commands.estimate import _load_profile
+from geotrain.console import human_bytes, human_seconds
+from geotrain.errors import GeotrainError, SpecError
+
 HELP = "choose DCs, stages, dp/pp, WAN use and schedule for an experiment (Atlas planner)"
 ORDER = 20
 
@@ -42,6 +46,7 @@ def _hourly(spec, gpus: dict[str, int]) -> float | None:
 
 
 def _money(spec, plan, iteration_s: float) -> str:
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.plan.price import cost_per_hour, cost_per_iteration, cost_per_mtoken, egress_per_iteration
 
     egress = egress_per_iteration(spec, plan)
@@ -54,33 +59,32 @@ def _money(spec, plan, iteration_s: float) -> str:
 
 
 def _t(x: float) -> str:
-    from geotrain.console import human_seconds
-
     return human_seconds(x) if math.isfinite(x) else "n/a"
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.config.load import load_spec
-    from geotrain.errors import GeotrainError
 
     if args.top_k < 1:
         raise GeotrainError("--top-k must be >= 1")
     spec = load_spec(args.spec)
     if args.sweep:
         return _run_sweep(spec, args)
+    # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.orchestrate.planning import make_plan
     from geotrain.plan.plan import save_plan
 
     if args.pareto:
+        # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
         from geotrain.plan.whatif import check_plot_path
 
         check_plot_path(args.pareto, "--pareto")   # a bad path is refused before any planning
 
     profile = None
     if args.profile:
-        from geotrain.commands.estimate import _load_profile
+        # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
         from geotrain.cost.profile import Profile
-        from geotrain.errors import SpecError
 
         profile = _load_profile(args.profile)
         try:
@@ -98,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         _print_compare(spec, res)
     if args.pareto:
+        # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
         from geotrain.report.pareto import draw_pareto
 
         n = draw_pareto(spec, res.simulated, res.chosen_index, args.pareto, args.objective)
@@ -108,8 +113,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_plan(spec, res) -> None:
-    from geotrain.console import human_bytes
-
     p = res.plan
     cl = spec.cluster
     print(f"plan for {spec.name}: {spec.model.name} on {cl.name} ({len(cl.datacenters)} DCs, {cl.total_gpus} GPUs)")
@@ -143,6 +146,7 @@ def _print_plan(spec, res) -> None:
     print(f"  bottleneck: {res.bottleneck}")
     print(f"  price: {_money(spec, p, res.iteration_s)}")
     if m is not None and m.peak_memory:
+        # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
         from geotrain.bubbletea.prefill_cost import headroom
 
         room, fit = headroom(spec, p, m.peak_memory)
@@ -157,7 +161,7 @@ def _print_plan(spec, res) -> None:
 
 
 def _print_compare(spec, res) -> None:
-    from geotrain.console import human_bytes
+    # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.orchestrate.planning import evaluate_baselines
     from geotrain.plan.price import egress_per_iteration, wan_bytes_per_link
 
@@ -187,7 +191,7 @@ def _print_compare(spec, res) -> None:
 
 
 def _run_sweep(spec, args) -> int:
-    from geotrain.errors import GeotrainError
+    # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.orchestrate.planning import sweep
     from geotrain.plan.whatif import check_plot_path, parse_sweep, plot
 

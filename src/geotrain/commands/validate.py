@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from geotrain.errors import GeotrainError
+
 HELP = "validate cluster, model and experiment spec files"
 ORDER = 10
 
@@ -22,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.config.load import is_experiment, validate_file
-    from geotrain.errors import GeotrainError
 
     failed = 0
     for path in args.specs:
@@ -40,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_experiment(path: str) -> None:
     """What estimate, plan and simulate check after loading the spec (raises GeotrainError)."""
+    # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.bubbletea.simulate import parse_workload
     from geotrain.config.load import load_spec
     from geotrain.plan.manual import plan_from_job

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from geotrain.errors import GeotrainError
 
 NAME = "validate-sim"
 HELP = "run a set of small plans for real and compare them with the simulator's predictions"
@@ -31,11 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.calibrate.profile import load_profile
     from geotrain.calibrate.validate import run_validation
-    from geotrain.errors import GeotrainError
 
     if args.warmup < 0 or args.steps <= args.warmup or args.runs < 1:
         raise GeotrainError("--steps must be larger than --warmup (and --warmup >= 0), --runs >= 1")

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 _BLOCK = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -67,6 +69,7 @@ def weight_files(directory: Path) -> dict[str, Path]:
     single = directory / "model.safetensors"
     if not single.is_file():
         raise HFWeightsError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+    # lazy: safetensors only when called (importers that never call it stay free of it)
     from safetensors import safe_open
 
     with safe_open(str(single), framework="pt") as f:
@@ -83,10 +86,7 @@ def local_block(param) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(shape, offset) of the block of the full tensor that a DTensor's local shard is, for layouts
     made of plain Shard/Replicate placements (FSDP2 alone, TP alone, both on separate dims); None
     for any other (FSDP2 over TP's shards of the same dim is strided)."""
-    from torch.distributed.tensor import Replicate, Shard
-
     # DTensor's own arithmetic of where a local shard sits (what DCP uses to save it).
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if any(type(pl) not in (Shard, Replicate) for pl in param.placements):
         return None
@@ -100,8 +100,6 @@ def _load_one(f, hf: str, name: str, param) -> None:
     """Read one tensor into `param`: only its own block for a sharded parameter (safetensors
     slices the memory-mapped file: FSDP2's rows, TP's rows or columns), else the whole tensor, cut
     locally for a strided DTensor layout."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     full_shape = tuple(f.get_slice(hf).get_shape())
     if full_shape != tuple(param.shape):
         raise HFWeightsError(f"{hf}: shape {full_shape} in the checkpoint, {tuple(param.shape)} in the model ({name})")
@@ -124,6 +122,7 @@ def _load_one(f, hf: str, name: str, param) -> None:
 def load_hf_weights(stack: nn.Module, directory: str | Path, layers: int, tied: bool = False) -> list[str]:
     """Fill the parameters of a stage (`units.{i}.*` names, plain or sharded) from an HF
     directory; returns the HF tensor names read. Shapes must match exactly."""
+    # lazy: safetensors only when called (importers that never call it stay free of it)
     from safetensors import safe_open
 
     files = weight_files(Path(directory))

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from geotrain.config.cluster import Datacenter, GPUType, WanLink
 from geotrain.config.load import Spec
-from geotrain.cost import comm
+from geotrain.cost import CostModel, comm
 from geotrain.plan.split import prefix_sums
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
@@ -64,8 +64,6 @@ class PlanningContext:
     when the job leaves it to the planner)."""
 
     def __init__(self, spec: Spec, profile: dict | None = None, tp: int | None = None):
-        from geotrain.cost import CostModel
-
         self.spec = spec
         self.profile = profile
         self.cluster = spec.cluster

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 
+from geotrain.console import human_bytes, human_seconds
 from geotrain.plan.context import GBIT, PlanningContext
+from geotrain.plan.estimate import held
 from geotrain.plan.plan import Plan
 from geotrain.plan.scorer import Scorer
 
@@ -18,14 +20,10 @@ GIB = 2**30
 
 
 def _s(x: float) -> str:
-    from geotrain.console import human_seconds
-
     return human_seconds(x)
 
 
 def _b(x: float) -> str:
-    from geotrain.console import human_bytes
-
     return human_bytes(x)
 
 
@@ -151,8 +149,6 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
 
 
 def _inflight(plan: Plan, s: int):
-    from geotrain.plan.estimate import held
-
     return held(plan.schedule, plan.pp, plan.num_microbatches, s, plan.extra_warmup, plan.virtual_per_stage)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.placement import chains, distribute_ranked, iter_dp, pp_candidates, speed_ranks, stage_dcs
+from geotrain.schedule.builders import BUILDERS
 
 MICRO_BATCHES = (1, 2, 4, 8)
 
@@ -42,8 +43,6 @@ class Layout:
 
 
 def schedule_kinds(ctx: PlanningContext, chain_len: int) -> tuple[str, ...]:
-    from geotrain.schedule.builders import BUILDERS
-
     if ctx.job.schedule != "auto":
         return (ctx.job.schedule,)
     kinds = ["1f1b", "zb-h1"]

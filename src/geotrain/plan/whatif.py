@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from geotrain.config.load import Spec
 from geotrain.errors import GeotrainError
+from geotrain.models.presets import PRESETS
 
 WAN_KEYS = ("latency_ms", "capacity_gbps", "per_connection_gbps")
 
@@ -61,8 +63,6 @@ def apply_value(spec: Spec, key: str, value: str) -> Spec:
         dcs = [{**d.model_dump(), "gpus": n} if d.name == name else d.model_dump() for d in cl.datacenters]
         return replace(spec, cluster=cl.model_validate({**cl.model_dump(), "datacenters": dcs}))
     if key == "model":
-        from geotrain.models.presets import PRESETS
-
         if value not in PRESETS:
             raise GeotrainError(f"unknown model preset {value!r} (known: {', '.join(PRESETS)})")
         return replace(spec, model=PRESETS[value])
@@ -94,9 +94,11 @@ def plot(rows: list[SweepRow], key: str, path: str) -> None:
     Each baseline keeps one colour and marker in both panels (matplotlib's colour cycle would
     restart per axes and give one name two colours), and the time axis is logarithmic only when
     there is something positive to draw (a sweep where nothing is feasible still gets a picture)."""
+    # lazy: matplotlib only when called (importers that never call it stay free of it)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib only when called (importers that never call it stay free of it)
     import matplotlib.pyplot as plt
 
     xs = list(range(len(rows)))
@@ -139,8 +141,7 @@ def plot(rows: list[SweepRow], key: str, path: str) -> None:
 
 def check_plot_path(path: str, option: str = "--plot") -> None:
     """Refuse, before any planning, a plot path matplotlib cannot write (unknown format, no such folder)."""
-    from pathlib import Path
-
+    # lazy: matplotlib only when called (importers that never call it stay free of it)
     from matplotlib.backend_bases import FigureCanvasBase
 
     p = Path(path)

@@ -159,8 +159,6 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
     """`geotrain report`: rebuild timeline.png and report.html (and the measured trace's Chrome
     JSON) from the files in `run_dir`. Returns the files, the main trace's metrics and the
     measured trace (None if absent) -- and the main trace itself with `with_trace`."""
-    from geotrain.report.compare import ScheduleRow
-
     d = Path(run_dir)
     if not d.is_dir():
         raise GeotrainError(f"{d}: not a directory")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from geotrain.data import ByteTokenizer, load_tokenizer, open_batches
 from geotrain.errors import GeotrainError
 
 
@@ -48,7 +49,6 @@ def make_source(spec, plan, data: str | None, seed: int):
     if data == "synthetic":
         return SyntheticTokens(spec.model.vocab, spec.model.seq_len, plan.micro_batch, plan.num_microbatches,
                                plan.dp, seed)
-    from geotrain.data import ByteTokenizer, load_tokenizer, open_batches
 
     try:
         tokenizer = load_tokenizer(spec.model.hf)        # the model directory's tokenizer.json, else bytes

@@ -44,7 +44,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    _init_optim_state,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from geotrain.errors import GeotrainError
 from geotrain.runtime.scaler import GlobalLossScaler
@@ -151,8 +160,6 @@ class Checkpointer:
 
     def _zero1_state(self) -> dict[str, dict]:
         """This replica's ZeRO-1 partition of the optimizer state, keyed by plain model name."""
-        from torch.distributed.checkpoint.state_dict import _init_optim_state
-
         inner = self.optimizer.optim
         _init_optim_state(inner)
         plain = self._names()
@@ -160,8 +167,6 @@ class Checkpointer:
         return {by_param[p]: inner.state[p] for g in inner.param_groups for p in g["params"] if p in inner.state}
 
     def _state(self, step: int) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
         plain = self._names()
         if self.zero1:
             msd, ostate = get_model_state_dict(self.container), self._zero1_state()
@@ -264,12 +269,6 @@ class Checkpointer:
     def load(self, path: Path) -> tuple[int, dict | None]:
         """Load a checkpoint -- of this layout or any other -- into the model, optimizer, scaler and
         RNG; returns (step, loader state)."""
-        from torch.distributed.checkpoint.state_dict import (
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_state_dict,
-        )
-
         rank = dist.get_rank()
         state = self._state(0)
         rng = state.pop("rng")[f"rank{rank}"]
@@ -316,8 +315,6 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def _mismatch(state: dict, saved: dict) -> str | None:
     """Why `saved` (DCP metadata: flat name -> storage metadata) cannot fill `state`, or None."""
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-
     flat, _ = flatten_state_dict(state)
     for name, value in flat.items():
         meta = saved.get(name)

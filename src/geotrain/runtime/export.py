@@ -17,8 +17,11 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from geotrain.errors import GeotrainError
+from geotrain.models.hf import hf_config, to_hf_state
 
 _EXPORT_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json"}
@@ -36,9 +39,6 @@ def latest_checkpoint(run_dir: Path) -> Path:
 
 def checkpoint_model_tensors(path: Path) -> dict[str, torch.Tensor]:
     """`units.{i}.*` -> full tensor, read from a DCP checkpoint directory (model state only)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     meta = dcp.FileSystemReader(str(path)).read_metadata()
     wanted: dict[str, torch.Tensor] = {}
     names: dict[str, str] = {}
@@ -57,6 +57,7 @@ def checkpoint_model_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def run_model_spec(run_dir: str | Path):
     """The model spec a training run trained (from its plan.json's embedded experiment)."""
+    # lazy: pydantic only when called (importers that never call it stay free of it)
     from geotrain.plan.plan import load_plan, plan_spec
 
     run_dir = Path(run_dir)
@@ -76,9 +77,9 @@ def export_run(run_dir: str | Path, out: str | Path, dtype: str = "float32") -> 
 def export_hf(run_dir: str | Path, out: str | Path, model_spec, tokenizer_dir: str | None = None,
               dtype: str = "float32") -> Path:
     """Write OUT/config.json + OUT/model.safetensors (+ the tokenizer files of the model's HF source)."""
+    # lazy: safetensors only when called (importers that never call it stay free of it)
     from safetensors.torch import save_file
 
-    from geotrain.models.hf import hf_config, to_hf_state
 
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():

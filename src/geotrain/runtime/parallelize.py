@@ -14,9 +14,14 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from geotrain.errors import GeotrainError
 from geotrain.models.llama import Attention, Block, UnitStack
+from geotrain.runtime.scaler import _local
 
 SHARDINGS = ("replicate", "zero1", "zero2", "zero3")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -57,8 +62,6 @@ def apply_tp(stack: UnitStack, tp_mesh) -> None:
 
     The attention module then sees only its shard of the heads: like torchtitan, we set its head
     counts to the per-shard numbers after sharding (the model file stays free of TP)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
     tp = tp_mesh.size()
     plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
             "attn.wo": RowwiseParallel(), "ffn.w_gate": ColwiseParallel(), "ffn.w_up": ColwiseParallel(),
@@ -77,8 +80,6 @@ def apply_tp(stack: UnitStack, tp_mesh) -> None:
 def optimizer_param_groups(params: list[nn.Parameter]) -> list[dict]:
     """Params split into DTensor (TP-sharded) and plain groups: foreach optimizer kernels refuse a
     list mixing torch.Tensor and DTensor (they are the default on GPUs)."""
-    from torch.distributed.tensor import DTensor
-
     dtensors = [p for p in params if isinstance(p, DTensor)]
     plain = [p for p in params if not isinstance(p, DTensor)]
     return [{"params": g} for g in (dtensors, plain) if g]
@@ -109,8 +110,6 @@ def fsdp_mixed_precision(precision: str):
     (`cost.memory.runtime_state_bytes_per_param`, `CostModel.grad_bytes`): at the peak the bf16
     gathered weights and bf16 unsharded gradients, the fp32 shards. fp32: None (no casts).
     fp16 keeps fp32 weights under autocast (None too): its loss scaler unscales fp32 gradients."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     if precision != "bf16":
         return None
     # Inputs are not cast: the residual stream stays fp32 (the model's embedding casts it up), so
@@ -125,8 +124,6 @@ def apply_fsdp(stack: UnitStack, mesh, sharding: str, precision: str = "fp32") -
     keeps them, so only gradients and optimizer state stay sharded. In bf16 the weights are
     gathered, used and their gradients accumulated and reduced in bf16 (`fsdp_mixed_precision`);
     replicated DP and ZeRO-1 reduce in the training dtype too (`allreduce_grads`)."""
-    from torch.distributed.fsdp import fully_shard
-
     reshard = sharding == "zero3"
     policy = fsdp_mixed_precision(precision)
     kwargs = {"mp_policy": policy} if policy is not None else {}
@@ -138,8 +135,6 @@ def apply_fsdp(stack: UnitStack, mesh, sharding: str, precision: str = "fp32") -
 
 
 def is_fsdp(module: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
     return isinstance(module, FSDPModule)
 
 
@@ -151,8 +146,6 @@ def fsdp_unshard(module: nn.Module) -> None:
     name the sharded parameters -- not the gathered ones the graph used -- and the weight
     gradients went missing. PyTorch's own pipeline runtime likewise UNSHARDs a stage before its
     compute actions."""
-    from torch.distributed.fsdp import FSDPModule
-
     for sub in module.modules():
         if isinstance(sub, FSDPModule):
             sub.unshard()
@@ -170,8 +163,6 @@ def fsdp_reduce_grads(module: nn.Module) -> None:
 
     This mirrors torch.distributed.pipelining's `perform_reduce_grad` (the REDUCE_GRAD action of
     PyTorch's own pipeline schedules), which is how FSDP2 is driven by a pipeline interpreter."""
-    from torch.distributed.fsdp import fully_shard
-
     module.set_is_last_backward(True)
     module.set_reshard_after_backward(True)
     module.set_requires_gradient_sync(True)
@@ -188,9 +179,6 @@ def allreduce_grads(params: Iterator[nn.Parameter], group: dist.ProcessGroup, si
     reduced in `dtype` (the training dtype: the bytes the cost model counts; fp32 gradients are
     rounded for the trip, as FSDP2's reduce_dtype does). A TP-sharded parameter's gradient is a
     DTensor: its local shard is what the replicas average."""
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-    from geotrain.runtime.scaler import _local
 
     grads = [_local(p.grad) for p in params if p.grad is not None]
     bucket: list[torch.Tensor] = []

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from geotrain.plan.plan import Plan
 from geotrain.runtime.checkpointing import weight_gradients_in_one_pass
@@ -213,8 +214,6 @@ class PipelineRank:
         return torch.zeros((), device=self.device)
 
     def _backward(self, op: Op, v: int, mb: int) -> None:
-        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-
         slot = self._slots[(v, mb)]
         params = self.chunks[v].parameters
         if op != Op.BACKWARD and is_fsdp(self.chunks[v]):

@@ -23,9 +23,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from tqdm import tqdm
 
 from geotrain.errors import GeotrainError
+from geotrain.runtime.batches import make_source
+from geotrain.runtime.checkpoint import Checkpointer
+from geotrain.runtime.parallelize import autocast_context, optimizer_param_groups, precision_dtype
+from geotrain.runtime.recorder import Recorder
+from geotrain.runtime.scaler import GlobalLossScaler, _local
 from geotrain.runtime.tied import TiedCopies
+from geotrain.runtime.wan import build_transport, start_delay
 
 
 def make_optimizer(params: list[torch.nn.Parameter], job, sharding: str = "replicate",
@@ -33,16 +42,12 @@ def make_optimizer(params: list[torch.nn.Parameter], job, sharding: str = "repli
     """The job's optimizer; ZeRO-1 partitions its state over the stage's DP group."""
     cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[job.optimizer]
     if sharding == "zero1":
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_group, lr=job.lr)
     return cls(params, lr=job.lr)
 
 
 def state_bytes(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes this rank holds in parameters, gradients and optimizer state (local shards only)."""
-    from geotrain.runtime.scaler import _local
-
     def nbytes(t) -> int:
         t = _local(t)
         return t.numel() * t.element_size()
@@ -81,14 +86,8 @@ class RankRun:
     """The state of one rank's run; see the module docstring."""
 
     def __init__(self, cfg, spec, plan, bubble_hook=None):
-        from torch.distributed.device_mesh import init_device_mesh
-
-        from geotrain.runtime.batches import make_source
-        from geotrain.runtime.checkpoint import Checkpointer
+        # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.runtime.memory import StepPeak
-        from geotrain.runtime.parallelize import optimizer_param_groups
-        from geotrain.runtime.recorder import Recorder
-        from geotrain.runtime.scaler import GlobalLossScaler
         from geotrain.schedule.builders import schedule_for_plan
 
         self.cfg, self.spec, self.plan, job = cfg, spec, plan, spec.job
@@ -138,6 +137,7 @@ class RankRun:
     def _build_chunks(self) -> dict[int, torch.nn.Module]:
         """This rank's chunks, built on the meta device and materialised already sharded
         (`materialize.build_chunk`): random init, or the HF checkpoint's tensors of the chunk."""
+        # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.runtime.materialize import build_chunk
 
         plan, model, chunks = self.plan, self.spec.model, {}
@@ -164,9 +164,8 @@ class RankRun:
         return factory({**self.cfg.bubbletea, "device": str(self.device)}, self.rank, self.recorder)
 
     def _pipeline(self):
-        from geotrain.runtime.parallelize import autocast_context, precision_dtype
+        # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.runtime.pipeline import PipelineRank
-        from geotrain.runtime.wan import build_transport
 
         spec, plan = self.spec, self.plan
         transport = build_transport(self.cfg.wan, spec, plan, self.schedule, self.rank, recorder=self.recorder)
@@ -181,6 +180,7 @@ class RankRun:
     def resume(self) -> int:
         """Load the latest checkpoint if asked to (this run's, or `resume_from`'s on any layout);
         the step to continue after (0: a fresh run)."""
+        # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.plan.plan import save_plan
 
         cfg = self.cfg
@@ -206,6 +206,7 @@ class RankRun:
     def train_step(self, step: int) -> float:
         """Run the schedule once (measuring the peak memory of one steady-state step); returns the
         step's wall seconds."""
+        # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.runtime.memory import fsdp_gathered_storages, state_tensors
 
         self.step = self.recorder.iteration = step
@@ -229,8 +230,6 @@ class RankRun:
 
     def _on_optimizer(self, loss_local: float) -> None:
         """At the schedule's OPTIMIZER action: the overflow decision (fp16 only), the step, the loss."""
-        from geotrain.runtime.scaler import _local
-
         rec, plan = self.recorder, self.plan
         if (self.rank, self.step) in self.inject_inf:
             g = next(p.grad for p in self.params if p.grad is not None and _local(p.grad).numel())
@@ -275,6 +274,7 @@ class RankRun:
             self.bubble.close()
 
     def finish(self, wall: float) -> dict[str, Any]:
+        # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.runtime.summary import write_outputs
 
         result = write_outputs(self.cfg, self.spec, self.plan, self.recorder, self.out, wall=wall,
@@ -288,8 +288,6 @@ class RankRun:
 
 
 def _start_delay(plan, replica: int) -> float:
-    from geotrain.runtime.wan import start_delay
-
     return start_delay(plan, replica)
 
 
@@ -311,8 +309,6 @@ class LossLog:
         self.file = open(run.out / "losses.jsonl", "a")  # noqa: SIM115 -- closed in close()
         if run.cfg.progress:
             if sys.stdout.isatty():
-                from tqdm import tqdm
-
                 self.bar = tqdm(total=run.steps, initial=start, desc="train", unit="step", file=sys.stdout,
                                 dynamic_ncols=True)
             else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ import torch
 import torch.distributed as dist
 
 from geotrain.console import human_bytes
+from geotrain.runtime.memory import predicted_stage_peaks
 from geotrain.runtime.recorder import Recorder, merge_trace_lines
+from geotrain.schedule.builders import schedule_for_plan
 from geotrain.trace.chrome import write_chrome
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
@@ -98,9 +101,6 @@ def _gather_trace_lines(mine: bytes, dst: int) -> list[bytes]:
 def _memory_per_stage(spec, plan, peaks: list[float]) -> list[dict[str, Any]]:
     """Predicted (cost model, this plan's schedule) against measured (runtime.memory.StepPeak, the
     largest over the stage's ranks) peak bytes of one steady-state step, per stage."""
-    from geotrain.runtime.memory import predicted_stage_peaks
-    from geotrain.schedule.builders import schedule_for_plan
-
     predicted = predicted_stage_peaks(spec, plan, schedule_for_plan(plan))
     out = []
     for s, pred in enumerate(predicted):
@@ -115,8 +115,6 @@ def _memory_per_stage(spec, plan, peaks: list[float]) -> list[dict[str, Any]]:
 
 def _max_rss() -> float:
     """Peak resident memory of this process (bytes; Linux reports KiB)."""
-    import resource
-
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 

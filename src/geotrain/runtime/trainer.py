@@ -13,9 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from geotrain.config import load_spec, spec_from_document
 from geotrain.cost.activations import SELECTIVE
 from geotrain.errors import GeotrainError
+from geotrain.plan.manual import plan_from_job
+from geotrain.plan.plan import Plan
+from geotrain.runtime.parallelize import tp_problem
 from geotrain.runtime.rank_run import LossLog, RankRun, make_optimizer, state_bytes
+from geotrain.schedule.actions import Op
+from geotrain.schedule.builders import schedule_for_plan
 
 __all__ = ["BubbleHookFactory", "RunConfig", "make_optimizer", "resolve", "state_bytes", "train"]
 
@@ -54,17 +60,12 @@ class RunConfig:
 
 def resolve(cfg: RunConfig):
     """(spec, plan) for a run config, with user errors as GeotrainError."""
-    from geotrain.config import load_spec, spec_from_document
-    from geotrain.plan.manual import plan_from_job
-    from geotrain.plan.plan import Plan
-
     spec = spec_from_document(cfg.spec_doc, cfg.spec) if cfg.spec_doc else load_spec(cfg.spec)
     plan = Plan.from_dict(cfg.plan) if cfg.plan else plan_from_job(spec)
     if cfg.overrides:
         plan = plan.with_(**cfg.overrides)
         if "checkpointing" in cfg.overrides:  # one mode for every stage, as asked
             plan = plan.with_(stages=tuple(replace(st, checkpointing=None) for st in plan.stages))
-    from geotrain.runtime.parallelize import tp_problem
 
     problem = tp_problem(spec.model, plan, spec.cluster)
     if problem:
@@ -89,14 +90,10 @@ def resolve(cfg: RunConfig):
 
 def _splits_backward(schedule) -> bool:
     """Whether the schedule runs a stage's backward as two autograd passes (input, then weights)."""
-    from geotrain.schedule.actions import Op
-
     return any(a.op == Op.BACKWARD_INPUT for actions in schedule.actions for a in actions)
 
 
 def _build_schedule(plan):
-    from geotrain.schedule.builders import schedule_for_plan
-
     return schedule_for_plan(plan)
 
 

@@ -87,6 +87,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
     total = sum(lengths[u // dp] for u in range(U))
     bar = None
     if progress:
+        # lazy: tqdm only when called (importers that never call it stay free of it)
         from tqdm import tqdm
 
         bar = tqdm(total=total, desc="simulate", unit="act", unit_scale=True, leave=False)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from geotrain.config import Cluster
-from geotrain.cost import comm
+from geotrain.cost import CostModel, comm
 from geotrain.errors import GeotrainError
+from geotrain.plan.peaks import stage_peaks
 from geotrain.plan.plan import Plan
 from geotrain.schedule.actions import Schedule
+from geotrain.schedule.builders import schedule_for_plan
 from geotrain.sim.engine import run_engine
 from geotrain.sim.program import compile_program
 from geotrain.sim.trace import SimTrace
@@ -93,8 +95,6 @@ def _iteration_time(prog, res, iterations: int) -> float | None:
 
 def plan_schedule(plan: Plan) -> Schedule:
     """The plan's schedule (see geotrain.schedule.builders.schedule_for_plan)."""
-    from geotrain.schedule.builders import schedule_for_plan
-
     return schedule_for_plan(plan)
 
 
@@ -148,9 +148,6 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
     communication (half in the forward, half in the backward's input-gradient part, where it
     sits on the critical path); per physical stage: the DP gradient synchronization and the
     optimizer step; per rank: peak memory as `plan.peaks.stage_peaks` predicts it."""
-    from geotrain.cost import CostModel
-    from geotrain.plan.peaks import stage_peaks
-
     cluster = spec.cluster
     if cost is None:
         cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,

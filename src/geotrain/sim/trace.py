@@ -14,6 +14,7 @@ recorded once per group, from its first rank to the receiving group's first rank
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -116,8 +117,6 @@ class SimTrace(Trace):
 
     def write_jsonl(self, path) -> None:
         """Same file as Trace.write_jsonl, written straight from the columns (no Event objects)."""
-        import json
-
         if self._events is not None:
             return super().write_jsonl(path)
         c = self.columns()
