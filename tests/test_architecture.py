@@ -100,15 +100,6 @@ def uncommented_local_imports(source: str) -> list[int]:
     return sorted(set(bad))
 
 
-# Files not yet gone through (TODO: hoist or comment, then remove the line; the list only shrinks).
-NOT_YET = {
-    'commands/estimate.py',
-    'commands/train.py',
-    'emulation/delayer.py',
-    'emulation/netns.py',
-    'runtime/launch.py',
-    'runtime/wan.py',
-}
 
 
 def test_every_function_local_import_says_why():
@@ -116,10 +107,8 @@ def test_every_function_local_import_says_why():
     for p in sorted(PACKAGE.rglob("*.py")):
         rel = p.relative_to(PACKAGE).as_posix()
         bad = uncommented_local_imports(p.read_text())
-        if bad and rel not in NOT_YET:
+        if bad:
             found[rel] = bad
-        elif not bad and rel in NOT_YET:
-            found[rel] = "all commented now: remove it from NOT_YET"
     assert not found, ("function-local imports without a comment (hoist them to the top, or say which heavy "
                        f"dependency they keep out): {found}")
 

@@ -9,6 +9,10 @@ per micro-batch and memory per GPU per stage, and whether each stage fits its GP
 from __future__ import annotations
 
 import argparse
+import json
+
+from geotrain.console import format_table, human_bytes, human_rate, human_seconds
+from geotrain.errors import SpecError
 
 HELP = "print per-unit and per-stage compute and memory estimates for an experiment spec"
 ORDER = 20
@@ -21,9 +25,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _load_profile(path: str) -> dict:
-    import json
-
-    from geotrain.errors import SpecError
 
     try:
         with open(path) as f:
@@ -40,6 +41,7 @@ def _load_profile(path: str) -> dict:
 def _stage_peaks(spec, plan) -> tuple[list[tuple], str]:
     """Per stage (peak, micro-batches held, of them between B and W) under the plan's schedule,
     as `geotrain train` predicts it (plan.peaks.stage_peaks)."""
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.plan.peaks import stage_peaks
     from geotrain.schedule.builders import schedule_for_plan
 
@@ -57,6 +59,7 @@ def _stage_peaks(spec, plan) -> tuple[list[tuple], str]:
 
 
 def _cost(spec, plan, stage: int, profile: dict | None = None):
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.cost import CostModel
 
     return CostModel(spec.model, precision=plan.precision, checkpointing=plan.stage_checkpointing(stage),
@@ -89,8 +92,8 @@ def _unit_groups(model, chunks):
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.config.load import load_spec
-    from geotrain.console import format_table, human_bytes, human_rate, human_seconds
     from geotrain.plan.manual import plan_from_job
 
     spec = load_spec(args.spec)
@@ -99,8 +102,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         stage_cost = [_cost(spec, plan, s, profile) for s in range(plan.pp)]
     except ValueError as e:
-        from geotrain.errors import SpecError
-
         raise SpecError(args.profile or args.spec, "profile", str(e)) from None
     model, cluster, mb, tp = spec.model, spec.cluster, plan.micro_batch, plan.tp
     cost = stage_cost[0]

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from pathlib import Path
+
+from geotrain.console import human_bytes
+from geotrain.errors import GeotrainError, SpecError
+from geotrain.models.presets import PRESETS
+from geotrain.process import exit_skipping_teardown
+from geotrain.wan.tls import check_tls_available
 
 HELP = "train a model for real (one process per rank) following a spec or plan file"
 ORDER = 50
@@ -85,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from geotrain.errors import SpecError
+    # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.runtime.trainer import RunConfig
 
     path = Path(args.spec)
@@ -93,6 +100,7 @@ def _config(args: argparse.Namespace):
     spec_path = path
     spec_doc = None
     if path.suffix == ".json":
+        # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
         from geotrain.config.document import spec_document
         from geotrain.plan.plan import load_plan, plan_spec
 
@@ -102,6 +110,7 @@ def _config(args: argparse.Namespace):
         spec_path = Path(doc.get("spec") or spec.name)
         plan_dict = plan.to_dict()
     else:  # a spec: the plan `geotrain plan SPEC` chooses, pinned layout or not (every rank gets the same)
+        # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
         from geotrain.config import load_spec
         from geotrain.orchestrate.planning import make_plan
 
@@ -119,6 +128,7 @@ def _config(args: argparse.Namespace):
         every = _check_resumable(Path(out), every)
     resume_from = None
     if args.resume_from:
+        # lazy: numpy, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
         from geotrain.runtime.checkpoint import latest_checkpoint
 
         if latest_checkpoint(Path(args.resume_from) / "checkpoints") is None:
@@ -134,6 +144,7 @@ def _profile(args: argparse.Namespace) -> str | None:
     not after it."""
     if not args.profile:
         return None
+    # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.calibrate.profile import load_profile
 
     load_profile(args.profile)
@@ -144,13 +155,13 @@ def _check_resumable(out: Path, every: int | None) -> int | None:
     """--resume needs a complete checkpoint, else it would silently start over (and truncate the
     run's losses). Keeps the interrupted run's --checkpoint-every unless a new one is given."""
 
-    from geotrain.errors import GeotrainError
 
     pointer = out / "checkpoints" / "latest"
     if not pointer.exists() or not (out / "checkpoints" / pointer.read_text().strip() / ".metadata").exists():
         raise GeotrainError(f"--resume: no complete checkpoint in {out / 'checkpoints'} (train with "
                             "--checkpoint-every N, or job.checkpoint_every, to save some)")
     if every is None:
+        # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
         from geotrain.runtime.runfile import read_run_config
 
         try:
@@ -163,13 +174,14 @@ def _check_resumable(out: Path, every: int | None) -> int | None:
 def _prefill_model(ref: str, out: Path) -> str:
     """--prefill-model as the service and ranks load it: a preset, or an absolute HF directory
     (a training run's latest checkpoint is exported to RUN_DIR/prefill_model first)."""
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.bubbletea.model_source import describe_ref
-    from geotrain.models.presets import PRESETS
 
     if ref in PRESETS:
         return ref
     path = Path(ref)
     if path.is_dir() and (path / "plan.json").is_file() and not (path / "config.json").is_file():
+        # lazy: numpy, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
         from geotrain.runtime.export import export_run
 
         path, _ = export_run(path, out / "prefill_model")
@@ -179,10 +191,9 @@ def _prefill_model(ref: str, out: Path) -> str:
 
 def _check_headroom(spec, plan, ref: str) -> None:
     """The served model must fit beside training on every GPU that prefills (the planner's check)."""
+    # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.bubbletea.model_source import model_spec
     from geotrain.bubbletea.prefill_cost import headroom, inference_memory_bytes
-    from geotrain.console import human_bytes
-    from geotrain.errors import GeotrainError
     from geotrain.sim.simulate import simulate
 
     m = model_spec(ref)
@@ -194,7 +205,7 @@ def _check_headroom(spec, plan, ref: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from geotrain.errors import GeotrainError
+    # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.orchestrate.predict import write_prediction
     from geotrain.runtime.trainer import resolve
 
@@ -203,14 +214,11 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise GeotrainError("--steps must be at least 1")
     if args.wan_tls:
-        from geotrain.wan.tls import check_tls_available  # (keeps ssl off `geotrain --help`'s path)
-
         if args.wan == "off":
             raise GeotrainError("--wan-tls encrypts the WAN transport, but --wan off sends plain gloo/NCCL")
         check_tls_available()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEOTRAIN_LAUNCHER_PID" not in os.environ:
-        from dataclasses import replace
-
+        # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
         from geotrain.runtime.rank_run import report_rank
         from geotrain.runtime.wan import bind_address
         from geotrain.runtime.worker import run_cases
@@ -237,15 +245,16 @@ def run(args: argparse.Namespace) -> int:
             write_prediction(spec, plan, Path(cfg.out), profile, mode, iterations=_predicted_iterations(cfg, spec))
         # Every output is written and the process group destroyed: leave without the interpreter's and
         # C++'s teardown, which can abort on gloo/TCPStore threads (see geotrain.process).
-        from geotrain.process import exit_skipping_teardown
 
         exit_skipping_teardown(0)
     spec, plan = resolve(cfg)  # user errors surface here, before any process starts
     if spec.model.hf and (Path(spec.model.hf) / "tokenizer.json").is_file() and cfg.data != "synthetic":
+        # lazy: numpy, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
         from geotrain.runtime.batches import make_source
 
         # Tokenize the text once here, into the memory-mapped cache every rank then opens.
         make_source(spec, plan, cfg.data if cfg.data is not None else spec.job.data, spec.job.seed)
+    # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.runtime.launch import run_with_wan
 
     if not args.no_progress:
@@ -258,8 +267,7 @@ def run(args: argparse.Namespace) -> int:
     service = None
     entry = "geotrain.runtime.worker"
     if args.serve_prefill is not None:
-        from dataclasses import replace
-
+        # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
         from geotrain.bubbletea.serve import start_service
         from geotrain.orchestrate.rank import ENTRY as RANK_ENTRY
 
@@ -273,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         entry = RANK_ENTRY  # the worker with BubbleTea's hook installed
         print(f"BubbleTea: OpenAI-compatible API at {service.url}/v1 (model {service.service.model_name}; "
               f"metrics: {service.url}/metrics)", flush=True)
+    # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.orchestrate.elastic import CutWatcher, parse_cut, plot_losses, train_elastic
 
     if args.cut_dc and args.cut_link:
@@ -319,8 +328,6 @@ def run(args: argparse.Namespace) -> int:
 def _check_host_dc(plan, rank: int, dc: str) -> None:
     """--dc under torchrun: the plan must put this RANK in this host's datacenter. (torchrun numbers
     nodes in rendezvous order -- c10d sorts them by --local-addr -- which need not be the plan's.)"""
-    from geotrain.errors import GeotrainError
-
     dcs = [st.dc for st in plan.stages]
     if dc not in dcs:
         raise GeotrainError(f"--dc {dc}: the plan uses no such datacenter ({', '.join(dict.fromkeys(dcs))})")

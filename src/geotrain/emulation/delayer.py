@@ -27,6 +27,9 @@ import signal
 import struct
 import sys
 import time
+from pathlib import Path
+
+from geotrain.emulation.netns import WanState, teardown
 
 TUNSETIFF = 0x400454CA
 IFF_TUN = 0x0001
@@ -140,9 +143,6 @@ def main(argv: list[str] | None = None) -> int:
                 random.Random(a.seed))
     os.close(fd)
     if why in ("owner", "lifetime") and a.state:
-        from pathlib import Path
-
-        from geotrain.emulation.netns import WanState, teardown
 
         try:
             print(f"geotrain wan delayer: {why} ended; tearing the emulation down", file=sys.stderr, flush=True)

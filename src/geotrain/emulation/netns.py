@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -233,7 +234,6 @@ def clean_stale(verbose: bool = True) -> list[str]:
     for st in all_states():
         if not owner_alive(st):
             if verbose:
-                import sys
                 print(f"geotrain wan: removing stale emulation {st.tag} (owner pid {st.owner_pid} is gone)",
                       file=sys.stderr)
             teardown(st)

@@ -21,14 +21,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from geotrain.errors import GeotrainError
 from geotrain.runtime.rank_run import report_rank
 from geotrain.runtime.runfile import write_run_config
 from geotrain.runtime.trainer import RunConfig, resolve
+from geotrain.runtime.wan import open_wan
 from geotrain.wan.auth import SECRET_ENV, new_secret, write_secret_file
 
 MAX_LOCAL_RANKS = 64  # override with GEOTRAIN_MAX_LOCAL_RANKS on a big single host
@@ -123,8 +126,6 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
     every poll (rehearsals cut a datacenter's ranks from it)."""
     check_local_world_size(world_size)  # before anything is written
     if wan is not None and wan.rank_config() is not None:
-        from dataclasses import replace
-
         cases = [replace(c, wan=wan.rank_config()) for c in cases]
     logs = Path(run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -224,8 +225,6 @@ def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = 
     outage_limit_s: how long a cross-DC transfer may wait before its rank fails (default: the WAN's);
     on_wan(wan), if given, sees the WAN before the ranks start (a rehearsal that cuts a link needs it);
     tls: cross-DC connections in TLS keyed by the run secret (geotrain.wan.tls)."""
-    from geotrain.runtime.wan import open_wan
-
     check_local_world_size(plan.num_ranks)  # before any WAN emulation is set up
     wan = open_wan(mode, spec, plan, rate_scale, say=say, tls=tls,
                    **({"timeout_s": outage_limit_s} if outage_limit_s is not None else {}))
@@ -239,6 +238,4 @@ def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = 
 
 
 def _is_main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()

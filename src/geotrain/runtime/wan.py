@@ -41,7 +41,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch.distributed as dist
+
+from geotrain.emulation.ports import spread_port_connections
 from geotrain.errors import GeotrainError
+from geotrain.runtime import transport as T
+from geotrain.wan.auth import run_secret
+from geotrain.wan.striped import StripedTransport
+from geotrain.wan.temporal import concurrent_turns, turns_via_store
 
 MODES = ("auto", "kernel", "shaper", "off")
 RANK_MODES = ("kernel", "shaper", "direct")    # what a rank's wan config may say ("direct": a real WAN)
@@ -59,6 +66,7 @@ def peer_stages(plan, schedule, stage: int) -> set[int]:
 
 def cross_dc_links(plan, schedule, stage: int):
     """{peer stage: LinkPlan} for this stage's peers in another DC (a missing LinkPlan: 1 connection, fair)."""
+    # lazy: pydantic only when called (importers that never call it stay free of it)
     from geotrain.plan.plan import LinkPlan
 
     mine = plan.stages[stage].dc
@@ -82,6 +90,7 @@ def sends_per_boundary(plan, schedule) -> dict[tuple[int, int], list[tuple[str, 
     """Per (sending stage, receiving stage): the sends one replica makes per iteration, in order,
     as (kind, virtual stage, micro-batch). Every replica runs the same list, so temporal turns
     (one message per replica per round) stay matched; tests check it holds for every schedule."""
+    # lazy: pydantic only when called (importers that never call it stay free of it)
     from geotrain.schedule.actions import Op
 
     out: dict[tuple[int, int], list[tuple[str, int, int]]] = {}
@@ -158,9 +167,6 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
     StripedTransport on the cross-DC peers (see module docstring). p2p_groups: the per-direction
     process groups (default: `transport.directed_groups`, a collective every rank enters);
     recorder: where the temporal turns taken are recorded (`RecordedTurns`)."""
-    import torch.distributed as dist
-
-    from geotrain.runtime import transport as T
 
     _BUILT[0] += 1
     if p2p_groups is None:
@@ -181,9 +187,6 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
         # close(), so every rank of a WAN run must have one (pp=4 over two DCs: stages 0 and 3 have no
         # cross-DC peer, and skipping the barrier there made ranks 1 and 2 lose their gloo peers).
         return T.RoutedTransport(default)
-    from geotrain.wan.auth import run_secret
-    from geotrain.wan.striped import StripedTransport
-    from geotrain.wan.temporal import concurrent_turns, turns_via_store
 
     store = dist.distributed_c10d._get_default_store()
     run = f"geotrain/rt{_BUILT[0]}"
@@ -217,13 +220,12 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
                 turns[peer] = turn
     hooks: dict[str, Any] = {}      # the emulation's instruments; a real WAN gets none of them
     if wan["mode"] == "shaper":
+        # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.emulation.fallback import fallback_shaper
 
         hooks["shaper"] = fallback_shaper(spec.cluster, lambda r: plan.stages[plan.coords(r)[0]].dc, my_dc,
                                           float(wan.get("rate_scale", 1.0)))
     elif wan["mode"] == "kernel":
-        from geotrain.emulation.ports import spread_port_connections
-
         hooks["connect"] = spread_port_connections   # one htb per-connection bucket per connection
     # The largest tensor a boundary carries (fp32 at most): the receiver refuses any message above it.
     max_message = plan.micro_batch * spec.model.seq_len * spec.model.hidden * 4
@@ -312,6 +314,7 @@ def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = 
     fast = max((ln.capacity_gbps * rate_scale for ln in spec.cluster.wan_links), default=0.0)
     why = ""
     if mode in ("auto", "kernel"):
+        # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.emulation.network import WanEmulation, WanUnavailable, emulation_available
 
         ok, why = emulation_available()
