@@ -34,6 +34,7 @@ def _train(tmp_path: Path, name: str, pp: int, dp: int, sharding: str) -> Path:
     run = tmp_path / name
     r = _geotrain("train", str(spec), "--out", str(run), "--wan", "off", "--no-progress")
     assert r.returncode == 0, r.stdout + r.stderr
+    (run / "cli.log").write_text(r.stdout + r.stderr)
     return run
 
 
@@ -49,6 +50,10 @@ def test_train_tied_hf_pp2_dp2_then_export_reloads_tied_with_equal_logits(tmp_pa
 
     ref = make_hf_dir(tmp_path / "hf", "mha-tied", layers=LAYERS)
     run = _train(tmp_path, "pp2", pp=2, dp=2, sharding="zero3")
+    # The two copies sit in two DCs: the start-up log says how their gradients cross the WAN.
+    logs = [run / "cli.log", *sorted((run / "logs").glob("rank*.log"))]
+    said = [ln for f in logs for ln in f.read_text().splitlines() if "geotrain wan: tied embeddings" in ln]
+    assert len(said) == 1 and "east" in said[0] and "west" in said[0], said
     # Step 1 trained the HF weights: its loss is transformers' loss on the same global batch.
     first = json.loads((run / "losses.jsonl").read_text().splitlines()[0])["loss"]
     x, y = open_batches(None, seq_len=32, global_batch=8, dp=2, micro_batch=2, seed=0).global_batch(0)
