@@ -57,7 +57,7 @@ class PrefillCost:
     def from_flops(cls, model: ModelSpec, gpu: GPUType, precision: str = "bf16",
                    launch_overhead_s: float = 2e-3) -> PrefillCost:
         rate = gpu.achieved_flops(precision)
-        per_token = 2.0 * model.param_count()
+        per_token = 2.0 * getattr(model, "shape", model).param_count()   # per matmul: a tied head still runs
         # Causal attention: QK^T and AV, 2 FLOPs per MAC, half the square: 2 * L * hidden * n^2.
         per_token_sq = 2.0 * model.layers * model.hidden
         return cls(a=launch_overhead_s, b=per_token / rate, c=per_token_sq / rate)

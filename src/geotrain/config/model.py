@@ -58,4 +58,7 @@ class ModelSpec(Strict):
         return self.shape.num_units
 
     def param_count(self) -> int:
-        return self.shape.param_count()
+        """Parameters the model stores: a tied embedding/head matrix counts once. (Compute is
+        per matmul and so counts the head whether tied or not: `shape.param_count()`.)"""
+        n = self.shape.param_count()
+        return n - self.vocab * self.hidden if self.tie_embeddings else n
