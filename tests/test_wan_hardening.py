@@ -29,6 +29,7 @@ from geotrain.plan.plan import LinkPlan
 from geotrain.runtime.launch import launch, run_with_wan
 from geotrain.runtime.trainer import RunConfig
 from geotrain.wan.auth import HELLO, MAGIC, STRIPED, TAG_BYTES
+from geotrain.wan.sockets import close_quietly
 from geotrain.wan.striped_frames import DATA, FRAME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +129,7 @@ class TamperingRelay:
                 b.sendall(data)
         except OSError:
             pass
-        self._close(a, b)
+        close_quietly(a, b)
 
     def _pump(self, a: socket.socket, b: socket.socket) -> None:
         try:
@@ -136,16 +137,8 @@ class TamperingRelay:
                 b.sendall(data)
         except OSError:
             pass
-        self._close(a, b)
+        close_quietly(a, b)
 
-    @staticmethod
-    def _close(*socks: socket.socket) -> None:
-        for x in socks:
-            try:
-                x.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            x.close()
 
     def close(self) -> None:
         self.ls.close()

@@ -37,6 +37,17 @@ def connect(host: str, port: int, bind_host: str | None, src_port: int, timeout:
         raise
 
 
+def close_quietly(*socks: socket.socket) -> None:
+    """Shut down and close each socket, whatever state it is in (a peer already gone, a socket
+    never connected): a thread blocked in recv on it wakes with EOF instead of waiting forever."""
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+
 def recv_exact(sock: socket.socket, view: memoryview) -> None:
     """Fill `view` completely from `sock` (raises ConnectionError on EOF)."""
     got = 0

@@ -47,7 +47,7 @@ from geotrain.wan.auth import (
     run_secret,
     server_handshake,
 )
-from geotrain.wan.sockets import open_connections, tune
+from geotrain.wan.sockets import close_quietly, open_connections, tune
 from geotrain.wan.striped_frames import (
     ACK,
     BYE,
@@ -224,12 +224,7 @@ class StripedTransport:
             self._listener.close()
         except OSError:
             pass
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            c.close()
+        close_quietly(*conns)
         self._timers.close()
 
     def __enter__(self) -> StripedTransport:

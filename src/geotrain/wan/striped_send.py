@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from geotrain.wan.auth import HANDSHAKE_TIMEOUT_S, STRIPED, Channel, ProtocolError, client_handshake
+from geotrain.wan.sockets import close_quietly
 from geotrain.wan.striped_frames import (
     ACK,
     BYE,
@@ -116,11 +117,7 @@ class _Lane:
         self.jobs.put("bye" if bye else None)
         if bye:
             self.writer.join(timeout=2.0)
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        close_quietly(self.sock)
 
 
 class Peer:
