@@ -113,7 +113,8 @@ class Scorer:
         """Per-stage costs; `ckpt` one mode for every stage or one per stage."""
         ctx = self.ctx
         modes = (ckpt,) * len(dcs) if isinstance(ckpt, str) else ckpt
-        compute = [self.compute_costs(dcs, chunks, mb, md)[s] for s, md in enumerate(modes)]
+        per_mode = {md: self.compute_costs(dcs, chunks, mb, md) for md in set(modes)}   # one lookup a mode
+        compute = [per_mode[md][s] for s, md in enumerate(modes)]
         return [StageCosts(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
                 for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)]
 

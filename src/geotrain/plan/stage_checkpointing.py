@@ -26,11 +26,12 @@ def stage_modes(scorer, lay, kind: str, v: int, ckpt: str, chunks, sharding: str
     if not lighter:
         return ()
     dcs, mb = lay.stage_dcs, lay.micro_batch
+    costs = {md: scorer.compute_costs(dcs, chunks, mb, md) for md in (*lighter, ckpt)}   # one lookup a mode
     modes = []
     for s in range(lay.pp):
         k = held(kind, lay.pp, lay.m, s, extra, v)
         fits = [md for md in lighter if ctx.stage_fits(chunks[s], dcs[s], mb, k, sharding, lay.dp, md)]
         candidates = (*fits, ckpt)
-        times = {md: sum(scorer.compute_costs(dcs, chunks, mb, md)[s][:2]) for md in candidates}
+        times = {md: sum(costs[md][s][:2]) for md in candidates}
         modes.append(min(candidates, key=lambda md: times[md]))
     return () if all(md == ckpt for md in modes) else tuple(modes)
