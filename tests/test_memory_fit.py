@@ -17,8 +17,8 @@ import pytest
 from geotrain.config.load import load_spec
 from geotrain.errors import InfeasibleError
 from geotrain.plan.manual import plan_from_job
+from geotrain.plan.peaks import predicted_stage_peaks
 from geotrain.runtime.launch import launch
-from geotrain.runtime.memory import predicted_stage_peaks
 from geotrain.runtime.trainer import RunConfig
 from geotrain.schedule.builders import schedule_for_plan
 

@@ -128,12 +128,12 @@ def test_wan_routes_each_tp_rank_to_its_own_peer(tmp_path: Path) -> None:
     transport, for every t -- not only t = 0."""
     import torch.distributed as dist
 
-    from geotrain.runtime.trainer import _build_schedule
     from geotrain.runtime.wan import build_transport
+    from geotrain.schedule.builders import schedule_for_plan
 
     spec = load_spec(SPEC)
     plan = _plan(2, 1, 4)
-    schedule = _build_schedule(plan)
+    schedule = schedule_for_plan(plan)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         for rank in range(plan.num_ranks):

@@ -280,7 +280,7 @@ class CostModel:
         equivalents (interleaved chunks of unequal bytes: `plan.peaks.stage_peaks`).
         See docs/MEMORY.md."""
         e, n, h = self._counts(units)
-        P = e * self._params[0] + n * self._params[1] + h * self._params[2] - (self._tied if e and h else 0)
+        P = self.stage_params(units)
         # Unknown micro-batch count: assume a backward came before the peak (gradients allocated).
         m = inflight + 1 if num_microbatches is None else num_microbatches
         state = runtime_state_bytes_per_param(self.precision, self.optimizer, sharding, dp)
@@ -288,7 +288,7 @@ class CostModel:
         V = self.model.vocab
         autocast = self.dtype_bytes < 4
         a_e, a_b, a_h, a_none = self._activations(micro_batch, tp)
-        per_mb = e * a_e + n * a_b + h * a_h + (0 if e else stage_input_bytes(self.model, micro_batch))
+        per_mb = self.microbatch_activation_bytes(units, micro_batch, tp)
         grads = P * state["grads"] / tp
         recompute = (a_none - a_b) if self.checkpointing != "none" and n else 0.0
         if autocast and not fsdp_weight_copies(self.precision, sharding):

@@ -14,7 +14,7 @@ import torch
 from torch.autograd.graph import GradientEdge
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from geotrain.cost.activations import CHECKPOINTING, SELECTIVE  # noqa: F401 -- the modes, named once
+from geotrain.cost.activations import CHECKPOINTING
 from geotrain.errors import GeotrainError
 from geotrain.models.llama import Block, UnitStack
 

@@ -25,8 +25,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from geotrain.plan.peaks import predicted_stage_peaks, stage_peaks  # noqa: F401 -- the prediction set beside the measurement
-
 
 def _storage(t: torch.Tensor):
     if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):

@@ -220,7 +220,7 @@ class RankRun:
                 batches = {j: tuple(t.to(self.device) for t in self.source.batch(step - 1, self.replica, j))
                            for j in range(self.plan.num_microbatches)}
             self.step_start = t = time.time()
-            delay = _start_delay(self.plan, self.replica)   # the plan's pipeline offset: staggered DP pipelines
+            delay = start_delay(self.plan, self.replica)   # the plan's pipeline offset: staggered DP pipelines
             if step == self.start + 1 and delay > 0:
                 time.sleep(delay)
             self.runner.run_iteration(batches, loss_scale=self.scaler.scale)
@@ -287,8 +287,6 @@ class RankRun:
         return result
 
 
-def _start_delay(plan, replica: int) -> float:
-    return start_delay(plan, replica)
 
 
 class LossLog:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.console import human_bytes
-from geotrain.runtime.memory import predicted_stage_peaks
+from geotrain.plan.peaks import predicted_stage_peaks
 from geotrain.runtime.recorder import Recorder, merge_trace_lines
 from geotrain.schedule.builders import schedule_for_plan
 from geotrain.trace.chrome import write_chrome

@@ -79,7 +79,7 @@ def resolve(cfg: RunConfig):
                             "(use replicate, zero2 or zero3)")
     if plan.num_microbatches < 1 or plan.micro_batch < 1:
         raise GeotrainError("the plan needs at least one micro-batch of at least one sequence")
-    schedule = _build_schedule(plan)  # a schedule the builders refuse is a user error, found before any rank starts
+    schedule = schedule_for_plan(plan)  # a schedule the builders refuse is a user error, found before any rank starts
     selective = sorted({plan.stage_checkpointing(s) for s in range(plan.pp)} & set(SELECTIVE))
     if selective and _splits_backward(schedule):
         raise GeotrainError(f"plan {plan.name!r}: selective checkpointing cannot run under the {plan.schedule} "
@@ -91,10 +91,6 @@ def resolve(cfg: RunConfig):
 def _splits_backward(schedule) -> bool:
     """Whether the schedule runs a stage's backward as two autograd passes (input, then weights)."""
     return any(a.op == Op.BACKWARD_INPUT for actions in schedule.actions for a in actions)
-
-
-def _build_schedule(plan):
-    return schedule_for_plan(plan)
 
 
 def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[str, Any]:
