@@ -100,16 +100,16 @@ def make_hook(conf: dict[str, Any], rank: int, recorder) -> BubbleHook | None:
 
     priority: "idle" (default on CPU ranks) computes prefill on a SCHED_IDLE thread, since CPU ranks
     share cores; "normal" (default with CUDA, where the rank's own device is what idles) runs it in place."""
+    try:     # first: without it the rank cannot join, and the model below would be loaded for nothing
+        secret = read_secret_file(conf["secret_file"])
+    except (KeyError, GeotrainError) as e:
+        log.warning("bubbletea: no secret to join the prefill service with (%s)", e)
+        return None
     model = load_inference_model(conf.get("inference_model", "tiny")).model   # the service's model, same weights
     model = model.to(conf.get("device", "cpu"))          # the rank's device (the runtime says which)
     cost = profile_prefill_cost(model)
     addr = conf["address"]
     priority = conf.get("priority") or ("normal" if torch.cuda.is_available() else "idle")
-    try:
-        secret = read_secret_file(conf["secret_file"])
-    except (KeyError, GeotrainError) as e:
-        log.warning("bubbletea: no secret to join the prefill service with (%s)", e)
-        return None
     worker = BubbleWorker(addr if isinstance(addr, str) else tuple(addr), rank, model, cost,
                           margin_s=float(conf.get("margin_s", 0.0)), priority=priority, secret=secret)
     try:

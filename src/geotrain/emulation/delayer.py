@@ -5,7 +5,7 @@ packet forwarded between DC namespaces into a TUN device; this process reads eac
 it for the one-way latency of the link between its source and destination DC, and writes it back
 into the TUN, from where the kernel forwards it to the destination (through the htb rate limits).
 
-One thread, `select` plus a heap: with a 65000-byte MTU 1 Gbit/s is ~2k packets/s, far below what
+One thread, `select` plus a heap: with 64 KB packets (`shaping.MAX_MTU`) 1 Gbit/s is ~2k packets/s, far below what
 Python handles. Packets between DCs without a link are dropped; the link's `loss` and `jitter_ms`
 are applied (jitter never reorders: a packet leaves no earlier than the one before it on its link).
 

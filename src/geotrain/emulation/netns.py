@@ -24,7 +24,6 @@ PREFIX = "gt-"
 DC_IFNAME = "gt0"          # the DC side of each veth (same name in every DC namespace)
 TUN_IFNAME = "gttun"       # the router's TUN device the delayer reads and writes
 SUBNET = "10.77"           # DC i (0-based) lives in 10.77.(i+1).0/24: router .1, DC .2
-MTU = 65000                # few, large packets: the Python delayer handles ~2k packets/s per Gbit/s
 
 
 ETC_NETNS = Path("/etc/netns")    # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
