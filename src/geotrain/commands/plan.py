@@ -38,11 +38,11 @@ def _fmt_gpus(d: dict[str, int]) -> str:
 
 
 def _hourly(spec, gpus: dict[str, int]) -> float | None:
-    """$/hour of these GPUs (None when a DC has no price)."""
-    prices = [spec.cluster.dc(dc).price_per_gpu_hour for dc in gpus]
-    if not gpus or any(p is None for p in prices):
-        return None
-    return sum(n * p for n, p in zip(gpus.values(), prices, strict=True))
+    """$/hour of these GPUs (None when a DC has no price, or for a row without GPUs)."""
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
+    from geotrain.plan.price import gpu_cost_per_hour
+
+    return gpu_cost_per_hour(spec.cluster, gpus) if gpus else None
 
 
 def _money(spec, plan, iteration_s: float) -> str:

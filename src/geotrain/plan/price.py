@@ -57,14 +57,22 @@ def egress_per_iteration(spec: Spec, plan: Plan) -> float:
 def cost_per_hour(cluster: Cluster, plan: Plan, iteration_s: float | None = None,
                   egress_usd: float = 0.0) -> float | None:
     """GPU-hours' price, plus the egress of the iterations an hour runs when `iteration_s` is given."""
+    total = gpu_cost_per_hour(cluster, plan.gpus_per_dc())
+    if total is None:
+        return None
+    if egress_usd and iteration_s:
+        total += egress_usd * 3600 / iteration_s
+    return total
+
+
+def gpu_cost_per_hour(cluster: Cluster, gpus_per_dc: dict[str, int]) -> float | None:
+    """$/hour of these GPUs ({DC: count}); None when one of the DCs has no price_per_gpu_hour."""
     total = 0.0
-    for dc, n in plan.gpus_per_dc().items():
+    for dc, n in gpus_per_dc.items():
         p = cluster.dc(dc).price_per_gpu_hour
         if p is None:
             return None
         total += n * p
-    if egress_usd and iteration_s:
-        total += egress_usd * 3600 / iteration_s
     return total
 
 
