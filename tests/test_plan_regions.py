@@ -82,3 +82,42 @@ def test_train_refuses_a_region_plan(tmp_path):
     cfg = RunConfig(spec=str(spec.path), plan=plan.to_dict(), spec_doc=spec_document(spec))
     with pytest.raises(GeotrainError, match="region plan"):
         resolve(cfg)
+
+
+def _plan(pp: int, dp: int, tp: int, replica_dcs: tuple[str, ...] = ()):
+    from geotrain.plan.plan import Plan, StagePlan
+
+    dcs = ("A",) * pp if replica_dcs else tuple("AB"[s * 2 // pp] for s in range(pp))
+    stages = tuple(StagePlan(dc=dcs[s] if not replica_dcs else replica_dcs[0], chunks=((s, s + 1),))
+                   for s in range(pp))
+    return Plan(stages=stages, dp=dp, micro_batch=1, num_microbatches=4, tp=tp, replica_dcs=replica_dcs)
+
+
+@pytest.mark.parametrize("replica_dcs", [("A", "A", "B"), ("A", "B", "A", "C", "B")])
+def test_region_plan_ranks_are_contiguous_per_dc(replica_dcs):
+    """One torchrun per DC numbers its node's ranks contiguously: a region plan must too
+    (pipeline-major, pipelines grouped by DC), and rank/coords must round-trip."""
+    plan = _plan(2, len(replica_dcs), 2, replica_dcs)
+    seen = []
+    for r in range(plan.num_ranks):
+        s, d, t = plan.coords(r)
+        assert plan.rank(s, d, t) == r
+        seen.append(plan.dc_of(s, d))
+    runs = [dc for i, dc in enumerate(seen) if i == 0 or seen[i - 1] != dc]
+    assert len(runs) == len(set(replica_dcs)), seen
+    assert sorted({plan.rank(s, d, t) for s in range(2) for d in range(plan.dp) for t in range(2)}) \
+        == list(range(plan.num_ranks))
+    assert [plan.dc_of_rank(r) for r in range(plan.num_ranks)] == seen
+    ranks = plan.ranks_of_dc("A")
+    assert ranks == list(range(ranks[0], ranks[0] + len(ranks)))
+    # a pipeline's stages are neighbours: replica 0's stage 1 follows its stage 0 (TP innermost)
+    assert plan.rank(1, 0, 0) == plan.rank(0, 0, 1) + 1
+
+
+def test_ordinary_plan_numbering_is_unchanged():
+    plan = _plan(4, 3, 2)
+    for s in range(4):
+        for d in range(3):
+            for t in range(2):
+                r = (s * 3 + d) * 2 + t
+                assert plan.rank(s, d, t) == r and plan.coords(r) == (s, d, t)

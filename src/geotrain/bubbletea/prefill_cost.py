@@ -93,7 +93,7 @@ def models_that_fit(headroom_bytes: float, max_tokens: int, candidates: dict[str
 def free_beside_training(spec, plan, rank: int, used: float) -> float:
     """Bytes an inference model may use on `rank`'s GPU next to `used` bytes of training state;
     a TP group serves as one unit, so its members' free memory pools."""
-    gpu = spec.cluster.gpu(spec.cluster.dc(plan.stages[plan.coords(rank)[0]].dc).gpu_type)
+    gpu = spec.cluster.gpu(spec.cluster.dc(plan.dc_of_rank(rank)).gpu_type)
     return (gpu.memory_bytes - used) * plan.tp
 
 

@@ -31,7 +31,7 @@ def global_sync_s(spec, plan, profile: dict, mode: str) -> float:
         if cal.get("wan_mode") == "kernel":
             measured -= 2 * _calibration_latency(spec, cal)
         hop = max(hop, measured / (2 * max(1, (int(cal.get("ranks", 2)) - 1).bit_length())))
-    dc = [plan.stages[plan.coords(r)[0]].dc for r in range(n)]
+    dc = [plan.dc_of_rank(r) for r in range(n)]
 
     def edge(a: int, b: int) -> float:
         link = spec.cluster.link(dc[a], dc[b]) if mode == "kernel" and dc[a] != dc[b] else None

@@ -333,7 +333,7 @@ def _check_host_dc(plan, rank: int, dc: str) -> None:
         raise GeotrainError(f"--dc {dc}: the plan uses no such datacenter ({', '.join(dict.fromkeys(dcs))})")
     if rank >= plan.num_ranks:
         return                          # the world-size check names this one
-    mine = plan.stages[plan.coords(rank)[0]].dc
+    mine = plan.dc_of_rank(rank)
     if mine != dc:
         raise GeotrainError(f"--dc {dc}: rank {rank} is stage {plan.coords(rank)[0]} in {mine} by the plan; start each "
                             f"datacenter's torchrun so that node ranks follow the plan's datacenter order "

@@ -65,7 +65,7 @@ class CutWatcher:
 
     def __init__(self, cut: Cut, plan, losses: Path):
         self.cut, self.losses = cut, losses
-        self.ranks = [r for r in range(plan.num_ranks) if plan.stages[plan.coords(r)[0]].dc == cut.dc]
+        self.ranks = [r for r in range(plan.num_ranks) if plan.dc_of_rank(r) == cut.dc]
         self.at: float | None = None
         self.wan = None
         self._size = -1
@@ -112,7 +112,7 @@ def suspects(plan, failure) -> list[str]:
     timed out (the link stayed down past the outage limit): either side may be the one cut off,
     so both, its peer's first. Else the DC of the first rank that failed. Empty: nothing points
     at a DC."""
-    dc_of = [plan.stages[plan.coords(r)[0]].dc for r in range(plan.num_ranks)]
+    dc_of = [plan.dc_of_rank(r) for r in range(plan.num_ranks)]
     killed = [dc_of[r] for r in failure.killed if r < len(dc_of)]
     if killed:
         return [max(dict.fromkeys(killed), key=killed.count)]

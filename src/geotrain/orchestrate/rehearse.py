@@ -74,7 +74,7 @@ def dc_blocks(plan) -> list[tuple[str, list[int]]]:
     contiguously, so each datacenter's ranks must be one block."""
     blocks: list[tuple[str, list[int]]] = []
     for r in range(plan.num_ranks):
-        dc = plan.stages[plan.coords(r)[0]].dc
+        dc = plan.dc_of_rank(r)
         if blocks and blocks[-1][0] == dc:
             blocks[-1][1].append(r)
         elif any(b[0] == dc for b in blocks):

@@ -4,8 +4,11 @@ Layout rules it encodes: pipeline stages may sit in different DCs (joined by the
 replica of a stage sits in the stage's DC, so the gradient reduction never crosses the WAN --
 except in a region plan (`replica_dcs`): every stage in one DC's pipeline, DP pipeline d in DC
 replica_dcs[d], so only the gradient reduction crosses the (fast, regional) links. TP stays
-inside a node. Ranks are numbered stage-major -- rank = (stage * dp + replica) * tp + t -- so
-the ranks of one DC are contiguous (in a region plan: per stage).
+inside a node. The ranks of one DC are contiguous, so one torchrun per DC (node ranks contiguous
+per host) starts them: an ordinary plan numbers them stage-major -- rank = (stage * dp + replica)
+* tp + t -- and a region plan pipeline-major, its pipelines grouped by DC (first appearance in
+replica_dcs), each pipeline's stages in order, TP innermost. `Plan.rank`/`Plan.coords` read one
+table built once per plan (`rank_table`), so nothing else computes a rank by hand.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,14 +96,48 @@ class Plan:
     def global_batch(self) -> int:
         return self.dp * self.micro_batch * self.num_microbatches
 
+    @cached_property
+    def rank_table(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """rank_table[stage][replica][t]: the global rank of every (stage, replica, tp index), in
+        the numbering of the module docstring. Built once per plan (the dataclass is frozen;
+        cached_property stores beside the fields, so equality, asdict and replace ignore it)."""
+        if self.replica_dcs:
+            groups = list(dict.fromkeys(self.replica_dcs))
+            replicas = sorted(range(self.dp), key=lambda d: groups.index(self.replica_dcs[d]))
+            order = [(s, d) for d in replicas for s in range(self.pp)]
+        else:
+            order = [(s, d) for s in range(self.pp) for d in range(self.dp)]
+        table = [[[0] * self.tp for _ in range(self.dp)] for _ in range(self.pp)]
+        for i, (s, d) in enumerate(order):
+            for t in range(self.tp):
+                table[s][d][t] = i * self.tp + t
+        return tuple(tuple(tuple(row) for row in stage) for stage in table)
+
+    @cached_property
+    def _coords_table(self) -> tuple[tuple[int, int, int], ...]:
+        out: list[tuple[int, int, int]] = [(0, 0, 0)] * self.num_ranks
+        for s, stage in enumerate(self.rank_table):
+            for d, row in enumerate(stage):
+                for t, r in enumerate(row):
+                    out[r] = (s, d, t)
+        return tuple(out)
+
     def rank(self, stage: int, replica: int, t: int = 0) -> int:
-        return (stage * self.dp + replica) * self.tp + t
+        """The global rank of TP index t of `replica` of `stage`."""
+        return self.rank_table[stage][replica][t]
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(stage, replica, tp index) of a rank."""
-        t = rank % self.tp
-        sr = rank // self.tp
-        return sr // self.dp, sr % self.dp, t
+        return self._coords_table[rank]
+
+    def dc_of_rank(self, rank: int) -> str:
+        """The DC a rank runs in."""
+        s, d, _ = self.coords(rank)
+        return self.dc_of(s, d)
+
+    def ranks_of_dc(self, dc: str) -> list[int]:
+        """The ranks in `dc`, ascending (a contiguous range: see the module docstring)."""
+        return [r for r in range(self.num_ranks) if self.dc_of_rank(r) == dc]
 
     def dc_of(self, stage: int, replica: int) -> str:
         """The DC of one stage replica."""

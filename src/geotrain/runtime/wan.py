@@ -223,7 +223,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
         # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.emulation.fallback import fallback_shaper
 
-        hooks["shaper"] = fallback_shaper(spec.cluster, lambda r: plan.stages[plan.coords(r)[0]].dc, my_dc,
+        hooks["shaper"] = fallback_shaper(spec.cluster, lambda r: plan.dc_of_rank(r), my_dc,
                                           float(wan.get("rate_scale", 1.0)))
     elif wan["mode"] == "kernel":
         hooks["connect"] = spread_port_connections   # one htb per-connection bucket per connection
@@ -233,7 +233,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
                                turns=turns.get, prefix=f"{run}/striped", min_chunk_bytes=MIN_CHUNK_BYTES,
                                timeout_s=timeout, stall_s=float(wan.get("stall_s", min(DEFAULT_STALL_S, timeout / 4))),
                                max_message_bytes=max_message, tls=bool(wan.get("tls")),
-                               describe=lambda r: f"rank {r} ({plan.stages[plan.coords(r)[0]].dc})", **hooks)
+                               describe=lambda r: f"rank {r} ({plan.dc_of_rank(r)})", **hooks)
     for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it
         how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
         print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.stages[peer_stage].dc}): "
@@ -299,7 +299,7 @@ def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = 
         raise GeotrainError(f"--wan must be one of {', '.join(MODES)}, got {mode!r}")
     if rate_scale <= 0:
         raise GeotrainError("--wan-rate-scale must be positive")
-    rank_dc = [plan.stages[plan.coords(r)[0]].dc for r in range(plan.num_ranks)]
+    rank_dc = [plan.dc_of_rank(r) for r in range(plan.num_ranks)]
     used = list(dict.fromkeys(st.dc for st in plan.stages))
     if mode == "off" or len(used) < 2:
         if mode != "off":

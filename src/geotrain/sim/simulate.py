@@ -119,7 +119,7 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
             "links": prog.link_meta, "engine": {"actions": res.actions, "wan_events": res.wan_events,
                                                 "wall_s": res.wall_s}}
     fast = _iteration_time(prog, res, iterations)
-    trace = SimTrace(prog, res, plan.tp, plan.num_ranks, meta)
+    trace = SimTrace(prog, res, plan.rank_table, plan.num_ranks, meta)
     return SimResult(trace, sched, plan, fast, tokens_per_iteration, peak_memory)
 
 

@@ -25,8 +25,13 @@ from geotrain.trace.metrics import KINDS, Columns, columns_from_events
 from geotrain.trace.schema import Event, Trace
 
 
-def build_columns(prog: Program, res: EngineResult, tp: int) -> Columns:
+def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
+    """rank_table: the plan's rank_table ([stage][replica][t] -> rank), so the trace numbers ranks
+    as the runtime does."""
     dp = prog.dp
+    ranks = np.asarray(rank_table, dtype=np.int64)
+    tp = ranks.shape[2]
+    unit_rank = ranks.reshape(-1, tp)   # row s * dp + replica: the engine's unit
     P = len(prog.stages)
     starts = [np.array(res.start[s * dp:(s + 1) * dp], dtype=float).reshape(dp, -1) for s in range(P)]
     arrivals = [np.array(res.arrival[s * dp:(s + 1) * dp], dtype=float).reshape(dp, -1) for s in range(P)]
@@ -42,9 +47,9 @@ def build_columns(prog: Program, res: EngineResult, tp: int) -> Columns:
         for t in range(tp) if per_tp else range(1):
             for k in names:
                 if k == "rank":
-                    parts[k].append(flat["unit"] * tp + t)
+                    parts[k].append(unit_rank[flat["unit"], t])
                 elif k == "peer":
-                    parts[k].append(flat["peer"] * tp if "peer" in flat else np.full(len(flat["start"]), -1))
+                    parts[k].append(unit_rank[flat["peer"], 0] if "peer" in flat else np.full(len(flat["start"]), -1))
                 elif k in flat:
                     parts[k].append(flat[k])
                 else:
@@ -86,8 +91,8 @@ def build_columns(prog: Program, res: EngineResult, tp: int) -> Columns:
 class SimTrace(Trace):
     """A Trace whose events are built lazily from the simulator's columns."""
 
-    def __init__(self, prog: Program, res: EngineResult, tp: int, num_ranks: int, meta: dict[str, Any]):
-        self._prog, self._res, self._tp = prog, res, tp
+    def __init__(self, prog: Program, res: EngineResult, rank_table, num_ranks: int, meta: dict[str, Any]):
+        self._prog, self._res, self._rank_table = prog, res, rank_table
         self._columns: Columns | None = None
         self._events: list[Event] | None = None
         self.num_ranks = num_ranks
@@ -100,7 +105,7 @@ class SimTrace(Trace):
         if self._events is not None and (self._columns is None or len(self._columns) != len(self._events)):
             self._columns = columns_from_events(self._events)
         elif self._columns is None:
-            self._columns = build_columns(self._prog, self._res, self._tp)
+            self._columns = build_columns(self._prog, self._res, self._rank_table)
             self._res = None   # the columns hold everything now; free the per-slot lists
         return self._columns
 
