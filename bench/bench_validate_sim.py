@@ -1,7 +1,7 @@
 """Simulator validation: every case of geotrain.calibrate.cases predicted, then run for real.
 
     .venv/bin/python bench/bench_validate_sim.py [--runs 3] [--write-docs] [--wan kernel,shaper]
-                                                 [--quick] [--out DIR] [--profile FILE]
+                                                 [--quick] [--out DIR] [--profile FILE] [--cases a,b]
 
 Profiles the machine once first (unless --profile), saves the profile, then for each run, WAN mode
 and case predicts from the profile alone and only then runs the case (calibrate.validate). Prints
@@ -27,6 +27,8 @@ def command_line(args) -> str:
     parts = [".venv/bin/python bench/bench_validate_sim.py"]
     if args.quick:
         parts.append("--quick")
+    if args.cases:
+        parts.append(f"--cases {args.cases}")
     parts.append(f"--runs {args.runs} --steps {args.steps} --warmup {args.warmup}")
     if args.wan != "kernel,shaper":
         parts.append(f"--wan {args.wan}")
@@ -80,6 +82,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="4 cases and a quick profile")
     ap.add_argument("--out", default="/tmp/geotrain-validate-sim")
     ap.add_argument("--profile", default=None, help="use this profile (its calibration run's WAN mode is reused)")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated case names (default: all, or the quick set with --quick)")
     ap.add_argument("--runs", type=int, default=1, help="repeat the whole set this many times (default 1)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
@@ -101,7 +105,8 @@ def main() -> int:
         profile = load_profile(args.profile) if args.profile else None
         results, md = run_validation(Path(args.out), quick=args.quick, profile=profile, steps=args.steps,
                                      warmup=args.warmup, modes=args.wan.split(","), runs=args.runs,
-                                     other_mode_runs=args.other_mode_runs)
+                                     other_mode_runs=args.other_mode_runs,
+                                     only=args.cases.split(",") if args.cases else None)
     except GeotrainError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -41,7 +41,11 @@ def test_striped_connections_land_in_distinct_port_buckets():
     socks = open_connections("127.0.0.1", ls.getsockname()[1], 8)
     buckets = {bucket_of_port(s.getsockname()[1]) for s in socks}
     assert len(buckets) == 8
-    for s in socks:
+    # Two ranks of one DC (DP replicas over the same link) with their own first buckets never share
+    # a per-connection cap.
+    other = open_connections("127.0.0.1", ls.getsockname()[1], 1, first_bucket=8)
+    assert bucket_of_port(other[0].getsockname()[1]) not in buckets
+    for s in socks + other:
         s.close()
     ls.close()
 

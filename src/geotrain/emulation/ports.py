@@ -2,7 +2,11 @@
 
 The router's htb puts each TCP connection in a bucket chosen by source-port bits 1..6 (`shaping`),
 as a real long fat pipe limits each connection by its window. Binding the K connections of one
-transfer to consecutive even ports of a block aligned to 128 puts them in K different buckets.
+transfer to consecutive even ports puts them in K different buckets; `first_bucket` says where
+the block starts, so the transports of several ranks of one DC (DP replicas sending over the same
+link) take disjoint buckets too -- with every block aligned to 128, as before, each transport's
+first connection landed in bucket 0 and two pipelines' single connections shared one cap
+(measured: dp2 with 1 connection each at 10 Mb/s, every activation 2 x 13 ms on the wire).
 A real cluster needs none of this: `StripedTransport` gets this as its `connect` hook only inside
 the emulation.
 """
@@ -19,17 +23,18 @@ PORT_LO, PORT_HI = 32768, 60928
 
 
 def spread_port_connections(host: str, port: int, k: int, bind_host: str | None = None,
-                            timeout: float = 30.0) -> list[socket.socket]:
-    """K connected TCP sockets to (host, port), each in its own source-port bucket when possible."""
+                            timeout: float = 30.0, first_bucket: int = 0) -> list[socket.socket]:
+    """K connected TCP sockets to (host, port), each in its own source-port bucket when possible:
+    buckets first_bucket, first_bucket + 1, ... (mod BUCKETS)."""
     if k > BUCKETS:
         return [connect(host, port, bind_host, 0, timeout) for _ in range(k)]
     rng = random.Random()
     for _attempt in range(20):
-        base = rng.randrange(PORT_LO, PORT_HI - 2 * k, 128) // 128 * 128
+        base = rng.randrange(PORT_LO, PORT_HI - 2 * BUCKETS - 128, 128) // 128 * 128
         socks: list[socket.socket] = []
         try:
             for i in range(k):
-                socks.append(connect(host, port, bind_host or "", base + 2 * i, timeout))
+                socks.append(connect(host, port, bind_host or "", base + 2 * ((first_bucket + i) % BUCKETS), timeout))
             return socks
         except OSError as e:
             for s in socks:

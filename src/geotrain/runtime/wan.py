@@ -31,6 +31,7 @@ failed rank. `sends_per_boundary` is the schedule check behind the first claim.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -226,7 +227,10 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
         hooks["shaper"] = fallback_shaper(spec.cluster, lambda r: plan.dc_of_rank(r), my_dc,
                                           float(wan.get("rate_scale", 1.0)))
     elif wan["mode"] == "kernel":
-        hooks["connect"] = spread_port_connections   # one htb per-connection bucket per connection
+        # One htb per-connection bucket per connection, and disjoint blocks of buckets for the ranks
+        # of one DC (they share the link's classes at the router).
+        stride = max(conns.values(), default=1)
+        hooks["connect"] = functools.partial(spread_port_connections, first_bucket=rank * stride)
     # The largest tensor a boundary carries (fp32 at most): the receiver refuses any message above it.
     max_message = plan.micro_batch * spec.model.seq_len * spec.model.hidden * 4
     striped = StripedTransport(rank, store, secret=secret, host=host, connections=lambda d: conns.get(d, 1),
