@@ -13,6 +13,7 @@ from geotrain.schedule.actions import Schedule
 from geotrain.schedule.builders import schedule_for_plan
 from geotrain.sim.engine import run_engine
 from geotrain.sim.program import compile_program
+from geotrain.sim.symmetry import replicas_alike, run_one_replica
 from geotrain.sim.trace import SimTrace
 from geotrain.trace.metrics import KIND_CODE, Metrics, compute_metrics
 from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
@@ -113,11 +114,13 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     sched = schedule if schedule is not None else plan_schedule(plan)
     prog = compile_program(plan, cluster, sched, stage_costs, allreduce_time, optimizer_time, iterations, ack_s)
     offsets = list(plan.pipeline_offsets) + [0.0] * (plan.dp - len(plan.pipeline_offsets))
-    res = run_engine(prog, offsets[:plan.dp], progress=progress)
+    offsets = offsets[:plan.dp]
+    alike = replicas_alike(prog, offsets)
+    res = (run_one_replica if alike else run_engine)(prog, offsets, progress=progress)
     meta = {"plan": plan.name, "schedule": sched.kind, "iterations": iterations, "pp": plan.pp, "dp": plan.dp,
             "tp": plan.tp, "num_microbatches": plan.num_microbatches, "tokens_per_iteration": tokens_per_iteration,
             "links": prog.link_meta, "engine": {"actions": res.actions, "wan_events": res.wan_events,
-                                                "wall_s": res.wall_s}}
+                                                "wall_s": res.wall_s, "replicas_simulated": 1 if alike else plan.dp}}
     fast = _iteration_time(prog, res, iterations)
     trace = SimTrace(prog, res, plan.rank_table, plan.num_ranks, meta)
     return SimResult(trace, sched, plan, fast, tokens_per_iteration, peak_memory)
