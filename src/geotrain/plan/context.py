@@ -78,6 +78,7 @@ class PlanningContext:
         self._shapes: dict[tuple, tuple[int, int, int]] = {}
         self.memory_calls = 0
         self._dcs = {d.name: d for d in spec.cluster.datacenters}
+        self._links: dict[tuple[str, str], WanLink | None] = {}
         self._gpus = {d.name: spec.cluster.gpu(d.gpu_type) for d in spec.cluster.datacenters}
 
     # -- choices the job leaves open ---------------------------------------------------------
@@ -112,7 +113,13 @@ class PlanningContext:
         return self._gpus[dc_name]
 
     def link(self, a: str, b: str) -> WanLink | None:
-        return self.cluster.link(a, b)
+        """The link joining a and b (memoised: the search asks for the same pairs tens of thousands
+        of times, and the cluster scans its link list)."""
+        key = (a, b)
+        hit = self._links.get(key, False)
+        if hit is False:
+            hit = self._links[key] = self.cluster.link(a, b)
+        return hit
 
     # -- compute -----------------------------------------------------------------------------
     def table(self, gpu_type: str, micro_batch: int, checkpointing: str) -> UnitTable:
