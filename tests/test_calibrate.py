@@ -5,6 +5,7 @@ The unit timings here are real (tiny model, a few repeats); nothing under test i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -123,8 +124,16 @@ def test_contention_slows_a_dp2_pipeline_sharing_two_cores(spec, unit_profile):
     assert all(1.0 <= c <= plan.num_ranks for c in conc)
     assert max(conc) > 2.0                      # both replicas of a stage compute in lock-step
     res1, det = predict(spec, plan, unit_profile, iterations=2)
-    assert max(det["contention_factors"]) > 1.0
+    # Four CPU ranks on two cores: the simulator's core pool shares them (processor sharing).
+    assert det["core_pool"][1:5] == pytest.approx([1.0, 1.0, 1.5, 2.0])
     assert res1.metrics.iteration_time > res0.metrics.iteration_time
+    # Two ranks on two cores, or GPUs: no pool, the averaged factors as before.
+    _, det2 = predict(spec, plan.with_(dp=1), unit_profile, iterations=2)
+    assert det2["core_pool"] is None
+    gpu = spec.cluster.model_copy(update={"datacenters": [d.model_copy(update={"gpu_type": "h100-80g"})
+                                                          for d in spec.cluster.datacenters]})
+    _, det3 = predict(dataclasses.replace(spec, cluster=gpu), plan, unit_profile, iterations=2)
+    assert det3["core_pool"] is None and max(det3["contention_factors"]) > 1.0
 
 
 def test_a_profile_file_goes_straight_into_the_cost_model(tmp_path, unit_profile):

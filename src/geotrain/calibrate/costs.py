@@ -38,10 +38,16 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     when more ranks compute at once than the machine has free cores, each is slower: processor
     sharing, k ranks computing beside b runnable threads of other work (sampled while the plan ran,
     cpuload.py, or the calibration run's effective background) get cores / (k + b) of a core
-    each. The profile's measured slow-down table f(k) checks this model. The simulator has no
-    notion of shared cores, so this is a fixed point: simulate, measure per physical stage the
-    time-averaged number of ranks computing while it computes, scale its compute by the slow-down,
-    simulate again (3 rounds; it settles in 2).
+    each. The profile's measured slow-down table f(k) checks this model. Two ways to apply it:
+    - ranks outnumber the host's cores (a CPU-emulated run: every stage's DC has gpu_type "cpu",
+      all ranks on this host, ranks x threads > the profile's `cores`): the simulator's core pool
+      (sim.cores) shares the cores instant by instant -- k units computing at once each run
+      residual x max(1, (k + b) / C) slower, a rank waiting on a message holds no core and a rank
+      woken by one shares with whoever computes then (`core_slowdown`);
+    - otherwise (a core per rank, or GPUs) a fixed point of averages: simulate, measure per physical
+      stage the time-averaged number of ranks computing while it computes, scale its compute by the
+      slow-down, simulate again (3 rounds; it settles in 2). With a core per rank and a quiet
+      machine that factor is the residual alone.
 """
 
 from __future__ import annotations
@@ -79,6 +85,23 @@ def slowdown(concurrent: float, background: float, cores: int) -> float:
     threads of other work on `cores` cores each get cores / (concurrent + background) of a core,
     at most one."""
     return max(1.0, (concurrent + background) / max(1, cores))
+
+
+def core_slowdown(spec, plan, profile: dict, background: float, residual: float) -> list[float] | None:
+    """The simulator's core pool table [unused, k=1, ..., k=units] for a CPU-emulated run whose ranks
+    outnumber the host's cores: k units (tp ranks each) computing at once beside `background`
+    runnable threads each run residual x max(1, (k x tp + background) / cores) slower (processor
+    sharing, sim.cores says why). None when each rank has its own core or GPU: the pool is off.
+    Both sides are known before the run: the plan's ranks (all on this host under the emulation)
+    and the profile's `cores` (os.sched_getaffinity when it was taken)."""
+    rt = profile.get("runtime", {})
+    ncores = int(rt.get("cores", 0))
+    threads = max(1, int(rt.get("threads", 1)))
+    cpu = all(spec.cluster.dc(st.dc).gpu_type == "cpu" for st in plan.stages)
+    if not cpu or ncores < 1 or plan.num_ranks * threads <= ncores:
+        return None
+    units = plan.pp * plan.dp
+    return [1.0] + [residual * slowdown(k * plan.tp * threads, background, ncores) for k in range(1, units + 1)]
 
 
 def calibrated_cluster(spec, profile: dict, background: float | None = None, mode: str = "shaper",
@@ -325,10 +348,11 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
     factors = [1.0] * plan.pp
     res = None
     measured = bool(rank_slowdown) and contention
+    pool = core_slowdown(spec, plan, profile, bg, residual) if contention and not measured else None
     if measured:
         factors = [sum(rank_slowdown.get(plan.rank(st, d), 1.0) for d in range(plan.dp)) / plan.dp
                    for st in range(plan.pp)]
-    for _ in range(1 if measured or not contention else CONTENTION_ROUNDS):
+    for _ in range(1 if measured or not contention or pool is not None else CONTENTION_ROUNDS):
         costs = [replace(c, forward=c.forward * factors[v % plan.pp], backward=c.backward * factors[v % plan.pp],
                          backward_input=c.backward_input * factors[v % plan.pp],
                          backward_weight=c.backward_weight * factors[v % plan.pp])
@@ -337,12 +361,13 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
         # unscaled by CPU sharing (its ranks wait on the network, they do not compute).
         opt = [t * f + inp.global_sync for t, f in zip(inp.optimizer, factors)]
         res = simulate_costs(plan, inp.cluster, costs, inp.allreduce, opt, inp.tokens, iterations=iterations,
-                             ack_s=inp.ack_s)
-        if not contention or measured:
+                             ack_s=inp.ack_s, core_slowdown=pool)
+        if not contention or measured or pool is not None:
             break
         conc = compute_concurrency(res, plan)
         factors = [residual * slowdown(k, bg, ncores) for k in conc]
     return res, {"contention_factors": factors, "contention_measured": measured, "background_runnable": bg,
+                 "core_pool": pool,
                  "compute_concurrency": compute_concurrency(res, plan), "allreduce_s": inp.allreduce,
                  "optimizer_s": inp.optimizer, "wan_mode": mode,
                  "global_sync_s": inp.global_sync}

@@ -21,10 +21,18 @@ runtime does (its transport completes a send on the receiver's ACK): a WAIT_ACKS
 while any of its transfers is undelivered, then until the latest ACK is back (delivery plus the
 direction's `ack_s`, one round trip by default).
 
+CPU cores (`cores`, a sim.cores.CorePool; CPU-emulated runs whose ranks outnumber the host's
+cores only): each compute action then needs a core -- it is posted on the heap at the time its
+unit reaches it (phase 0, code _CORE_START) and ends when the pool says its work is done at the
+shared rate (_CORE_DONE, versioned like a fair link's completion); the unit waits meanwhile
+(wait -4). The compute op codes are remapped to _POOLED in a copy of the programs, so a run
+without a pool executes exactly the loop it always did.
+
 What it records: for each unit and program slot, one float -- when the action started (a
 receive: when the GPU reached it; a WAN send: when the transfer entered the link) -- and for
 each receive slot, when its tensor arrived. Everything in the trace follows from these two
-arrays plus the compiled program, so no event object is built during the run.
+arrays plus the compiled program, so no event object is built during the run. With a core pool
+also when each compute ended (`end`; without one, start + duration).
 """
 
 from __future__ import annotations
@@ -34,11 +42,13 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 
 from geotrain.errors import GeotrainError
+from geotrain.sim.cores import CorePool
 from geotrain.sim.links import FairLink, TemporalLink
 from geotrain.sim.program import ALLREDUCE, COMPUTE, RECV, SEND_INTRA, SEND_LOCAL, SEND_WAN, WAIT_ACKS, Program
 from geotrain.wan.temporal import concurrent_turns
 
-_ARRIVE, _FAIR_DONE, _DISPATCH = 0, 1, 2
+_ARRIVE, _FAIR_DONE, _DISPATCH, _CORE_START, _CORE_DONE = 0, 1, 2, 3, 4
+_POOLED = 7                  # a COMPUTE slot that needs a core from the pool (see module docstring)
 
 
 @dataclass
@@ -48,9 +58,11 @@ class EngineResult:
     actions: int                # actions executed (all units)
     wan_events: int             # events that went through the heap
     wall_s: float
+    end: list[list[float]] | None = None  # with a core pool: per unit, per compute slot, its end time
 
 
-def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> EngineResult:
+def run_engine(prog: Program, offsets: list[float], progress: bool = False,
+               cores: CorePool | None = None) -> EngineResult:
     t_wall = time.perf_counter()
     dp = prog.dp
     P = len(prog.stages)
@@ -60,10 +72,12 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
     sdata = []
     for s, p in enumerate(prog.stages):
         ddst = [(ds - s) * dp if ds >= 0 else 0 for ds in p.dst_stage]
-        sdata.append((p.ops, p.dur, ddst, p.dst_slot, len(p)))
+        ops = p.ops if cores is None else [_POOLED if op == COMPUTE else op for op in p.ops]
+        sdata.append((ops, p.dur, ddst, p.dst_slot, len(p)))
     lengths = [len(p) for p in prog.stages]
     start = [[0.0] * lengths[u // dp] for u in range(U)]
     box = [[-1.0] * lengths[u // dp] for u in range(U)]
+    end = [[-1.0] * lengths[u // dp] for u in range(U)] if cores is not None else None
     pcs = [0] * U
     clock = [float(offsets[u % dp]) if offsets else 0.0 for u in range(U)]
     wait = [-1] * U            # slot a unit is blocked on (-1 running/runnable, -2 in a collective, -3 acks)
@@ -166,6 +180,12 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
                     mst[pc] = t
                     if acked[u] > t:
                         t = acked[u]
+                elif op == _POOLED:              # COMPUTE on a shared core: the pool says when it ends
+                    mst[pc] = t
+                    wait[u] = -4
+                    seq += 1
+                    heappush(heap, (t, 0, seq, _CORE_START, u, pc))
+                    break
                 else:                            # SEND_LOCAL
                     mst[pc] = t
                     mbox[dslot[pc]] = t
@@ -213,6 +233,24 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
             if link.heads:
                 seq += 1
                 heappush(heap, (link.next_completion(), 0, seq, _FAIR_DONE, x, link.version))
+        elif code == _CORE_START:
+            cores.add(now, x, y, sdata[x // dp][1][y])
+            seq += 1
+            heappush(heap, (cores.next_completion(), 0, seq, _CORE_DONE, cores.version, 0))
+        elif code == _CORE_DONE:
+            if x != cores.version:
+                continue                         # superseded: another compute started or ended since
+            for u, slot in cores.pop_done(now):
+                end[u][slot] = now
+                executed += 1
+                pcs[u] = slot + 1
+                clock[u] = now
+                wait[u] = -1
+                stack.append(u)
+            nxt = cores.next_completion()
+            if nxt is not None:
+                seq += 1
+                heappush(heap, (nxt, 0, seq, _CORE_DONE, cores.version, 0))
         else:                                    # _DISPATCH: a temporal link admits waiting transfers
             link = links[x]
             for u, slot in link.admit(now):
@@ -233,4 +271,4 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False) -> E
         raise GeotrainError(f"the schedule deadlocks: {len(stuck)} GPUs never finish; stage {s} replica {d} "
                             f"waits at {what}")
     return EngineResult(start=start, arrival=box, actions=executed, wan_events=heap_events,
-                        wall_s=time.perf_counter() - t_wall)
+                        wall_s=time.perf_counter() - t_wall, end=end)

@@ -11,6 +11,7 @@ from geotrain.plan.peaks import stage_peaks
 from geotrain.plan.plan import Plan
 from geotrain.schedule.actions import Schedule
 from geotrain.schedule.builders import schedule_for_plan
+from geotrain.sim.cores import CorePool
 from geotrain.sim.engine import run_engine
 from geotrain.sim.program import compile_program
 from geotrain.sim.symmetry import replicas_alike, run_one_replica
@@ -85,8 +86,9 @@ def _iteration_time(prog, res, iterations: int) -> float | None:
             for it, slot in first.items():   # a unit's clock never goes back: its first compute starts first
                 if st[slot] < w0[it]:
                     w0[it] = st[slot]
+            en = res.end[u] if res.end is not None else None
             for it, slot in opt:
-                end = st[slot] + p.dur[slot]
+                end = en[slot] if en is not None else st[slot] + p.dur[slot]
                 if end > w1[it]:
                     w1[it] = end
     if any(x == -float("inf") or y == float("inf") for x, y in zip(w1, w0)):
@@ -102,21 +104,28 @@ def plan_schedule(plan: Plan) -> Schedule:
 def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], allreduce_time: list[float],
                    optimizer_time: list[float], tokens_per_iteration: int, iterations: int = 1,
                    schedule: Schedule | None = None, progress: bool = False,
-                   peak_memory: dict[int, float] | None = None, ack_s: dict[str, float] | None = None) -> SimResult:
+                   peak_memory: dict[int, float] | None = None, ack_s: dict[str, float] | None = None,
+                   core_slowdown: list[float] | None = None) -> SimResult:
     """The core: run `iterations` iterations of the plan's schedule with explicit costs.
 
     stage_costs: one per virtual stage; allreduce_time, optimizer_time: one per physical stage.
     peak_memory (per rank, bytes) is passed through to the metrics. ack_s: per WAN direction
     ("A->B"), seconds from a transfer's last byte leaving until its sender holds the ACK (default:
-    one round trip, program.compile_program)."""
+    one round trip, program.compile_program). core_slowdown: for a CPU-emulated run whose ranks
+    outnumber the host's cores, how much slower each of k units computing at once runs
+    ([unused, k=1, k=2, ...], sim.cores): compute then shares the cores (processor sharing);
+    None (GPU runs, or a core per rank): each unit computes alone."""
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
     sched = schedule if schedule is not None else plan_schedule(plan)
     prog = compile_program(plan, cluster, sched, stage_costs, allreduce_time, optimizer_time, iterations, ack_s)
     offsets = list(plan.pipeline_offsets) + [0.0] * (plan.dp - len(plan.pipeline_offsets))
     offsets = offsets[:plan.dp]
-    alike = replicas_alike(prog, offsets)
-    res = (run_one_replica if alike else run_engine)(prog, offsets, progress=progress)
+    pool = CorePool(core_slowdown) if core_slowdown is not None else None
+    # Replicas competing for cores are not alike: with a pool every unit is simulated.
+    alike = pool is None and replicas_alike(prog, offsets)
+    res = run_one_replica(prog, offsets, progress=progress) if alike else \
+        run_engine(prog, offsets, progress=progress, cores=pool)
     meta = {"plan": plan.name, "schedule": sched.kind, "iterations": iterations, "pp": plan.pp, "dp": plan.dp,
             "tp": plan.tp, "num_microbatches": plan.num_microbatches, "tokens_per_iteration": tokens_per_iteration,
             "links": prog.link_meta, "engine": {"actions": res.actions, "wan_events": res.wan_events,

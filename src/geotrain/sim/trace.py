@@ -35,6 +35,8 @@ def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
     P = len(prog.stages)
     starts = [np.array(res.start[s * dp:(s + 1) * dp], dtype=float).reshape(dp, -1) for s in range(P)]
     arrivals = [np.array(res.arrival[s * dp:(s + 1) * dp], dtype=float).reshape(dp, -1) for s in range(P)]
+    ends = None if res.end is None else [np.array(res.end[s * dp:(s + 1) * dp], dtype=float).reshape(dp, -1)
+                                         for s in range(P)]
     replica = np.arange(dp)[:, None]
     names = ("rank", "kind", "stage", "mb", "iteration", "peer", "bytes", "link", "start", "end")
     parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
@@ -67,7 +69,10 @@ def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
             return {k: v[m] for k, v in row.items()}
 
         m = (ops == COMPUTE) | (ops == ALLREDUCE)
-        add({**pick(m), "unit": unit, "start": S[:, m], "end": S[:, m] + dur[m]})
+        e = S[:, m] + dur[m]
+        if ends is not None:   # a core pool: computes end when their shared work is done
+            e = np.where(ops[m] == COMPUTE, ends[s][:, m], e)
+        add({**pick(m), "unit": unit, "start": S[:, m], "end": e})
         m = ops == RECV
         if m.any():
             add({**pick(m), "unit": unit, "start": S[:, m], "end": B[:, m]}, keep=B[:, m] > S[:, m])
