@@ -14,7 +14,7 @@ from geotrain.console import human_bytes, human_seconds
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.estimate import held
 from geotrain.plan.plan import Plan
-from geotrain.plan.scorer import Scorer
+from geotrain.plan.scorer import plan_stage_costs
 
 GIB = 2**30
 
@@ -28,11 +28,16 @@ def _b(x: float) -> str:
 
 
 def _recompute_factor(ctx: PlanningContext, plan: Plan) -> float:
-    """Step time with the plan's checkpointing over the step time without (first stage's GPU)."""
-    gpu_type = ctx.dc(plan.stages[0].dc).gpu_type
-    none = ctx.table(gpu_type, plan.micro_batch, "none").step[-1]
-    used = ctx.table(gpu_type, plan.micro_batch, plan.checkpointing).step[-1]
-    return used / none if none > 0 else 1.0
+    """Step time with a stage's checkpointing over the step time without, for the stage where
+    recomputing costs most (stages may checkpoint differently)."""
+    worst = 1.0
+    for s, st in enumerate(plan.stages):
+        gpu_type = ctx.dc(st.dc).gpu_type
+        none = ctx.table(gpu_type, plan.micro_batch, "none").step[-1]
+        used = ctx.table(gpu_type, plan.micro_batch, plan.stage_checkpointing(s)).step[-1]
+        if none > 0:
+            worst = max(worst, used / none)
+    return worst
 
 
 def lower_bound(ctx: PlanningContext, plan: Plan, costs) -> dict[str, float]:
@@ -46,22 +51,13 @@ def lower_bound(ctx: PlanningContext, plan: Plan, costs) -> dict[str, float]:
     return {"compute": compute, "wan": wan}
 
 
-def _stage_costs(ctx: PlanningContext, plan: Plan):
-    sc = Scorer(ctx)
-    return sc.stage_costs([s.dc for s in plan.stages], tuple(s.chunks for s in plan.stages), plan.micro_batch,
-                          plan.checkpointing, plan.sharding, plan.dp)
-
-
 def classify(ctx: PlanningContext, plan: Plan, cand, sim_time: float | None) -> str:
     """compute | wan-bandwidth | wan-latency | memory: what keeps the plan from going faster."""
     est = cand.est if cand is not None else None
     if est is not None and est.limiter != "compute":
         return est.limiter
-    if plan.checkpointing != "none":
-        none = ctx.table(ctx.dc(plan.stages[0].dc).gpu_type, plan.micro_batch, "none")
-        used = ctx.table(ctx.dc(plan.stages[0].dc).gpu_type, plan.micro_batch, plan.checkpointing)
-        if used.step[-1] > 1.1 * none.step[-1]:
-            return "memory"
+    if _recompute_factor(ctx, plan) > 1.1:
+        return "memory"
     if est is not None and plan.links:
         # Fill/drain latency worth more than a fifth of the iteration: the WAN's latency.
         if 2 * est.wan_latency > 0.2 * (sim_time or est.total):
@@ -70,7 +66,7 @@ def classify(ctx: PlanningContext, plan: Plan, cand, sim_time: float | None) -> 
 
 
 def analyse(ctx: PlanningContext, plan: Plan, cand, sim) -> tuple[float, dict[str, float], str, list[str]]:
-    costs = _stage_costs(ctx, plan)
+    costs = plan_stage_costs(ctx, plan)   # per-stage checkpointing, a region's sync: as score_plan prices it
     parts = lower_bound(ctx, plan, costs)
     lb = max(parts.values())
     sim_t = sim.iteration_time if sim is not None else None

@@ -343,12 +343,11 @@ class Scorer:
             self.tightest = (frac, dc, desc)
 
 
-def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
-    """The analytical estimate of an existing plan (for baselines and the explanation)."""
-    if plan.tp != ctx.tp:   # costs are per tp: price it in a context of its own
-        ctx = PlanningContext(ctx.spec, ctx.profile, tp=plan.tp)
-    chain = []
-    counts = []
+def plan_layout(plan: Plan) -> Layout:
+    """The Layout an existing plan has: its DC chain with stages per DC, and for a region plan
+    the DCs its pipelines spread over."""
+    chain: list[str] = []
+    counts: list[int] = []
     for st in plan.stages:
         if chain and chain[-1] == st.dc:
             counts[-1] += 1
@@ -356,18 +355,33 @@ def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
             chain.append(st.dc)
             counts.append(1)
     spread = plan.replicas_per_dc() if plan.replica_dcs else []
-    lay = Layout(tuple(chain), tuple(counts), plan.dp, plan.micro_batch, plan.num_microbatches,
-                 span=tuple(d for d, _ in spread), replicas=tuple(n for _, n in spread))
+    return Layout(tuple(chain), tuple(counts), plan.dp, plan.micro_batch, plan.num_microbatches,
+                  span=tuple(d for d, _ in spread), replicas=tuple(n for _, n in spread))
+
+
+def plan_stage_costs(ctx: PlanningContext, plan: Plan, scorer: Scorer | None = None) -> list[StageCosts]:
+    """An existing plan's per-stage costs as the search prices them: each stage at its own
+    checkpointing mode, the DP sync across the region's DCs for a region plan."""
+    scorer = scorer or Scorer(ctx, kinds=(plan.schedule,))
+    modes = tuple(plan.stage_checkpointing(s) for s in range(plan.pp))
+    return scorer.stage_costs([st.dc for st in plan.stages], tuple(st.chunks for st in plan.stages),
+                              plan.micro_batch, modes, plan.sharding, plan.dp, plan_layout(plan))
+
+
+def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
+    """The analytical estimate of an existing plan (for baselines and the explanation)."""
+    if plan.tp != ctx.tp:   # costs are per tp: price it in a context of its own
+        ctx = PlanningContext(ctx.spec, ctx.profile, tp=plan.tp)
+    lay = plan_layout(plan)
+    chain = lay.chain
     sharing = "temporal" if any(lp.sharing == "temporal" for lp in plan.links) else "fair"
     scorer = Scorer(ctx, kinds=(plan.schedule,))
     conns = tuple(lp.connections for lp in plan.links)
     if len(conns) != len(chain) - 1:
         return None
     bounds, stagger = scorer.boundaries(lay, sharing, conns, plan.virtual_per_stage)
-    dcs = lay.stage_dcs
     modes = tuple(plan.stage_checkpointing(s) for s in range(plan.pp))
-    costs = scorer.stage_costs(dcs, tuple(s.chunks for s in plan.stages), plan.micro_batch, modes,
-                               plan.sharding, plan.dp, lay)
+    costs = plan_stage_costs(ctx, plan, scorer)
     wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
     span = max(plan.pipeline_offsets, default=0.0)
     est = estimate(costs, bounds, plan.num_microbatches, plan.schedule, plan.virtual_per_stage, plan.extra_warmup,
