@@ -18,6 +18,14 @@ import time
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def _steal() -> float:
+    """CPU-seconds the hypervisor ran something else while this (virtual) machine wanted its cores,
+    since boot, all cores together (8th field of /proc/stat's cpu line; 0 on bare metal)."""
+    with open("/proc/stat") as f:
+        parts = f.readline().split()[1:]
+    return int(parts[7]) / TICK if len(parts) > 7 else 0.0
+
+
 def _total_busy() -> float:
     """Busy CPU-seconds of the whole machine since boot (all cores; not idle, not iowait)."""
     with open("/proc/stat") as f:
@@ -66,7 +74,9 @@ class CpuSampler:
     background_runnable: mean number of OTHER threads ready to run (machine-wide runnable count
     minus ours minus the sampler itself) -- under the kernel's fair scheduler each of them takes a
     share of the cores like one of our ranks does, which is what the slow-down model needs.
-    background_cores: CPU other work actually got (a consequence of the sharing; for the record)."""
+    background_cores: CPU other work actually got (a consequence of the sharing; for the record).
+    steal_cores: CPU the hypervisor gave to other guests while ours wanted it, in cores -- load no
+    thread of this machine shows, one suspect for runs minutes apart differing."""
 
     def __init__(self):
         self.runnable: list[int] = []
@@ -75,6 +85,7 @@ class CpuSampler:
         self.own0 = _proc_cpu(os.getpid()) or 0.0
         self.ours: dict[int, float] = {}
         self.t1, self.busy1, self.own1 = self.t0, self.busy0, self.own0
+        self.steal0 = self.steal1 = _steal()
 
     def sample(self, pids: list[int]) -> None:
         others = _runnable_system() - 1 - sum(_runnable_of(p) for p in pids)
@@ -84,9 +95,14 @@ class CpuSampler:
             if v is not None:
                 self.ours[p] = v
         self.t1, self.busy1, self.own1 = time.monotonic(), _total_busy(), _proc_cpu(os.getpid()) or self.own1
+        self.steal1 = _steal()
 
     def background_runnable(self) -> float:
         return sum(self.runnable) / len(self.runnable) if self.runnable else 0.0
+
+    def steal_cores(self) -> float:
+        dt = self.t1 - self.t0
+        return max(0.0, (self.steal1 - self.steal0) / dt) if dt > 0 else 0.0
 
     def background_cores(self) -> float:
         dt = self.t1 - self.t0
