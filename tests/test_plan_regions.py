@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.config import load_spec
-from geotrain.config.document import spec_document
 from geotrain.cost import comm
-from geotrain.errors import GeotrainError
 from geotrain.orchestrate.planning import evaluate_baselines, make_plan
 from geotrain.plan.plan import load_plan, save_plan
 from geotrain.sim import simulate
@@ -71,17 +69,6 @@ def test_cross_dc_sync_prices_the_slowest_link(tmp_path):
     assert two == pytest.approx(2 * (intra + wan))
     slow = cl.link("us-east", "us-west")             # 50 Gbit/s, 34 ms: the ring's slowest hop
     assert comm.cross_dc_sync_time(nbytes, [(east, 8), (central, 8)], [link, slow], "replicate") > two
-
-
-def test_train_refuses_a_region_plan(tmp_path):
-    from geotrain.runtime.trainer import RunConfig, resolve
-
-    spec = _three_dc(tmp_path, 400, 25)
-    plan = make_plan(spec, simulate_finalists=False).plan
-    assert plan.replica_dcs
-    cfg = RunConfig(spec=str(spec.path), plan=plan.to_dict(), spec_doc=spec_document(spec))
-    with pytest.raises(GeotrainError, match="region plan"):
-        resolve(cfg)
 
 
 def _plan(pp: int, dp: int, tp: int, replica_dcs: tuple[str, ...] = ()):

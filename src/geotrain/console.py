@@ -88,6 +88,23 @@ def human_seconds(s: float) -> str:
     return f"{sign}{h}h{rem // 60:02d}m"
 
 
+def number_runs(numbers: Iterable[int], prefix: str = "") -> str:
+    """Integers as runs, each number `prefix`ed: [0, 1, 2, 5] -> "0-2, 5" ("r0-r2, r5" with prefix "r")."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"{prefix}{a}" if a == b else f"{prefix}{a}-{prefix}{b}" for a, b in runs)
+
+
+def sent_received(per_name: dict[str, dict[str, int]]) -> str:
+    """{"east": {"out": B, "in": B}, ...} -> "east sent 1.2 MB, received 1.1 MB; west ..."."""
+    return "; ".join(f"{name} sent {human_bytes(b['out'])}, received {human_bytes(b['in'])}"
+                     for name, b in per_name.items())
+
+
 def human_rate(x: float, unit: str) -> str:
     """A quantity with SI prefixes: human_rate(3.2e14, "FLOP/s") -> "320 TFLOP/s";
     also fine for counts (human_rate(2e18, "FLOP"))."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from geotrain.console import human_bytes, sent_received
+
 HELP = "rehearse a multi-host deployment on this machine: one torchrun per emulated datacenter"
 ORDER = 55
 DESCRIPTION = (
@@ -75,9 +77,6 @@ def _builtin(plan_path: Path, out: Path, train_args: list[str]) -> Path:
 
 
 def _link_lines(links: list[dict]) -> list[str]:
-    # lazy: the command's heavy imports (torch, pydantic) load only when it runs (`geotrain --help` stays fast)
-    from geotrain.console import human_bytes
-
     lines = ["per cross-DC link (plan / measured):",
              "  link         connections per pair   sharing    turns/iter  held at once  transfers/iter  bytes/iter"]
     for x in links:
@@ -121,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     step = median_step_s(out)
     print(f"rehearsal: {len(losses)} steps in {result.wall_s:.1f} s wall, median step {step:.3f} s -> {out}")
     report = {"run_dir": str(out), "wall_s": result.wall_s, "median_step_s": step, "losses": losses,
-              "links": result.links}
+              "links": result.links, "link_bytes": result.link_bytes}
     same = True
     other = None
     if args.compare_with:
@@ -144,6 +143,10 @@ def run(args: argparse.Namespace) -> int:
         if step and their_step:
             print(f"median step: rehearse {step:.3f} s vs built-in launcher {their_step:.3f} s "
                   f"(ratio {step / their_step:.2f})")
-    print("\n".join(_link_lines(result.links)))
+    if result.links:
+        print("\n".join(_link_lines(result.links)))
+    if result.link_bytes:
+        print("WAN bytes (emulated links, whole run, the process group's collectives included): "
+              + sent_received(result.link_bytes))
     (out / "rehearse.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0 if same else 1

@@ -7,7 +7,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from geotrain.console import human_bytes
+from geotrain.console import human_bytes, number_runs, sent_received
 from geotrain.errors import GeotrainError, SpecError
 from geotrain.models.presets import PRESETS
 from geotrain.process import exit_skipping_teardown
@@ -263,6 +263,10 @@ def run(args: argparse.Namespace) -> int:
               f"{plan.schedule}, {plan.precision}, checkpointing={plan.checkpointing_label()}, "
               f"sharding={plan.sharding}, "
               f"global batch {plan.global_batch} x {spec.model.seq_len} tokens -> {cfg.out}", flush=True)
+        if plan.replica_dcs:
+            print("region plan: " + "; ".join(f"{dc} ranks {number_runs(plan.ranks_of_dc(dc))}"
+                                              for dc in plan.dcs_by_rank())
+                  + " (each DP pipeline inside one DC; only the gradient reduction crosses)", flush=True)
 
     service = None
     entry = "geotrain.runtime.worker"
@@ -301,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     def launch_once(cfg, spec, plan, watch) -> None:
         def describe(r: int) -> str:
             s, d, _ = plan.coords(r)
-            return f"stage {s}, replica {d}, {plan.stages[s].dc}"
+            return f"stage {s}, replica {d}, {plan.dc_of(s, d)}"
 
         last["plan"] = plan
         last["wan"] = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
@@ -320,6 +324,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if service is not None:
             service.close()
+    crossed = last["wan"].link_bytes if "wan" in last else {}
+    if crossed and not args.no_progress:     # kernel emulation: what the run put on the emulated WAN
+        print("WAN bytes (emulated links, whole run, the process group's collectives included): "
+              + sent_received(crossed), flush=True)
     write_prediction(spec, last["plan"], Path(cfg.out), profile, last["wan"].mode,
                      iterations=_predicted_iterations(cfg, spec))
     return 0
@@ -328,16 +336,18 @@ def run(args: argparse.Namespace) -> int:
 def _check_host_dc(plan, rank: int, dc: str) -> None:
     """--dc under torchrun: the plan must put this RANK in this host's datacenter. (torchrun numbers
     nodes in rendezvous order -- c10d sorts them by --local-addr -- which need not be the plan's.)"""
-    dcs = [st.dc for st in plan.stages]
+    dcs = plan.dcs_by_rank()
     if dc not in dcs:
-        raise GeotrainError(f"--dc {dc}: the plan uses no such datacenter ({', '.join(dict.fromkeys(dcs))})")
+        raise GeotrainError(f"--dc {dc}: the plan uses no such datacenter ({', '.join(dcs)})")
     if rank >= plan.num_ranks:
         return                          # the world-size check names this one
     mine = plan.dc_of_rank(rank)
     if mine != dc:
-        raise GeotrainError(f"--dc {dc}: rank {rank} is stage {plan.coords(rank)[0]} in {mine} by the plan; start each "
-                            f"datacenter's torchrun so that node ranks follow the plan's datacenter order "
-                            f"({' -> '.join(dict.fromkeys(dcs))}), e.g. with --node-rank")
+        s, d, _ = plan.coords(rank)
+        raise GeotrainError(f"--dc {dc}: rank {rank} is stage {s} in {mine} by the plan (DP pipeline {d}); start "
+                            f"each datacenter's torchrun so that node ranks follow the plan's datacenter order "
+                            f"({' -> '.join(f'{x} ranks {number_runs(plan.ranks_of_dc(x))}' for x in dcs)}), "
+                            "e.g. with --node-rank")
 
 
 def _predicted_iterations(cfg, spec) -> int:

@@ -319,6 +319,21 @@ class WanEmulation:
         if self.failed:
             raise GeotrainError(self.failed)
 
+    def link_bytes(self) -> dict[str, dict[str, int]]:
+        """Bytes each DC has sent over its WAN link ("out") and received from it ("in") so far:
+        the router's side of the DC's veth (its rx is what the DC sent). A DC's ranks share one
+        address, so their traffic with each other never reaches the router: these are cross-DC
+        bytes only -- what a run really put on the emulated WAN, whichever library sent it."""
+        out = {}
+        for i, dc in enumerate(self.dcs):
+            try:
+                stats = json.loads(N.run_ip("-s", "-j", "link", "show", "dev", N.router_ifname(i),
+                                            ns=self.state.router))[0]["stats64"]
+            except (RuntimeError, ValueError, LookupError):
+                continue                    # torn down already, or an ip without JSON: no count
+            out[dc] = {"out": int(stats["rx"]["bytes"]), "in": int(stats["tx"]["bytes"])}
+        return out
+
     def delayer_alive(self) -> bool:
         return self.delayer is not None and self.delayer.poll() is None
 

@@ -20,7 +20,10 @@ What is measured per cross-DC link direction, and where:
     listener (its address from the rank's start-up log line), the most seen at once;
   * turns -- by the transport: each temporal turn a rank held is a `turn` event in the measured
     trace (runtime.wan.RecordedTurns); per iteration, and how many were held at once;
-  * bytes -- the `transfer` events of the measured trace, per iteration.
+  * bytes -- the `transfer` events of the measured trace, per iteration; and per datacenter, what
+    crossed its emulated link in the whole run, whichever library sent it (the router's interface
+    counters): a region plan's pipelines stay inside their DCs, so its only cross-DC bytes are
+    the gradient reduction's, through the process group.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Rehearsal:
     hosts: list[Host]
     wall_s: float
     links: list[dict] = field(default_factory=list)
+    link_bytes: dict[str, dict[str, int]] = field(default_factory=dict)   # per DC, emulation.link_bytes
 
 
 def dc_blocks(plan) -> list[tuple[str, list[int]]]:
@@ -274,7 +278,7 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
     blocks = dc_blocks(plan)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    last = plan.stages[-1].dc
+    last = plan.dc_of(plan.pp - 1, 0)      # the loss owner's DC (runtime.rank_run.report_rank)
     hosts = [Host(dc, ranks, run_dir if dc == last else run_dir / "hosts" / dc, logs / f"{dc}.log")
              for dc, ranks in blocks]
     emu = WanEmulation(emulation_cluster(spec.cluster, [h.dc for h in hosts]), rate_scale=rate_scale,
@@ -302,13 +306,14 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
             sampler.stop()
         for h in hosts:
             _stop(h)
+        crossed = emu.link_bytes()
         emu.stop()
     wall = time.time() - t0
     trace = run_dir / "measured_trace.jsonl"
     if not trace.exists():
         raise GeotrainError(f"the run wrote no {trace} (logs: {logs})")
     conns = measured_connections(sampler.samples, listeners([h.log for h in hosts]))
-    return Rehearsal(run_dir, hosts, wall, link_reports(spec, plan, trace, conns))
+    return Rehearsal(run_dir, hosts, wall, link_reports(spec, plan, trace, conns), crossed)
 
 
 def _wait(hosts: list[Host], emu, deadline: float) -> None:

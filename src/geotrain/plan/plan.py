@@ -135,6 +135,10 @@ class Plan:
         s, d, _ = self.coords(rank)
         return self.dc_of(s, d)
 
+    def dcs_by_rank(self) -> list[str]:
+        """The DCs the plan's ranks run in, in rank order (each once)."""
+        return list(dict.fromkeys(self.dc_of_rank(r) for r in range(self.num_ranks)))
+
     def ranks_of_dc(self, dc: str) -> list[int]:
         """The ranks in `dc`, ascending (a contiguous range: see the module docstring)."""
         return [r for r in range(self.num_ranks) if self.dc_of_rank(r) == dc]

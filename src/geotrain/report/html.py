@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from geotrain.console import human_bytes, human_rate, human_seconds
+from geotrain.console import human_bytes, human_rate, human_seconds, number_runs
 from geotrain.plan.plan import Plan
 from geotrain.report.compare import CompareRow, ScheduleRow, format_rel, format_value
 from geotrain.report.summary import bubble_summary, stage_rows
@@ -66,18 +66,6 @@ def _cards(items: Sequence[tuple[str, str]]) -> str:
         for k, v in items) + "</div>"
 
 
-def _rank_ranges(ranks) -> str:
-    """Ranks as runs: "r0-r3" (an ordinary plan's stage), "r0-r1, r4-r5" (a region plan's, whose
-    ranks are numbered pipeline by pipeline)."""
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ", ".join(f"r{a}" if a == b else f"r{a}-r{b}" for a, b in runs)
-
-
 def plan_section(plan: Plan) -> str:
     head = [
         ("schedule", plan.schedule), ("pipeline stages (pp)", str(plan.pp)), ("data parallel (dp)", str(plan.dp)),
@@ -93,7 +81,7 @@ def plan_section(plan: Plan) -> str:
     out = [f"<h2>Plan <span class='muted'>{escape(plan.name)}</span></h2>",
            table(["setting", "value"], head)]
     srows = [(s, st.dc, ", ".join(f"[{a}, {b})" for a, b in st.chunks), len(st.units),
-              _rank_ranges(plan.rank(s, d, t) for d in range(plan.dp) for t in range(plan.tp)))
+              number_runs((plan.rank(s, d, t) for d in range(plan.dp) for t in range(plan.tp)), "r"))
              for s, st in enumerate(plan.stages)]
     out.append(table(["stage", "DC", "model units", "units", "ranks"], srows, [True, False, False, True, False]))
     if plan.links:

@@ -9,8 +9,10 @@ GEOTRAIN_SECRET_FILE, removed when the run ends. The first rank to fail makes th
 error naming it; its full traceback is in RUN_DIR/logs/rank<R>.log.
 
 With `wan=` (a runtime.wan.WanLaunch) each rank starts inside its datacenter's network namespace
-with that namespace's MASTER_ADDR / GLOO_SOCKET_IFNAME, and every case gets the WAN transport
-config; tearing the emulation down stays with whoever opened it (`run_with_wan` does both).
+(`plan.dc_of_rank`: a region plan's DP pipelines each in its own DC) with that namespace's
+MASTER_ADDR / GLOO_SOCKET_IFNAME, and every case gets the WAN transport config; tearing the
+emulation down stays with whoever opened it (`run_with_wan` does both, and writes what crossed
+each DC's emulated link to RUN_DIR/wan_bytes.json).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from geotrain.runtime.trainer import RunConfig, resolve
 from geotrain.runtime.wan import open_wan
 from geotrain.wan.auth import SECRET_ENV, new_secret, write_secret_file
 
+WAN_BYTES_NAME = "wan_bytes.json"   # per DC, bytes it sent ("out") and received ("in") over the emulated WAN
 MAX_LOCAL_RANKS = 64  # override with GEOTRAIN_MAX_LOCAL_RANKS on a big single host
 
 
@@ -234,6 +237,9 @@ def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = 
         launch(cases, plan.num_ranks, run_dir, wan=wan, **kw)
     finally:
         wan.close()
+        if wan.link_bytes:      # kernel emulation: what crossed each DC's emulated link, whoever sent it
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(run_dir) / WAN_BYTES_NAME).write_text(json.dumps(wan.link_bytes, indent=2) + "\n")
     return wan
 
 

@@ -116,7 +116,7 @@ class PipelineRank:
         t = tensor.detach().to(self.boundary_dtype).contiguous()
         t_start = self.recorder.now()
         work = self.transport.send(t, dst, self._tag(kind, a.stage, a.mb))
-        src_dc, dst_dc = self.plan.stages[self.stage].dc, self.plan.stages[a.peer % self.plan.pp].dc
+        src_dc, dst_dc = self.plan.dc_of(self.stage, self.replica), self.plan.dc_of(a.peer % self.plan.pp, self.replica)
         link = f"{src_dc}->{dst_dc}" if src_dc != dst_dc else ""
         self._sends.append((work, t_start, t.numel() * t.element_size(), link, dst, a))
 

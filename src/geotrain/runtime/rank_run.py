@@ -5,7 +5,8 @@
 
 The loss, and why no step waits for the whole world: in bf16/fp32 nothing needs a world-wide
 decision, so the only collectives a step runs are the DP gradient reduction inside each stage's
-DC and the loss sum over the last stage's DP replicas (also inside one DC). The last stage's
+DC (a region plan's: across its region's DCs, through the process group) and the loss sum over
+the last stage's DP replicas. The last stage's
 first rank (`report_rank`) owns the loss: it writes losses.jsonl and shows the progress. Only fp16
 needs one world-wide all-reduce per step -- the overflow flag, so every rank skips the same steps
 (the loss rides along in the same tensor).
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from tqdm import tqdm
 
@@ -102,9 +103,11 @@ class RankRun:
         self.device = rank_device()
         self.reporter = self.rank == report_rank(plan)
         torch.manual_seed(job.seed)
-        # One (pp, dp, tp) mesh: its row-major layout is the plan's rank numbering. FSDP2 over "dp" and
-        # TP over "tp" must be slices of the same mesh to compose.
-        self.mesh = init_device_mesh(self.device.type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+        # One (pp, dp, tp) mesh holding the plan's rank table (Plan.rank_table: stage-major, or a region
+        # plan's pipeline-major numbering), so its "dp" slices are each stage's replicas whatever the
+        # numbering. FSDP2 over "dp" and TP over "tp" must be slices of the same mesh to compose.
+        self.mesh = DeviceMesh(self.device.type, torch.tensor(plan.rank_table, dtype=torch.int64),
+                               mesh_dim_names=("pp", "dp", "tp"))
         self.dp_group = self.mesh["dp"].get_group()
         self.schedule = schedule_for_plan(plan)
         self.chunks = self._build_chunks()

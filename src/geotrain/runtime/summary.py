@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import resource
+import socket
+import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,15 +24,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from geotrain.console import human_bytes
+from geotrain.console import human_bytes, number_runs
+from geotrain.errors import GeotrainError
 from geotrain.plan.peaks import predicted_stage_peaks
 from geotrain.runtime.recorder import Recorder, merge_trace_lines
+from geotrain.runtime.wan import bind_address
 from geotrain.schedule.builders import schedule_for_plan
 from geotrain.trace.chrome import write_chrome
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
 COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall", "optimizer_steps",
-           "params_bytes", "grads_bytes", "optimizer_bytes", "max_rss_bytes", "peak_bytes")
+           "params_bytes", "grads_bytes", "optimizer_bytes", "max_rss_bytes", "peak_bytes", "ipv4")
 
 
 def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, steps_run: int,
@@ -46,7 +50,7 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
     row[rank] = torch.tensor([sum(tot.get(k, 0.0) for k in COMPUTE), tot.get("recv_wait", 0.0),
                               tot.get("allreduce", 0.0), tot.get("optimizer", 0.0), wall, optimizer_steps,
                               *(float((memory or {}).get(k, 0)) for k in ("params", "grads", "optimizer")),
-                              _max_rss(), float((memory or {}).get("peak", 0))],
+                              _max_rss(), float((memory or {}).get("peak", 0)), float(_my_ipv4())],
                              dtype=torch.float64)
     dist.all_reduce(row)               # a CPU tensor: gloo, also on CUDA ranks ("cpu:gloo,cuda:nccl")
     dist.barrier()
@@ -73,6 +77,9 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
                "memory_per_rank": [{"params": int(r[6]), "grads": int(r[7]), "optimizer": int(r[8]),
                                     "max_rss": int(r[9]), "peak": int(r[10])} for r in row.tolist()],
                "time_fractions": per_stage,
+               # Where each rank ran, as its own network stack says (not the plan): one address per host
+               # (per emulated DC's namespace), e.g. to check the ranks of a DC ran in that DC.
+               "address_per_rank": [socket.inet_ntoa(struct.pack("!I", int(x))) for x in row[:, 11].tolist()],
                "memory_per_stage": _memory_per_stage(spec, plan, row[:, 10].tolist())}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.progress:
@@ -113,6 +120,15 @@ def _memory_per_stage(spec, plan, peaks: list[float]) -> list[dict[str, Any]]:
     return out
 
 
+def _my_ipv4() -> int:
+    """This host's address towards the rendezvous (runtime.wan.bind_address) as an integer, so it
+    rides in the float64 row (exact below 2**53); 0 where none can be told."""
+    try:
+        return struct.unpack("!I", socket.inet_aton(bind_address()))[0]
+    except (GeotrainError, OSError):
+        return 0
+
+
 def _max_rss() -> float:
     """Peak resident memory of this process (bytes; Linux reports KiB)."""
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
@@ -134,5 +150,10 @@ def format_summary(summary: dict[str, Any], out: Path) -> str:
             err = f"{m['error']:+.0%}" if m["error"] is not None else "-"
             lines.append(f"  stage {m['stage']}: {human_bytes(m['predicted_peak'])} / {human_bytes(m['measured_peak'])}"
                          f"  ({err})")
+    hosts: dict[str, list[int]] = {}
+    for r, a in enumerate(summary.get("address_per_rank") or []):
+        hosts.setdefault(a, []).append(r)
+    if len(hosts) > 1:
+        lines.append("ranks per host address: " + "; ".join(f"{a} ranks {number_runs(rs)}" for a, rs in hosts.items()))
     lines.append(f"run directory: {out}  (measured_trace.jsonl, losses.jsonl; see `geotrain report {out}`)")
     return "\n".join(lines)

@@ -1,9 +1,10 @@
 """One rank's training run: build its stage from the plan, execute the schedule, record, checkpoint.
 
 Called on every rank of an initialized process group (by `worker.py`, under our launcher or
-torchrun). Ranks are stage-major with TP innermost (`plan.rank(stage, replica, t)`), so the
-(pp, dp, tp) device mesh built here has one DP group per stage and TP index, inside the stage's DC,
-and one TP group of consecutive ranks (inside a node) per stage replica.
+torchrun). Ranks follow the plan's table (`plan.rank(stage, replica, t)`: stage-major, a region
+plan pipeline-major; TP innermost), so the (pp, dp, tp) device mesh built from it has one DP group
+per stage and TP index -- inside the stage's DC, or across a region plan's DCs -- and one TP group
+of consecutive ranks (inside a node) per stage replica.
 """
 
 from __future__ import annotations
@@ -70,10 +71,6 @@ def resolve(cfg: RunConfig):
     problem = tp_problem(spec.model, plan, spec.cluster)
     if problem:
         raise GeotrainError(f"plan {plan.name!r}: {problem}")
-    if plan.replica_dcs:
-        raise GeotrainError(f"plan {plan.name!r} spreads DP over {', '.join(d for d, _ in plan.replicas_per_dc())} "
-                            "(a region plan): the runtime places every replica of a stage in the stage's DC and "
-                            "cannot train it yet; plan and simulate it, or plan without regions")
     if plan.tp > 1 and plan.sharding == "zero1":
         raise GeotrainError(f"plan {plan.name!r}: sharding zero1 is not supported with tp={plan.tp} "
                             "(use replicate, zero2 or zero3)")

@@ -261,6 +261,7 @@ class WanLaunch:
     timeout_s: float = DEFAULT_TIMEOUT_S
     tag: str = ""                               # the emulation's name tag (namespaces gt-<tag>*)
     tls: bool = False                           # cross-DC connections in TLS (wan.tls)
+    link_bytes: dict[str, dict[str, int]] = field(default_factory=dict)   # kernel: per DC, at close
 
     def rank_config(self) -> dict[str, Any] | None:
         if self.mode == "off":
@@ -286,6 +287,7 @@ class WanLaunch:
 
     def close(self) -> None:
         if self.emulation is not None:
+            self.link_bytes = self.emulation.link_bytes()    # what crossed the emulated WAN, kept
             self.emulation.stop()
             self.emulation = None
 
@@ -304,14 +306,18 @@ def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = 
     if rate_scale <= 0:
         raise GeotrainError("--wan-rate-scale must be positive")
     rank_dc = [plan.dc_of_rank(r) for r in range(plan.num_ranks)]
-    used = list(dict.fromkeys(st.dc for st in plan.stages))
+    used = plan.dcs_by_rank()
     if mode == "off" or len(used) < 2:
         if mode != "off":
-            say("WAN: none (every stage is in one datacenter)")
+            say("WAN: none (every rank is in one datacenter)")
         return WanLaunch("off", rank_dc)
-    for a, b in zip(used, used[1:]):
+    # Pipelines cross the links between consecutive stages' DCs; a region plan's gradient
+    # reduction rings over every pair of its DCs.
+    pairs = [(a, b) for i, a in enumerate(used) for b in used[i + 1:]] if plan.replica_dcs else zip(used, used[1:])
+    for a, b in pairs:
         if spec.cluster.link(a, b) is None:
-            raise GeotrainError(f"stages sit in {a} and {b}, but the cluster has no WAN link between them")
+            what = "DP pipelines" if plan.replica_dcs else "stages"
+            raise GeotrainError(f"{what} sit in {a} and {b}, but the cluster has no WAN link between them")
     links = "; ".join(f"{ln.between[0]}-{ln.between[1]}: {ln.latency_ms:g} ms one-way, "
                       f"{ln.capacity_gbps * rate_scale:g} Gbit/s, {ln.per_connection_gbps * rate_scale:g} Gbit/s "
                       f"per connection" for ln in spec.cluster.wan_links if set(ln.between) <= set(used))
@@ -337,7 +343,8 @@ def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = 
         if mode == "kernel":
             raise GeotrainError(f"--wan kernel: {why}")
     say(f"WAN: user-space shaper inside the transport{f' (kernel emulation unavailable: {why})' if why else ''}; "
-        f"{links} -- only pipeline transfers between datacenters are delayed and rate-limited")
+        f"{links} -- only pipeline transfers between datacenters are delayed and rate-limited"
+        + (" (this region plan's only cross-DC traffic, its gradient reduction, is not)" if plan.replica_dcs else ""))
     return WanLaunch("shaper", rank_dc, None, rate_scale, timeout_s, tls=tls)
 
 
