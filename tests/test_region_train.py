@@ -113,3 +113,24 @@ def test_torchrun_hosts_of_a_region_plan_follow_its_dcs():
         _check_host_dc(plan, rank, dc)
     with pytest.raises(GeotrainError, match=r"rank 1 is stage 1 in east by the plan \(DP pipeline 0\)"):
         _check_host_dc(plan, 1, "west")
+
+
+@pytest.mark.netns
+@needs_root
+def test_rehearse_runs_a_region_plan_one_torchrun_per_pipeline_dc(region_run, tmp_path):
+    """The region plan as a two-host deployment: one torchrun per DC of its pipelines (node ranks
+    contiguous per host), bit for bit the built-in launcher's run, the reduction on the link."""
+    plan, builtin, _ = region_run
+    out = tmp_path / "rehearse"
+    r = subprocess.run([sys.executable, "-m", "geotrain.cli", "rehearse", str(builtin / "plan.json"), "--steps",
+                        str(STEPS), "--data", "synthetic", "--out", str(out), "--compare-with", str(builtin),
+                        "--timeout", "240"], env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert re.search(r"east 10\.77\.1\.2 ranks 0-1, west 10\.77\.2\.2 ranks 2-3", r.stdout), r.stdout
+    report = json.loads((out / "rehearse.json").read_text())
+    assert report["losses_identical"] and len(report["losses"]) == STEPS
+    assert report["links"] == []                     # no pipeline boundary crosses a DC
+    params = load_spec(SPEC).model.shape.param_count()
+    assert all(report["link_bytes"][dc]["out"] > STEPS * params for dc in ("east", "west")), report["link_bytes"]
+    seen = json.loads((out / "summary.json").read_text())["address_per_rank"]
+    assert seen == ["10.77.1.2", "10.77.1.2", "10.77.2.2", "10.77.2.2"]
