@@ -1,6 +1,7 @@
 """One truth for static memory and DP traffic: what each rank holds and reduces is what the cost model counts.
 
-Four ranks (pp=2 x dp=2, the tiny 2-DC plan) train 2 steps under every sharding in bf16 and fp32,
+Four ranks (pp=2 x dp=2, the tiny 2-DC plan) train 2 steps under every sharding in bf16 and fp32 (and
+fp16 with zero2, whose FSDP2 reduce-scatter must run in fp16 as replicated DP's all-reduce does),
 through the runtime's own worker with torch.distributed's collectives counted
 (`_count_collectives.py`). Per rank:
   * the bytes its DP gradient reduction moves per step (all-reduce buffers, or FSDP2's
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
 STEPS = 2
 CASES = [(p, s) for p in ("bf16", "fp32") for s in ("replicate", "zero1", "zero2", "zero3")]
+CASES += [("fp16", "zero2")]   # one fp16 case: its reduce dtype (zero3 takes the same policy)
 
 
 @pytest.fixture(scope="module")

@@ -109,7 +109,12 @@ def fsdp_mixed_precision(precision: str):
     updates (the master weights) and their gradients stay fp32 -- the bytes the cost model counts
     (`cost.memory.runtime_state_bytes_per_param`, `CostModel.grad_bytes`): at the peak the bf16
     gathered weights and bf16 unsharded gradients, the fp32 shards. fp32: None (no casts).
-    fp16 keeps fp32 weights under autocast (None too): its loss scaler unscales fp32 gradients."""
+    fp16 keeps fp32 weights under autocast, so its loss scaler unscales fp32 gradients, but the
+    reduce-scatter runs in fp16 as replicated DP's all-reduce does (`allreduce_grads`): the
+    2 bytes per parameter the cost model counts (an fp32 reduction moved twice that). A scaled
+    gradient that overflows in the fp16 sum is an inf the scaler sees, and the step is skipped."""
+    if precision == "fp16":
+        return MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float16, cast_forward_inputs=False)
     if precision != "bf16":
         return None
     # Inputs are not cast: the residual stream stays fp32 (the model's embedding casts it up), so
