@@ -13,8 +13,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from geotrain.calibrate.compare import compare_case, measured_metrics
 from geotrain.calibrate.costs import predict
+from geotrain.calibrate.timers import time_unit
 from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
 from geotrain.config.load import load_spec
 from geotrain.cost import CostModel
@@ -128,6 +131,23 @@ def case_plan(spec, case: Case):
     return plan
 
 
+def unit_speed(spec, profile: dict, micro_batch: int, precision: str) -> float | None:
+    """Diagnostic only, never an input of any prediction: one transformer block's forward + backward
+    timed now, as the profile timed it (one thread, 10th percentile), over the profile's time -- above
+    1 the machine computes slower than when it was profiled (runs minutes apart differed 30-45 % at
+    the same sampled load). None when the profile has no such entry."""
+    ref = (profile.get("block") or {}).get(str(micro_batch))
+    if not ref or sum(ref) <= 0:
+        return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fwd, bwd = time_unit(spec.model, 1, micro_batch, precision, repeats=20)
+    finally:
+        torch.set_num_threads(threads)
+    return (fwd + bwd) / sum(ref)
+
+
 def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup: int = 2,
              mode: str | None = None):
     """Predict `case` from the profile alone, then run it for real (steps iterations, the first
@@ -148,6 +168,7 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     sim, details = predict(spec, plan, profile, iterations=steps - warmup, mode=mode)
     sim.trace.write_jsonl(directory / "predicted_trace.jsonl")
     predicted_at = time.time()
+    speed = unit_speed(spec, profile, plan.micro_batch, plan.precision)   # after the prediction: diagnosis only
     retried = None
     try:
         trace_path, cond = run_plan(spec, plan, directory / "run", steps=steps, mode=mode, warmup=warmup)
@@ -165,7 +186,7 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     row.posthoc_iteration_s = posthoc.metrics.iteration_time
     details.update(predicted_at=predicted_at, run_started_after_prediction=True, run_wall_s=cond["wall_s"],
                    background_runnable=background, background_cores_used=cond["background_cores"],
-                   steal_cores=cond.get("steal_cores", 0.0),
+                   steal_cores=cond.get("steal_cores", 0.0), unit_time_vs_profile=speed,
                    wan_mode=cond["mode"], rank_slowdown=slow, retried_after=retried,
                    posthoc_iteration_s=posthoc.metrics.iteration_time)
     return row, details
