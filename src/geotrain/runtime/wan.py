@@ -15,7 +15,9 @@ to reach the rendezvous, MASTER_ADDR) and publishes it in the c10d store; `--wan
 way to send plain gloo/NCCL across DCs. Every rank logs which transport carries each of its links.
 
 Rank side (`build_transport`): pairs of ranks in one DC keep gloo/NCCL (TorchTransport); pairs across a
-WAN link go through StripedTransport with the LinkPlan's number of TCP connections. When the
+WAN link go through StripedTransport with the LinkPlan's number of TCP connections. (A region plan's
+pipelines are each inside one DC: all their pairs keep gloo/NCCL, and the only cross-DC traffic is the
+DP reduction, a collective of the process group.) When the
 LinkPlan says "temporal", the DP pipelines sending over that stage boundary (one direction) take
 turns in the plan's order, each transfer alone on the link; "fair" lets them all send at once.
 
@@ -65,15 +67,17 @@ def peer_stages(plan, schedule, stage: int) -> set[int]:
     return {a.peer % plan.pp for a in schedule.actions[stage] if a.peer >= 0 and a.peer % plan.pp != stage}
 
 
-def cross_dc_links(plan, schedule, stage: int):
-    """{peer stage: LinkPlan} for this stage's peers in another DC (a missing LinkPlan: 1 connection, fair)."""
+def cross_dc_links(plan, schedule, stage: int, replica: int = 0):
+    """{peer stage: LinkPlan} for this stage's peers in another DC (a missing LinkPlan: 1 connection, fair).
+    Boundary tensors stay inside one DP pipeline, so the DCs compared are that pipeline's: a region
+    plan's pipeline is whole inside one DC and has none."""
     # lazy: pydantic only when called (importers that never call it stay free of it)
     from geotrain.plan.plan import LinkPlan
 
-    mine = plan.stages[stage].dc
+    mine = plan.dc_of(stage, replica)
     out = {}
     for p in sorted(peer_stages(plan, schedule, stage)):
-        other = plan.stages[p].dc
+        other = plan.dc_of(p, replica)
         if other != mine:
             out[p] = plan.link_between(mine, other) or LinkPlan(src_dc=mine, dst_dc=other)
     return out
@@ -174,11 +178,11 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
         p2p_groups = T.directed_groups(plan, schedule)      # collective: every rank, same order
     default = T.TorchTransport(groups=p2p_groups)
     stage, replica, t = plan.coords(rank)
-    links = cross_dc_links(plan, schedule, stage)
+    links = cross_dc_links(plan, schedule, stage, replica)
     if not wan:
         for peer_stage in links:
-            print(f"geotrain wan: rank {rank} ({plan.stages[stage].dc}) -> stage {peer_stage} "
-                  f"({plan.stages[peer_stage].dc}): TorchTransport (plain {dist.get_backend()} across the WAN: "
+            print(f"geotrain wan: rank {rank} ({plan.dc_of(stage, replica)}) -> stage {peer_stage} "
+                  f"({plan.dc_of(peer_stage, replica)}): TorchTransport (plain {dist.get_backend()} across the WAN: "
                   "--wan off)", file=sys.stderr, flush=True)
         return default
     if wan.get("mode") not in RANK_MODES:
@@ -191,7 +195,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
 
     store = dist.distributed_c10d._get_default_store()
     run = f"geotrain/rt{_BUILT[0]}"
-    my_dc = plan.stages[stage].dc
+    my_dc = plan.dc_of(stage, replica)
     host = wan["hosts"][my_dc] if wan["mode"] == "kernel" else wan.get("bind", "127.0.0.1")
     timeout = float(wan.get("timeout_s", DEFAULT_TIMEOUT_S))
     secret = run_secret(store)     # the launcher's 0600 file, else shared through the store
@@ -211,7 +215,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
                                             secret=secret)
             if arbiter is not None:
                 arbiters.append(arbiter)
-            turn = RecordedTurns(turn, recorder, f"{my_dc}->{plan.stages[peer_stage].dc}", stage)
+            turn = RecordedTurns(turn, recorder, f"{my_dc}->{plan.dc_of(peer_stage, replica)}", stage)
         elif lp.sharing not in ("fair", "temporal"):
             raise GeotrainError(f"link {lp.src_dc}-{lp.dst_dc}: unknown sharing {lp.sharing!r} (fair, temporal)")
         for d in range(plan.dp):
@@ -240,7 +244,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
                                describe=lambda r: f"rank {r} ({plan.dc_of_rank(r)})", **hooks)
     for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it
         how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
-        print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.stages[peer_stage].dc}): "
+        print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.dc_of(peer_stage, replica)}): "
               f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']}"
               f"{', TLS' if striped.tls is not None else ''} "
               f"(listening on {host}:{striped.port})\n", end="", file=sys.stderr, flush=True)   # one write per line
