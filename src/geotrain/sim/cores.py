@@ -8,10 +8,11 @@ and pp4 runs: four single-thread ranks on two cores), compute needs a core; a ra
 message or a collective holds none; a rank woken by a tensor competes for the cores with whoever is
 computing at that instant.
 
-Which scheduling model, by measurement. Linux shares the cores by timeslices (CFS/EEVDF, slices of
-~1-3 ms), and a woken task is placed at the head of the run queue's fair order (its vruntime lags
-the sleepers' credit), so it runs within about a slice: the cores behave as *processor sharing*, not
-as FIFO run-to-completion. Measured on the 2-core validation machine: the profile's contention table
+Which scheduling model, by measurement. Linux shares the cores by timeslices (EEVDF on the 6.18
+kernel here, CFS before it; slices of ~1-3 ms) and a task woken after a sleep keeps its lag, so it
+runs within about a slice of waking: on the scale of a 2-10 ms compute action the cores behave as
+*processor sharing*, not as FIFO run-to-completion (a woken rank would then wait for a whole
+action of another rank to finish). Measured on the 2-core validation machine: the profile's contention table
 (k processes timing the same compute unit at once) reads 1.28 / 1.88 / 2.27 at k = 2 / 3 / 4 --
 every unit stretched about k / C-fold, where run-to-completion would leave each unit at its
 isolated time (1.0) and make the k-th wait instead; and in the 4-rank runs' traces a forward or
