@@ -134,3 +134,23 @@ def test_rehearse_runs_a_region_plan_one_torchrun_per_pipeline_dc(region_run, tm
     assert all(report["link_bytes"][dc]["out"] > STEPS * params for dc in ("east", "west")), report["link_bytes"]
     seen = json.loads((out / "summary.json").read_text())["address_per_rank"]
     assert seen == ["10.77.1.2", "10.77.1.2", "10.77.2.2", "10.77.2.2"]
+
+
+def test_the_simulator_and_the_report_number_a_region_plans_ranks_like_the_runtime():
+    """The simulated trace names ranks by Plan.rank (pipeline-major here), and the report names a
+    stage's DCs and ranks as the plan places them (its replicas span east and west)."""
+    from geotrain.report.html import plan_section
+    from geotrain.report.summary import stage_rows
+    from geotrain.sim import simulate
+    from geotrain.trace.layout import rank_layout
+
+    spec, plan = region_plan()
+    res = simulate(spec, plan)
+    cols = res.trace.columns()
+    fwd = cols.kind_mask(("forward",))
+    for r, s in zip(cols.rank[fwd].tolist(), cols.stage[fwd].tolist()):
+        assert plan.coords(r)[0] == s % plan.pp
+    layout = rank_layout(res.trace, plan)
+    assert [i.dc for i in layout] == ["east", "east", "west", "west"]
+    assert [row.dc for row in stage_rows(res.metrics, layout)] == ["east+west", "east+west"]
+    assert "<td>r0, r2</td>" in plan_section(plan) and "<td>east+west</td>" in plan_section(plan)

@@ -47,12 +47,12 @@ class Cut:
 def parse_cut(text: str, plan, how: str = "kill") -> Cut:
     flag = "--cut-dc" if how == "kill" else "--cut-link"
     dc, sep, step = text.replace("@", ":").partition(":")
-    names = [st.dc for st in plan.stages]
+    names = plan.dcs_by_rank()          # a region plan's DCs are its pipelines', not only its stages'
     if not sep or not step.isdigit() or int(step) < 1:
         raise GeotrainError(f"{flag} expects DC:STEP with STEP >= 1 (got {text!r})")
     if dc not in names:
         raise GeotrainError(f"{flag}: datacenter {dc!r} holds no stage of this plan (stages sit in "
-                            f"{', '.join(dict.fromkeys(names))})")
+                            f"{', '.join(names)})")
     if how == "link" and len(set(names)) < 2:
         raise GeotrainError(f"{flag}: this plan has no WAN link to cut (one datacenter)")
     return Cut(dc, int(step), how)

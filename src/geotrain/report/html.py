@@ -80,7 +80,8 @@ def plan_section(plan: Plan) -> str:
         head.append(("pipeline offsets", ", ".join(human_seconds(x) for x in plan.pipeline_offsets)))
     out = [f"<h2>Plan <span class='muted'>{escape(plan.name)}</span></h2>",
            table(["setting", "value"], head)]
-    srows = [(s, st.dc, ", ".join(f"[{a}, {b})" for a, b in st.chunks), len(st.units),
+    srows = [(s, "+".join(dict.fromkeys(plan.dc_of(s, d) for d in range(plan.dp))),
+              ", ".join(f"[{a}, {b})" for a, b in st.chunks), len(st.units),
               number_runs((plan.rank(s, d, t) for d in range(plan.dp) for t in range(plan.tp)), "r"))
              for s, st in enumerate(plan.stages)]
     out.append(table(["stage", "DC", "model units", "units", "ranks"], srows, [True, False, False, True, False]))

@@ -37,9 +37,9 @@ def stage_rows(metrics: Metrics, layout: list[RankInfo], gpu_memory: dict[str, f
         infos = by_stage[s]
         ranks = [i.rank for i in infos]
         mem = [metrics.peak_memory[r] for r in ranks if r in metrics.peak_memory]
-        dc = infos[0].dc
+        dc = infos[0].dc                 # a region plan's stage spans DCs of alike hardware: name them all
         rows.append(StageRow(
-            stage=s, dc=dc, ranks=len(ranks),
+            stage=s, dc="+".join(dict.fromkeys(i.dc for i in infos)), ranks=len(ranks),
             busy_fraction=sum(metrics.busy_fraction.get(r, 0.0) for r in ranks) / len(ranks),
             bubble_s=sum(bubble_per_rank[r] for r in ranks) / len(ranks) / its,
             peak_memory=max(mem) if mem else None,
