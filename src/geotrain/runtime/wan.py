@@ -51,7 +51,7 @@ from geotrain.errors import GeotrainError
 from geotrain.runtime import transport as T
 from geotrain.wan.auth import run_secret
 from geotrain.wan.striped import StripedTransport
-from geotrain.wan.temporal import concurrent_turns, turns_via_store
+from geotrain.wan.temporal import concurrent_turns, link_handoff, turns_via_store
 
 MODES = ("auto", "kernel", "shaper", "off")
 RANK_MODES = ("kernel", "shaper", "direct")    # what a rank's wan config may say ("direct": a real WAN)
@@ -144,6 +144,7 @@ class RecordedTurns:
 
     def __init__(self, inner, recorder, link: str, stage: int):
         self.inner, self.recorder, self.link, self.stage = inner, recorder, link, stage
+        self.handoff = getattr(inner, "handoff", None)      # when the transport may pass the turn on
         self._granted: dict[int, float] = {}        # per sending thread (one per peer)
 
     def acquire(self) -> None:
@@ -210,9 +211,14 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
             order = turn_order(lp, plan.dp)
             # With tp > 1 each TP index has its own boundary traffic (same t to same t): its own ring of turns.
             key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.tp > 1 else "")
+            # The turn passes once the transfer has drained from the network's queue (wan.temporal);
+            # emulated links run at rate_scale of the spec's rates.
+            scale = float(wan.get("rate_scale", 1.0))
+            handoff = link_handoff(wl.capacity_gbps * scale, wl.rate_gbps(lp.connections) * scale,
+                                   wl.latency_ms, slots)
             turn, arbiter = turns_via_store(store, key, replica, order, host=host,
                                             is_host=replica == order[0], timeout_s=timeout, slots=slots,
-                                            secret=secret)
+                                            secret=secret, handoff=handoff)
             if arbiter is not None:
                 arbiters.append(arbiter)
             turn = RecordedTurns(turn, recorder, f"{my_dc}->{plan.dc_of(peer_stage, replica)}", stage)

@@ -7,7 +7,10 @@ variant that binds consecutive even source ports (one htb bucket per connection)
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import struct
+import termios
 
 
 def tune(sock: socket.socket) -> None:
@@ -35,6 +38,15 @@ def connect(host: str, port: int, bind_host: str | None, src_port: int, timeout:
     except OSError:
         s.close()
         raise
+
+
+def unacknowledged_bytes(sock: socket.socket) -> int:
+    """Bytes written to `sock` that the peer's TCP has not acknowledged yet (unsent ones included:
+    Linux's SIOCOUTQ, the same ioctl number as TIOCOUTQ); 0 where the socket cannot tell."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return 0
 
 
 def close_quietly(*socks: socket.socket) -> None:

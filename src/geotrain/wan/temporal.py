@@ -10,8 +10,19 @@ ready pipeline waited: 177 ms vs 150 ms fair in the validation set). When one tr
 connections cannot fill the link, `slots` transfers hold it at once (`concurrent_turns`), so
 temporal sharing never leaves capacity unused that fair sharing would use.
 
+When a turn passes matters as much as who gets it. The bottleneck of a WAN is somewhere in the
+network (the emulation's router, a real provider's link), not in the sender's socket: a transfer's
+bytes leave the socket at once and queue there. A turn handed on when the last byte was *written*
+(as before) was handed on while the whole transfer still queued, so the next holder's bytes joined
+the same queue -- fair sharing with the arbiter's round trips on top (measured on the kernel
+emulation, 10 Mbit/s: turns held 0.7 ms for transfers of 40 ms). A turn with a `Handoff` is held
+until at most one round trip's worth of its bytes (rate x RTT) is unacknowledged: the queue has
+drained and the rest is on the wire, so the next holder's first bytes reach the bottleneck as
+these leave it -- the link stays busy and each transfer has it to itself.
+
 The transport consults a `Turns` object around every cross-DC send: `acquire()` before the first
-byte, `release()` after the last. Implementations:
+byte, `release()` once the transfer has drained to its `handoff` (an attribute; None: after the
+last byte is written). Implementations:
   * `FairSharing`      -- no-op (everyone at once), the baseline;
   * `TurnArbiter`      -- the baton itself (in-process; `LocalTurns` binds it to one pipeline);
   * `RemoteTurns`      -- a client of an arbiter served over TCP by one process in the sending DC
@@ -33,6 +44,7 @@ import socket
 import struct
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from geotrain.wan.auth import (
     ANY_RANK,
@@ -56,6 +68,8 @@ class TurnTimeout(RuntimeError):
 class FairSharing:
     """Baseline: no coordination; concurrent transfers split the link (TCP fairness)."""
 
+    handoff = None
+
     def acquire(self) -> None:
         pass
 
@@ -73,6 +87,27 @@ def concurrent_turns(capacity: float, flow_rate: float) -> int:
     if flow_rate <= 0 or flow_rate >= capacity:
         return 1
     return max(1, math.ceil(capacity / flow_rate - 1e-9))
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """When a turn may pass: once at most `bytes_per_s` x `rtt_s` bytes of the transfer are
+    unacknowledged (see the module docstring). `bytes_per_s`: the rate one transfer gets in its
+    turn; `rtt_s`: the link's round trip."""
+
+    bytes_per_s: float
+    rtt_s: float
+
+    @property
+    def in_flight_bytes(self) -> float:
+        return self.bytes_per_s * self.rtt_s
+
+
+def link_handoff(capacity_gbps: float, flow_gbps: float, latency_ms: float, slots: int = 1) -> Handoff:
+    """The hand-off for a link of `capacity_gbps` and one-way `latency_ms` whose transfers each
+    reach `flow_gbps` on their connections, `slots` of them holding it at once."""
+    rate = min(flow_gbps, capacity_gbps / max(1, slots))
+    return Handoff(rate * 1e9 / 8, 2 * latency_ms / 1e3)
 
 
 class TurnArbiter:
@@ -209,8 +244,8 @@ class TurnArbiter:
 class LocalTurns:
     """One pipeline's view of an in-process arbiter."""
 
-    def __init__(self, arbiter: TurnArbiter, key: int):
-        self.arbiter, self.key = arbiter, key
+    def __init__(self, arbiter: TurnArbiter, key: int, handoff: Handoff | None = None):
+        self.arbiter, self.key, self.handoff = arbiter, key, handoff
 
     def acquire(self) -> None:
         self.arbiter.acquire(self.key)
@@ -225,8 +260,10 @@ class LocalTurns:
 class RemoteTurns:
     """One pipeline's client of a `TurnArbiter.serve` service (lazy connect, thread-safe)."""
 
-    def __init__(self, host: str, port: int, key: int, bind_host: str | None = None, *, secret: bytes):
+    def __init__(self, host: str, port: int, key: int, bind_host: str | None = None, *, secret: bytes,
+                 handoff: Handoff | None = None):
         self.addr, self.key, self.bind_host, self._secret = (host, port), key, bind_host, secret
+        self.handoff = handoff
         self._channel = None
         self._lock = threading.Lock()
 
@@ -265,8 +302,8 @@ class RemoteTurns:
 
 
 def turns_via_store(store, name: str, key: int, order: Sequence[int], *, host: str, is_host: bool,
-                    timeout_s: float = 600.0, slots: int = 1,
-                    secret: bytes | None = None) -> tuple[RemoteTurns, TurnArbiter | None]:
+                    timeout_s: float = 600.0, slots: int = 1, secret: bytes | None = None,
+                    handoff: Handoff | None = None) -> tuple[RemoteTurns, TurnArbiter | None]:
     """Runtime helper: the process with `is_host` serves the arbiter for link-direction `name` and
     publishes its address in the (torch.distributed) store; every sender gets a RemoteTurns client.
     Returns (client, arbiter-or-None); keep the arbiter alive as long as the link is used."""
@@ -278,4 +315,4 @@ def turns_via_store(store, name: str, key: int, order: Sequence[int], *, host: s
         store.set(f"geotrain/turns/{name}", f"{h}:{p}")
     raw = store.get(f"geotrain/turns/{name}")
     h, _, p = (raw.decode() if isinstance(raw, bytes) else str(raw)).rpartition(":")
-    return RemoteTurns(h, int(p), key, bind_host=host, secret=secret), arbiter
+    return RemoteTurns(h, int(p), key, bind_host=host, secret=secret, handoff=handoff), arbiter
