@@ -37,12 +37,23 @@ CASES = [(p, s) for p in ("bf16", "fp32") for s in ("replicate", "zero1", "zero2
 CASES += [("fp16", "zero2")]   # one fp16 case: its reduce dtype (zero3 takes the same policy)
 
 
+def tied_spec(tmp: Path) -> Path:
+    """tiny_2dc with the embedding and head tied (bf16, zero3, pp=2 x dp=2)."""
+    text = SPEC.read_text().replace('cluster = "clusters/tiny_2dc.toml"',
+                                    f'cluster = "{SPEC.parent / "clusters" / "tiny_2dc.toml"}"')
+    path = tmp / "tied.toml"
+    path.write_text(text.replace('model = "tiny"', 'model = { preset = "tiny", tie_embeddings = true }'))
+    return path
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bytes")
     cases = [RunConfig(spec=str(SPEC), out=str(tmp / f"{p}-{s}"), steps=STEPS, data="synthetic", progress=False,
                        checkpoint_every=0, overrides={"precision": p, "sharding": s})
              for p, s in CASES]
+    cases.append(RunConfig(spec=str(tied_spec(tmp)), out=str(tmp / "tied"), steps=STEPS, data="synthetic",
+                           progress=False, checkpoint_every=0))
     return tmp, run_counted(tmp, cases, timeout=300)
 
 
@@ -69,3 +80,18 @@ def test_state_and_reduction_bytes_equal_the_cost_model(measured, precision, sha
             assert got["optimizer"] == P * per_param["optimizer"], (rank, got)
         reduced = counts[rank][CASES.index((precision, sharding))]["reduce_bytes"] / STEPS
         assert reduced == cost.grad_bytes(units), (rank, reduced, cost.grad_bytes(units))
+
+
+def test_tied_embedding_sum_bytes_equal_the_cost_model(measured):
+    """A tied model's first and last stage also all-reduce their copies' gradients with each
+    other (runtime.tied): what each rank reduces is its DP gradients plus `tied_grad_bytes`, the
+    bytes the simulator and planner price that sum on (cost.comm.tied_sum_time)."""
+    tmp, counts = measured
+    spec = load_spec(tied_spec(tmp))
+    plan = plan_from_job(spec)
+    cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
+                     optimizer=spec.job.optimizer)
+    for rank in range(plan.num_ranks):
+        units = [u for a, b in plan.stages[plan.coords(rank)[0]].chunks for u in range(a, b)]
+        reduced = counts[rank][len(CASES)]["reduce_bytes"] / STEPS
+        assert reduced == cost.grad_bytes(units) + cost.tied_grad_bytes(plan.sharding, plan.dp), (rank, reduced)

@@ -1,6 +1,8 @@
 """The cost model counts a tied embedding matrix once per stage that holds it (training and
 export of a tied checkpoint: tests/test_hf_train_export.py)."""
 
+import pytest
+
 from geotrain.config.model import ModelSpec
 from geotrain.cost.model import CostModel
 
@@ -26,3 +28,47 @@ def test_a_tied_models_parameter_count_counts_the_matrix_once():
     model.tie_head_to_embedding()
     assert tied.param_count() == sum(p.numel() for p in model.parameters())
     assert untied.param_count() == tied.param_count() + 300 * 32
+
+
+def _tied_spec(tmp_path, tie: bool):
+    from pathlib import Path
+
+    from geotrain.config import load_spec
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    text = (root / "tiny_2dc.toml").read_text().replace('cluster = "clusters/tiny_2dc.toml"',
+                                                         f'cluster = "{root / "clusters" / "tiny_2dc.toml"}"')
+    text = text.replace('model = "tiny"', f'model = {{ preset = "tiny", tie_embeddings = {str(tie).lower()} }}')
+    path = tmp_path / f"tied-{tie}.toml"
+    path.write_text(text)
+    return load_spec(path)
+
+
+def test_the_simulator_and_the_planner_price_the_tied_gradient_sum(tmp_path):
+    """pp=2 over east/west: the first and last stage sum their copies' gradients across the WAN
+    before the step (runtime.tied). Both ends' sync grows by the sum's time -- dp x tp pairs of
+    fp32 shards sharing the link -- in the simulator and in the planner's estimate alike."""
+    from geotrain.cost import comm
+    from geotrain.plan.context import PlanningContext
+    from geotrain.plan.manual import plan_from_job
+    from geotrain.plan.scorer import plan_stage_costs
+    from geotrain.sim import simulate
+
+    tied, untied = _tied_spec(tmp_path, True), _tied_spec(tmp_path, False)
+    plan = plan_from_job(tied)
+    cost = CostModel(tied.model, precision=plan.precision)
+    nbytes = cost.tied_grad_bytes(plan.sharding, plan.dp)
+    m = tied.model
+    assert nbytes == m.vocab * m.hidden * 4 // plan.dp        # zero3: each rank sums its 1/dp shard, in fp32
+    link = tied.cluster.link("east", "west")
+    want = plan.dp * nbytes / (link.rate_gbps(plan.dp) * comm.GBIT) + 2 * link.latency_ms * 1e-3
+
+    def allreduce(spec, stage):
+        ev = [e for e in simulate(spec, plan).trace.events if e.kind == "allreduce" and e.stage == stage]
+        return ev[0].end - ev[0].start
+
+    for stage in (0, 1):
+        assert allreduce(tied, stage) - allreduce(untied, stage) == pytest.approx(want, rel=1e-9)
+    syncs = [[c.allreduce for c in plan_stage_costs(PlanningContext(spec, None, tp=1), plan)]
+             for spec in (tied, untied)]
+    assert [a - b for a, b in zip(*syncs)] == pytest.approx([want, want], rel=1e-9)

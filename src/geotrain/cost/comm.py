@@ -86,3 +86,37 @@ def cross_dc_sync_time(nbytes: float, groups: list[tuple[Datacenter, int]], link
     lat = max(link.latency_ms for link in links) * 1e-3
     wan = (k - 1) / k * nbytes * tp / rate + (k - 1) * lat
     return HALVES_PER_ITERATION[sharding] * (intra + wan)
+
+
+def pipeline_chain(stage_dcs) -> list[str]:
+    """A pipeline's DCs in order, each once per contiguous run of its stages."""
+    chain: list[str] = []
+    for dc in stage_dcs:
+        if not chain or chain[-1] != dc:
+            chain.append(dc)
+    return chain
+
+
+def tied_route(link, chain: list[str]) -> list:
+    """The WAN links a pipeline's first and last DC talk over: the direct link when there is one,
+    else the pipeline's own links in turn; [] when both ends share a DC. `link(a, b)`: the
+    cluster's link lookup."""
+    if len(chain) < 2 or chain[0] == chain[-1]:
+        return []
+    direct = link(chain[0], chain[-1])
+    return [direct] if direct is not None else [link(a, b) for a, b in zip(chain, chain[1:])]
+
+
+def tied_sum_time(nbytes: float, pairs: int, first: Datacenter, route: list) -> float:
+    """The tied embedding's gradient sum per iteration (`runtime.tied`): `pairs` two-rank
+    all-reduces of `nbytes` each (one per DP replica and TP index, first stage with last), all at
+    once, by the process group's plain all-reduce -- one connection a pair, not the striped WAN
+    transport. A two-rank ring sends nbytes each way in two steps, so across DCs the pairs share
+    the route's slowest link at min(capacity, pairs x per-connection rate) and pay its latency
+    twice; inside one DC (`route` empty) it is a ring of two over the intra-DC network."""
+    if nbytes <= 0 or pairs <= 0:
+        return 0.0
+    if not route:
+        return 2 * ring_half(nbytes, 2, first.intra_dc_gbps * GBIT, first.intra_dc_latency_us * 1e-6)
+    rate = min(link.rate_gbps(pairs) for link in route) * GBIT
+    return pairs * nbytes / rate + 2 * sum(link.latency_ms for link in route) * 1e-3

@@ -336,6 +336,15 @@ class CostModel:
         _, _, fo = sharded_fractions(sharding, dp)
         return self.stage_params(units) / tp * fo * self._step_bytes / self.memory_bandwidth(gpu)
 
+    def tied_grad_bytes(self, sharding: str, dp: int) -> int:
+        """Bytes of the tied embedding/head gradient each first- and last-stage GPU of a pipeline
+        sums with its partner per iteration (`runtime.tied`): fp32 gradients, the whole matrix on
+        every TP rank (TP leaves the embedding and the head whole), 1/dp of it where FSDP2 shards
+        the gradients (zero2, zero3). 0 for an untied model."""
+        if not self._tied:
+            return 0
+        return int(self._tied * 4 / (dp if sharding in ("zero2", "zero3", "fsdp") else 1))
+
     def allreduce_time(self, nbytes: int, dp: int, dc: Datacenter, sharding: str = "replicate",
                        tp: int = 1) -> float:
         """DP gradient synchronization per iteration inside one DC, for `nbytes` of gradients

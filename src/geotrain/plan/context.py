@@ -220,6 +220,18 @@ class PlanningContext:
             self._memo[key] = v
         return v
 
+    def tied_sum(self, stage_dcs: tuple[str, ...], sharding: str, dp: int) -> float:
+        """The tied embedding's gradient sum between a pipeline's first and last stage, per
+        iteration (cost.comm.tied_sum_time; 0 for an untied model)."""
+        chain = comm.pipeline_chain(stage_dcs)
+        key = ("tied", tuple(chain), sharding, dp)
+        v = self._memo.get(key)
+        if v is None:
+            nbytes = self.cost("none").tied_grad_bytes(sharding, dp)
+            v = self._memo[key] = (comm.tied_sum_time(nbytes, dp * self.tp, self.dc(chain[0]),
+                                                      comm.tied_route(self.link, chain)) if nbytes else 0.0)
+        return v
+
     def optimizer(self, chunks: tuple[tuple[int, int], ...], dc_name: str, sharding: str, dp: int) -> float:
         key = ("opt", self.shape(chunks), self.dc(dc_name).gpu_type, sharding, dp)
         v = self._memo.get(key)

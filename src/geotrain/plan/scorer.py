@@ -10,7 +10,7 @@ GPU-type sequence. `score_plan` gives the estimate of an existing plan (baseline
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from geotrain.cost.activations import SELECTIVE
 from geotrain.plan.context import GBIT, PlanningContext
@@ -115,8 +115,19 @@ class Scorer:
         modes = (ckpt,) * len(dcs) if isinstance(ckpt, str) else ckpt
         per_mode = {md: self.compute_costs(dcs, chunks, mb, md) for md in set(modes)}   # one lookup a mode
         compute = [per_mode[md][s] for s, md in enumerate(modes)]
-        return [StageCosts(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
-                for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)]
+        return self._with_tied([StageCosts(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding),
+                                           ctx.optimizer(ch, dc, sharding, dp))
+                                for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)],
+                               dcs, sharding, dp)
+
+    def _with_tied(self, costs: list[StageCosts], dcs, sharding: str, dp: int) -> list[StageCosts]:
+        """The first and last stage's sync plus the tied embedding's gradient sum (as the
+        simulator adds it: sim.simulate.tied_sum)."""
+        t = self.ctx.tied_sum(tuple(dcs), sharding, dp) if len(costs) > 1 else 0.0
+        if t:
+            costs[0] = replace(costs[0], allreduce=costs[0].allreduce + t)
+            costs[-1] = replace(costs[-1], allreduce=costs[-1].allreduce + t)
+        return costs
 
     def _sync(self, lay: Layout | None, chunks, dp: int, dc: str, sharding: str) -> float:
         """The stage's DP gradient sync: inside its DC, or across the DCs of a region layout."""
@@ -264,9 +275,9 @@ class Scorer:
         hit = self._layout_costs.get(key)
         if hit is None:
             ctx = self.ctx
-            hit = self._layout_costs[key] = [
+            hit = self._layout_costs[key] = self._with_tied([
                 StageCosts(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
-                for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)]
+                for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)], dcs, sharding, dp)
         return hit
 
     def _fit_and_estimate(self, lay, kind, v, ckpt, chunks, compute, bounds, stagger, sharing, conns, wan_lat,

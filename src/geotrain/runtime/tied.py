@@ -44,10 +44,11 @@ class TiedCopies:
             first, last = plan.stages[0].dc, plan.stages[-1].dc
             if first != last and rank == plan.rank(0, 0, 0):
                 # Said at start, like every link's transport: this sum is not carried by the WAN
-                # transport (no striping, no turns) and the planner and simulator do not count it.
+                # transport (no striping, no turns); the planner and simulator price it as such
+                # (cost.comm.tied_sum_time: one connection per pair).
                 print(f"geotrain wan: tied embeddings: stage 0 ({first}) <-> stage {plan.pp - 1} ({last}): "
-                      f"gradient sum by plain {dist.get_backend()} all-reduce across the WAN every step, "
-                      "not planned or simulated", flush=True)
+                      f"gradient sum by plain {dist.get_backend()} all-reduce across the WAN every step "
+                      "(one connection per pair, not striped; priced so by the planner and simulator)", flush=True)
         names = {EMBEDDING, head_name(model)}
         self.params = [p for chunk in chunks.values() for n, p in chunk.named_parameters() if n in names]
 

@@ -153,6 +153,16 @@ def _dp_sync(cost, cluster: Cluster, plan: Plan, units, dc) -> float:
     return comm.cross_dc_sync_time(nbytes, [(cluster.dc(d), n) for d, n in spread], links, plan.sharding, plan.tp)
 
 
+def tied_sum(cost, cluster: Cluster, plan: Plan) -> float:
+    """Seconds per iteration the tied embedding's gradient sum adds to the first and the last
+    stage (cost.comm.tied_sum_time); 0 for an untied model or one stage."""
+    nbytes = cost.tied_grad_bytes(plan.sharding, plan.dp)
+    if plan.pp < 2 or not nbytes:
+        return 0.0
+    chain = comm.pipeline_chain(st.dc for st in plan.stages)
+    return comm.tied_sum_time(nbytes, plan.dp * plan.tp, cluster.dc(chain[0]), comm.tied_route(cluster.link, chain))
+
+
 def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = False) -> SimResult:
     """Simulate `plan` on `spec.cluster` with times and bytes from the cost model.
 
@@ -191,6 +201,10 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
         for d in range(plan.dp):
             for t in range(tp):
                 peak_memory[plan.rank(s, d, t)] = mem
+    tied = tied_sum(cost, cluster, plan)
+    if tied:   # the first and last stage sum their tied embedding copies' gradients before the step
+        allreduce[0] += tied
+        allreduce[-1] += tied
     tokens = plan.global_batch * spec.model.seq_len
     return simulate_costs(plan, cluster, stage_costs, allreduce, optimizer, tokens, iterations=iterations,
                           schedule=sched, progress=progress, peak_memory=peak_memory)
