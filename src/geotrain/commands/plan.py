@@ -165,25 +165,30 @@ def _print_compare(spec, res) -> None:
     from geotrain.orchestrate.planning import evaluate_baselines
     from geotrain.plan.price import egress_per_iteration, wan_bytes_per_link
 
+    seq = spec.model.seq_len
     rows = [("geotrain", res.plan.gpus_per_dc(), res.iteration_s,
              res.sim.metrics.tokens_per_s if res.sim else math.nan,
              res.sim.metrics.mean_utilization if res.sim else math.nan,
-             sum(wan_bytes_per_link(spec, res.plan).values()), "", egress_per_iteration(spec, res.plan))]
+             sum(wan_bytes_per_link(spec, res.plan).values()), "", egress_per_iteration(spec, res.plan),
+             res.plan.global_batch * seq)]
     for b in evaluate_baselines(spec):
         egress = egress_per_iteration(spec, b.plan) if b.plan is not None else b.egress_usd
+        # tokens per iteration as plan.price.cost_per_mtoken counts them: the plan's batch (an
+        # analytical row without a plan trains the job's)
+        batch = b.plan.global_batch if b.plan is not None else spec.job.global_batch
         rows.append((b.name, b.gpus_per_dc, b.iteration_s, b.tokens_per_s, b.utilization, b.wan_bytes, b.note,
-                     egress))
+                     egress, batch * seq))
     print("\ncompare (simulated; dp-across-dcs analytical; $ = GPU-hours + WAN egress):")
     print(f"  {'plan':<14} {'iteration':>10} {'tokens/s':>12} {'util':>6} {'WAN/iter':>10} {'ours x':>7} "
           f"{'$/iter':>9} {'egress':>8} {'$/1M tok':>9}  GPUs per DC")
     ours = res.iteration_s
-    for name, gpus, t, tok, util, wan, note, egress in rows:
+    for name, gpus, t, tok, util, wan, note, egress, tokens_it in rows:
         if math.isfinite(t):
             sp = f"{t / ours:.2f}" if name != "geotrain" else "1.00"
             per_hour = _hourly(spec, gpus)
             per_it = per_hour * t / 3600 + egress if per_hour is not None else None
             it = f"{per_it:.2f}" if per_it is not None else "-"
-            mt = f"{per_it / (spec.job.global_batch * spec.model.seq_len) * 1e6:.3f}" if per_it is not None else "-"
+            mt = f"{per_it / tokens_it * 1e6:.3f}" if per_it is not None else "-"
             print(f"  {name:<14} {_t(t):>10} {tok:>12,.0f} {util:>6.1%} {human_bytes(wan):>10} {sp:>7} "
                   f"{it:>9} {egress:>8.2f} {mt:>9}  {_fmt_gpus(gpus)}" + (f"  ({note})" if note else ""))
         else:
