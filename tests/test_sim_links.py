@@ -7,6 +7,7 @@ from _toy import toy_cluster, toy_plan, uniform_costs
 
 from geotrain.sim import simulate_costs
 from geotrain.sim.links import FairLink, TemporalLink
+from geotrain.wan.temporal import TURN_OVERHEAD_S
 
 
 def run(plan, cluster, costs, iterations=1):
@@ -112,11 +113,13 @@ def test_temporal_beats_fair_by_hand(order):
     assert fair.metrics.iteration_time == pytest.approx(2 * tf + 2 * tb + 4 * T + 2 * lat)
     # Temporal: the first in plan order at T, the second at 2T; gradients likewise, staggered
     # by T, so they never compete: the last backward ends T earlier than under fair sharing.
+    # Each transfer arrives h later (its turn's grant), the link losing nothing to it.
+    h = TURN_OVERHEAD_S
     acts = {e.rank: e for e in temporal.trace.events if e.kind == "transfer" and e.stage == 0}
     first, second = order
-    assert acts[first].end == pytest.approx(tf + T + lat)
-    assert acts[second].start == pytest.approx(tf + T) and acts[second].end == pytest.approx(tf + 2 * T + lat)
-    assert temporal.metrics.iteration_time == pytest.approx(2 * tf + 2 * tb + 3 * T + 2 * lat)
+    assert acts[first].end == pytest.approx(tf + T + lat + h)
+    assert acts[second].start == pytest.approx(tf + T) and acts[second].end == pytest.approx(tf + 2 * T + lat + h)
+    assert temporal.metrics.iteration_time == pytest.approx(2 * tf + 2 * tb + 3 * T + 2 * (lat + h))
     assert temporal.metrics.iteration_time < fair.metrics.iteration_time
 
 

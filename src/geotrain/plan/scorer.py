@@ -21,7 +21,7 @@ from geotrain.plan.split import balanced_split, split_even
 from geotrain.plan.stage_checkpointing import stage_modes
 from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, turn_rate_gbps
 from geotrain.plan.warmup import fit_warmup, wanted_warmup
-from geotrain.wan.temporal import concurrent_turns
+from geotrain.wan.temporal import TURN_OVERHEAD_S, concurrent_turns
 
 
 @dataclass
@@ -163,7 +163,8 @@ class Scorer:
                 # Work-conserving turns: a few transfers at once fill the link (concurrent_turns).
                 rate = turn_rate_gbps(link, n, dp) * GBIT
                 slots = min(dp, concurrent_turns(link.capacity_gbps, link.rate_gbps(n)))
-                delay = lat + nbytes / rate
+                turn = TURN_OVERHEAD_S if slots < dp else 0.0      # the runtime takes turns only then
+                delay = lat + nbytes / rate + turn
                 occ = dp * nbytes / (slots * rate)
                 stagger = max(stagger, nbytes / rate)
             else:

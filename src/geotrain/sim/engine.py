@@ -87,7 +87,8 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
     ack_of = [w.ack_s for w in prog.wan]
     links: list[FairLink | TemporalLink] = [
         FairLink(w.capacity, w.flow_rate, w.latency) if w.sharing == "fair"
-        else TemporalLink(w.flow_rate, w.latency, w.priority, w.capacity, concurrent_turns(w.capacity, w.flow_rate))
+        else TemporalLink(w.flow_rate, w.latency, w.priority, w.capacity, concurrent_turns(w.capacity, w.flow_rate),
+                          w.turn_s)
         for w in prog.wan
     ]
     wan_of = [p.wan for p in prog.stages]

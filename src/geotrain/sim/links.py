@@ -19,7 +19,11 @@ once (`geotrain.wan.temporal.concurrent_turns`: 1 when one transfer's connection
 else as many as it takes to fill it), sharing it like FairLink; the others wait, the one ready
 first going next (ties: the plan's pipeline order). A transfer that finds a free slot starts at
 once -- no pipeline waits for the turn of one that has nothing to send. The last byte reaches the
-receiver one latency after it left, so latency overlaps with the next transfer.
+receiver one latency after it left, so latency overlaps with the next transfer. Each transfer
+also arrives `turn_s` later (`wan.temporal.TURN_OVERHEAD_S`: it asks the arbiter first); the link
+loses nothing to it, because a holder hands its turn on that much early and the next one's grant
+overlaps its last bytes. Where transfers are that short, temporal sharing costs more than it
+saves, and the planner, which simulates both, keeps fair sharing.
 """
 
 from __future__ import annotations
@@ -107,8 +111,9 @@ class TemporalLink(_SharedLink):
     __slots__ = ("priority", "slots", "waiting", "busy", "pending")
 
     def __init__(self, flow_rate: float, latency: float, priority: tuple[int, ...], capacity: float | None = None,
-                 slots: int = 1):
-        self.flow_rate, self.latency, self.priority = flow_rate, latency, priority
+                 slots: int = 1, turn_s: float = 0.0):
+        self.flow_rate, self.priority = flow_rate, priority
+        self.latency = latency + turn_s       # a turn's grant delays its transfer, not the link
         self.capacity = flow_rate if capacity is None else capacity
         self.slots = max(1, slots)
         self.served = 0.0

@@ -16,6 +16,7 @@ from geotrain.errors import InfeasibleError
 from geotrain.plan.plan import LinkPlan, Plan
 from geotrain.schedule.actions import Op, Schedule
 from geotrain.trace.metrics import KIND_CODE
+from geotrain.wan.temporal import TURN_OVERHEAD_S, concurrent_turns
 
 # Engine op codes.
 COMPUTE = 0      # occupies the GPU for dur
@@ -42,6 +43,7 @@ class WanDirection:
     sharing: str         # "fair" | "temporal"
     priority: tuple[int, ...]  # per DP replica: rank in the link plan's order (temporal tie-break)
     ack_s: float = 0.0   # from a transfer's last byte leaving until its sender holds the receiver's ACK
+    turn_s: float = 0.0  # temporal: what each turn costs beyond its bytes (wan.temporal.TURN_OVERHEAD_S)
 
 
 @dataclass
@@ -84,9 +86,12 @@ def _wan_direction(cluster: Cluster, plan: Plan, a: str, b: str, ack_s: dict[str
     # The runtime's transport completes a send when the receiver's ACK is back (wan/striped_send.py),
     # and waits for its sends before the optimizer step: one round trip after the last byte left.
     ack = (ack_s or {}).get(name, 2 * wl.latency_ms * 1e-3)
+    # Turns cost their overhead only where the runtime takes them: fewer slots than pipelines.
+    turns = lp.sharing == "temporal" and concurrent_turns(wl.capacity_gbps, wl.rate_gbps(lp.connections)) < plan.dp
     return WanDirection(name=name, capacity=wl.capacity_gbps * GBPS,
                         flow_rate=wl.rate_gbps(lp.connections) * GBPS, latency=wl.latency_ms * 1e-3,
-                        sharing=lp.sharing, priority=prio, ack_s=ack)
+                        sharing=lp.sharing, priority=prio, ack_s=ack,
+                        turn_s=TURN_OVERHEAD_S if turns else 0.0)
 
 
 def _append(p: StageProgram, code: int, dur: float, kind: int, v: int, mb: int, it: int, nb: int) -> None:

@@ -254,7 +254,7 @@ class Peer:
         `stall_s`. Then the next holder's first bytes reach the bottleneck as these leave it."""
         if handoff is None or handoff.bytes_per_s <= 0:
             return
-        busy_until = (out.work.started_at or time.time()) + len(out.data) / handoff.bytes_per_s
+        busy_until = (out.work.started_at or time.time()) + len(out.data) / handoff.bytes_per_s - handoff.lead_s
         if busy_until > time.time():
             time.sleep(busy_until - time.time())
         give_up = time.monotonic() + self.owner.stall_s
