@@ -35,8 +35,36 @@ def collective_s(events) -> float:
     return statistics.median(groups.values()) if groups else 0.0
 
 
+def _mean(events, kind) -> float:
+    d = [e.duration for e in events if e.kind == kind]
+    return sum(d) / len(d) if d else 0.0
+
+
+def allreduce_factor_run(spec, plan, profile: dict, steps: int, warmup: int, mode: str) -> tuple[float, dict]:
+    """The DP all-reduce's in-run factor for a job whose own calibration run has dp = 1: the same
+    2-stage pipeline at dp = 2 (four ranks), run for real, its collectives' duration
+    (`collective_s`) over the calibrated simulation's (the isolated gloo fit at dp = 2).
+
+    Why a run and not a probe: in the validation runs the dp = 2 gradient reduction took 3-10 ms
+    (shortest replica) where the fit says 0.8 ms, and a two-process probe of the same bytes -- the
+    partner idle in the collective for 0-100 ms, two other processes computing or not -- stayed at
+    0.5-1.3 ms: what inflates it lives in the running pipeline (its transport threads, the
+    other stage's ranks on the same cores), so it is measured where it happens, in a run of its own
+    taken with the profile, before and apart from any run it predicts."""
+    dp2 = plan.with_(dp=2, name="profile-calibration-dp2")
+    with tempfile.TemporaryDirectory() as tmp:
+        path, cond = run_plan(spec, dp2, Path(tmp) / "run", steps=steps, mode=mode, warmup=warmup)
+        measured = drop_warmup(Trace.read_jsonl(path), warmup)
+    sim, _ = predict(spec, dp2, profile, iterations=steps - warmup, background=cond["background_runnable"],
+                     mode=cond["mode"], rank_slowdown=cond["rank_slowdown"])
+    p, m = _mean(sim.trace.events, "allreduce"), collective_s(measured.events)
+    factor = m / p if p > 0 and m > 0 else 1.0
+    return factor, {"plan": f"pp=2 x dp=2 1f1b {dp2.sharding}", "collective_s": m, "fit_s": p,
+                    "background_runnable": cond["background_runnable"]}
+
+
 def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
-                     mode: str | None = None) -> tuple[dict[str, float], float, dict]:
+                     mode: str | None = None, dp_probe: bool = True) -> tuple[dict[str, float], float, dict]:
     """Run a 2-stage pipeline of the spec's model for real (over the spec's WAN, through the runtime's
     launcher in WAN `mode`, as validation runs and `geotrain train` do) and compare each compute kind's
     mean duration with the calibrated simulation's: the ratio is what the runtime adds to the isolated
@@ -44,7 +72,10 @@ def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
     recorder), beyond the CPU sharing costs.py models; for the DP all-reduce (dp > 1) the ratio of the
     collective's in-run duration to the isolated gloo fit (on 2 cores, 4 ranks' gloo threads wait for
     cores: 12 ms in the run where the fit says 3.6). From the same trace: the per-message WAN
-    transport overhead and the global all-reduce (messages.py)."""
+    transport overhead and the global all-reduce (messages.py). dp_probe: when the job has dp = 1
+    and the profile has a dp = 2 gloo fit, measure the all-reduce factor in a dp = 2 run of its
+    own (`allreduce_factor_run`; info["allreduce_run"]), so that dp = 2 plans predicted from this
+    profile do not take the isolated fit for what the collective costs in a pipeline."""
     base = plan_from_job(spec)
     dcs = [st.dc for st in base.stages]
     dcs = (dcs[0], dcs[-1])
@@ -66,17 +97,13 @@ def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
                        rank_slowdown=slow)
     pred_events = sim.trace.events
 
-    def mean(events, kind):
-        d = [e.duration for e in events if e.kind == kind]
-        return sum(d) / len(d) if d else 0.0
-
     factors = {}
     for kind in ("forward", "backward", "optimizer"):
-        p, m = mean(pred_events, kind), mean(measured.events, kind)
+        p, m = _mean(pred_events, kind), _mean(measured.events, kind)
         if kind == "optimizer":       # the simulated step carries the global all-reduce; the trace records it apart
             p -= det["global_sync_s"]
         factors[kind] = m / p if p > 0 and m > 0 else 1.0
-    p, m = mean(pred_events, "allreduce"), collective_s(measured.events)
+    p, m = _mean(pred_events, "allreduce"), collective_s(measured.events)
     factors["allreduce"] = m / p if p > 0 and m > 0 else 1.0
     info = {"plan": f"pp=2 x dp={plan.dp} 1f1b {plan.sharding}", "num_microbatches": plan.num_microbatches,
             "background_runnable": background, "steps": steps, "warmup": warmup, "wan_mode": mode,
@@ -106,4 +133,8 @@ def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
         # What the ranks lost beyond oversubscribed cores (transport threads, interrupts, other
         # work), as a factor: costs.predict multiplies the processor-sharing slow-down by it.
         info["sharing_residual"] = max(1.0, sum(slow.values()) / len(slow) / slowdown(k, background, cores))
+    if dp_probe and plan.dp == 1 and "2" in profile[RUNTIME_KEY].get("allreduce", {}):
+        known = {**profile, RUNTIME_KEY: {**profile[RUNTIME_KEY], "compute_factor": dict(factors),
+                                          "wan_message_overhead_s": overhead, "calibration_run": info}}
+        factors["allreduce"], info["allreduce_run"] = allreduce_factor_run(spec, plan, known, steps, warmup, mode)
     return factors, overhead, info

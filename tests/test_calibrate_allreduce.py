@@ -1,0 +1,70 @@
+"""The DP all-reduce factor of a dp = 1 job's profile: measured in a dp = 2 run of its own.
+
+The real runs are replaced by a stand-in machine (`run_plan` below): it simulates the plan it is
+given with the same profile and stretches every gradient all-reduce 7x, as the validation runs'
+collectives were stretched against the isolated gloo fit. What is under test -- the calibration
+run's choice to run dp = 2 for a dp = 1 job, and the factor it reads off that run -- is real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from geotrain.calibrate import calibration_run as cr
+from geotrain.calibrate.cases import Case, write_spec
+from geotrain.calibrate.costs import calibrated_inputs, predict
+from geotrain.calibrate.timers import time_unit
+from geotrain.plan.manual import plan_from_job
+from geotrain.trace.schema import Trace
+
+STRETCH = 7.0
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    return write_spec(Case("ar", dp=1, latency_ms=5, per_connection_mbps=100), tmp_path_factory.mktemp("spec"))
+
+
+@pytest.fixture(scope="module")
+def profile(spec):
+    m = spec.model
+    prof = {kind: {"2": list(time_unit(m, index, 2, "bf16", repeats=3))}
+            for kind, index in (("embedding", 0), ("block", 1), ("head", m.layers + 1))}
+    prof["runtime"] = {"cores": 8, "background_runnable": 0.0, "per_action_s": 1e-4,
+                       "optimizer": {"fixed_s": 1e-3, "per_param_s": 1e-9},
+                       "allreduce": {"2": {"alpha_s": 1e-3, "per_byte_s": 1e-9}},
+                       "p2p": {"alpha_s": 1e-4, "per_byte_s": 1e-9}}
+    return prof
+
+
+def test_a_dp1_profile_measures_the_allreduce_in_a_dp2_run(spec, profile, monkeypatch, tmp_path):
+    ran = []
+
+    def machine(spec_, plan, out, steps, mode, warmup):
+        ran.append(plan.dp)
+        sim, _ = predict(spec_, plan, profile, iterations=steps)
+        events = [dataclasses.replace(e, end=e.start + STRETCH * e.duration) if e.kind == "allreduce" else e
+                  for e in sim.trace.events]
+        for e in events:
+            e.iteration += 1        # the runtime counts iterations from 1
+        out.mkdir(parents=True, exist_ok=True)
+        Trace(events, sim.trace.num_ranks, "measured", sim.trace.meta).write_jsonl(out / "measured_trace.jsonl")
+        return out / "measured_trace.jsonl", {"background_runnable": 0.0, "mode": "shaper", "rank_slowdown": {}}
+
+    monkeypatch.setattr(cr, "run_plan", machine)
+    factors, _, info = cr.calibration_run(spec, profile, steps=4, warmup=1, mode="shaper")
+    assert ran == [1, 2]                                   # the job's own run, then the dp = 2 one
+    assert factors["allreduce"] == pytest.approx(STRETCH, rel=1e-6)
+    assert info["allreduce_run"]["collective_s"] == pytest.approx(STRETCH * info["allreduce_run"]["fit_s"])
+    # A dp = 2 plan predicted from that profile pays the measured collective, not the isolated fit.
+    prof = {**profile, "runtime": {**profile["runtime"], "compute_factor": factors}}
+    plan2 = plan_from_job(spec).with_(dp=2)
+    fitted = calibrated_inputs(spec, plan2, profile).allreduce
+    assert calibrated_inputs(spec, plan2, prof).allreduce == pytest.approx([STRETCH * a for a in fitted])
+    # Without a dp = 2 fit (a quick 2-process profile without it) there is nothing to compare with.
+    ran.clear()
+    bare = {**profile, "runtime": {k: v for k, v in profile["runtime"].items() if k != "allreduce"}}
+    factors, _, info = cr.calibration_run(spec, bare, steps=4, warmup=1, mode="shaper")
+    assert ran == [1] and factors["allreduce"] == 1.0 and "allreduce_run" not in info
