@@ -186,7 +186,8 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     row.posthoc_iteration_s = posthoc.metrics.iteration_time
     details.update(predicted_at=predicted_at, run_started_after_prediction=True, run_wall_s=cond["wall_s"],
                    background_runnable=background, background_cores_used=cond["background_cores"],
-                   steal_cores=cond.get("steal_cores", 0.0), unit_time_vs_profile=speed,
+                   steal_cores=cond.get("steal_cores", 0.0), background_sessions=cond.get("background_sessions"),
+                   unit_time_vs_profile=speed,
                    wan_mode=cond["mode"], rank_slowdown=slow, retried_after=retried,
                    posthoc_iteration_s=posthoc.metrics.iteration_time)
     return row, details

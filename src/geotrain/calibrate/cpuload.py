@@ -51,6 +51,51 @@ def _runnable_system() -> int:
         return int(f.read().split()[3].split("/")[0])
 
 
+def autogroup_enabled() -> bool:
+    """Whether the kernel shares the cores between sessions first (CONFIG_SCHED_AUTOGROUP, on here):
+    then each session with a runnable thread is one competitor, however many threads it has."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
+def runnable_sessions(exclude: set[int]) -> set[int]:
+    """Sessions (setsid groups) with at least one runnable thread right now, those in `exclude` left
+    out: what the autogroup scheduler shares the cores between. One pass over /proc/*/task/*/stat
+    (~200 threads here: a few ms, so sampled less often than the cheap counts)."""
+    found: set[int] = set()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == "R":
+                sid = int(fields[3])
+                if sid not in exclude:
+                    found.add(sid)
+                break                            # one runnable thread makes its session a competitor
+    return found
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
 def _runnable_of(pid: int) -> int:
     n = 0
     try:
@@ -76,9 +121,13 @@ class CpuSampler:
     share of the cores like one of our ranks does, which is what the slow-down model needs.
     background_cores: CPU other work actually got (a consequence of the sharing; for the record).
     steal_cores: CPU the hypervisor gave to other guests while ours wanted it, in cores -- load no
-    thread of this machine shows, one suspect for runs minutes apart differing."""
+    thread of this machine shows, one suspect for runs minutes apart differing.
+    background_sessions: with autogroup scheduling (`autogroup_enabled`), the mean number of OTHER
+    sessions with a runnable thread (ours -- each rank's own session, the sampler's -- left out),
+    every `session_every`-th sample: the competitors the scheduler really shares the cores with; a
+    test suite running eight threads in one session counts once. None without autogroup."""
 
-    def __init__(self):
+    def __init__(self, session_every: int = 10):
         self.runnable: list[int] = []
         self.t0 = time.monotonic()
         self.busy0 = _total_busy()
@@ -86,10 +135,17 @@ class CpuSampler:
         self.ours: dict[int, float] = {}
         self.t1, self.busy1, self.own1 = self.t0, self.busy0, self.own0
         self.steal0 = self.steal1 = _steal()
+        self.session_every = session_every
+        self.sessions: list[int] | None = [] if autogroup_enabled() else None
+        self._n = 0
 
     def sample(self, pids: list[int]) -> None:
         others = _runnable_system() - 1 - sum(_runnable_of(p) for p in pids)
         self.runnable.append(max(0, others))
+        if self.sessions is not None and self._n % self.session_every == 0:
+            ours = {sid for sid in map(_session_of, [*pids, os.getpid()]) if sid is not None}
+            self.sessions.append(len(runnable_sessions(ours)))
+        self._n += 1
         for p in pids:
             v = _proc_cpu(p)
             if v is not None:
@@ -99,6 +155,11 @@ class CpuSampler:
 
     def background_runnable(self) -> float:
         return sum(self.runnable) / len(self.runnable) if self.runnable else 0.0
+
+    def background_sessions(self) -> float | None:
+        if self.sessions is None:
+            return None
+        return sum(self.sessions) / len(self.sessions) if self.sessions else 0.0
 
     def steal_cores(self) -> float:
         dt = self.t1 - self.t0

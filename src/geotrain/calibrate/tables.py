@@ -75,7 +75,8 @@ def validation_markdown(all_runs: list[dict], modes, conditions: dict) -> str:
     scol = ["run"] + [f"{m}: iteration mean / worst (%)" for m in modes] + \
         [f"{m}: bubble mean / worst (%)" for m in modes] + \
         [f"{head_mode}: worst rank's bubble (%)", f"{head_mode} post-hoc iteration mean / worst (%)",
-         "other runnable threads (mean)", "CPU stolen by the host (cores, mean)",
+         "other runnable threads (mean)", "other sessions runnable (mean; autogroup)",
+         "CPU stolen by the host (cores, mean)",
          "block time before each case / profile's (mean)"]
     slines = ["| " + " | ".join(scol) + " |", "|" + "---|" * len(scol)]
 
@@ -90,7 +91,10 @@ def validation_markdown(all_runs: list[dict], modes, conditions: dict) -> str:
         steal = _mean([d.get("steal_cores", 0.0) for r in picked for m in r for d in r[m]["details"].values()])
         speed = [d["unit_time_vs_profile"] for r in picked for m in r for d in r[m]["details"].values()
                  if d.get("unit_time_vs_profile")]
+        sess = [d["background_sessions"] for r in picked for m in r for d in r[m]["details"].values()
+                if d.get("background_sessions") is not None]
         cells += [f"{100 * st[head_mode]['bubble_rank_worst']:.1f}", _pair(st[head_mode], "posthoc"), f"{bg:.1f}",
+                  f"{_mean(sess):.1f}" if sess else "-",
                   f"{steal:.2f}", f"{_mean(speed):.2f}" if speed else "-"]
         return "| " + " | ".join(cells) + " |"
 

@@ -89,7 +89,9 @@ def run_validation(out: Path, quick: bool = False, profile: dict | None = None, 
                 say(f"[run {k}/{runs} {m} {i}/{len(cases)}] {case.name:<14} predicted "
                     f"{1e3 * row.predicted_iteration_s:7.1f} ms  measured {1e3 * row.measured_iteration_s:7.1f} ms "
                     f"error {100 * row.iteration_error:+6.1f}%  bubble {100 * row.bubble_error:+6.1f}%  "
-                    f"(other runnable threads {det['background_runnable']:.1f})")
+                    f"(other runnable threads {det['background_runnable']:.1f}"
+                    + (f", sessions {det['background_sessions']:.1f}" if det.get("background_sessions") is not None
+                       else "") + ")")
             per_mode[m] = {"rows": rows, "details": details}
         all_runs.append(per_mode)
     wall = time.time() - t_start

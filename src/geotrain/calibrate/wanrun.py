@@ -126,7 +126,8 @@ def run_plan(spec, plan, out: Path, steps: int, mode: str = DEFAULT_MODE, warmup
     """Train `plan` for `steps` steps into `out` with the runtime's launcher over WAN `mode`.
     Returns (out/measured_trace.jsonl, conditions): conditions has "background_runnable" (other
     threads ready to run meanwhile, on average), "background_cores" (CPU other work got),
-    "steal_cores" (CPU the hypervisor took, in cores),
+    "steal_cores" (CPU the hypervisor took, in cores), "background_sessions" (other sessions with a
+    runnable thread: the autogroup scheduler's competitors; None without autogroup),
     "rank_slowdown" ({rank: measured CPU-sharing slow-down after `warmup` steps}, see _Sampling),
     "mode" (the WAN that ran) and "wall_s"."""
     out = Path(out)
@@ -141,5 +142,6 @@ def run_plan(spec, plan, out: Path, steps: int, mode: str = DEFAULT_MODE, warmup
     return out / "measured_trace.jsonl", {"background_runnable": sampler.background_runnable(),
                                           "background_cores": sampler.background_cores(),
                                           "steal_cores": sampler.steal_cores(),
+                                          "background_sessions": sampler.background_sessions(),
                                           "rank_slowdown": sampling.rank_slowdown(warmup), "mode": wan.mode,
                                           "wall_s": time.time() - t0}
