@@ -5,7 +5,8 @@ measure.py   -- `measure_profile(spec)`, in order: timers.py (per-unit compute t
                 the runtime runs them, the optimizer step, split backward, process start-up),
                 overheads.py (per-action interpreter overhead on one real rank), pool.py (CPU
                 contention between ranks, the DP all-reduce, p2p and the achieved WAN rate with n
-                connections, on the runtime's launcher), calibration_run.py (a real 2-stage pipeline).
+                connections, on the runtime's launcher), calibration_run.py (a real 2-stage pipeline;
+                for a dp = 1 job also at dp = 2, for the DP all-reduce's in-run factor).
 costs.py     -- `calibrated_costs(spec, plan, profile)`: the StageCosts, all-reduce and optimizer
                 times that `geotrain.sim.simulate_costs` takes, with the measured effects modelled;
                 `predict(spec, plan, profile)` simulates with them.

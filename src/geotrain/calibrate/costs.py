@@ -11,7 +11,8 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     parameter all-gathers inside forward/backward (`fsdp_gather_s`);
   * the DP reduction: the measured gloo all-reduce fit alpha + bytes x per_byte at that dp, on the
     fp32 gradients the runtime reduces (replicated DP), times the calibration run's in-run factor
-    for it (`compute_factor["allreduce"]`, when that run had dp > 1);
+    for it (`compute_factor["allreduce"]`: that run's when it had dp > 1, else a dp = 2 run of its
+    own, `calibration_run.allreduce_factor_run`);
   * the optimizer step: measured fixed + per-parameter cost;
   * intra-DC point-to-point: the cluster's intra-DC latency and bandwidth replaced by the measured
     gloo isend/irecv fit;
