@@ -36,3 +36,4 @@ def test_fair_where_turns_cost_more_than_they_save_temporal_where_the_link_satur
     if sharing == "temporal":      # the fair variant was simulated beside it, and lost
         fair = [t for name, t in by_name.items() if name.endswith("-fair")]
         assert fair and min(fair) > res.iteration_s
+

@@ -177,3 +177,22 @@ def test_temporal_never_slower_than_fair_on_a_saturated_link(d, per_connection):
     offsets = pipeline_offsets(d, 3 * 10**7 / (min(per_connection, 10.0) * 1.25e8), 0.1)
     staggered = run(toy_plan(2, d, 8, sharing="temporal", pipeline_offsets=offsets, **kw), cluster, costs)
     assert lockstep <= staggered.metrics.iteration_time * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("d", [2, 4, 8])
+def test_planned_offsets_keep_pipelines_with_a_free_slot_in_lockstep(d):
+    """Four transfers fill the link at once (2.5 of 10 Gbit/s per connection): the planned start
+    offsets delay only pipelines beyond the first four, one turn per group, and are then never
+    slower than lockstep over 3 iterations (offset one by one they were up to 3% slower)."""
+    from geotrain.plan.temporal import apply_temporal
+
+    cluster = toy_cluster(2, latency_ms=20.0, capacity_gbps=10.0, per_connection_gbps=2.5)
+    base = toy_plan(2, d, 4, dcs=2, connections=1)
+    planned = apply_temporal(base, cluster, 3 * 10**7, 0.5, offsets=True)
+    turn = 3 * 10**7 / 2.5e9 * 8
+    assert planned.pipeline_offsets == pytest.approx([(k // 4) * turn for k in range(d)])
+    if d <= 4:
+        costs = uniform_costs(2, 0.01, 0.02, send_bytes=3 * 10**7)
+        lockstep = run(apply_temporal(base, cluster, 3 * 10**7, 0.5), cluster, costs, iterations=3)
+        assert run(planned, cluster, costs, iterations=3).metrics.iteration_time <= \
+            lockstep.metrics.iteration_time * (1 + 1e-9)
