@@ -100,7 +100,7 @@ def test_tp_layout_errors_are_one_line(tmp_path: Path) -> None:
     wide = RunConfig(spec=str(SPEC), plan=_plan(2, 1, 4).with_(tp=4).to_dict())
     with pytest.raises(GeotrainError, match="wider than a node of datacenter east"):
         resolve(wide)
-    from geotrain.runtime.parallelize import tp_problem
+    from geotrain.plan.tp import tp_problem
 
     def with_nodes(gpus_per_node: int):
         return spec.cluster.model_copy(update={"datacenters": [

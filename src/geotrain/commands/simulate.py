@@ -10,6 +10,7 @@ from pathlib import Path
 
 from geotrain.console import format_table, human_bytes, human_rate, human_seconds
 from geotrain.errors import GeotrainError
+from geotrain.plan.tp import tp_problem
 from geotrain.trace.schema import Trace
 
 HELP = "simulate a training plan and write its trace, timeline and HTML report"
@@ -51,6 +52,9 @@ def check_plan_for_spec(spec, plan) -> None:
                                 f"{spec.cluster.name} ({', '.join(names)})")
         if len(st.chunks) != plan.virtual_per_stage:
             raise GeotrainError(f"{where}: every stage must hold the same number of model chunks")
+    problem = tp_problem(spec.model, plan, spec.cluster)
+    if problem:
+        raise GeotrainError(f"{where}: {problem}")
     stray = sorted(set(plan.replica_dcs) - set(names))
     if stray:
         raise GeotrainError(f"{where}: replica_dcs names {', '.join(stray)}, not a datacenter of cluster "

@@ -40,46 +40,102 @@ class UnitTable:
 
 
 def tp_options(spec: Spec) -> tuple[int, ...]:
-    """The tensor-parallel degrees the planner tries: the job's, or with tp = "auto" every power
-    of two that splits the model's heads, KV heads and FFN evenly and fits a node of some DC.
-
-    One tp for the whole job, not one per stage: the runtime builds a single (pp, dp, tp) device
-    mesh (runtime/rank_run.py) and numbers ranks (stage * dp + replica) * tp + t, so a plan with
-    stages of different tp could not be trained; the planner emits only what `train` runs."""
+    """The tensor-parallel degrees the planner tries somewhere: the job's, or with tp = "auto"
+    every power of two that splits the model's heads, KV heads and FFN evenly and fits a node of
+    some DC (`tp_assignments` gives each DC its own)."""
     if isinstance(spec.job.tp, int):
         return (spec.job.tp,)
-    m = spec.model
     widest = max(d.gpus_per_node for d in spec.cluster.datacenters)
+    return _model_tps(spec, widest)
+
+
+def _model_tps(spec: Spec, node: int) -> tuple[int, ...]:
+    """Powers of two up to `node` that divide the node, the heads, the KV heads and the FFN."""
+    m = spec.model
     out, t = [], 1
-    while t <= widest:
-        if not (m.heads % t or m.kv_heads % t or m.ffn % t):
+    while t <= node:
+        if not (m.heads % t or m.kv_heads % t or m.ffn % t or node % t):
             out.append(t)
         t *= 2
     return tuple(out)
 
 
+def dc_kind(dc: Datacenter) -> tuple[str, int]:
+    """What decides a DC's tensor-parallel degree: its GPU type and node size. DCs alike in both
+    run one tp (two zones of H100 nodes are one choice, not two)."""
+    return dc.gpu_type, dc.gpus_per_node
+
+
+def tp_assignments(spec: Spec) -> list[dict[str, int]]:
+    """The per-DC tensor-parallel degrees the planner tries, the all-smallest first.
+
+    A pinned `job.tp` is every DC's. With tp = "auto" each kind of DC (`dc_kind`) gets every
+    degree that fits its node and the model, independently: a stage runs its DC's tp, so where
+    GPU types or node sizes differ the stages of one plan may differ (8 on 8-GPU H100 nodes,
+    2 on 2-GPU nodes). One tp per kind, not per stage: the stages of one kind of DC see the same
+    costs, and the product over kinds stays small (one kind: one context per tp, as before)."""
+    dcs = spec.cluster.datacenters
+    if isinstance(spec.job.tp, int):
+        return [{d.name: spec.job.tp for d in dcs}]
+    kinds: dict[tuple[str, int], list[str]] = {}
+    for d in dcs:
+        kinds.setdefault(dc_kind(d), []).append(d.name)
+    out: list[dict[str, int]] = [{}]
+    for kind, names in kinds.items():
+        out = [{**a, **{n: t for n in names}} for a in out for t in _model_tps(spec, kind[1])]
+    return out
+
+
 class PlanningContext:
     """profile: measured per-unit times (geotrain.cost.profile) replacing the FLOP estimate;
     tp: the tensor-parallel degree of the layouts this context prices (default: the job's, 1
-    when the job leaves it to the planner)."""
+    when the job leaves it to the planner); tps: one per DC instead (tp_assignments), every
+    cost of a stage then at its DC's tp. `tp` is then the smallest (the plan-wide rules: ZeRO-1
+    is out when any DC runs tp > 1)."""
 
-    def __init__(self, spec: Spec, profile: dict | None = None, tp: int | None = None):
+    def __init__(self, spec: Spec, profile: dict | None = None, tp: int | None = None,
+                 tps: dict[str, int] | None = None):
         self.spec = spec
         self.profile = profile
         self.cluster = spec.cluster
         self.model = spec.model
         self.job = spec.job
         self.num_units = spec.model.num_units
-        self.tp = tp if tp is not None else (spec.job.tp if isinstance(spec.job.tp, int) else 1)
+        tp = tp if tp is not None else (spec.job.tp if isinstance(spec.job.tp, int) else 1)
+        self.tps = dict(tps) if tps else {d.name: tp for d in spec.cluster.datacenters}
+        self.tp = min(self.tps.values()) if tps else tp
+        self.widest_tp = max(self.tps.values())
+        self.uniform_tp = len(set(self.tps.values())) == 1
+        kinds: dict[tuple[str, int], list[str]] = {}
+        for d in spec.cluster.datacenters:
+            kinds.setdefault(dc_kind(d), []).append(d.name)
+        # The kinds of DC whose tp is not their smallest option: a chain without any of them is
+        # listed by the context where they are at the smallest (tp_assignments' first), once.
+        smallest = tp_assignments(spec)[0]
+        self.key = tuple(sorted(self.tps.items()))   # what tells two contexts' costs apart
+        self._raised = [names for names in kinds.values() if self.tps[names[0]] != smallest.get(names[0])]
         self._cost_cls = CostModel
         self._costs: dict[str, object] = {}
-        self._tables: dict[tuple[str, int, str], UnitTable] = {}
+        self._tables: dict[tuple[str, int, str, int], UnitTable] = {}
         self._memo: dict[tuple, float] = {}
         self._shapes: dict[tuple, tuple[int, int, int]] = {}
         self.memory_calls = 0
         self._dcs = {d.name: d for d in spec.cluster.datacenters}
         self._links: dict[tuple[str, str], WanLink | None] = {}
         self._gpus = {d.name: spec.cluster.gpu(d.gpu_type) for d in spec.cluster.datacenters}
+
+    def for_plan(self, plan) -> PlanningContext:
+        """A context pricing `plan`'s stages at their own tp: this one when they agree, else a
+        new one (a DC's stages are priced at the first one's tp; the planner gives all of a DC's
+        stages one)."""
+        tps = dict(self.tps)
+        for d in plan.replica_dcs:
+            tps[d] = plan.tp
+        for s in reversed(range(plan.pp)):
+            tps[plan.stages[s].dc] = plan.stage_tp(s)
+        if tps == self.tps:
+            return self
+        return PlanningContext(self.spec, self.profile, tps=tps)
 
     # -- choices the job leaves open ---------------------------------------------------------
     def checkpointing_options(self) -> tuple[str, ...]:
@@ -91,11 +147,21 @@ class PlanningContext:
         with tp > 1 (runtime/trainer.py)."""
         s = self.spec.job.sharding
         opts = SHARDING_ORDER if s == "auto" else (s,)
-        return tuple(x for x in opts if x != "zero1") if self.tp > 1 else opts
+        return tuple(x for x in opts if x != "zero1") if self.widest_tp > 1 else opts
+
+    def tp_of(self, dc_name: str) -> int:
+        """The tensor-parallel degree of a stage in this DC."""
+        return self.tps[dc_name]
 
     def tp_fits(self, dc_name: str) -> bool:
-        """Does a TP group of this context's tp stay inside one node of the DC (the runtime's rule)?"""
-        return self.dc(dc_name).gpus_per_node % self.tp == 0
+        """Does a TP group of the DC's tp stay inside one of its nodes (the runtime's rule)?"""
+        return self.dc(dc_name).gpus_per_node % self.tps[dc_name] == 0
+
+    def owns(self, dcs) -> bool:
+        """Whether layouts over these DCs belong to this context: every kind of DC whose tp this
+        context raises is among them (else a context with that kind at its smallest lists them;
+        listing them here too would only repeat them)."""
+        return all(any(n in dcs for n in names) for names in self._raised)
 
     def cost(self, checkpointing: str):
         cm = self._costs.get(checkpointing)
@@ -122,13 +188,16 @@ class PlanningContext:
         return hit
 
     # -- compute -----------------------------------------------------------------------------
-    def table(self, gpu_type: str, micro_batch: int, checkpointing: str) -> UnitTable:
-        key = (gpu_type, micro_batch, checkpointing)
+    def table(self, gpu_type: str, micro_batch: int, checkpointing: str, tp: int | None = None) -> UnitTable:
+        """Per-unit prefix sums on one GPU type at tensor-parallel degree `tp` (default: this
+        context's smallest); `dc_table` for a DC at its own tp."""
+        tp = self.tp if tp is None else tp
+        key = (gpu_type, micro_batch, checkpointing, tp)
         t = self._tables.get(key)
         if t is None:
             cm = self.cost(checkpointing)
             gpu = self.cluster.gpu(gpu_type)
-            st = [cm.stage_times([u], gpu, micro_batch, self.tp) for u in range(self.num_units)]
+            st = [cm.stage_times([u], gpu, micro_batch, tp) for u in range(self.num_units)]
             t = UnitTable(
                 forward=prefix_sums([x.forward for x in st]),
                 backward=prefix_sums([x.backward for x in st]),
@@ -138,6 +207,9 @@ class PlanningContext:
             )
             self._tables[key] = t
         return t
+
+    def dc_table(self, dc_name: str, micro_batch: int, checkpointing: str) -> UnitTable:
+        return self.table(self.dc(dc_name).gpu_type, micro_batch, checkpointing, self.tps[dc_name])
 
     def shape(self, chunks: tuple[tuple[int, int], ...]) -> tuple[int, int, int]:
         """(has embedding, blocks, has head): all the cost model distinguishes between stages."""
@@ -168,7 +240,7 @@ class PlanningContext:
             gpu = self.gpu(dc_name)
             units = _units(chunks)
             need = self.cost(checkpointing).stage_memory(
-                units, gpu, micro_batch, max(1, ceil_inflight(inflight)), sharding, dp, self.tp,
+                units, gpu, micro_batch, max(1, ceil_inflight(inflight)), sharding, dp, self.tps[dc_name],
                 deferred=deferred).total
             v = need / gpu.memory_bytes
             self._memo[key] = v
@@ -201,22 +273,24 @@ class PlanningContext:
         if v is None:
             cm = self.cost("none")
             units = _units(chunks)
-            nbytes = cm.grad_bytes(units, self.tp)
-            v = cm.allreduce_time(nbytes, dp, self.dc(dc_name), sharding, self.tp)
+            tp = self.tps[dc_name]
+            v = cm.allreduce_time(cm.grad_bytes(units, tp), dp, self.dc(dc_name), sharding, tp)
             self._memo[key] = v
         return v
 
     def allreduce_span(self, chunks: tuple[tuple[int, int], ...], span: tuple[str, ...], replicas: tuple[int, ...],
                        sharding: str) -> float:
-        """A region plan's gradient sync: the stage's replicas spread over the DCs of `span`."""
+        """A region plan's gradient sync: the stage's replicas spread over the DCs of `span` (one
+        tp: region layouts span only DCs of one tp, regions.region_sets)."""
         key = ("ars", self.shape(chunks), span, replicas, sharding)
         v = self._memo.get(key)
         if v is None:
             cm = self.cost("none")
             links = [self.link(a, b) for i, a in enumerate(span) for b in span[i + 1:]]
-            v = comm.cross_dc_sync_time(cm.grad_bytes(_units(chunks), self.tp),
+            tp = self.tps[span[0]]
+            v = comm.cross_dc_sync_time(cm.grad_bytes(_units(chunks), tp),
                                         [(self.dc(d), n) for d, n in zip(span, replicas, strict=True)], links,
-                                        sharding, self.tp)
+                                        sharding, tp)
             self._memo[key] = v
         return v
 
@@ -228,17 +302,19 @@ class PlanningContext:
         v = self._memo.get(key)
         if v is None:
             nbytes = self.cost("none").tied_grad_bytes(sharding, dp)
-            v = self._memo[key] = (comm.tied_sum_time(nbytes, dp * self.tp, self.dc(chain[0]),
+            pairs = dp * min(self.tps[chain[0]], self.tps[chain[-1]])   # (replica, TP index) on both ends
+            v = self._memo[key] = (comm.tied_sum_time(nbytes, pairs, self.dc(chain[0]),
                                                       comm.tied_route(self.link, chain)) if nbytes else 0.0)
         return v
 
     def optimizer(self, chunks: tuple[tuple[int, int], ...], dc_name: str, sharding: str, dp: int) -> float:
-        key = ("opt", self.shape(chunks), self.dc(dc_name).gpu_type, sharding, dp)
+        tp = self.tps[dc_name]
+        key = ("opt", self.shape(chunks), self.dc(dc_name).gpu_type, sharding, dp, tp)
         v = self._memo.get(key)
         if v is None:
             cm = self.cost("none")
             units = _units(chunks)
-            v = cm.optimizer_time(units, self.gpu(dc_name), sharding, dp, self.tp)
+            v = cm.optimizer_time(units, self.gpu(dc_name), sharding, dp, tp)
             self._memo[key] = v
         return v
 
@@ -247,16 +323,25 @@ class PlanningContext:
         return self.cost("none").boundary_bytes(micro_batch)
 
     def tp_comm(self, chunks: tuple[tuple[int, int], ...], micro_batch: int, dc_name: str) -> float:
-        if self.tp <= 1:
+        """TP all-reduces of a stage per micro-batch (forward and backward) at its DC's tp."""
+        tp = self.tps[dc_name]
+        if tp <= 1:
             return 0.0
         key = ("tp", self.shape(chunks), micro_batch, dc_name)
         v = self._memo.get(key)
         if v is None:
             cm = self.cost("none")
             units = _units(chunks)
-            v = cm.tp_comm_time(units, micro_batch, self.tp, self.dc(dc_name))
+            v = cm.tp_comm_time(units, micro_batch, tp, self.dc(dc_name))
             self._memo[key] = v
         return v
+
+    def copies(self, a: str, b: str) -> int:
+        """Copies of a boundary tensor between a stage in DC a and one in DC b: each receiving TP
+        rank takes the whole (replicated) activation or input gradient from one sender, so the
+        forward carries tp_b copies and the backward tp_a; the larger prices both directions."""
+        ta, tb = self.tps[a], self.tps[b]
+        return ta if ta > tb else tb
 
     def intra_dc_transfer(self, dc_name: str, nbytes: int) -> float:
         d = self.dc(dc_name)

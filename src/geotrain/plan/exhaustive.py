@@ -3,8 +3,8 @@
 The search prunes (stage counts per DC fastest GPUs first, a pp ladder, lower-bound cut-off,
 cheapest checkpointing/sharding that fits, the top few estimates confirmed). This module prunes
 nothing the job leaves open: every chain of linked DCs, every number of stages on each DC of it
-(all compositions, not only fastest-first), every tensor-parallel degree the job allows (one per job, as
-the runtime runs), every dp and pp, every micro-batch, schedule kind,
+(all compositions, not only fastest-first), every tensor-parallel degree the job allows (per kind
+of DC with tp = "auto", as the planner's context.tp_assignments), every dp and pp, every micro-batch, schedule kind,
 checkpointing and sharding that fits in memory, temporal (lockstep and staggered starts) and
 fair WAN sharing, and every region layout (each split of the DP pipelines over a region's DCs).
 What it keeps
@@ -25,7 +25,7 @@ from itertools import chain as chain_of
 from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.config.load import Spec
 from geotrain.cost.activations import SELECTIVE
-from geotrain.plan.context import PlanningContext, tp_options
+from geotrain.plan.context import PlanningContext, tp_assignments
 from geotrain.plan.estimate import held
 from geotrain.plan.layouts import MICRO_BATCHES, Layout, schedule_kinds
 from geotrain.plan.placement import chains, iter_dp
@@ -51,18 +51,19 @@ def compositions(pp: int, caps: list[int]) -> Iterator[tuple[int, ...]]:
 
 
 def all_layouts(ctx: PlanningContext) -> Iterator[Layout]:
-    job, cl, tp = ctx.job, ctx.cluster, ctx.tp
+    job, cl = ctx.job, ctx.cluster
     gb = job.global_batch
     mbs = [job.micro_batch] if isinstance(job.micro_batch, int) else [b for b in MICRO_BATCHES if gb % b == 0]
     for chain in chains(cl):
-        if not all(ctx.tp_fits(d) for d in chain):
+        if not all(ctx.tp_fits(d) for d in chain) or not ctx.owns(chain):
             continue
         gpus = [cl.dc(d).gpus for d in chain]
+        tps = [ctx.tp_of(d) for d in chain]
         for mb in mbs:
-            for dp in iter_dp(gb, mb, min(gpus) // tp):
+            for dp in iter_dp(gb, mb, min(g // t for g, t in zip(gpus, tps))):
                 if job.dp is not None and dp != job.dp:
                     continue
-                caps = [g // (dp * tp) for g in gpus]
+                caps = [g // (dp * t) for g, t in zip(gpus, tps)]
                 m = gb // (dp * mb)
                 if m > MAX_MICROBATCHES:        # more than a schedule holds (config.job)
                     continue
@@ -76,8 +77,8 @@ def all_layouts(ctx: PlanningContext) -> Iterator[Layout]:
 def all_plans(spec: Spec, limit: int = DEFAULT_LIMIT) -> list[Plan]:
     """Every plan the job allows that fits in memory (see the module docstring), named exhaustive-i."""
     out: list[Plan] = []
-    for tp in tp_options(spec):
-        ctx = PlanningContext(spec, tp=tp)
+    for tps in tp_assignments(spec):
+        ctx = PlanningContext(spec, tps=tps)
         _plans_of(ctx, out, limit)
     return out
 
@@ -91,10 +92,11 @@ def region_layouts_all(ctx: PlanningContext) -> Iterator[Layout]:
     for group in region_sets(ctx):
         gpus = [ctx.dc(n).gpus for n in group]
         for mb in mbs:
-            for pp in range(1, min(ctx.model.layers, min(gpus) // ctx.tp) + 1):
+            tp = ctx.tp_of(group[0])   # alike DCs: one tp (regions.region_sets)
+            for pp in range(1, min(ctx.model.layers, min(gpus) // tp) + 1):
                 if job.pp is not None and pp != job.pp:
                     continue
-                caps = [g // (pp * ctx.tp) for g in gpus]
+                caps = [g // (pp * tp) for g in gpus]
                 for dp in iter_dp(gb, mb, sum(caps)):
                     m = gb // (dp * mb)
                     if (job.dp is not None and dp != job.dp) or m > MAX_MICROBATCHES:
@@ -141,7 +143,7 @@ def _plan(ctx: PlanningContext, lay: Layout, kind: str, ckpt: str, sharding: str
     if not all(ctx.stage_fits(chunks[s], dcs[s], lay.micro_batch, held(kind, pp, m, s, extra, v), sharding,
                               lay.dp, ckpt) for s in range(pp)):
         return None
-    plan = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, "fair", conns, None, tp=ctx.tp).to_plan(ctx)
+    plan = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, "fair", conns, None, tps=ctx.key).to_plan(ctx)
     if sharing != "fair":  # "offsets": staggered starts, wrapped around the estimate's steady-state period
         est = score_plan(ctx, plan)
         plan = apply_temporal(plan, ctx.cluster, ctx.boundary_bytes(lay.micro_batch), est.est.period if est else 0.0,

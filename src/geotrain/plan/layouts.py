@@ -56,11 +56,11 @@ def schedule_kinds(ctx: PlanningContext, chain_len: int) -> tuple[str, ...]:
 def chain_signature(ctx: PlanningContext, chain: tuple[str, ...]) -> tuple:
     """What the simulator sees of a chain: per DC its hardware, per hop the link's numbers -- two
     chains over alike DCs (two equal zones swapped) give the same layouts. Prices are part of it,
-    so alike DCs at different prices stay apart."""
+    so alike DCs at different prices stay apart, and so is each DC's tensor-parallel degree."""
     def dc(name: str) -> tuple:
         d = ctx.dc(name)
         return (d.gpu_type, d.gpus_per_node, d.intra_node_gbps, d.intra_dc_gbps, d.intra_dc_latency_us,
-                d.price_per_gpu_hour)
+                d.price_per_gpu_hour, ctx.tp_of(name))
 
     hops = tuple((lk.latency_ms, lk.capacity_gbps, lk.per_connection_gbps, lk.max_connections, lk.loss, lk.jitter_ms,
                   lk.egress_usd_per_gb)
@@ -72,37 +72,41 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
                       wan_aware: bool = True) -> list[Layout]:
     """Every (chain, dp, pp, micro-batch) the job allows, each with a lower bound on its time."""
     job, cluster = ctx.job, ctx.cluster
-    tp = ctx.tp
     gb = job.global_batch
     mbs = [job.micro_batch] if isinstance(job.micro_batch, int) else [b for b in MICRO_BATCHES if gb % b == 0]
     out = []
     seen: set[tuple] = set()   # (what the chain looks like, counts, dp, mb): alike DCs swapped are one layout
     looks: dict[tuple, int] = {}
     for chain in allowed_chains or chains(cluster):
-        if tp > 1 and not all(ctx.tp_fits(d) for d in chain):
+        if not all(ctx.tp_fits(d) for d in chain):
             continue   # a TP group would straddle two nodes of some DC of the chain
+        if not ctx.owns(chain):
+            continue   # listed by the context where the kinds of DC it lacks run their smallest tp
+        tps = [ctx.tp_of(d) for d in chain]
+        copies = [max(a, b) for a, b in zip(tps, tps[1:])]   # each receiving TP rank takes a whole copy
         look = looks.setdefault(chain_signature(ctx, chain), len(looks))   # an int hashes fast
         gpus = [cluster.dc(d).gpus for d in chain]
         types = [cluster.dc(d).gpu_type for d in chain]
+        mems = [cluster.gpu(t).memory_gib for t in types]
         if job.pp is not None and job.pp < len(chain):
             continue
         kinds = schedule_kinds(ctx, len(chain))
         for mb in mbs:
             # Ideal per-micro-batch work of the whole model on each DC's GPU type, and the least
             # fill/drain any allowed schedule can have (both split-independent sums over units).
-            tabs = [ctx.table(t, mb, ctx.checkpointing_options()[0]) for t in types]
+            tabs = [ctx.dc_table(d, mb, ctx.checkpointing_options()[0]) for d in chain]
             work = [tab.step[-1] for tab in tabs]
             speeds = [1.0 / w for w in work]
-            ranks = speed_ranks(speeds, [cluster.gpu(t).memory_gib for t in types])
+            ranks = speed_ranks(speeds, mems)
             uniform = min(speeds) == max(speeds)
             fill = min((_fill(kind, tabs, work) for kind in kinds), default=0.0)
             nbytes = ctx.boundary_bytes(mb)
-            caps_bw = [ctx.link(a, b).capacity_gbps * GBIT for a, b in zip(chain, chain[1:])]
+            caps_bw = [ctx.link(a, b).capacity_gbps * GBIT / c for (a, b), c in zip(zip(chain, chain[1:]), copies)]
             lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
-            for dp in iter_dp(gb, mb, min(gpus) // tp):
+            for dp in iter_dp(gb, mb, min(g // t for g, t in zip(gpus, tps))):
                 if job.dp is not None and dp != job.dp:
                     continue
-                caps = tuple(g // (dp * tp) for g in gpus)
+                caps = tuple(g // (dp * t) for g, t in zip(gpus, tps))
                 m = gb // (dp * mb)
                 if m > MAX_MICROBATCHES:        # more than a schedule holds (config.job)
                     continue
@@ -128,13 +132,13 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
 def layout_bound(ctx: PlanningContext, lay: Layout, ckpt: str, wan_aware: bool = True) -> float:
     """The lower bound of enumerate_layouts for one layout, with `ckpt`'s unit times."""
     chain, mb = lay.chain, lay.micro_batch
-    tabs = [ctx.table(ctx.dc(d).gpu_type, mb, ckpt) for d in chain]
+    tabs = [ctx.dc_table(d, mb, ckpt) for d in chain]
     work = [t.step[-1] for t in tabs]
     fill = min(_fill(kind, tabs, work) for kind in schedule_kinds(ctx, len(chain)))
     period = 1.0 / sum(c / w for c, w in zip(lay.counts, work, strict=True))
     extra = 0.0
     if wan_aware and len(chain) > 1:
-        caps_bw = [ctx.link(a, b).capacity_gbps * GBIT for a, b in zip(chain, chain[1:])]
+        caps_bw = [ctx.link(a, b).capacity_gbps * GBIT / ctx.copies(a, b) for a, b in zip(chain, chain[1:])]
         period = max(period, lay.dp * ctx.boundary_bytes(mb) / min(caps_bw))
         extra = 2 * sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
     return (lay.m - 1) * period + fill + extra

@@ -29,18 +29,20 @@ def stage_peaks(spec, plan, schedule, cost: CostModel | None = None) -> list[tup
                          optimizer=spec.job.optimizer)
     costs = {mode: cost.with_checkpointing(mode) for mode in {plan.stage_checkpointing(s) for s in range(plan.pp)}}
     vunits = plan.virtual_units()
-    mb, tp, pp = plan.micro_batch, plan.tp, plan.pp
+    mb, pp = plan.micro_batch, plan.pp
 
     def chunk_held(v: int) -> float:
-        return costs[plan.stage_checkpointing(v % pp)].microbatch_activation_bytes(range(*vunits[v]), mb, tp)
+        return costs[plan.stage_checkpointing(v % pp)].microbatch_activation_bytes(range(*vunits[v]), mb,
+                                                                                    plan.stage_tp(v % pp))
 
     def chunk_deferred(v: int) -> float:
-        return costs[plan.stage_checkpointing(v % pp)].deferred_bytes(range(*vunits[v]), mb, tp)
+        return costs[plan.stage_checkpointing(v % pp)].deferred_bytes(range(*vunits[v]), mb, plan.stage_tp(v % pp))
 
     peaks = peak_held(schedule, chunk_held, chunk_deferred)
     out = []
     for s, st in enumerate(plan.stages):
         cost = costs[plan.stage_checkpointing(s)]
+        tp = plan.stage_tp(s)
         gpu = spec.cluster.gpu(spec.cluster.dc(st.dc).gpu_type)
         held_bytes, deferred_bytes = peaks[s]
         per_mb = cost.microbatch_activation_bytes(st.units, mb, tp)

@@ -4,11 +4,13 @@ Layout rules it encodes: pipeline stages may sit in different DCs (joined by the
 replica of a stage sits in the stage's DC, so the gradient reduction never crosses the WAN --
 except in a region plan (`replica_dcs`): every stage in one DC's pipeline, DP pipeline d in DC
 replica_dcs[d], so only the gradient reduction crosses the (fast, regional) links. TP stays
-inside a node. The ranks of one DC are contiguous, so one torchrun per DC (node ranks contiguous
-per host) starts them: an ordinary plan numbers them stage-major -- rank = (stage * dp + replica)
-* tp + t -- and a region plan pipeline-major, its pipelines grouped by DC (first appearance in
-replica_dcs), each pipeline's stages in order, TP innermost. `Plan.rank`/`Plan.coords` read one
-table built once per plan (`rank_table`), so nothing else computes a rank by hand.
+inside a node; stages may run different tp (a stage's `tp`, where its DC's nodes or GPUs differ).
+The ranks of one DC are contiguous, so one torchrun per DC (node ranks contiguous per host)
+starts them: an ordinary plan numbers them stage-major -- stage s holds dp x tp_s ranks after
+those of the stages before it, replica d's TP group at d * tp_s (with one tp: rank = (stage * dp
++ replica) * tp + t) -- and a region plan pipeline-major, its pipelines grouped by DC (first
+appearance in replica_dcs), each pipeline's stages in order, TP innermost. `Plan.rank`/`Plan.coords`
+read one table built once per plan (`rank_table`), so nothing else computes a rank by hand.
 """
 
 from __future__ import annotations
@@ -35,11 +37,14 @@ class StagePlan:
     chunks: unit ranges [start, end) this stage holds; one chunk normally, several for
     interleaved schedules (chunk c of stage s is virtual stage c * pp + s).
     checkpointing: this stage's own mode when it differs from the plan's (the planner checkpoints
-    only the stages that need it: under 1F1B the first stages hold the most micro-batches)."""
+    only the stages that need it: under 1F1B the first stages hold the most micro-batches).
+    tp: this stage's tensor-parallel degree when it differs from the plan's (a stage on 4-GPU
+    nodes beside one on 8-GPU nodes); None is the plan's `tp`, so plans of one tp read as before."""
 
     dc: str
     chunks: tuple[tuple[int, int], ...]
     checkpointing: str | None = None
+    tp: int | None = None   # this stage's tensor-parallel degree when it differs from the plan's
 
     @property
     def units(self) -> list[int]:
@@ -88,9 +93,27 @@ class Plan:
     def virtual_per_stage(self) -> int:
         return len(self.stages[0].chunks)
 
+    def stage_tp(self, stage: int) -> int:
+        """The tensor-parallel degree stage `stage` runs: its own, else the plan's."""
+        return self.stages[stage].tp or self.tp
+
+    @cached_property
+    def stage_tps(self) -> tuple[int, ...]:
+        return tuple(st.tp or self.tp for st in self.stages)
+
+    @cached_property
+    def mixed_tp(self) -> bool:
+        """Whether stages run different tensor-parallel degrees."""
+        return len(set(self.stage_tps)) > 1
+
+    def tp_label(self) -> str:
+        """The plan's tp in one phrase: one degree, or the degree of each stage."""
+        tps = self.stage_tps
+        return str(tps[0]) if len(set(tps)) == 1 else "per stage " + "/".join(map(str, tps))
+
     @property
     def num_ranks(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.dp * sum(self.stage_tps)
 
     @property
     def global_batch(self) -> int:
@@ -107,10 +130,12 @@ class Plan:
             order = [(s, d) for d in replicas for s in range(self.pp)]
         else:
             order = [(s, d) for s in range(self.pp) for d in range(self.dp)]
-        table = [[[0] * self.tp for _ in range(self.dp)] for _ in range(self.pp)]
-        for i, (s, d) in enumerate(order):
-            for t in range(self.tp):
-                table[s][d][t] = i * self.tp + t
+        tps = self.stage_tps
+        table = [[[0] * tps[s] for _ in range(self.dp)] for s in range(self.pp)]
+        first = 0
+        for s, d in order:   # each TP group: tp_s consecutive ranks
+            table[s][d] = list(range(first, first + tps[s]))
+            first += tps[s]
         return tuple(tuple(tuple(row) for row in stage) for stage in table)
 
     @cached_property
@@ -151,10 +176,10 @@ class Plan:
         out: dict[str, int] = {}
         if self.replica_dcs:
             for dc in self.replica_dcs:
-                out[dc] = out.get(dc, 0) + self.pp * self.tp
+                out[dc] = out.get(dc, 0) + sum(self.stage_tps)
             return out
         for s in self.stages:
-            out[s.dc] = out.get(s.dc, 0) + self.dp * self.tp
+            out[s.dc] = out.get(s.dc, 0) + self.dp * (s.tp or self.tp)
         return out
 
     def replicas_per_dc(self) -> list[tuple[str, int]]:
@@ -197,7 +222,8 @@ class Plan:
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         d = dict(d)
         d["stages"] = tuple(
-            StagePlan(dc=s["dc"], chunks=tuple(tuple(c) for c in s["chunks"]), checkpointing=s.get("checkpointing"))
+            StagePlan(dc=s["dc"], chunks=tuple(tuple(c) for c in s["chunks"]), checkpointing=s.get("checkpointing"),
+                      tp=s.get("tp"))
             for s in d["stages"]
         )
         d["links"] = tuple(LinkPlan(**{**lp, "order": tuple(lp.get("order", ()))}) for lp in d.get("links", ()))
@@ -315,6 +341,8 @@ def _plan_field_problem(plan: Plan) -> tuple[str, str] | None:
             return f"plan.stages[{s}].dc", f"must be a datacenter name (got {st.dc!r})"
         if not st.chunks or any(len(c) != 2 or not all(_is_int(u) for u in c) for c in st.chunks):
             return f"plan.stages[{s}].chunks", f"must be [start, end) pairs of unit indices (got {st.chunks!r})"
+        if st.tp is not None and (not _is_int(st.tp) or st.tp < 1):
+            return f"plan.stages[{s}].tp", f"must be an integer >= 1 or absent for the plan's tp (got {st.tp!r})"
         if st.checkpointing is not None and st.checkpointing not in CHECKPOINTING:
             return (f"plan.stages[{s}].checkpointing",
                     f"must be one of {', '.join(CHECKPOINTING)} (got {st.checkpointing!r})")

@@ -31,9 +31,11 @@ def wan_bytes_per_link(spec: Spec, plan: Plan) -> dict[tuple[str, str], float]:
             out[key] = out.get(key, 0.0) + nbytes
 
     pp, nv = plan.pp, plan.pp * plan.virtual_per_stage
-    per_boundary = 2 * plan.dp * plan.num_microbatches * cost.boundary_bytes(plan.micro_batch)
-    for v in range(nv - 1):   # virtual stage v hands over to v + 1 (activation forward, gradient back)
-        add(plan.stages[v % pp].dc, plan.stages[(v + 1) % pp].dc, per_boundary)
+    per_copy = plan.dp * plan.num_microbatches * cost.boundary_bytes(plan.micro_batch)
+    for v in range(nv - 1):   # virtual stage v hands over to v + 1 (activation forward, gradient back),
+        # one copy to each receiving TP rank (sim/program.py): tp of v + 1 forward, tp of v back
+        a, b = v % pp, (v + 1) % pp
+        add(plan.stages[a].dc, plan.stages[b].dc, per_copy * (plan.stage_tp(a) + plan.stage_tp(b)))
     if plan.replica_dcs:
         ring = [d for d, _ in plan.replicas_per_dc()]
         k = len(ring)

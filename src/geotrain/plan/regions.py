@@ -47,8 +47,8 @@ def region_sets(ctx: PlanningContext) -> list[tuple[str, ...]]:
                     continue
                 if any(ctx.link(a, b) is None for a, b in combinations(group, 2)):
                     continue
-                if ctx.tp > 1 and not all(ctx.tp_fits(n) for n in group):
-                    continue
+                if not all(ctx.tp_fits(n) for n in group) or not ctx.owns(group):
+                    continue   # (alike hardware: one kind of DC, so one tp over the group)
                 out.append(tuple(sorted(group, key=lambda n: -ctx.dc(n).gpus)))
     return out
 
@@ -60,7 +60,6 @@ def region_layouts(ctx: PlanningContext) -> list[Layout]:
     job = ctx.job
     gb = job.global_batch
     mbs = [job.micro_batch] if isinstance(job.micro_batch, int) else [b for b in MICRO_BATCHES if gb % b == 0]
-    tp = ctx.tp
     sharding = ctx.sharding_options()
     if not sharding:
         return []
@@ -69,9 +68,10 @@ def region_layouts(ctx: PlanningContext) -> list[Layout]:
     for group in region_sets(ctx):
         gpus = [ctx.dc(n).gpus for n in group]
         home = group[0]
+        tp = ctx.tp_of(home)
         kinds = schedule_kinds(ctx, 1)
         for mb in mbs:
-            tab = ctx.table(ctx.dc(home).gpu_type, mb, ctx.checkpointing_options()[0])
+            tab = ctx.dc_table(home, mb, ctx.checkpointing_options()[0])
             work = tab.step[-1]
             fill = min(_fill(kind, [tab], [work]) for kind in kinds)
             for pp in ([job.pp] if job.pp is not None else pp_candidates(1, min(ctx.model.layers, min(gpus) // tp))):

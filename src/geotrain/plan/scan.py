@@ -12,7 +12,7 @@ import math
 import time
 
 from geotrain.config.load import Spec
-from geotrain.plan.context import PlanningContext, tp_options
+from geotrain.plan.context import PlanningContext, tp_assignments
 from geotrain.plan.layouts import Layout, enumerate_layouts, layout_bound, schedule_kinds
 from geotrain.plan.regions import region_layouts
 from geotrain.plan.scorer import Candidate, Scorer
@@ -21,14 +21,16 @@ from geotrain.plan.temporal import offsets_span
 
 def tp_groups(spec: Spec, profile: dict | None = None, regions: bool = True,
               **scorer_kw) -> list[tuple[PlanningContext, Scorer, list[Layout]]]:
-    """(context, scorer, layouts) per tensor-parallel degree the job allows (context.tp_options),
-    smallest first; a tp under which no sharding the job allows runs is left out when the job
-    leaves tp open (a pinned one is reported by pins.pin_problem). `regions`: with the region
-    layouts (DP across the DCs of a region, plan/regions.py) the cluster allows."""
-    tps = tp_options(spec)
+    """(context, scorer, layouts) per assignment of tensor-parallel degrees to DCs the job allows
+    (context.tp_assignments: one tp, or with tp = "auto" one per kind of DC), the all-smallest
+    first; each context lists only the layouts it owns (context.owns), so none is scored twice.
+    An assignment under which no sharding the job allows runs is left out when the job leaves
+    tp open (a pinned one is reported by pins.pin_problem). `regions`: with the region layouts
+    (DP across the DCs of a region, plan/regions.py) the cluster allows."""
+    tps = tp_assignments(spec)
     out = []
     for t in tps:
-        ctx = PlanningContext(spec, profile, tp=t)
+        ctx = PlanningContext(spec, profile, tps=t)
         if len(tps) > 1 and not ctx.sharding_options():
             continue
         layouts = enumerate_layouts(ctx)

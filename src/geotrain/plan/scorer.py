@@ -19,7 +19,7 @@ from geotrain.plan.layouts import Layout, schedule_kinds
 from geotrain.plan.plan import LinkPlan, Plan, StagePlan
 from geotrain.plan.split import balanced_split, split_even
 from geotrain.plan.stage_checkpointing import stage_modes
-from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span, turn_rate_gbps
+from geotrain.plan.temporal import apply_fair, apply_temporal, offsets_span
 from geotrain.plan.warmup import fit_warmup, wanted_warmup
 from geotrain.wan.temporal import TURN_OVERHEAD_S, concurrent_turns
 
@@ -38,18 +38,22 @@ class Candidate:
     est: Estimate
     name: str = "geotrain"
     tp: int | None = None   # the context's tp when None
+    tps: tuple[tuple[str, int], ...] = ()   # the context's per-DC tp (its key, Shortlist.ctx_for)
     stage_checkpointing: tuple[str, ...] = ()   # per stage, where lighter than `checkpointing` fits
 
     def to_plan(self, ctx: PlanningContext) -> Plan:
         lay = self.layout
         dcs = lay.stage_dcs
         modes = self.stage_checkpointing or (self.checkpointing,) * len(dcs)
-        stages = tuple(StagePlan(dc=dc, chunks=ch, checkpointing=md if md != self.checkpointing else None)
+        tps = dict(self.tps) if self.tps else ctx.tps     # the tp of each DC, as scored
+        tp = tps[dcs[0]]                                   # the plan's: stage 0's; others where they differ
+        stages = tuple(StagePlan(dc=dc, chunks=ch, checkpointing=md if md != self.checkpointing else None,
+                                 tp=tps[dc] if tps[dc] != tp else None)
                        for dc, ch, md in zip(dcs, self.chunks, modes, strict=True))
         links = tuple(LinkPlan(src_dc=a, dst_dc=b, connections=n, sharing="fair")
                       for (a, b), n in zip(zip(lay.chain, lay.chain[1:]), self.connections, strict=True))
         plan = Plan(stages=stages, dp=lay.dp, micro_batch=lay.micro_batch, num_microbatches=lay.m,
-                    schedule=self.kind, tp=self.tp or ctx.tp, precision=ctx.job.precision,
+                    schedule=self.kind, tp=tp, precision=ctx.job.precision,
                     checkpointing=self.checkpointing, sharding=self.sharding, links=links,
                     extra_warmup=self.extra if self.kind == "wan-1f1b" else (), name=self.name,
                     replica_dcs=tuple(d for d, n in zip(lay.span, lay.replicas, strict=True) for _ in range(n)))
@@ -94,7 +98,7 @@ class Scorer:
 
     def split(self, dcs: list[str], mb: int, ckpt: str, v: int) -> tuple[tuple[tuple[int, int], ...], ...]:
         ctx = self.ctx
-        types = tuple(ctx.dc(d).gpu_type for d in dcs)
+        types = tuple((ctx.dc(d).gpu_type, ctx.tp_of(d)) for d in dcs)
         key = (types, mb, ckpt, v, self.even_split)
         out = self._splits.get(key)
         if out is None:
@@ -102,7 +106,7 @@ class Scorer:
             if self.even_split:
                 ranges = split_even(ctx.num_units, pp * v)
             else:
-                prefixes = [ctx.table(types[i % pp], mb, ckpt).step for i in range(pp * v)]
+                prefixes = [ctx.table(*types[i % pp][:1], mb, ckpt, types[i % pp][1]).step for i in range(pp * v)]
                 ranges = balanced_split(prefixes)
             out = tuple(tuple(ranges[c * pp + s] for c in range(v)) for s in range(pp))
             self._splits[key] = out
@@ -136,39 +140,51 @@ class Scorer:
         return self.ctx.allreduce(chunks, dp, dc, sharding)
 
     def connections(self, a: str, b: str, dp: int, sharing: str) -> int:
+        """Connections per transfer: a fair link's flows (dp pipelines x the boundary's copies,
+        context.copies) share the saturating count; a temporal turn takes it whole."""
         link = self.ctx.link(a, b)
         if self.fixed_connections is not None:
             return self.fixed_connections
         sat = link.connections_to_saturate()
-        return sat if sharing == "temporal" or dp <= 1 else max(1, math.ceil(sat / dp))
+        flows = dp * self.ctx.copies(a, b)
+        return sat if sharing == "temporal" or flows <= 1 else max(1, math.ceil(sat / flows))
 
     def boundaries(self, lay: Layout, sharing: str, conns: tuple[int, ...],
                    v: int) -> tuple[list[BoundaryCosts], float]:
-        """Per physical boundary costs; also the temporal stagger (one micro-batch at full rate)."""
+        """Per physical boundary costs; also the temporal stagger (one micro-batch at full rate).
+
+        A WAN boundary moves `copies` whole tensors per micro-batch and pipeline (one to each
+        receiving TP rank, context.copies), as parallel flows of `n` connections each: the
+        simulator's transfer of copies x the bytes at up to copies x one flow's rate."""
         ctx = self.ctx
         dcs = lay.stage_dcs
-        nbytes = ctx.boundary_bytes(lay.micro_batch)
+        one = ctx.boundary_bytes(lay.micro_batch)
         dp = lay.dp
         out, stagger, wan_i = [], 0.0, 0
         for s in range(len(dcs) - 1):
             a, b = dcs[s], dcs[s + 1]
             if a == b:
-                out.append(BoundaryCosts(False, ctx.intra_dc_transfer(a, nbytes), 0.0))
+                out.append(BoundaryCosts(False, ctx.intra_dc_transfer(a, one), 0.0))
                 continue
             link = ctx.link(a, b)
             n = conns[wan_i]
             wan_i += 1
             lat = link.latency_ms * 1e-3
+            copies = ctx.copies(a, b)
+            nbytes = one * copies
+            flow = min(copies * link.rate_gbps(n), link.capacity_gbps)
             if sharing == "temporal" and dp > 1:
                 # Work-conserving turns: a few transfers at once fill the link (concurrent_turns).
-                rate = turn_rate_gbps(link, n, dp) * GBIT
-                slots = min(dp, concurrent_turns(link.capacity_gbps, link.rate_gbps(n)))
-                turn = TURN_OVERHEAD_S if slots < dp else 0.0      # the runtime takes turns only then
+                slots = min(dp, concurrent_turns(link.capacity_gbps, flow))
+                rate = min(flow, link.capacity_gbps / slots) * GBIT   # turn_rate_gbps, of copies flows
+                # the runtime takes turns only where one TP index's ring has fewer slots than pipelines
+                ring = concurrent_turns(link.capacity_gbps, link.rate_gbps(n))
+                turn = TURN_OVERHEAD_S if ring < dp else 0.0
                 delay = lat + nbytes / rate + turn
                 occ = dp * nbytes / (slots * rate)
                 stagger = max(stagger, nbytes / rate)
             else:
-                agg = min(dp * link.rate_gbps(n), link.capacity_gbps) * GBIT
+                agg = min(dp * flow, link.capacity_gbps) * GBIT
                 delay = lat + nbytes * dp / agg
                 occ = dp * nbytes / agg
             if not self.wan_aware:
@@ -228,7 +244,7 @@ class Scorer:
         """Temporal only where it can differ: some link whose turns hold fewer than dp transfers."""
         ctx, dp = self.ctx, lay.dp
         if len(lay.chain) > 1 and dp > 1 and any(
-                concurrent_turns(ctx.link(a, b).capacity_gbps, ctx.link(a, b).rate_gbps(
+                concurrent_turns(ctx.link(a, b).capacity_gbps, ctx.copies(a, b) * ctx.link(a, b).rate_gbps(
                     self.connections(a, b, dp, "temporal"))) < dp for a, b in zip(lay.chain, lay.chain[1:])):
             return self.sharing
         return ("fair",)
@@ -258,12 +274,12 @@ class Scorer:
         ctx = self.ctx
         out = []
         for dc, ch in zip(dcs, chunks, strict=True):
-            tab = ctx.table(ctx.dc(dc).gpu_type, mb, ckpt)
+            tab = ctx.dc_table(dc, mb, ckpt)
             f = b = bi = bw = 0.0
             for a, e in ch:
                 tf, tb, tbi, tbw = tab.times(a, e)
                 f, b, bi, bw = f + tf, b + tb, bi + tbi, bw + tbw
-            if ctx.tp > 1:
+            if ctx.tp_of(dc) > 1:
                 c = ctx.tp_comm(ch, mb, dc) / 2
                 f, b, bi = f + c, b + c, bi + c
             out.append((f, b, bi, bw))
@@ -335,7 +351,7 @@ class Scorer:
             est = finish(hit[0], costs, bounds, hit[1], wan_lat)
             if best is None or est.total < best.est.total:
                 best = Candidate(lay, kind, v, ckpt, sharding, chunks, extra, sharing, conns, est, tp=ctx.tp,
-                                 stage_checkpointing=modes)
+                                 stage_checkpointing=modes, tps=ctx.key)
         if best is not None:
             return best
         if self.scored == 0:
@@ -382,8 +398,7 @@ def plan_stage_costs(ctx: PlanningContext, plan: Plan, scorer: Scorer | None = N
 
 def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
     """The analytical estimate of an existing plan (for baselines and the explanation)."""
-    if plan.tp != ctx.tp:   # costs are per tp: price it in a context of its own
-        ctx = PlanningContext(ctx.spec, ctx.profile, tp=plan.tp)
+    ctx = ctx.for_plan(plan)   # costs are per tp: a plan of other tps is priced in a context of its own
     lay = plan_layout(plan)
     chain = lay.chain
     sharing = "temporal" if any(lp.sharing == "temporal" for lp in plan.links) else "fair"
@@ -400,4 +415,4 @@ def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
                    span, wan_lat)
     return Candidate(lay, plan.schedule, plan.virtual_per_stage, plan.checkpointing, plan.sharding,
                      tuple(s.chunks for s in plan.stages), plan.extra_warmup, sharing, conns, est, plan.name, plan.tp,
-                     stage_checkpointing=modes if len(set(modes)) > 1 else ())
+                     stage_checkpointing=modes if len(set(modes)) > 1 else (), tps=ctx.key)

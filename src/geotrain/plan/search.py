@@ -64,15 +64,12 @@ class Shortlist:
     layouts: int
     scored: int
     search_s: float
-    ctxs: dict[int, PlanningContext] = field(default_factory=dict)   # per tensor-parallel degree searched
+    ctxs: dict[tuple, PlanningContext] = field(default_factory=dict)   # per tp assignment searched (ctx.key)
 
-    def ctx_for(self, tp: int) -> PlanningContext:
-        """The context pricing plans of this tp (the costs are per tp)."""
-        if tp == self.ctx.tp:
-            return self.ctx
-        if tp not in self.ctxs:
-            self.ctxs[tp] = PlanningContext(self.spec, self.ctx.profile, tp=tp)
-        return self.ctxs[tp]
+    def ctx_for(self, plan: Plan) -> PlanningContext:
+        """The context pricing this plan's stages at their tp (the costs are per tp)."""
+        ctx = self.ctx.for_plan(plan)
+        return self.ctxs.setdefault(ctx.key, ctx)
 
 
 def _diagnose_infeasible(ctx: PlanningContext, scorer: Scorer | None = None) -> str:
@@ -111,18 +108,18 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None) -> Shortl
     # The scorer keeps one schedule kind per layout; the estimate ranks kinds within a few per cent
     # of each other (a 2-DC case: wan-1f1b estimated first, zb-h1 simulated 2% faster), so the best
     # layout's other kinds within the band are simulated too.
-    scorer_of = {g[0].tp: g[1] for g in groups}
+    scorer_of = {g[0].key: g[1] for g in groups}
     for kind in schedule_kinds(ctx, len(best.layout.chain)):
         if kind != best.kind:
-            other = scorer_of[best.tp].score(best.layout, kinds=(kind,))
+            other = scorer_of[best.tps].score(best.layout, kinds=(kind,))
             if other is not None and other.est.total <= band:
                 other.name = f"{best.name}-{kind}"
-                plans.append((other.to_plan(ctx), other))
+                plans.append((other.to_plan(scorer_of[best.tps].ctx), other))
     # A baseline picks its own dp, schedule, ...: for a pinned job only those keeping the pins count.
     plans += [(p, None) for p in _upgraded_baselines(spec, ctx) if respects_pins(p, spec.job)]
     plans = _worth_simulating(ctx, plans, best.est.total)
     return Shortlist(spec, ctx, plans, layouts, sum(g[1].scored for g in groups), time.perf_counter() - t0,
-                     {g[0].tp: g[0] for g in groups})
+                     {g[0].key: g[0] for g in groups})
 
 
 def conclude(short: Shortlist, index: int, sim=None, simulated: list[tuple[Plan, float]] | None = None,
@@ -130,7 +127,7 @@ def conclude(short: Shortlist, index: int, sim=None, simulated: list[tuple[Plan,
     """The PlanResult for finalist `index` (the simulator's pick, or 0 without simulation)."""
     spec = short.spec
     plan, cand = short.plans[index]
-    ctx = short.ctx_for(plan.tp)
+    ctx = short.ctx_for(plan)
     if cand is None:
         cand = score_plan(ctx, plan)
     # Candidates are numbered internally ("geotrain-3"); the plan a user gets is named after the experiment.
@@ -188,7 +185,7 @@ def _worth_simulating(ctx: PlanningContext, plans: list[tuple[Plan, Candidate | 
 
 def _signature(ctx: PlanningContext, c: Candidate) -> tuple:
     return (chain_signature(ctx, c.layout.chain), c.layout.counts, c.layout.dp, c.layout.micro_batch, c.kind,
-            c.sharing, c.checkpointing, c.sharding, c.tp, c.layout.span, c.layout.replicas)
+            c.sharing, c.checkpointing, c.sharding, c.tps, c.layout.span, c.layout.replicas)
 
 
 def _distinct(cands: list[Candidate], ctx: PlanningContext | None = None) -> list[Candidate]:

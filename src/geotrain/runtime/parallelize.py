@@ -26,33 +26,6 @@ from geotrain.runtime.scaler import _local
 SHARDINGS = ("replicate", "zero1", "zero2", "zero3")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
-def tp_problem(model, plan, cluster) -> str | None:
-    """Why `plan.tp` cannot run on this model and cluster (one line), or None.
-
-    A TP group is `tp` consecutive ranks (rank = (stage * dp + replica) * tp + t), so it stays
-    inside one node exactly when tp divides the node's GPU count; the heads, KV heads and FFN
-    width must split evenly over the TP ranks."""
-    tp = plan.tp
-    if tp == 1:
-        return None
-    if tp < 1:
-        return f"tp={tp} must be at least 1"
-    for s, st in enumerate(plan.stages):
-        dc = next((d for d in cluster.datacenters if d.name == st.dc), None)
-        if dc is None:
-            continue  # an unknown DC is reported elsewhere
-        if tp > dc.gpus_per_node:
-            return (f"tp={tp} is wider than a node of datacenter {dc.name} ({dc.gpus_per_node} GPUs per node, "
-                    f"stage {s}); tensor parallelism stays inside a node")
-        if dc.gpus_per_node % tp:
-            return (f"tp={tp} does not divide the {dc.gpus_per_node} GPUs per node of datacenter {dc.name} "
-                    f"(stage {s}): a TP group would straddle two nodes")
-    for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn)):
-        if n % tp:
-            return f"tp={tp} does not divide model {model.name}'s {what}={n}; tensor parallelism splits them evenly"
-    return None
-
-
 def apply_tp(stack: UnitStack, tp_mesh) -> None:
     """Megatron-style TP inside each transformer block: wq/wk/wv and w_gate/w_up column-parallel,
     wo and w_down row-parallel (one all-reduce after attention and one after the MLP, in forward

@@ -19,7 +19,7 @@ from geotrain.cost.activations import SELECTIVE
 from geotrain.errors import GeotrainError
 from geotrain.plan.manual import plan_from_job
 from geotrain.plan.plan import Plan
-from geotrain.runtime.parallelize import tp_problem
+from geotrain.plan.tp import tp_problem
 from geotrain.runtime.rank_run import LossLog, RankRun, make_optimizer, state_bytes
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import schedule_for_plan
@@ -71,6 +71,10 @@ def resolve(cfg: RunConfig):
     problem = tp_problem(spec.model, plan, spec.cluster)
     if problem:
         raise GeotrainError(f"plan {plan.name!r}: {problem}")
+    if plan.mixed_tp:
+        raise GeotrainError(f"plan {plan.name!r} runs stages at different tp ({plan.tp_label()}): the runtime "
+                            "builds one tp for every stage and cannot train it yet; plan and simulate it, or pin "
+                            "job.tp")
     if plan.tp > 1 and plan.sharding == "zero1":
         raise GeotrainError(f"plan {plan.name!r}: sharding zero1 is not supported with tp={plan.tp} "
                             "(use replicate, zero2 or zero3)")

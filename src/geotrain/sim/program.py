@@ -5,6 +5,18 @@ once into parallel Python lists (integer op codes, durations, send targets), rep
 iteration. A send knows, precomputed, the receiving stage, the index of the matching receive in
 that stage's program (its "slot") and the link it crosses; so delivering a tensor is a list
 store, and matching needs no dictionaries at run time.
+
+Tensor parallelism at a boundary (stages may differ in tp): a stage's output activation is whole
+and replicated on every TP rank of its group (the row-parallel all-reduce ends each block), and
+so is its input gradient, so receiving TP rank t' of the next stage takes the whole tensor from
+sending rank t' mod tp_sender -- no re-sharding collective on either side, every sender busy when
+the receiver is the wider group, and the same pairing the runtime's transport makes
+(runtime/transport.py). A boundary therefore moves one copy per receiving TP rank: the
+transfer's bytes are tp_receiver x the tensor, as that many parallel flows of the link plan's
+connections each (a WAN direction's flow rate is copies x one flow's, up to the capacity);
+inside a DC the copies leave from different GPUs at once, so the time is one copy's. The
+alternative -- one copy over the WAN, then a broadcast inside the receiving node -- would move
+fewer WAN bytes but adds a collective per micro-batch to every receiving rank's critical path.
 """
 
 from __future__ import annotations
@@ -73,7 +85,8 @@ class Program:
     link_meta: dict[str, dict[str, float | str]]
 
 
-def _wan_direction(cluster: Cluster, plan: Plan, a: str, b: str, ack_s: dict[str, float] | None) -> WanDirection:
+def _wan_direction(cluster: Cluster, plan: Plan, a: str, b: str, ack_s: dict[str, float] | None,
+                   copies: int = 1) -> WanDirection:
     wl = cluster.link(a, b)
     if wl is None:
         raise InfeasibleError(f"the schedule sends between datacenters {a} and {b}, which no WAN link joins")
@@ -86,11 +99,13 @@ def _wan_direction(cluster: Cluster, plan: Plan, a: str, b: str, ack_s: dict[str
     # The runtime's transport completes a send when the receiver's ACK is back (wan/striped_send.py),
     # and waits for its sends before the optimizer step: one round trip after the last byte left.
     ack = (ack_s or {}).get(name, 2 * wl.latency_ms * 1e-3)
-    # Turns cost their overhead only where the runtime takes them: fewer slots than pipelines.
+    # Turns cost their overhead only where the runtime takes them: fewer slots than pipelines (per
+    # TP index's ring, runtime/wan.py). `copies` parallel flows (one per receiving TP rank), each on
+    # its own connections.
     turns = lp.sharing == "temporal" and concurrent_turns(wl.capacity_gbps, wl.rate_gbps(lp.connections)) < plan.dp
-    return WanDirection(name=name, capacity=wl.capacity_gbps * GBPS,
-                        flow_rate=wl.rate_gbps(lp.connections) * GBPS, latency=wl.latency_ms * 1e-3,
-                        sharing=lp.sharing, priority=prio, ack_s=ack,
+    flow = min(copies * wl.rate_gbps(lp.connections), wl.capacity_gbps)
+    return WanDirection(name=name, capacity=wl.capacity_gbps * GBPS, flow_rate=flow * GBPS,
+                        latency=wl.latency_ms * 1e-3, sharing=lp.sharing, priority=prio, ack_s=ack,
                         turn_s=TURN_OVERHEAD_S if turns else 0.0)
 
 
@@ -126,7 +141,7 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
     wan_id: dict[str, int] = {}
     meta: dict[str, dict[str, float | str]] = {}
 
-    def link_of(a: str, b: str) -> tuple[int, int]:
+    def link_of(a: str, b: str, copies: int) -> tuple[int, int]:
         name = a if a == b else f"{a}->{b}"
         if name not in link_id:
             link_id[name] = len(link_names)
@@ -136,7 +151,7 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
                 meta[name] = {"kind": "intra", "bandwidth_Bps": dc.intra_dc_gbps * GBPS,
                               "latency_s": dc.intra_dc_latency_us * 1e-6}
             else:
-                w = _wan_direction(cluster, plan, a, b, ack_s)
+                w = _wan_direction(cluster, plan, a, b, ack_s, copies)
                 wan_id[name] = len(wan)
                 wan.append(w)
                 meta[name] = {"kind": "wan", "capacity_Bps": w.capacity, "flow_rate_Bps": w.flow_rate,
@@ -193,13 +208,16 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
             p.ops[slot], p.kind[slot] = SEND_LOCAL, -1
             continue
         a, b = dcs[s], dcs[ds]
-        lid, wid = link_of(a, b)
+        copies = plan.stage_tp(ds)   # one whole copy to each receiving TP rank (see the module docstring)
+        lid, wid = link_of(a, b, copies)
         p.link[slot] = lid
+        one = p.nbytes[slot]
+        p.nbytes[slot] = one * copies
         if wid >= 0:
             p.ops[slot], p.wan[slot] = SEND_WAN, wid
-        else:
+        else:   # the copies leave from different GPUs in parallel: one copy's time
             dc = cluster.dc(a)
-            p.dur[slot] = dc.intra_dc_latency_us * 1e-6 + p.nbytes[slot] / (dc.intra_dc_gbps * GBPS)
+            p.dur[slot] = dc.intra_dc_latency_us * 1e-6 + one / (dc.intra_dc_gbps * GBPS)
     if recv_slot:
         (is_act, frm, to, mb, it), _ = next(iter(recv_slot.items()))
         what = "activation" if is_act else "gradient"

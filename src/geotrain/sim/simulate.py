@@ -127,7 +127,8 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     res = run_one_replica(prog, offsets, progress=progress) if alike else \
         run_engine(prog, offsets, progress=progress, cores=pool)
     meta = {"plan": plan.name, "schedule": sched.kind, "iterations": iterations, "pp": plan.pp, "dp": plan.dp,
-            "tp": plan.tp, "num_microbatches": plan.num_microbatches, "tokens_per_iteration": tokens_per_iteration,
+            "tp": plan.tp, **({"stage_tp": list(plan.stage_tps)} if plan.mixed_tp else {}),
+            "num_microbatches": plan.num_microbatches, "tokens_per_iteration": tokens_per_iteration,
             "links": prog.link_meta, "engine": {"actions": res.actions, "wan_events": res.wan_events,
                                                 "wall_s": res.wall_s, "replicas_simulated": 1 if alike else plan.dp}}
     fast = _iteration_time(prog, res, iterations)
@@ -135,12 +136,13 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     return SimResult(trace, sched, plan, fast, tokens_per_iteration, peak_memory)
 
 
-def _dp_sync(cost, cluster: Cluster, plan: Plan, units, dc) -> float:
-    """A stage's DP gradient sync: inside its DC, or -- a region plan -- hierarchically across the
-    DCs of its pipelines over their links (cost.comm.cross_dc_sync_time)."""
-    nbytes = cost.grad_bytes(units, plan.tp)
+def _dp_sync(cost, cluster: Cluster, plan: Plan, units, dc, tp: int) -> float:
+    """A stage's DP gradient sync (each of its tp ranks reduces its slice with the same slice of
+    the other replicas): inside its DC, or -- a region plan -- hierarchically across the DCs of
+    its pipelines over their links (cost.comm.cross_dc_sync_time)."""
+    nbytes = cost.grad_bytes(units, tp)
     if not plan.replica_dcs:
-        return cost.allreduce_time(nbytes, plan.dp, dc, plan.sharding, plan.tp)
+        return cost.allreduce_time(nbytes, plan.dp, dc, plan.sharding, tp)
     spread = plan.replicas_per_dc()
     names = [d for d, _ in spread]
     known = {d.name for d in cluster.datacenters}
@@ -150,7 +152,7 @@ def _dp_sync(cost, cluster: Cluster, plan: Plan, units, dc) -> float:
     links = [cluster.link(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     if any(link is None for link in links):
         raise GeotrainError(f"plan {plan.name!r} spreads DP over {', '.join(names)}, which are not all linked")
-    return comm.cross_dc_sync_time(nbytes, [(cluster.dc(d), n) for d, n in spread], links, plan.sharding, plan.tp)
+    return comm.cross_dc_sync_time(nbytes, [(cluster.dc(d), n) for d, n in spread], links, plan.sharding, tp)
 
 
 def tied_sum(cost, cluster: Cluster, plan: Plan) -> float:
@@ -160,27 +162,30 @@ def tied_sum(cost, cluster: Cluster, plan: Plan) -> float:
     if plan.pp < 2 or not nbytes:
         return 0.0
     chain = comm.pipeline_chain(st.dc for st in plan.stages)
-    return comm.tied_sum_time(nbytes, plan.dp * plan.tp, cluster.dc(chain[0]), comm.tied_route(cluster.link, chain))
+    pairs = plan.dp * min(plan.stage_tp(0), plan.stage_tp(plan.pp - 1))   # (replica, TP index) on both ends
+    return comm.tied_sum_time(nbytes, pairs, cluster.dc(chain[0]), comm.tied_route(cluster.link, chain))
 
 
 def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = False) -> SimResult:
     """Simulate `plan` on `spec.cluster` with times and bytes from the cost model.
 
-    Per virtual stage: the cost model's compute times on the stage DC's GPU, plus tensor-parallel
-    communication (half in the forward, half in the backward's input-gradient part, where it
-    sits on the critical path); per physical stage: the DP gradient synchronization and the
-    optimizer step; per rank: peak memory as `plan.peaks.stage_peaks` predicts it."""
+    Per virtual stage: the cost model's compute times on the stage DC's GPU at the stage's tp,
+    plus tensor-parallel communication (half in the forward, half in the backward's
+    input-gradient part, where it sits on the critical path); per physical stage: the DP gradient
+    synchronization and the optimizer step; per rank: peak memory as `plan.peaks.stage_peaks`
+    predicts it. Boundary copies (one per receiving TP rank) are counted by program.py."""
     cluster = spec.cluster
     if cost is None:
         cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
                          optimizer=spec.job.optimizer)
     sched = plan_schedule(plan)
-    pp, vps, mb, tp = plan.pp, plan.virtual_per_stage, plan.micro_batch, plan.tp
+    pp, vps, mb = plan.pp, plan.virtual_per_stage, plan.micro_batch
     vunits = plan.virtual_units()
     last = pp * vps - 1
     stage_costs = []
     for v, (a, b) in enumerate(vunits):
         dc = cluster.dc(plan.stages[v % pp].dc)
+        tp = plan.stage_tp(v % pp)
         units = range(a, b)
         t = cost.with_checkpointing(plan.stage_checkpointing(v % pp)).stage_times(units, cluster.gpu(dc.gpu_type),
                                                                                    mb, tp)
@@ -195,7 +200,8 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
         dc = cluster.dc(st.dc)
         gpu = cluster.gpu(dc.gpu_type)
         units = st.units
-        allreduce.append(_dp_sync(cost, cluster, plan, units, dc) if plan.dp > 1 else 0.0)
+        tp = plan.stage_tp(s)
+        allreduce.append(_dp_sync(cost, cluster, plan, units, dc, tp) if plan.dp > 1 else 0.0)
         optimizer.append(cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp))
         mem = peaks[s][0].total
         for d in range(plan.dp):

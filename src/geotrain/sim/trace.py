@@ -7,9 +7,10 @@ with numpy straight from the engine's per-slot start/arrival arrays and the comp
 asked for.
 
 Event conventions (see trace/schema.py): compute and allreduce events are repeated on every
-tensor-parallel rank of a tp group (the group moves as one); transfers and their bytes are
-recorded once per group, from its first rank to the receiving group's first rank, with
-`stage` = the sending virtual stage. recv_wait events appear only where the GPU really waited.
+tensor-parallel rank of a tp group (the group moves as one; stages may differ in tp); transfers
+are recorded once per group, from its first rank to the receiving group's first rank, with
+`stage` = the sending virtual stage and the bytes of every copy the boundary moves (one per
+receiving TP rank, sim/program.py). recv_wait events appear only where the GPU really waited.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from geotrain.trace.schema import Event, Trace
 
 def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
     """rank_table: the plan's rank_table ([stage][replica][t] -> rank), so the trace numbers ranks
-    as the runtime does."""
+    as the runtime does; stages may differ in tp (rows of different length)."""
     dp = prog.dp
-    ranks = np.asarray(rank_table, dtype=np.int64)
-    tp = ranks.shape[2]
-    unit_rank = ranks.reshape(-1, tp)   # row s * dp + replica: the engine's unit
+    widths = [len(stage[0]) for stage in rank_table]
+    unit_rank = np.full((len(widths) * dp, max(widths)), -1, dtype=np.int64)  # row s * dp + replica: the engine's unit
+    for s, stage in enumerate(rank_table):
+        for d, row in enumerate(stage):
+            unit_rank[s * dp + d, :len(row)] = row
     P = len(prog.stages)
     starts = [np.array(res.start[s * dp:(s + 1) * dp], dtype=float).reshape(dp, -1) for s in range(P)]
     arrivals = [np.array(res.arrival[s * dp:(s + 1) * dp], dtype=float).reshape(dp, -1) for s in range(P)]
@@ -41,8 +44,9 @@ def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
     names = ("rank", "kind", "stage", "mb", "iteration", "peer", "bytes", "link", "start", "end")
     parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
 
-    def add(cols: dict[str, np.ndarray], keep: np.ndarray | None = None, per_tp: bool = True) -> None:
-        """cols: per-replica rows (dp x k arrays, or length-k rows broadcast over replicas)."""
+    def add(cols: dict[str, np.ndarray], tp: int, keep: np.ndarray | None = None, per_tp: bool = True) -> None:
+        """cols: per-replica rows (dp x k arrays, or length-k rows broadcast over replicas), on
+        each of the stage's `tp` ranks when per_tp."""
         shape = cols["start"].shape
         flat = {k: np.broadcast_to(v, shape)[keep] if keep is not None else np.broadcast_to(v, shape).ravel()
                 for k, v in cols.items()}
@@ -64,6 +68,7 @@ def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
         dur = np.array(p.dur)
         S, B = starts[s], arrivals[s]
         unit = s * dp + replica
+        tp = widths[s]
 
         def pick(m: np.ndarray, row: dict = row) -> dict[str, np.ndarray]:
             return {k: v[m] for k, v in row.items()}
@@ -72,10 +77,10 @@ def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
         e = S[:, m] + dur[m]
         if ends is not None:   # a core pool: computes end when their shared work is done
             e = np.where(ops[m] == COMPUTE, ends[s][:, m], e)
-        add({**pick(m), "unit": unit, "start": S[:, m], "end": e})
+        add({**pick(m), "unit": unit, "start": S[:, m], "end": e}, tp)
         m = ops == RECV
         if m.any():
-            add({**pick(m), "unit": unit, "start": S[:, m], "end": B[:, m]}, keep=B[:, m] > S[:, m])
+            add({**pick(m), "unit": unit, "start": S[:, m], "end": B[:, m]}, tp, keep=B[:, m] > S[:, m])
         m = (ops == SEND_INTRA) | (ops == SEND_WAN)
         if m.any():
             ds = np.array(p.dst_stage)[m]
@@ -85,7 +90,7 @@ def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
                 sel = ds == d_stage
                 end[:, sel] = arrivals[d_stage][:, dslot[sel]]
             add({**pick(m), "unit": unit, "start": S[:, m], "end": end, "peer": ds[None, :] * dp + replica,
-                 "bytes": np.array(p.nbytes)[m], "link": np.array(p.link)[m]}, per_tp=False)
+                 "bytes": np.array(p.nbytes)[m], "link": np.array(p.link)[m]}, tp, per_tp=False)
 
     cat = {k: np.concatenate(v) for k, v in parts.items()}
     ints = {k: cat[k].astype(np.int64) for k in names if k not in ("start", "end")}
