@@ -13,14 +13,14 @@ from pathlib import Path
 
 def write_spec(directory: Path, dcs: list[tuple[str, str, int]], links: list[tuple[str, str, float, float, float]],
                model: str, job: dict, name: str = "small", region: str | None = None):
-    """dcs: (name, gpu type, gpus); links: (a, b, latency ms, capacity Gbit/s, per-connection Gbit/s);
-    region: one region holding every DC (DP may then span them)."""
+    """dcs: (name, gpu type, gpus[, gpus per node, default 8]); links: (a, b, latency ms, capacity
+    Gbit/s, per-connection Gbit/s); region: one region holding every DC (DP may then span them)."""
     from geotrain.config import load_spec
 
     directory.mkdir(parents=True, exist_ok=True)
     text = f'name = "{name}"\n'
-    for n, t, g in dcs:
-        text += (f'\n[[datacenters]]\nname = "{n}"\ngpu_type = "{t}"\ngpus = {g}\ngpus_per_node = 8\n'
+    for n, t, g, *node in dcs:
+        text += (f'\n[[datacenters]]\nname = "{n}"\ngpu_type = "{t}"\ngpus = {g}\ngpus_per_node = {(node or [8])[0]}\n'
                  f'intra_node_gbps = 2400\nintra_dc_gbps = 200\nintra_dc_latency_us = 4\n'
                  + (f'region = "{region}"\n' if region else ''))
     for a, b, lat, cap, per in links:

@@ -45,7 +45,8 @@ def test_pinned_layout_is_the_same_in_plan_simulate_and_train(tmp_path, capsys):
                   for a, b in (("A", "B"), ("B", "C")))
     old = chosen.with_(stages=tuple(StagePlan(dc=d, chunks=(r,)) for d, r in zip(spread, split_even(
         spec.model.num_units, 6))), links=links, schedule="1f1b", extra_warmup=(), pipeline_offsets=())
-    assert simulate(spec, chosen).metrics.iteration_time < 0.8 * simulate(spec, old).metrics.iteration_time
+    # (0.86x since the simulator counts a boundary's copy to each of the 8 receiving TP ranks)
+    assert simulate(spec, chosen).metrics.iteration_time < 0.9 * simulate(spec, old).metrics.iteration_time
 
 
 def test_dp4_pp3_fits_as_a_a_b(tmp_path):

@@ -1,0 +1,102 @@
+"""Stages of one plan at different tensor-parallel degrees (StagePlan.tp): the plan file, the rank
+numbering, the checks that refuse an impossible tp in one line, and the simulator's costs at each
+stage's own tp -- compute, memory, the TP all-reduces and the boundary copies (one whole tensor to
+each receiving TP rank, sim/program.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from geotrain.config.load import load_spec
+from geotrain.cost import CostModel
+from geotrain.errors import GeotrainError, SpecError
+from geotrain.plan.plan import Plan, StagePlan, load_plan, save_plan
+from geotrain.plan.price import wan_bytes_per_link
+from geotrain.plan.tp import tp_problem
+from geotrain.runtime.trainer import RunConfig, resolve
+from geotrain.sim import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "tiny_2dc.toml"
+
+
+def _plan(tps: tuple[int, int], dp: int = 1, m: int = 4) -> Plan:
+    """Two stages of the tiny model, east then west, stage s at tps[s] (the plan's tp: stage 0's)."""
+    spec = load_spec(SPEC)
+    half = spec.model.num_units // 2
+    stages = (StagePlan(dc="east", chunks=((0, half),)),
+              StagePlan(dc="west", chunks=((half, spec.model.num_units),), tp=tps[1] if tps[1] != tps[0] else None))
+    return Plan(stages=stages, dp=dp, tp=tps[0], micro_batch=2, num_microbatches=m, precision="fp32",
+                sharding="replicate", name=f"tp{tps[0]}-{tps[1]}")
+
+
+def test_stage_tp_numbers_ranks_per_stage_width_and_round_trips(tmp_path: Path) -> None:
+    plan = _plan((2, 1), dp=1)
+    assert plan.stage_tps == (2, 1) and plan.mixed_tp and plan.tp_label() == "per stage 2/1"
+    assert plan.num_ranks == 3 and plan.gpus_per_dc() == {"east": 2, "west": 1}
+    assert [plan.coords(r) for r in range(3)] == [(0, 0, 0), (0, 0, 1), (1, 0, 0)]
+    wide = Plan(stages=(StagePlan("east", ((0, 2),)), StagePlan("west", ((2, 4),), tp=2)), dp=2, tp=1,
+                micro_batch=1, num_microbatches=2)
+    assert wide.rank_table == (((0,), (1,)), ((2, 3), (4, 5)))   # stage 1's TP groups after stage 0's dp x 1
+    assert wide.ranks_of_dc("west") == [2, 3, 4, 5]
+    save_plan(tmp_path / "p.json", plan)
+    again, _ = load_plan(tmp_path / "p.json")
+    assert again == plan
+    # a plan file of one tp (no per-stage key, as older files are) reads as before
+    doc = json.loads((tmp_path / "p.json").read_text())
+    for st in doc["plan"]["stages"]:
+        st.pop("tp")
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    old, _ = load_plan(tmp_path / "old.json")
+    assert not old.mixed_tp and old.num_ranks == 4 and old.rank(1, 0) == 2   # tp 2 everywhere
+
+
+def test_an_impossible_stage_tp_is_one_line(tmp_path: Path) -> None:
+    spec = load_spec(SPEC)
+    plan = _plan((2, 1))
+    save_plan(tmp_path / "p.json", plan)
+    doc = json.loads((tmp_path / "p.json").read_text())
+    doc["plan"]["stages"][1]["tp"] = "two"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match=r"plan.stages\[1\].tp.*integer >= 1"):
+        load_plan(tmp_path / "bad.json")
+    # tiny_2dc's nodes hold 2 GPUs: tp 4 on stage 1 would straddle two
+    wide = plan.with_(stages=(plan.stages[0], StagePlan("west", plan.stages[1].chunks, tp=4)))
+    assert tp_problem(spec.model, wide, spec.cluster) == (
+        "tp=4 of stage 1 is wider than a node of datacenter west (2 GPUs per node, stage 1); tensor parallelism "
+        "stays inside a node")
+    from geotrain.commands.simulate import check_plan_for_spec
+    with pytest.raises(GeotrainError, match="tp=4 of stage 1 is wider than a node"):
+        check_plan_for_spec(spec, wide)
+
+
+def test_train_refuses_a_mixed_tp_plan_in_one_line() -> None:
+    with pytest.raises(GeotrainError, match=r"runs stages at different tp \(per stage 2/1\).*cannot train it yet"):
+        resolve(RunConfig(spec=str(SPEC), plan=_plan((2, 1)).to_dict()))
+
+
+def test_simulator_prices_each_stage_at_its_own_tp() -> None:
+    spec = load_spec(SPEC)
+    cost = CostModel(spec.model, precision="fp32", checkpointing="none", optimizer=spec.job.optimizer)
+    gpu = spec.cluster.gpu("cpu")
+    east = spec.cluster.dc("east")
+    mixed = simulate(spec, _plan((2, 1), dp=2), cost=cost)
+    plan = mixed.plan
+    c = mixed.trace.columns()
+    assert sorted(set(c.rank.tolist())) == list(range(6))
+    assert sorted(mixed.metrics.peak_memory) == list(range(6))
+    # stage 0 runs at tp 2: its forward is the cost model's at tp 2 plus half its TP all-reduces
+    units = range(*plan.stages[0].chunks[0])
+    want = cost.stage_times(units, gpu, 2, 2).forward + cost.tp_comm_time(units, 2, 2, east) / 2
+    fwd = c.kind_names.index("forward")
+    on = (c.kind == fwd) & (c.rank == plan.rank(0, 1, 1))
+    assert on.sum() == 4 and abs((c.end[on] - c.start[on]).mean() - want) < 1e-9
+    # ... and its memory at tp 2, stage 1's at tp 1
+    assert mixed.metrics.peak_memory[plan.rank(0, 0, 1)] < mixed.metrics.peak_memory[plan.rank(1, 0, 0)]
+    # the WAN carries one copy per receiving TP rank: forward 1 (stage 1's), backward 2 (stage 0's)
+    one = cost.boundary_bytes(2)
+    assert mixed.metrics.wan_bytes == 2 * 4 * one * (1 + 2)
+    assert wan_bytes_per_link(spec, plan) == {("east", "west"): 2 * 4 * one * (1 + 2)}
