@@ -100,3 +100,20 @@ def test_simulator_prices_each_stage_at_its_own_tp() -> None:
     one = cost.boundary_bytes(2)
     assert mixed.metrics.wan_bytes == 2 * 4 * one * (1 + 2)
     assert wan_bytes_per_link(spec, plan) == {("east", "west"): 2 * 4 * one * (1 + 2)}
+
+
+def test_train_from_a_spec_gets_one_tp_while_plan_searches_per_dc(tmp_path: Path) -> None:
+    """`train SPEC` lays out with plan_from_job: one tp for every stage (what the runtime trains);
+    `plan` searches each kind of DC's own (the exhaustive test checks it finds the optimum)."""
+    from _small_clusters import mesh, write_spec
+
+    from geotrain.plan.manual import plan_from_job
+    from geotrain.orchestrate.planning import make_plan
+
+    job = {"global_batch": 4, "micro_batch": 1, "precision": "bf16", "checkpointing": "none",
+           "sharding": "replicate", "tp": "auto"}
+    # 8-GPU nodes beside 2-GPU nodes: the best estimate is tp 4 on A, 2 on B
+    spec = write_spec(tmp_path, [("A", "h100-80g", 8, 8), ("B", "h100-80g", 4, 2)], mesh(["A", "B"], 2, 200, 50),
+                      "llama2-7b", job)
+    assert not plan_from_job(spec).mixed_tp
+    assert make_plan(spec).plan.mixed_tp

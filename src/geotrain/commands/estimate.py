@@ -53,8 +53,8 @@ def _stage_peaks(spec, plan) -> tuple[list[tuple], str]:
             held = min(plan.num_microbatches, plan.pp - s)
             cost = _cost(spec, plan, s)
             gpu = spec.cluster.gpu(spec.cluster.dc(st.dc).gpu_type)
-            out.append((cost.stage_memory(st.units, gpu, plan.micro_batch, held, plan.sharding, plan.dp, plan.tp,
-                                          num_microbatches=plan.num_microbatches), held, 0.0))
+            out.append((cost.stage_memory(st.units, gpu, plan.micro_batch, held, plan.sharding, plan.dp,
+                                          plan.stage_tp(s), num_microbatches=plan.num_microbatches), held, 0.0))
         return out, f"(schedule {plan.schedule!r} not buildable: {e}; 1F1B in-flight counts used)"
 
 
@@ -103,14 +103,15 @@ def run(args: argparse.Namespace) -> int:
         stage_cost = [_cost(spec, plan, s, profile) for s in range(plan.pp)]
     except ValueError as e:
         raise SpecError(args.profile or args.spec, "profile", str(e)) from None
-    model, cluster, mb, tp = spec.model, spec.cluster, plan.micro_batch, plan.tp
+    model, cluster, mb = spec.model, spec.cluster, plan.micro_batch
+    widest = max(plan.stage_tps)
     cost = stage_cost[0]
     peaks, note = _stage_peaks(spec, plan)
     tokens = plan.global_batch * model.seq_len
 
     print(f"{spec.name}: {model.name} ({human_rate(model.param_count(), '')} params, {model.layers} layers) "
           f"on {cluster.name} ({len(cluster.datacenters)} DCs, {cluster.total_gpus} GPUs)")
-    print(f"layout: pp={plan.pp} dp={plan.dp} tp={tp}, micro-batch {mb} x {plan.num_microbatches}, "
+    print(f"layout: pp={plan.pp} dp={plan.dp} tp={plan.tp_label()}, micro-batch {mb} x {plan.num_microbatches}, "
           f"schedule {plan.schedule}, {plan.precision}, checkpointing {plan.checkpointing_label()}, "
           f"sharding {plan.sharding}, optimizer {spec.job.optimizer}"
           + (", measured profile" if profile else ""))
@@ -122,14 +123,14 @@ def run(args: argparse.Namespace) -> int:
               f"above, not the planner's choice -- `geotrain plan {args.spec}` picks them")
 
     print("\nPer unit (values for ONE unit and one micro-batch; saved = bytes kept for backward by the whole "
-          "unit; times on the stage's GPU" + (f", divided by tp={tp}" if tp > 1 else "") + ")")
+          "unit; times on the stage's GPU" + (", divided by the stage's tp" if widest > 1 else "") + ")")
     rows = []
     for s, st in enumerate(plan.stages):
         gpu = cluster.gpu(cluster.dc(st.dc).gpu_type)
         sc = stage_cost[s]
         for label, kind, u, count in _unit_groups(model, st.chunks):
             f, b = sc.unit_flops(u, mb)
-            t = sc.stage_times([u], gpu, mb, tp)
+            t = sc.stage_times([u], gpu, mb, plan.stage_tp(s))
             rows.append([s, label, kind + (f" x{count}" if count > 1 else ""),
                          human_rate(sc.unit_params(u), ""), human_rate(f, "FLOP"), human_rate(b, "FLOP"),
                          human_bytes(sc.unit_activation_bytes(u, mb)),
@@ -143,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         gpu = cluster.gpu(dc.gpu_type)
         units = st.units
         cost = stage_cost[s]
+        tp = plan.stage_tp(s)
         t = cost.stage_times(units, gpu, mb, tp)
         tpc = cost.tp_comm_time(units, mb, tp, dc)
         sync = cost.allreduce_time(cost.grad_bytes(units, tp), plan.dp, dc, plan.sharding, tp)
@@ -151,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         busiest = max(busiest, (busy, s))
         label = ",".join(f"{a}-{b - 1}" if b - a > 1 else str(a) for a, b in st.chunks)
         rows.append([s, label, dc.name, dc.gpu_type, plan.stage_checkpointing(s), human_seconds(t.forward),
-                     human_seconds(t.backward), human_seconds(tpc) if tp > 1 else "-",
+                     human_seconds(t.backward), human_seconds(tpc) if widest > 1 else "-",
                      human_seconds(busy), human_seconds(sync), human_seconds(opt)])
     print(format_table(["stage", "units", "DC", "GPU", "checkpointing", "fwd/mb", "bwd/mb", "TP comm/mb",
                         "compute/iter", "DP sync", "optimizer"], rows))

@@ -116,7 +116,7 @@ def _print_plan(spec, res) -> None:
     p = res.plan
     cl = spec.cluster
     print(f"plan for {spec.name}: {spec.model.name} on {cl.name} ({len(cl.datacenters)} DCs, {cl.total_gpus} GPUs)")
-    print(f"  dp {p.dp}  pp {p.pp}  tp {p.tp}  micro-batch {p.micro_batch} x {p.num_microbatches}  "
+    print(f"  dp {p.dp}  pp {p.pp}  tp {p.tp_label()}  micro-batch {p.micro_batch} x {p.num_microbatches}  "
           f"schedule {p.schedule}" + (f" extra warm-up {list(p.extra_warmup)}" if p.extra_warmup else ""))
     print(f"  precision {p.precision}  checkpointing {p.checkpointing_label()}  sharding {p.sharding}")
     if p.replica_dcs:

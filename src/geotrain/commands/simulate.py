@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
     bs = bubble_summary(m, len(layout))
     print(f"simulated {plan.name}: {plan.schedule}, pp={plan.pp} x dp={plan.dp}"
-          + (f" x tp={plan.tp}" if plan.tp > 1 else "")
+          + (f" x tp={plan.tp_label()}" if max(plan.stage_tps) > 1 else "")
           + f" ({plan.num_ranks} GPUs), {plan.num_microbatches} micro-batches of {plan.micro_batch}, "
             f"{args.iterations} iteration(s)")
     print(format_table(["metric", "value"], [

@@ -47,7 +47,8 @@ def lower_bound(ctx: PlanningContext, plan: Plan, costs) -> dict[str, float]:
     wan = 0.0
     for lp in plan.links:
         link = ctx.link(lp.src_dc, lp.dst_dc)
-        wan = max(wan, plan.dp * m * nbytes / (link.capacity_gbps * GBIT))
+        copies = ctx.copies(lp.src_dc, lp.dst_dc)   # one per receiving TP rank
+        wan = max(wan, plan.dp * m * nbytes * copies / (link.capacity_gbps * GBIT))
     return {"compute": compute, "wan": wan}
 
 
@@ -84,7 +85,7 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
     used = plan.gpus_per_dc()
     total = sum(used.values())
     lines.append(f"Pipeline over {' -> '.join(chain)}: {total} of {cl.total_gpus} GPUs "
-                 f"({plan.pp} stages x dp {plan.dp} x tp {plan.tp}).")
+                 f"({plan.pp} stages x dp {plan.dp} x tp {plan.tp_label()}).")
     left = [d.name for d in cl.datacenters if d.name not in used]
     if left:
         lines.append(f"Left out: {', '.join(left)} -- every layout using them scored slower (an extra WAN hop "
@@ -92,7 +93,8 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
     for d in cl.datacenters:
         if d.name in used and used[d.name] < d.gpus:
             n = sum(1 for s in plan.stages if s.dc == d.name)
-            lines.append(f"{d.name}: {used[d.name]} of {d.gpus} GPUs ({n} stage(s) x {plan.dp * plan.tp}); "
+            tp = next((plan.stage_tp(s) for s, st in enumerate(plan.stages) if st.dc == d.name), plan.tp)
+            lines.append(f"{d.name}: {used[d.name]} of {d.gpus} GPUs ({n} stage(s) x {plan.dp * tp}); "
                          f"dp must divide the global batch ({ctx.job.global_batch}) and be equal on every stage, "
                          f"and deeper pipelines scored slower.")
     types = {st.dc: ctx.dc(st.dc).gpu_type for st in plan.stages}

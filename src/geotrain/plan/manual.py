@@ -32,8 +32,9 @@ def plan_from_job(spec: Spec, schedule: str | None = None, virtual_per_stage: in
     fit=False: when nothing fits in memory, the placement of the layout with the lowest bound
     anyway, with the job's first checkpointing/sharding choices (what `estimate` reports on)."""
     kind = schedule or ("interleaved" if virtual_per_stage > 1 else None)
-    # tp = "auto": every tp, one scan; no region layouts, which the runtime cannot train yet
-    groups = tp_groups(spec, regions=False, kinds=(kind,) if kind else None)
+    # tp = "auto": every tp, one scan; no region layouts and one tp for all stages, which is what the
+    # runtime trains today (trainer.resolve refuses the others)
+    groups = tp_groups(spec, regions=False, mixed_tp=False, kinds=(kind,) if kind else None)
     ctx, scorer, layouts = groups[0]
     problem = pin_problem(ctx)
     if problem:

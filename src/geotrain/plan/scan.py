@@ -12,25 +12,26 @@ import math
 import time
 
 from geotrain.config.load import Spec
-from geotrain.plan.context import PlanningContext, tp_assignments
+from geotrain.plan.context import PlanningContext, tp_assignments, tp_options
 from geotrain.plan.layouts import Layout, enumerate_layouts, layout_bound, schedule_kinds
 from geotrain.plan.regions import region_layouts
 from geotrain.plan.scorer import Candidate, Scorer
 from geotrain.plan.temporal import offsets_span
 
 
-def tp_groups(spec: Spec, profile: dict | None = None, regions: bool = True,
+def tp_groups(spec: Spec, profile: dict | None = None, regions: bool = True, mixed_tp: bool = True,
               **scorer_kw) -> list[tuple[PlanningContext, Scorer, list[Layout]]]:
     """(context, scorer, layouts) per assignment of tensor-parallel degrees to DCs the job allows
     (context.tp_assignments: one tp, or with tp = "auto" one per kind of DC), the all-smallest
     first; each context lists only the layouts it owns (context.owns), so none is scored twice.
     An assignment under which no sharding the job allows runs is left out when the job leaves
     tp open (a pinned one is reported by pins.pin_problem). `regions`: with the region layouts
-    (DP across the DCs of a region, plan/regions.py) the cluster allows."""
-    tps = tp_assignments(spec)
+    (DP across the DCs of a region, plan/regions.py) the cluster allows. mixed_tp=False: one tp
+    for every stage (context.tp_options), for what the runtime trains today."""
+    tps = tp_assignments(spec) if mixed_tp else tp_options(spec)
     out = []
     for t in tps:
-        ctx = PlanningContext(spec, profile, tps=t)
+        ctx = PlanningContext(spec, profile, tps=t) if mixed_tp else PlanningContext(spec, profile, tp=t)
         if len(tps) > 1 and not ctx.sharding_options():
             continue
         layouts = enumerate_layouts(ctx)

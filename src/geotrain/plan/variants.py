@@ -30,14 +30,14 @@ def wan_warmup_for(spec: Any, plan: Plan) -> tuple[int, ...]:
     cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
                      optimizer=spec.job.optimizer)
     fwd, bwd, cap = [], [], []
-    for st in plan.stages:
+    for s, st in enumerate(plan.stages):
         gpu = cluster.gpu(cluster.dc(st.dc).gpu_type)
-        t = cost.stage_times(st.units, gpu, plan.micro_batch, plan.tp)
+        t = cost.stage_times(st.units, gpu, plan.micro_batch, plan.stage_tp(s))
         fwd.append(t.forward)
         bwd.append(t.backward)
-        k = plan.pp
+        k, tp = plan.pp, plan.stage_tp(s)
         while k < plan.num_microbatches and cost.stage_memory(
-                st.units, gpu, plan.micro_batch, k + 1, plan.sharding, plan.dp, plan.tp).total <= gpu.memory_bytes:
+                st.units, gpu, plan.micro_batch, k + 1, plan.sharding, plan.dp, tp).total <= gpu.memory_bytes:
             k += 1
         cap.append(k)
     lat = []

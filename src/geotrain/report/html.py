@@ -69,7 +69,7 @@ def _cards(items: Sequence[tuple[str, str]]) -> str:
 def plan_section(plan: Plan) -> str:
     head = [
         ("schedule", plan.schedule), ("pipeline stages (pp)", str(plan.pp)), ("data parallel (dp)", str(plan.dp)),
-        ("tensor parallel (tp)", str(plan.tp)), ("GPUs", str(plan.num_ranks)),
+        ("tensor parallel (tp)", plan.tp_label()), ("GPUs", str(plan.num_ranks)),
         ("micro-batches", str(plan.num_microbatches)), ("micro-batch size", str(plan.micro_batch)),
         ("global batch", str(plan.global_batch)), ("chunks per stage", str(plan.virtual_per_stage)),
         ("precision", plan.precision), ("checkpointing", plan.checkpointing_label()), ("sharding", plan.sharding),
@@ -82,7 +82,7 @@ def plan_section(plan: Plan) -> str:
            table(["setting", "value"], head)]
     srows = [(s, "+".join(dict.fromkeys(plan.dc_of(s, d) for d in range(plan.dp))),
               ", ".join(f"[{a}, {b})" for a, b in st.chunks), len(st.units),
-              number_runs((plan.rank(s, d, t) for d in range(plan.dp) for t in range(plan.tp)), "r"))
+              number_runs((plan.rank(s, d, t) for d in range(plan.dp) for t in range(plan.stage_tp(s))), "r"))
              for s, st in enumerate(plan.stages)]
     out.append(table(["stage", "DC", "model units", "units", "ranks"], srows, [True, False, False, True, False]))
     if plan.links:
