@@ -107,8 +107,8 @@ def test_train_from_a_spec_gets_one_tp_while_plan_searches_per_dc(tmp_path: Path
     `plan` searches each kind of DC's own (the exhaustive test checks it finds the optimum)."""
     from _small_clusters import mesh, write_spec
 
-    from geotrain.plan.manual import plan_from_job
     from geotrain.orchestrate.planning import make_plan
+    from geotrain.plan.manual import plan_from_job
 
     job = {"global_batch": 4, "micro_batch": 1, "precision": "bf16", "checkpointing": "none",
            "sharding": "replicate", "tp": "auto"}
