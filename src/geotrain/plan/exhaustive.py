@@ -25,13 +25,14 @@ from itertools import chain as chain_of
 from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.config.load import Spec
 from geotrain.cost.activations import SELECTIVE
+from geotrain.plan.candidate import Candidate
 from geotrain.plan.context import PlanningContext, tp_assignments
 from geotrain.plan.estimate import held
 from geotrain.plan.layouts import MICRO_BATCHES, Layout, schedule_kinds
 from geotrain.plan.placement import chains, iter_dp
 from geotrain.plan.plan import Plan
 from geotrain.plan.regions import region_sets
-from geotrain.plan.scorer import Candidate, Scorer, score_plan
+from geotrain.plan.scorer import Scorer, score_plan
 from geotrain.plan.temporal import apply_temporal
 from geotrain.plan.warmup import fit_warmup, wanted_warmup
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 from geotrain.config.load import Spec
 from geotrain.cost.activations import SELECTIVE
 from geotrain.errors import InfeasibleError
+from geotrain.plan.candidate import Candidate
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.explain import infeasible_reason
 from geotrain.plan.layouts import Layout
 from geotrain.plan.pins import ZB_SELECTIVE, pin_problem
 from geotrain.plan.plan import Plan
 from geotrain.plan.scan import search_groups, tp_groups
-from geotrain.plan.scorer import Candidate, Scorer
+from geotrain.plan.scorer import Scorer
 from geotrain.plan.split import split_even
 
 

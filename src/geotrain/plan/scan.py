@@ -12,10 +12,11 @@ import math
 import time
 
 from geotrain.config.load import Spec
+from geotrain.plan.candidate import Candidate
 from geotrain.plan.context import PlanningContext, tp_assignments, tp_options
 from geotrain.plan.layouts import Layout, enumerate_layouts, layout_bound, schedule_kinds
 from geotrain.plan.regions import region_layouts
-from geotrain.plan.scorer import Candidate, Scorer
+from geotrain.plan.scorer import Scorer
 from geotrain.plan.temporal import offsets_span
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from geotrain.config.load import Spec
 from geotrain.errors import InfeasibleError
 from geotrain.plan.baselines import pipeline_baselines
+from geotrain.plan.candidate import Candidate
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.estimate import Estimate
 from geotrain.plan.explain import analyse, infeasible_reason
@@ -24,7 +25,7 @@ from geotrain.plan.layouts import Layout, chain_signature, enumerate_layouts, sc
 from geotrain.plan.pins import pin_problem, respects_pins
 from geotrain.plan.plan import Plan
 from geotrain.plan.scan import search, search_groups, tp_groups
-from geotrain.plan.scorer import Candidate, Scorer, score_plan
+from geotrain.plan.scorer import Scorer, score_plan
 from geotrain.plan.temporal import apply_fair, apply_temporal, with_connections
 
 ESTIMATE_BAND = 0.07     # how far behind the best estimate a candidate may be and still be simulated
