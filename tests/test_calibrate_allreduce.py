@@ -68,3 +68,21 @@ def test_a_dp1_profile_measures_the_allreduce_in_a_dp2_run(spec, profile, monkey
     bare = {**profile, "runtime": {k: v for k, v in profile["runtime"].items() if k != "allreduce"}}
     factors, _, info = cr.calibration_run(spec, bare, steps=4, warmup=1, mode="shaper")
     assert ran == [1] and factors["allreduce"] == 1.0 and "allreduce_run" not in info
+
+
+def test_a_failing_dp2_run_costs_the_profile_only_its_factor(spec, profile, monkeypatch):
+    from geotrain.errors import GeotrainError
+
+    real = cr.run_plan
+    ran = []
+
+    def machine(spec_, plan, out, steps, mode, warmup):
+        ran.append(plan.dp)
+        if plan.dp == 2:
+            raise GeotrainError("rank 3 exited with 1 (logs: x)")
+        return real(spec_, plan, out, steps=steps, mode=mode, warmup=warmup)
+
+    monkeypatch.setattr(cr, "run_plan", machine)
+    monkeypatch.setattr(cr, "predict", lambda *a, **k: (_ for _ in ()).throw(AssertionError("not reached")))
+    factor, info = cr.allreduce_factor_run(spec, plan_from_job(spec), profile, 4, 1, "shaper")
+    assert ran == [2, 2] and factor == 1.0 and "rank 3 exited" in info["error"]
