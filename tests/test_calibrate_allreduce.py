@@ -56,7 +56,7 @@ def test_a_dp1_profile_measures_the_allreduce_in_a_dp2_run(spec, profile, monkey
     monkeypatch.setattr(cr, "run_plan", machine)
     factors, _, info = cr.calibration_run(spec, profile, steps=4, warmup=1, mode="shaper")
     assert ran == [1, 2]                                   # the job's own run, then the dp = 2 one
-    assert factors["allreduce"] == pytest.approx(STRETCH, rel=1e-6)
+    assert factors["allreduce"] == pytest.approx(STRETCH) and factors["allreduce_first_stage"] == pytest.approx(STRETCH)
     assert info["allreduce_run"]["collective_s"] == pytest.approx(STRETCH * info["allreduce_run"]["fit_s"])
     # A dp = 2 plan predicted from that profile pays the measured collective, not the isolated fit.
     prof = {**profile, "runtime": {**profile["runtime"], "compute_factor": factors}}
@@ -84,5 +84,26 @@ def test_a_failing_dp2_run_costs_the_profile_only_its_factor(spec, profile, monk
 
     monkeypatch.setattr(cr, "run_plan", machine)
     monkeypatch.setattr(cr, "predict", lambda *a, **k: (_ for _ in ()).throw(AssertionError("not reached")))
-    factor, info = cr.allreduce_factor_run(spec, plan_from_job(spec), profile, 4, 1, "shaper")
-    assert ran == [2, 2] and factor == 1.0 and "rank 3 exited" in info["error"]
+    factors, info = cr.allreduce_factor_run(spec, plan_from_job(spec), profile, 4, 1, "shaper")
+    assert ran == [2, 2] and factors == {"allreduce": 1.0} and "rank 3 exited" in info["error"]
+
+
+def test_the_first_stage_pays_its_own_measured_factor(spec, profile, monkeypatch):
+    """In the dp2 runs the first stage's collective (on the critical path) is the slower one; the
+    stand-in machine stretches stage 0's 9x and the last stage's 3x."""
+    def machine(spec_, plan, out, steps, mode, warmup):
+        sim, _ = predict(spec_, plan, profile, iterations=steps)
+        events = [dataclasses.replace(e, end=e.start + (9.0 if e.stage == 0 else 3.0) * e.duration)
+                  if e.kind == "allreduce" else e for e in sim.trace.events]
+        out.mkdir(parents=True, exist_ok=True)
+        Trace(events, sim.trace.num_ranks, "measured", sim.trace.meta).write_jsonl(out / "measured_trace.jsonl")
+        return out / "measured_trace.jsonl", {"background_runnable": 0.0, "mode": "shaper", "rank_slowdown": {}}
+
+    monkeypatch.setattr(cr, "run_plan", machine)
+    factors, _, _ = cr.calibration_run(spec, profile, steps=4, warmup=1, mode="shaper")
+    assert factors["allreduce_first_stage"] == pytest.approx(9.0)
+    assert factors["allreduce_other_stages"] == pytest.approx(3.0)
+    prof = {**profile, "runtime": {**profile["runtime"], "compute_factor": factors}}
+    plan2 = plan_from_job(spec).with_(dp=2)
+    fitted = calibrated_inputs(spec, plan2, profile).allreduce
+    assert calibrated_inputs(spec, plan2, prof).allreduce == pytest.approx([9.0 * fitted[0], 3.0 * fitted[1]])

@@ -36,15 +36,46 @@ def collective_s(events) -> float:
     return statistics.median(groups.values()) if groups else 0.0
 
 
+def collective_by_stage(events) -> dict[int, float]:
+    """`collective_s` per stage: {stage: median over iterations of its replicas' shortest allreduce}."""
+    groups: dict[tuple[int, int], float] = {}
+    for e in events:
+        if e.kind == "allreduce":
+            key = (e.iteration, e.stage)
+            groups[key] = min(groups.get(key, float("inf")), e.duration)
+    return {s: statistics.median(v for (_, st), v in groups.items() if st == s) for s in {k[1] for k in groups}}
+
+
+def allreduce_factors(pred_events, measured_events) -> dict[str, float]:
+    """In-run over simulated DP all-reduce: "allreduce" over all stages, and apart for the first
+    stage and the others ("allreduce_first_stage", "allreduce_other_stages"). Apart because they
+    differ where it matters: in the stored dp2 runs the first stage's collective -- the one on the
+    critical path, between its last backward and its optimizer step -- took 1.2-14 ms against
+    1.6-9.5 ms on the last stage (shortest replica, median per run; longer in 7 of 8 runs)."""
+    def ratio(p: list[float], m: float | None) -> float:
+        return m / (sum(p) / len(p)) if p and m and sum(p) > 0 else 1.0
+
+    pred = [e for e in pred_events if e.kind == "allreduce"]
+    out = {"allreduce": ratio([e.duration for e in pred], collective_s(measured_events) or None)}
+    by_stage = collective_by_stage(measured_events)
+    if len(by_stage) > 1:
+        first = min(by_stage)
+        out["allreduce_first_stage"] = ratio([e.duration for e in pred if e.stage == first], by_stage[first])
+        rest = [e.duration for e in pred if e.stage != first]
+        out["allreduce_other_stages"] = ratio(rest, statistics.median(v for s, v in by_stage.items() if s != first))
+    return out
+
+
 def _mean(events, kind) -> float:
     d = [e.duration for e in events if e.kind == kind]
     return sum(d) / len(d) if d else 0.0
 
 
-def allreduce_factor_run(spec, plan, profile: dict, steps: int, warmup: int, mode: str) -> tuple[float, dict]:
+def allreduce_factor_run(spec, plan, profile: dict, steps: int, warmup: int, mode: str) -> tuple[dict, dict]:
     """The DP all-reduce's in-run factor for a job whose own calibration run has dp = 1: the same
     2-stage pipeline at dp = 2 (four ranks), run for real, its collectives' duration
-    (`collective_s`) over the calibrated simulation's (the isolated gloo fit at dp = 2).
+    (`collective_s`) over the calibrated simulation's (the isolated gloo fit at dp = 2), overall and
+    per stage (`allreduce_factors`).
 
     Why a run and not a probe: in the validation set's dp2 runs the gradient reduction took 1.3-13 ms
     (shortest replica, median per run) where the fit says 0.55-0.77 ms, and a two-process probe of
@@ -66,13 +97,14 @@ def allreduce_factor_run(spec, plan, profile: dict, steps: int, warmup: int, mod
         except GeotrainError as e:
             errors.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
     else:
-        return 1.0, {"plan": f"pp=2 x dp=2 1f1b {dp2.sharding}", "error": "; ".join(errors)}
+        return {"allreduce": 1.0}, {"plan": f"pp=2 x dp=2 1f1b {dp2.sharding}", "error": "; ".join(errors)}
     sim, _ = predict(spec, dp2, profile, iterations=steps - warmup, background=cond["background_runnable"],
                      mode=cond["mode"], rank_slowdown=cond["rank_slowdown"])
     p, m = _mean(sim.trace.events, "allreduce"), collective_s(measured.events)
-    factor = m / p if p > 0 and m > 0 else 1.0
-    return factor, {"plan": f"pp=2 x dp=2 1f1b {dp2.sharding}", "collective_s": m, "fit_s": p,
-                    "background_runnable": cond["background_runnable"]}
+    return allreduce_factors(sim.trace.events, measured.events), \
+        {"plan": f"pp=2 x dp=2 1f1b {dp2.sharding}", "collective_s": m, "fit_s": p,
+         "collective_by_stage_s": collective_by_stage(measured.events),
+         "background_runnable": cond["background_runnable"]}
 
 
 def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
@@ -115,8 +147,7 @@ def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
         if kind == "optimizer":       # the simulated step carries the global all-reduce; the trace records it apart
             p -= det["global_sync_s"]
         factors[kind] = m / p if p > 0 and m > 0 else 1.0
-    p, m = _mean(pred_events, "allreduce"), collective_s(measured.events)
-    factors["allreduce"] = m / p if p > 0 and m > 0 else 1.0
+    factors.update(allreduce_factors(pred_events, measured.events))
     info = {"plan": f"pp=2 x dp={plan.dp} 1f1b {plan.sharding}", "num_microbatches": plan.num_microbatches,
             "background_runnable": background, "steps": steps, "warmup": warmup, "wan_mode": mode,
             "rank_slowdown": slow}
@@ -148,5 +179,6 @@ def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
     if dp_probe and plan.dp == 1 and "2" in profile[RUNTIME_KEY].get("allreduce", {}):
         known = {**profile, RUNTIME_KEY: {**profile[RUNTIME_KEY], "compute_factor": dict(factors),
                                           "wan_message_overhead_s": overhead, "calibration_run": info}}
-        factors["allreduce"], info["allreduce_run"] = allreduce_factor_run(spec, plan, known, steps, warmup, mode)
+        ar, info["allreduce_run"] = allreduce_factor_run(spec, plan, known, steps, warmup, mode)
+        factors.update(ar)
     return factors, overhead, info

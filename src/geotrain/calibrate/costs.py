@@ -12,7 +12,8 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
   * the DP reduction: the measured gloo all-reduce fit alpha + bytes x per_byte at that dp, on the
     fp32 gradients the runtime reduces (replicated DP), times the calibration run's in-run factor
     for it (`compute_factor["allreduce"]`: that run's when it had dp > 1, else a dp = 2 run of its
-    own, `calibration_run.allreduce_factor_run`);
+    own, `calibration_run.allreduce_factor_run`; the first stage's and the other stages' apart,
+    "allreduce_first_stage" / "allreduce_other_stages", where the profile has them);
   * the optimizer step: measured fixed + per-parameter cost;
   * intra-DC point-to-point: the cluster's intra-DC latency and bandwidth replaced by the measured
     gloo isend/irecv fit;
@@ -261,14 +262,16 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
     sync = global_sync_s(spec, plan, profile, mode)
     ar = rt.get("allreduce", {})
     opt = rt.get("optimizer")
-    for st in plan.stages:
+    for s, st in enumerate(plan.stages):
         dc = cluster.dc(st.dc)
         params = cost.stage_params(st.units)
         if plan.dp <= 1:
             allreduce.append(0.0)
         elif str(plan.dp) in ar:
             fit = ar[str(plan.dp)]
-            allreduce.append((fit["alpha_s"] + 4 * params * fit["per_byte_s"]) * factor.get("allreduce", 1.0))
+            key = "allreduce_first_stage" if s == 0 else "allreduce_other_stages"
+            f = factor.get(key, factor.get("allreduce", 1.0))
+            allreduce.append((fit["alpha_s"] + 4 * params * fit["per_byte_s"]) * f)
         else:
             allreduce.append(cost.allreduce_time(cost.grad_bytes(st.units), plan.dp, dc, plan.sharding))
         if opt:

@@ -14,7 +14,8 @@ the cost model has no field for but the calibrated simulation (costs.py) uses:
       "per_action_s", "forward_call_s", "backward_call_s", # interpreter overheads (see _interpreter)
       "split_backward": {"input", "weight"},              # zero-bubble B_input, W over one backward
       "startup_s",                                         # one rank's process start-up (import torch ...)
-      "compute_factor": {"forward", "backward", "optimizer"}, # in-runtime / isolated compute (calibration run)
+      "compute_factor": {"forward", "backward", "optimizer", # in-runtime / isolated compute (calibration run)
+                         "allreduce", "allreduce_first_stage", "allreduce_other_stages"},  # DP (dp = 2 run)
       "wan_message_overhead_s", "calibration_run",         # per-message WAN overhead, global all-reduce,
                                                            # wan_mode, rank_slowdown, background_effective
       "wan": {"per_connection_gbps", "aggregate_gbps", "latency_ms", "achieved_gbps": {"1": .., "4": ..}}
