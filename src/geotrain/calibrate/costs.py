@@ -10,7 +10,7 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     the runtime's two autograd passes (the first stage's whole backward at W); FSDP zero2/zero3
     parameter all-gathers inside forward/backward (`fsdp_gather_s`);
   * the DP reduction: the measured gloo all-reduce fit alpha + bytes x per_byte at that dp, on the
-    fp32 gradients the runtime reduces (replicated DP), times the calibration run's in-run factor
+    gradients the runtime reduces (replicated DP: in the training dtype), times the calibration run's in-run factor
     for it (`compute_factor["allreduce"]`: that run's when it had dp > 1, else a dp = 2 run of its
     own, `calibration_run.allreduce_factor_run`; the first stage's and the other stages' apart,
     "allreduce_first_stage" / "allreduce_other_stages", where the profile has them);
@@ -271,7 +271,8 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
             fit = ar[str(plan.dp)]
             key = "allreduce_first_stage" if s == 0 else "allreduce_other_stages"
             f = factor.get(key, factor.get("allreduce", 1.0))
-            allreduce.append((fit["alpha_s"] + 4 * params * fit["per_byte_s"]) * f)
+            # replicated DP reduces in the training dtype (runtime.parallelize.allreduce_grads)
+            allreduce.append((fit["alpha_s"] + cost.dtype_bytes * params * fit["per_byte_s"]) * f)
         else:
             allreduce.append(cost.allreduce_time(cost.grad_bytes(st.units), plan.dp, dc, plan.sharding))
         if opt:

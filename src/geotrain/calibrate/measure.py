@@ -54,7 +54,7 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
 
     cost = CostModel(m, precision=precision, checkpointing="none", optimizer=job.optimizer)
     stage_grad = cost.grad_bytes(plan.stages[0].units)
-    grad_fp32 = stage_grad * 4 // cost.dtype_bytes            # the runtime reduces fp32 gradients
+    grad_fp32 = stage_grad * 4 // cost.dtype_bytes            # fp32 size: the fit's sizes span both dtypes
     boundary = cost.boundary_bytes(mbs[0])                    # boundary tensors travel in the training dtype
     link = next(iter(spec.cluster.wan_links), None)
     world = 4 if not quick else 2
