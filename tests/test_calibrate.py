@@ -384,3 +384,16 @@ def test_the_calibration_runs_residual_slowdown_multiplies_processor_sharing(spe
                                        "calibration_run": {"background_runnable": 0.0, "background_effective": 1.0}}}
     _, det_old = predict(spec, one, old, iterations=2)
     assert all(f > 1.05 for f in det_old["contention_factors"])
+
+
+def test_a_sampled_background_the_ranks_did_not_feel_is_not_charged(spec, unit_profile):
+    """A calibration run sampled during a burst of many runnable threads (few sessions under
+    autogroup) whose ranks measured little slow-down: its predictions use the background that
+    reproduces the measured slow-down, not the sampled count."""
+    one = plan_from_job(spec).with_(dp=1)
+    burst = {"background_runnable": 20.0, "background_effective": 0.5, "sharing_residual": 1.0}
+    felt = {"background_runnable": 0.5, "background_effective": 0.5, "sharing_residual": 1.0}
+    dets = [predict(spec, one, {**unit_profile, "runtime": {**unit_profile["runtime"], "calibration_run": c}},
+                    iterations=2)[1] for c in (burst, felt)]
+    assert dets[0]["contention_factors"] == pytest.approx(dets[1]["contention_factors"])
+    assert max(dets[0]["contention_factors"]) < 2.0

@@ -347,6 +347,12 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
     residual = float(cal.get("sharing_residual", 1.0)) if background is None else 1.0
     if background is None and "sharing_residual" in cal:
         bg = float(cal.get("background_runnable", 0.0))
+        # Where the sampled count over-states what the calibration run's ranks measured (the
+        # residual would be < 1: a load burst of many threads in few sessions, which the autogroup
+        # scheduler shares by -- 20.8 runnable threads once, where the ranks' measured slow-down
+        # read as 0.76), the background that reproduces their measured CPU share instead.
+        if "background_effective" in cal:
+            bg = min(bg, float(cal["background_effective"]))
     else:
         bg = float(cal.get("background_effective", cal.get("background_runnable", rt.get("background_runnable", 0.0)))
                    if background is None else background)
