@@ -81,6 +81,29 @@ def _planner_sharing(spec_path: Path, scale: float) -> str:
     return f"{'/'.join(sorted({lp.sharing for lp in res.plan.links}))} (simulated: {sims})"
 
 
+def _grant_round_trip(n: int = 300) -> str:
+    """An uncontended turn's cost: RemoteTurns acquire (TCP, authenticated) to an arbiter on loopback."""
+    import secrets
+
+    from geotrain.wan.temporal import RemoteTurns, TurnArbiter
+
+    secret = secrets.token_bytes(32)
+    arbiter = TurnArbiter([0, 1])
+    host, port = arbiter.serve(secret=secret)
+    client = RemoteTurns(host, port, 0, secret=secret)
+    times = []
+    for _ in range(n + 1):
+        t = time.perf_counter()
+        client.acquire()
+        times.append(time.perf_counter() - t)
+        client.release()
+        time.sleep(0.002)
+    client.close()
+    arbiter.close()
+    times = sorted(times[1:])
+    return f"median {times[n // 2] * 1e3:.2f} ms, p90 {times[n * 9 // 10] * 1e3:.2f} ms over {n}"
+
+
 def _sharing_table(rounds: int) -> None:
     """Temporal vs fair for d = 2, 4, 8 pipelines on one saturated emulated link (the cases of
     tests/test_temporal_emulated.py, `orchestrate.link_sharing`), measured and simulated."""
@@ -96,6 +119,7 @@ def _sharing_table(rounds: int) -> None:
     print(f"10 Mbit/s link ({conns} connections of 2.5 Mbit/s), 10 ms one-way, 1F1B pp=2 x 3 micro-batches, "
           f"compute 25 + 50 ms (slept), 128 KiB / d per transfer; {rounds} rounds; load average {load0:.1f} -> "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, {time.time() - t0:.0f} s")
+    print(f"turn grant round trip (RemoteTurns to an arbiter on loopback, uncontended): {_grant_round_trip()}")
     print("| d | fair (s) | temporal (s) | temporal / fair | simulated fair / temporal (s) | simulated ratio "
           "| turn wait / held, median (ms) | full-rate transfer (ms) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -62,7 +62,7 @@ OP = struct.Struct("!c")           # one request or answer byte per frame
 
 
 # What one turn costs a transfer: the RemoteTurns grant round trip (0.15 ms median, 0.25 ms p90 on
-# this machine's loopback, measured by `bench/bench_rehearse.py --sharing`) and a thread's wake-up.
+# this machine's loopback; `bench/bench_rehearse.py --sharing` prints it) and a thread's wake-up.
 # A holder hands its turn on this much early (`Handoff.lead_s`), so on a busy link the next grant
 # overlaps its last bytes and the link loses nothing; a transfer that finds the link free still
 # waits this long. The simulator adds it to every temporal transfer and the planner's estimate
