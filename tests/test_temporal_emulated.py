@@ -5,10 +5,10 @@ per transfer and RemoteTurns over TCP -- the runtime's WAN path -- with compute 
 (`orchestrate.link_sharing` says why). Every micro-batch round puts d transfers of 105 ms / d each
 (at the link's 10 Mbit/s) on the link, each way, against 75 ms of compute: saturated for every d.
 
-Tolerance: 5%. Under the load of other jobs on this 2-core machine (load average ~10), fair
-iterations of one case spread by -15..+20% around their median over 5 rounds, temporal ones by
--15..+75% (one outlier) (`bench/bench_rehearse.py --sharing`, 2026-12-01); the simulator puts
-temporal 21-34% below fair here and the runtime measured 10-33% below. With turns handed on at
+Tolerance: 5%. Under the load of other jobs on this 2-core machine (load average 5-10), fair
+iterations of one case spread by -17..+22% around their median over 5 rounds, temporal ones by
+-13..+11% (`bench/bench_rehearse.py --sharing`, 2026-12-01); the simulator puts temporal 21-34%
+below fair here and the runtime measured 16-29% below. With turns handed on at
 the last write (the runtime before) d=8 measured temporal 17% above fair and every turn was held
 0.5 ms for a 52 ms transfer.
 """
