@@ -40,6 +40,7 @@ def test_fast_regional_links_beat_dp_across_dcs(tmp_path, gbps):
     res = make_plan(spec)
     dp_across = next(b for b in evaluate_baselines(spec) if b.name == "dp-across-dcs")
     assert res.plan.replica_dcs, "expected DP spread over the region's DCs"
+    assert res.explanation[0].startswith("DP across a region"), res.explanation[0]   # not "Pipeline over a100-a"
     assert res.iteration_s <= dp_across.iteration_s, (res.iteration_s, dp_across.iteration_s)
     # the plan file carries it; the simulator prices the cross-DC sync from it alone
     save_plan(tmp_path / "plan.json", res.plan, spec=spec)

@@ -84,8 +84,14 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
             chain.append(st.dc)
     used = plan.gpus_per_dc()
     total = sum(used.values())
-    lines.append(f"Pipeline over {' -> '.join(chain)}: {total} of {cl.total_gpus} GPUs "
-                 f"({plan.pp} stages x dp {plan.dp} x tp {plan.tp_label()}).")
+    if plan.replica_dcs:   # a region plan: whole pipelines per DC, only the gradient sync crosses
+        spread = ", ".join(f"{dc} {n}" for dc, n in plan.replicas_per_dc())
+        lines.append(f"DP across a region: {plan.dp} pipelines of {plan.pp} stage(s), each inside one DC "
+                     f"({spread} pipelines), {total} of {cl.total_gpus} GPUs (tp {plan.tp_label()}); only the "
+                     f"gradient sync crosses the region's links.")
+    else:
+        lines.append(f"Pipeline over {' -> '.join(chain)}: {total} of {cl.total_gpus} GPUs "
+                     f"({plan.pp} stages x dp {plan.dp} x tp {plan.tp_label()}).")
     left = [d.name for d in cl.datacenters if d.name not in used]
     if left:
         lines.append(f"Left out: {', '.join(left)} -- every layout using them scored slower (an extra WAN hop "
