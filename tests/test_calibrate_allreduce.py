@@ -107,3 +107,21 @@ def test_the_first_stage_pays_its_own_measured_factor(spec, profile, monkeypatch
     plan2 = plan_from_job(spec).with_(dp=2)
     fitted = calibrated_inputs(spec, plan2, profile).allreduce
     assert calibrated_inputs(spec, plan2, prof).allreduce == pytest.approx([9.0 * fitted[0], 3.0 * fitted[1]])
+
+
+def test_a_gpu_host_without_four_devices_skips_the_dp2_run(spec, profile, monkeypatch):
+    ran = []
+
+    def machine(spec_, plan, out, steps, mode, warmup):
+        ran.append(plan.dp)
+        sim, _ = predict(spec_, plan, profile, iterations=steps)
+        out.mkdir(parents=True, exist_ok=True)
+        sim.trace.write_jsonl(out / "measured_trace.jsonl")
+        return out / "measured_trace.jsonl", {"background_runnable": 0.0, "mode": "shaper", "rank_slowdown": {}}
+
+    monkeypatch.setattr(cr, "run_plan", machine)
+    monkeypatch.setattr(cr.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cr.torch.cuda, "device_count", lambda: 2)
+    factors, _, info = cr.calibration_run(spec, profile, steps=4, warmup=1, mode="shaper")
+    assert ran == [1] and "skipped" in info["allreduce_run"]
+    assert factors["allreduce"] == factors.get("allreduce_first_stage", 1.0) == 1.0

@@ -11,6 +11,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import torch
+
 from geotrain.calibrate.compare import drop_warmup
 from geotrain.calibrate.costs import predict, slowdown
 from geotrain.calibrate.messages import global_sync, waiting_overhead
@@ -64,6 +66,12 @@ def allreduce_factors(pred_events, measured_events) -> dict[str, float]:
         rest = [e.duration for e in pred if e.stage != first]
         out["allreduce_other_stages"] = ratio(rest, statistics.median(v for s, v in by_stage.items() if s != first))
     return out
+
+
+def _room_for(ranks: int) -> bool:
+    """Whether `ranks` ranks can run here: any number on CPUs, one per device on a GPU host (the
+    runtime places rank r on cuda:LOCAL_RANK)."""
+    return not torch.cuda.is_available() or torch.cuda.device_count() >= ranks
 
 
 def _mean(events, kind) -> float:
@@ -150,7 +158,7 @@ def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
     factors.update(allreduce_factors(pred_events, measured.events))
     info = {"plan": f"pp=2 x dp={plan.dp} 1f1b {plan.sharding}", "num_microbatches": plan.num_microbatches,
             "background_runnable": background, "steps": steps, "warmup": warmup, "wan_mode": mode,
-            "rank_slowdown": slow, "background_sessions": cond.get("background_sessions")}
+            "rank_slowdown": slow}
     # What a WAN message and the global loss/overflow all-reduce cost, read off the trace
     # (messages.py says why not a fit on the iteration time).
     measured_it = compute_metrics(measured, 1).iteration_time
@@ -176,7 +184,9 @@ def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
         # What the ranks lost beyond oversubscribed cores (transport threads, interrupts, other
         # work), as a factor: costs.predict multiplies the processor-sharing slow-down by it.
         info["sharing_residual"] = max(1.0, sum(slow.values()) / len(slow) / slowdown(k, background, cores))
-    if dp_probe and plan.dp == 1 and "2" in profile[RUNTIME_KEY].get("allreduce", {}):
+    if dp_probe and plan.dp == 1 and "2" in profile[RUNTIME_KEY].get("allreduce", {}) and not _room_for(4):
+        info["allreduce_run"] = {"skipped": "a rank per GPU and fewer than 4 GPUs here"}
+    elif dp_probe and plan.dp == 1 and "2" in profile[RUNTIME_KEY].get("allreduce", {}):
         known = {**profile, RUNTIME_KEY: {**profile[RUNTIME_KEY], "compute_factor": dict(factors),
                                           "wan_message_overhead_s": overhead, "calibration_run": info}}
         ar, info["allreduce_run"] = allreduce_factor_run(spec, plan, known, steps, warmup, mode)
