@@ -26,12 +26,13 @@ from geotrain.runtime.parallelize import apply_fsdp, apply_tp
 
 def build_chunk(model, start: int, end: int, plan, mesh, device: torch.device, hf: str | None = None) -> UnitStack:
     """Units [start, end) of `model` as this rank holds them under `plan` (its tp, checkpointing
-    and sharding), on `device`; `mesh` is the run's ("pp", "dp", "tp") device mesh."""
+    and sharding), on `device`; `mesh` is the rank's device mesh (rank_run.stage_mesh): its "tp"
+    slice is the stage's TP group, of the stage's own tp."""
     with torch.device("meta"):
         module = build_units(model, start, end, init=False)
     if getattr(model, "tie_embeddings", False) and module.has_embedding and module.has_head:
         module.tie_head_to_embedding()      # one matrix; across stages the copies sum gradients (`tied`)
-    if plan.tp > 1:
+    if mesh["tp"].size() > 1:
         apply_tp(module, mesh["tp"])
     apply_checkpointing(module, plan.checkpointing)
     if plan.sharding in ("zero2", "zero3"):

@@ -62,8 +62,10 @@ class PipelineRank:
     recorder: Recorder
     autocast: Callable
     boundary_shape: tuple[int, ...]
-    # TP index of this rank: boundary tensors go to the rank with the same index in the neighbour
-    # stage (after the row-parallel layers every TP rank holds the full activation).
+    # TP index of this rank. After the row-parallel layers every TP rank holds the whole activation
+    # (and input gradient), so receiving TP rank t' of a neighbour takes it from sending rank
+    # t' mod tp_sender (the same index where both stages run one tp): a rank of the narrower stage
+    # feeds several of the wider one, one of the wider stage with t >= the narrower tp sends nothing.
     tp_rank: int = 0
     dp_group: dist.ProcessGroup | None = None
     lookahead: int = RUNTIME_LOOKAHEAD
@@ -85,7 +87,15 @@ class PipelineRank:
 
     # -- helpers ---------------------------------------------------------------------------
     def rank_of(self, virtual_stage: int) -> int:
-        return self.plan.rank(virtual_stage % self.plan.pp, self.replica, self.tp_rank)
+        """The rank this one receives from in `virtual_stage`'s stage: TP index t mod its tp."""
+        s = virtual_stage % self.plan.pp
+        return self.plan.rank(s, self.replica, self.tp_rank % self.plan.stage_tp(s))
+
+    def ranks_to(self, virtual_stage: int) -> list[int]:
+        """The ranks of `virtual_stage`'s stage this one sends to: TP indices t' = t mod this tp."""
+        s = virtual_stage % self.plan.pp
+        return [self.plan.rank(s, self.replica, t)
+                for t in range(self.tp_rank, self.plan.stage_tp(s), self.plan.stage_tp(self.stage))]
 
     def _tag(self, kind: int, src_virtual: int, mb: int) -> int:
         return make_tag(kind, src_virtual, mb, self.num_virtual, self.schedule.num_microbatches)
@@ -110,15 +120,18 @@ class PipelineRank:
                     self._send(GRAD, a, self._slots[(a.stage, a.mb)].inp.grad)
 
     def _send(self, kind: int, a: Action, tensor: torch.Tensor) -> None:
-        dst = self.rank_of(a.peer)
-        if dst == self.my_rank:
+        dsts = self.ranks_to(a.peer)
+        if self.my_rank in dsts:
             raise RuntimeError(f"{a}: a schedule sends only between physical stages (check_schedule)")
+        if not dsts:
+            return   # the receiving stage is narrower: its ranks take this tensor from a lower TP index
         t = tensor.detach().to(self.boundary_dtype).contiguous()
-        t_start = self.recorder.now()
-        work = self.transport.send(t, dst, self._tag(kind, a.stage, a.mb))
         src_dc, dst_dc = self.plan.dc_of(self.stage, self.replica), self.plan.dc_of(a.peer % self.plan.pp, self.replica)
         link = f"{src_dc}->{dst_dc}" if src_dc != dst_dc else ""
-        self._sends.append((work, t_start, t.numel() * t.element_size(), link, dst, a))
+        for dst in dsts:
+            t_start = self.recorder.now()
+            work = self.transport.send(t, dst, self._tag(kind, a.stage, a.mb))
+            self._sends.append((work, t_start, t.numel() * t.element_size(), link, dst, a))
 
     # -- one iteration ---------------------------------------------------------------------
     def run_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]], loss_scale: float = 1.0) -> float:

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,31 @@ def report_rank(plan) -> int:
     return plan.rank(plan.pp - 1, 0, 0)
 
 
+def _tp_code(plan) -> int:
+    """The tp a checkpoint's layout records (pp, dp, tp: three numbers in every checkpoint): the
+    plan's, or for stages of different tp a negative code of them (never a plain tp), so a resume
+    maps per-rank RNG states back only onto the same per-stage tps."""
+    if not plan.mixed_tp:
+        return plan.tp
+    return -(zlib.crc32(",".join(map(str, plan.stage_tps)).encode()) + 1)
+
+
+def stage_mesh(device_type: str, plan, stage: int) -> DeviceMesh:
+    """This rank's device mesh, whose "dp" and "tp" slices FSDP2 and TP use (they must be slices of
+    one mesh to compose). One tp: one (pp, dp, tp) mesh holding the plan's rank table (stage-major,
+    or a region plan's pipeline-major numbering), so its "dp" slices are each stage's replicas
+    whatever the numbering. Stages of different tp: one (dp, tp_s) mesh per stage over that
+    stage's ranks. Creating a mesh creates its process groups, which every rank must join (also
+    for a mesh it is not in: DeviceMesh then holds no coordinate for it), so every rank builds
+    every stage's mesh, in stage order, and keeps its own."""
+    if not plan.mixed_tp:
+        return DeviceMesh(device_type, torch.tensor(plan.rank_table, dtype=torch.int64),
+                          mesh_dim_names=("pp", "dp", "tp"))
+    meshes = [DeviceMesh(device_type, torch.tensor(plan.rank_table[s], dtype=torch.int64),
+                         mesh_dim_names=("dp", "tp")) for s in range(plan.pp)]
+    return meshes[stage]
+
+
 class RankRun:
     """The state of one rank's run; see the module docstring."""
 
@@ -95,7 +121,7 @@ class RankRun:
         self.rank, world = dist.get_rank(), dist.get_world_size()
         if world != plan.num_ranks:
             raise GeotrainError(f"plan {plan.name!r} needs {plan.num_ranks} ranks (pp={plan.pp} x dp={plan.dp} "
-                                f"x tp={plan.tp}) but {world} were started")
+                                f"x tp={plan.tp_label()}) but {world} were started")
         self.steps = cfg.steps or job.steps
         self.every = job.checkpoint_every if cfg.checkpoint_every is None else cfg.checkpoint_every
         self.out = Path(cfg.out)
@@ -106,14 +132,14 @@ class RankRun:
         # One (pp, dp, tp) mesh holding the plan's rank table (Plan.rank_table: stage-major, or a region
         # plan's pipeline-major numbering), so its "dp" slices are each stage's replicas whatever the
         # numbering. FSDP2 over "dp" and TP over "tp" must be slices of the same mesh to compose.
-        self.mesh = DeviceMesh(self.device.type, torch.tensor(plan.rank_table, dtype=torch.int64),
-                               mesh_dim_names=("pp", "dp", "tp"))
+        self.mesh = stage_mesh(self.device.type, plan, self.stage)
         self.dp_group = self.mesh["dp"].get_group()
         self.schedule = schedule_for_plan(plan)
         self.chunks = self._build_chunks()
         self.params = [p for m in self.chunks.values() for p in m.parameters()]
         self.tied = TiedCopies(plan, spec.model, self.rank, self.chunks)
-        self.optimizer = make_optimizer(optimizer_param_groups(self.params) if plan.tp > 1 else self.params, job,
+        tp = plan.stage_tp(self.stage)
+        self.optimizer = make_optimizer(optimizer_param_groups(self.params) if tp > 1 else self.params, job,
                                         plan.sharding, self.dp_group)
         self.scaler = GlobalLossScaler(plan.precision == "fp16")
         self.source = make_source(spec, plan, cfg.data if cfg.data is not None else job.data, job.seed)
@@ -122,7 +148,7 @@ class RankRun:
         self.recorder = Recorder(self.rank, self._common_clock(), enabled=cfg.trace,
                                  sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         self.ckpt = Checkpointer(self.out / "checkpoints", self.stage, self.replica, self.chunks, self.optimizer,
-                                 self.scaler, layout=(plan.pp, plan.dp, plan.tp))
+                                 self.scaler, layout=(plan.pp, plan.dp, _tp_code(plan)))
         self.inject_inf = _parse_hook("GEOTRAIN_INJECT_INF") | {tuple(x) for x in cfg.inject_inf}
         self.fail_at = _parse_hook("GEOTRAIN_FAIL_AT") | {tuple(x) for x in cfg.fail_at}
         self.tokens_per_step = plan.global_batch * spec.model.seq_len
@@ -246,7 +272,7 @@ class RankRun:
             dist.all_reduce(stats)
             rec.add("recv_wait", t1, rec.now(), stage=-1)
             # Every TP rank of the last stage holds the same (full-logit) loss: count each replica once.
-            skipped, loss = bool(stats[0] > 0), float(stats[1]) / (plan.dp * plan.tp)
+            skipped, loss = bool(stats[0] > 0), float(stats[1]) / (plan.dp * plan.stage_tp(plan.pp - 1))
         t2 = rec.now()
         if not skipped:
             self.optimizer.step()

@@ -111,7 +111,7 @@ def _memory_per_stage(spec, plan, peaks: list[float]) -> list[dict[str, Any]]:
     predicted = predicted_stage_peaks(spec, plan, schedule_for_plan(plan))
     out = []
     for s, pred in enumerate(predicted):
-        ranks = [plan.rank(s, r, t) for r in range(plan.dp) for t in range(plan.tp)]
+        ranks = [plan.rank(s, r, t) for r in range(plan.dp) for t in range(plan.stage_tp(s))]
         measured = max(peaks[r] for r in ranks)
         out.append({"stage": s, "predicted_peak": pred.total, "measured_peak": measured,
                     "error": pred.total / measured - 1 if measured else None,

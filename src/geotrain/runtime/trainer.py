@@ -71,12 +71,12 @@ def resolve(cfg: RunConfig):
     problem = tp_problem(spec.model, plan, spec.cluster)
     if problem:
         raise GeotrainError(f"plan {plan.name!r}: {problem}")
-    if plan.mixed_tp:
-        raise GeotrainError(f"plan {plan.name!r} runs stages at different tp ({plan.tp_label()}): the runtime "
-                            "builds one tp for every stage and cannot train it yet; plan and simulate it, or pin "
-                            "job.tp")
-    if plan.tp > 1 and plan.sharding == "zero1":
-        raise GeotrainError(f"plan {plan.name!r}: sharding zero1 is not supported with tp={plan.tp} "
+    if plan.mixed_tp and getattr(spec.model, "tie_embeddings", False) and plan.pp > 1:
+        raise GeotrainError(f"plan {plan.name!r}: tied embeddings with stages of different tp "
+                            f"({plan.tp_label()}) are not supported (the first and last stage's copies are "
+                            "summed TP index by TP index); pin job.tp")
+    if max(plan.stage_tps) > 1 and plan.sharding == "zero1":
+        raise GeotrainError(f"plan {plan.name!r}: sharding zero1 is not supported with tp={plan.tp_label()} "
                             "(use replicate, zero2 or zero3)")
     if plan.num_microbatches < 1 or plan.micro_batch < 1:
         raise GeotrainError("the plan needs at least one micro-batch of at least one sequence")

@@ -70,12 +70,15 @@ def stage_directions(schedule) -> list[tuple[int, int]]:
 
 def direction_pairs(plan, schedule) -> list[tuple[list[int], list[tuple[int, int]]]]:
     """Per direction between two neighbouring stages (sorted): the group's members (the ranks of
-    both stages) and the (src rank, dst rank) pairs it carries -- replica d, TP index t of one stage
-    to the same (d, t) of the other, so inside a group each rank has one peer and one direction."""
+    both stages) and the (src rank, dst rank) pairs it carries -- to replica d, TP index t' of the
+    receiving stage from the same replica's TP index t' mod tp of the sending one (the pipeline's
+    pairing; with one tp: (d, t) to (d, t)), so inside a group each receiver has one sender and
+    each pair one direction."""
     out = []
     for a, b in stage_directions(schedule):
-        members = sorted(plan.rank(s, d, t) for s in (a, b) for d in range(plan.dp) for t in range(plan.tp))
-        pairs = [(plan.rank(a, d, t), plan.rank(b, d, t)) for d in range(plan.dp) for t in range(plan.tp)]
+        members = sorted(plan.rank(s, d, t) for s in (a, b) for d in range(plan.dp) for t in range(plan.stage_tp(s)))
+        pairs = [(plan.rank(a, d, t % plan.stage_tp(a)), plan.rank(b, d, t))
+                 for d in range(plan.dp) for t in range(plan.stage_tp(b))]
         out.append((members, pairs))
     return out
 

@@ -210,7 +210,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
         if lp.sharing == "temporal" and slots < plan.dp:   # else every pipeline always has a slot: no turns
             order = turn_order(lp, plan.dp)
             # With tp > 1 each TP index has its own boundary traffic (same t to same t): its own ring of turns.
-            key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.tp > 1 else "")
+            key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.stage_tp(stage) > 1 else "")
             # The turn passes once the transfer has drained from the network's queue (wan.temporal);
             # emulated links run at rate_scale of the spec's rates.
             scale = float(wan.get("rate_scale", 1.0))
@@ -224,11 +224,16 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
             turn = RecordedTurns(turn, recorder, f"{my_dc}->{plan.dc_of(peer_stage, replica)}", stage)
         elif lp.sharing not in ("fair", "temporal"):
             raise GeotrainError(f"link {lp.src_dc}-{lp.dst_dc}: unknown sharing {lp.sharing!r} (fair, temporal)")
+        # boundary tensors come from TP index t mod the peer's tp and go to t' = t mod this stage's tp
+        # (runtime/pipeline.py; with one tp: the same index)
+        tp_here, tp_peer = plan.stage_tp(stage), plan.stage_tp(peer_stage)
+        peer_ts = sorted({t % tp_peer, *range(t, tp_peer, tp_here)})
         for d in range(plan.dp):
-            peer = plan.rank(peer_stage, d, t)   # boundary tensors go to the same TP index
-            conns[peer] = max(1, int(lp.connections))
-            if turn is not None:
-                turns[peer] = turn
+            for pt in peer_ts:
+                peer = plan.rank(peer_stage, d, pt)
+                conns[peer] = max(1, int(lp.connections))
+                if turn is not None:
+                    turns[peer] = turn
     hooks: dict[str, Any] = {}      # the emulation's instruments; a real WAN gets none of them
     if wan["mode"] == "shaper":
         # lazy: pydantic only when called (importers that never call it stay free of it)
