@@ -73,9 +73,15 @@ def test_an_impossible_stage_tp_is_one_line(tmp_path: Path) -> None:
         check_plan_for_spec(spec, wide)
 
 
-def test_train_refuses_a_mixed_tp_plan_in_one_line() -> None:
-    with pytest.raises(GeotrainError, match=r"runs stages at different tp \(per stage 2/1\).*cannot train it yet"):
-        resolve(RunConfig(spec=str(SPEC), plan=_plan((2, 1)).to_dict()))
+def test_train_refuses_mixed_tp_with_tied_embeddings_in_one_line(tmp_path: Path) -> None:
+    """The runtime sums a tied model's first and last stage copies TP index by TP index, which
+    stages of different tp do not pair; mixed plans of untied models train (test_runtime_stage_tp)."""
+    tied = tmp_path / "tied.toml"
+    text = SPEC.read_text().replace('model = "tiny"', 'model = { preset = "tiny", tie_embeddings = true }')
+    tied.write_text(text.replace('cluster = "clusters/', f'cluster = "{SPEC.parent}/clusters/'))
+    with pytest.raises(GeotrainError, match=r"tied embeddings with stages of different tp \(per stage 2/1\)"):
+        resolve(RunConfig(spec=str(tied), plan=_plan((2, 1)).to_dict()))
+    assert resolve(RunConfig(spec=str(SPEC), plan=_plan((2, 1)).to_dict()))[1].mixed_tp
 
 
 def test_simulator_prices_each_stage_at_its_own_tp() -> None:
@@ -102,18 +108,24 @@ def test_simulator_prices_each_stage_at_its_own_tp() -> None:
     assert wan_bytes_per_link(spec, plan) == {("east", "west"): 2 * 4 * one * (1 + 2)}
 
 
-def test_train_from_a_spec_gets_one_tp_while_plan_searches_per_dc(tmp_path: Path) -> None:
-    """`train SPEC` lays out with plan_from_job: one tp for every stage (what the runtime trains);
-    `plan` searches each kind of DC's own (the exhaustive test checks it finds the optimum)."""
+def test_tied_models_are_planned_at_one_tp(tmp_path: Path) -> None:
+    """A tied model gets one tp for every stage from the planner and from `train SPEC`'s layout
+    (what the runtime trains); an untied one gets each kind of DC's own."""
     from _small_clusters import mesh, write_spec
 
-    from geotrain.orchestrate.planning import make_plan
+    from geotrain.plan.context import planning_contexts
     from geotrain.plan.manual import plan_from_job
 
     job = {"global_batch": 4, "micro_batch": 1, "precision": "bf16", "checkpointing": "none",
            "sharding": "replicate", "tp": "auto"}
-    # 8-GPU nodes beside 2-GPU nodes: the best estimate is tp 4 on A, 2 on B
-    spec = write_spec(tmp_path, [("A", "h100-80g", 8, 8), ("B", "h100-80g", 4, 2)], mesh(["A", "B"], 2, 200, 50),
-                      "llama2-7b", job)
-    assert not plan_from_job(spec).mixed_tp
-    assert make_plan(spec).plan.mixed_tp
+    dcs = [("A", "h100-80g", 8, 8), ("B", "h100-80g", 4, 2)]   # the best estimate: tp 4 on A, 2 on B
+    spec = write_spec(tmp_path / "untied", dcs, mesh(["A", "B"], 2, 200, 50), "llama2-7b", job)
+    assert plan_from_job(spec).mixed_tp
+    tied = write_spec(tmp_path / "tied", dcs, mesh(["A", "B"], 2, 200, 50), "llama2-7b", job)
+    text = (tmp_path / "tied" / "spec.toml").read_text()
+    (tmp_path / "tied" / "spec.toml").write_text(
+        text.replace('model = "llama2-7b"', 'model = { preset = "llama2-7b", tie_embeddings = true }'))
+    tied = load_spec(tmp_path / "tied" / "spec.toml")
+    assert tied.model.tie_embeddings and not plan_from_job(tied).mixed_tp
+    assert all(ctx.uniform_tp for ctx in planning_contexts(tied))
+    assert not all(ctx.uniform_tp for ctx in planning_contexts(spec))

@@ -50,7 +50,7 @@ class JobSpec(Strict):
     sharding: ShardingOrAuto = "auto"
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     schedule: ScheduleOrAuto = "auto"
-    tp: bounded_int(1, 1024) | Literal["auto"] = 1   # "auto": the planner searches it (one tp for every stage)
+    tp: bounded_int(1, 1024) | Literal["auto"] = 1   # "auto": the planner searches it (per kind of DC)
     # Optional fixed shape (otherwise chosen by the planner).
     pp: bounded_int(1, 100_000) | None = None
     dp: bounded_int(1, 10**7) | None = None

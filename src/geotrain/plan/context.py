@@ -86,6 +86,16 @@ def tp_assignments(spec: Spec) -> list[dict[str, int]]:
     return out
 
 
+def planning_contexts(spec: Spec, profile: dict | None = None, mixed_tp: bool = True) -> list[PlanningContext]:
+    """One context per tensor-parallel choice the planner scans, the all-smallest first: per
+    assignment of tp to the kinds of DC (`tp_assignments`), or with mixed_tp=False -- and for a
+    tied model, whose first and last stage's copies the runtime sums TP index by TP index -- one
+    tp for every stage (`tp_options`)."""
+    if mixed_tp and not getattr(spec.model, "tie_embeddings", False):
+        return [PlanningContext(spec, profile, tps=t) for t in tp_assignments(spec)]
+    return [PlanningContext(spec, profile, tp=t) for t in tp_options(spec)]
+
+
 class PlanningContext:
     """profile: measured per-unit times (geotrain.cost.profile) replacing the FLOP estimate;
     tp: the tensor-parallel degree of the layouts this context prices (default: the job's, 1

@@ -26,7 +26,7 @@ from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.config.load import Spec
 from geotrain.cost.activations import SELECTIVE
 from geotrain.plan.candidate import Candidate
-from geotrain.plan.context import PlanningContext, tp_assignments
+from geotrain.plan.context import PlanningContext, planning_contexts
 from geotrain.plan.estimate import held
 from geotrain.plan.layouts import MICRO_BATCHES, Layout, schedule_kinds
 from geotrain.plan.placement import chains, iter_dp
@@ -78,8 +78,7 @@ def all_layouts(ctx: PlanningContext) -> Iterator[Layout]:
 def all_plans(spec: Spec, limit: int = DEFAULT_LIMIT) -> list[Plan]:
     """Every plan the job allows that fits in memory (see the module docstring), named exhaustive-i."""
     out: list[Plan] = []
-    for tps in tp_assignments(spec):
-        ctx = PlanningContext(spec, tps=tps)
+    for ctx in planning_contexts(spec):
         _plans_of(ctx, out, limit)
     return out
 

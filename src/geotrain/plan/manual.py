@@ -33,9 +33,9 @@ def plan_from_job(spec: Spec, schedule: str | None = None, virtual_per_stage: in
     fit=False: when nothing fits in memory, the placement of the layout with the lowest bound
     anyway, with the job's first checkpointing/sharding choices (what `estimate` reports on)."""
     kind = schedule or ("interleaved" if virtual_per_stage > 1 else None)
-    # tp = "auto": every tp, one scan; no region layouts and one tp for all stages, which is what the
-    # runtime trains today (trainer.resolve refuses the others)
-    groups = tp_groups(spec, regions=False, mixed_tp=False, kinds=(kind,) if kind else None)
+    # tp = "auto": every tp (per kind of DC), one scan; no region layouts (so `simulate`/`train` of a bare
+    # spec keep each stage's replicas in its DC)
+    groups = tp_groups(spec, regions=False, kinds=(kind,) if kind else None)
     ctx, scorer, layouts = groups[0]
     problem = pin_problem(ctx)
     if problem:

@@ -13,7 +13,7 @@ import time
 
 from geotrain.config.load import Spec
 from geotrain.plan.candidate import Candidate
-from geotrain.plan.context import PlanningContext, tp_assignments, tp_options
+from geotrain.plan.context import PlanningContext, planning_contexts
 from geotrain.plan.layouts import Layout, enumerate_layouts, layout_bound, schedule_kinds
 from geotrain.plan.regions import region_layouts
 from geotrain.plan.scorer import Scorer
@@ -28,12 +28,11 @@ def tp_groups(spec: Spec, profile: dict | None = None, regions: bool = True, mix
     An assignment under which no sharding the job allows runs is left out when the job leaves
     tp open (a pinned one is reported by pins.pin_problem). `regions`: with the region layouts
     (DP across the DCs of a region, plan/regions.py) the cluster allows. mixed_tp=False: one tp
-    for every stage (context.tp_options), for what the runtime trains today."""
-    tps = tp_assignments(spec) if mixed_tp else tp_options(spec)
+    for every stage (context.planning_contexts)."""
+    ctxs = planning_contexts(spec, profile, mixed_tp)
     out = []
-    for t in tps:
-        ctx = PlanningContext(spec, profile, tps=t) if mixed_tp else PlanningContext(spec, profile, tp=t)
-        if len(tps) > 1 and not ctx.sharding_options():
+    for ctx in ctxs:
+        if len(ctxs) > 1 and not ctx.sharding_options():
             continue
         layouts = enumerate_layouts(ctx)
         if regions:
