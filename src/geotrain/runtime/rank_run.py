@@ -19,19 +19,18 @@ import json
 import os
 import sys
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from tqdm import tqdm
 
 from geotrain.errors import GeotrainError
 from geotrain.runtime.batches import make_source
 from geotrain.runtime.checkpoint import Checkpointer
+from geotrain.runtime.meshes import stage_mesh, tp_code
 from geotrain.runtime.parallelize import autocast_context, optimizer_param_groups, precision_dtype
 from geotrain.runtime.recorder import Recorder
 from geotrain.runtime.scaler import GlobalLossScaler, _local
@@ -84,31 +83,6 @@ def report_rank(plan) -> int:
     return plan.rank(plan.pp - 1, 0, 0)
 
 
-def _tp_code(plan) -> int:
-    """The tp a checkpoint's layout records (pp, dp, tp: three numbers in every checkpoint): the
-    plan's, or for stages of different tp a negative code of them (never a plain tp), so a resume
-    maps per-rank RNG states back only onto the same per-stage tps."""
-    if not plan.mixed_tp:
-        return plan.tp
-    return -(zlib.crc32(",".join(map(str, plan.stage_tps)).encode()) + 1)
-
-
-def stage_mesh(device_type: str, plan, stage: int) -> DeviceMesh:
-    """This rank's device mesh, whose "dp" and "tp" slices FSDP2 and TP use (they must be slices of
-    one mesh to compose). One tp: one (pp, dp, tp) mesh holding the plan's rank table (stage-major,
-    or a region plan's pipeline-major numbering), so its "dp" slices are each stage's replicas
-    whatever the numbering. Stages of different tp: one (dp, tp_s) mesh per stage over that
-    stage's ranks. Creating a mesh creates its process groups, which every rank must join (also
-    for a mesh it is not in: DeviceMesh then holds no coordinate for it), so every rank builds
-    every stage's mesh, in stage order, and keeps its own."""
-    if not plan.mixed_tp:
-        return DeviceMesh(device_type, torch.tensor(plan.rank_table, dtype=torch.int64),
-                          mesh_dim_names=("pp", "dp", "tp"))
-    meshes = [DeviceMesh(device_type, torch.tensor(plan.rank_table[s], dtype=torch.int64),
-                         mesh_dim_names=("dp", "tp")) for s in range(plan.pp)]
-    return meshes[stage]
-
-
 class RankRun:
     """The state of one rank's run; see the module docstring."""
 
@@ -148,7 +122,7 @@ class RankRun:
         self.recorder = Recorder(self.rank, self._common_clock(), enabled=cfg.trace,
                                  sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         self.ckpt = Checkpointer(self.out / "checkpoints", self.stage, self.replica, self.chunks, self.optimizer,
-                                 self.scaler, layout=(plan.pp, plan.dp, _tp_code(plan)))
+                                 self.scaler, layout=(plan.pp, plan.dp, tp_code(plan)))
         self.inject_inf = _parse_hook("GEOTRAIN_INJECT_INF") | {tuple(x) for x in cfg.inject_inf}
         self.fail_at = _parse_hook("GEOTRAIN_FAIL_AT") | {tuple(x) for x in cfg.fail_at}
         self.tokens_per_step = plan.global_batch * spec.model.seq_len

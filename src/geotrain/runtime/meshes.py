@@ -1,0 +1,33 @@
+"""The device mesh a rank trains on, and how a checkpoint names its tensor-parallel layout."""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+
+def tp_code(plan) -> int:
+    """The tp a checkpoint's layout records (pp, dp, tp: three numbers in every checkpoint): the
+    plan's, or for stages of different tp a negative code of them (never a plain tp), so a resume
+    maps per-rank RNG states back only onto the same per-stage tps."""
+    if not plan.mixed_tp:
+        return plan.tp
+    return -(zlib.crc32(",".join(map(str, plan.stage_tps)).encode()) + 1)
+
+
+def stage_mesh(device_type: str, plan, stage: int) -> DeviceMesh:
+    """This rank's device mesh, whose "dp" and "tp" slices FSDP2 and TP use (they must be slices of
+    one mesh to compose). One tp: one (pp, dp, tp) mesh holding the plan's rank table (stage-major,
+    or a region plan's pipeline-major numbering), so its "dp" slices are each stage's replicas
+    whatever the numbering. Stages of different tp: one (dp, tp_s) mesh per stage over that
+    stage's ranks. Creating a mesh creates its process groups, which every rank must join (also
+    for a mesh it is not in: DeviceMesh then holds no coordinate for it), so every rank builds
+    every stage's mesh, in stage order, and keeps its own."""
+    if not plan.mixed_tp:
+        return DeviceMesh(device_type, torch.tensor(plan.rank_table, dtype=torch.int64),
+                          mesh_dim_names=("pp", "dp", "tp"))
+    meshes = [DeviceMesh(device_type, torch.tensor(plan.rank_table[s], dtype=torch.int64),
+                         mesh_dim_names=("dp", "tp")) for s in range(plan.pp)]
+    return meshes[stage]
