@@ -2,8 +2,8 @@
 model: one launch of 3 local ranks (CPU, gloo, the built-in launcher) runs the tiny model as
 pp=2 x dp=1 at tp 2/1 and at tp 1/2 back to back -- each stage its own (dp, tp) mesh, boundary
 tensors from TP index t' mod the sender's tp -- and each case's per-step losses must match a
-single-process reference on the same batches (relative 1e-5), as tp 1/1 does. The run is then
-resumed from its checkpoint at tp 1/1 (DCP reshards the TP-split weights) and exported."""
+single-process reference on the same batches (relative 1e-5), as tp 1/1 does. The tp 2/1 run is
+then resumed from its checkpoint at tp 1/2 (DCP reshards the TP-split weights) and both are exported."""
 
 from __future__ import annotations
 
@@ -44,11 +44,12 @@ def launched(tmp_path_factory) -> Path:
     cases = [RunConfig(spec=str(SPEC), out=str(tmp / name), plan=_plan(tps).to_dict(), steps=STEPS,
                        data="synthetic", progress=False, trace=False, checkpoint_every=STEPS)
              for name, tps in (("tp2-1", (2, 1)), ("tp1-2", (1, 2)))]
+    # ... and one more step at tp 1/2 from the tp 2/1 run's checkpoint (both stages' TP-split weights
+    # resharded), in the same launch: the cases run back to back
+    cases.append(RunConfig(spec=str(SPEC), out=str(tmp / "resumed"), plan=_plan((1, 2)).to_dict(), steps=STEPS + 1,
+                           data="synthetic", progress=False, trace=False, checkpoint_every=0,
+                           resume_from=str(tmp / "tp2-1")))
     launch(cases, 3, tmp / "launch", timeout_s=120)
-    # ... and one more step at tp 1/1 from the tp 2/1 run's checkpoint (TP-split weights resharded)
-    launch([RunConfig(spec=str(SPEC), out=str(tmp / "resumed"), plan=_plan((1, 1)).to_dict(), steps=STEPS + 1,
-                      data="synthetic", progress=False, trace=False, checkpoint_every=0,
-                      resume_from=str(tmp / "tp2-1"))], 2, tmp / "launch2", timeout_s=120)
     return tmp
 
 
