@@ -158,7 +158,7 @@ def calibration_run(spec, profile: dict, steps: int = 8, warmup: int = 2,
     factors.update(allreduce_factors(pred_events, measured.events))
     info = {"plan": f"pp=2 x dp={plan.dp} 1f1b {plan.sharding}", "num_microbatches": plan.num_microbatches,
             "background_runnable": background, "steps": steps, "warmup": warmup, "wan_mode": mode,
-            "rank_slowdown": slow}
+            "rank_slowdown": slow, "background_sessions": cond.get("background_sessions")}
     # What a WAN message and the global loss/overflow all-reduce cost, read off the trace
     # (messages.py says why not a fit on the iteration time).
     measured_it = compute_metrics(measured, 1).iteration_time
