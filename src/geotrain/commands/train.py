@@ -207,6 +207,7 @@ def _check_headroom(spec, plan, ref: str) -> None:
 def run(args: argparse.Namespace) -> int:
     # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.orchestrate.predict import write_prediction
+    from geotrain.plan.wan_bytes import predicted_link_bytes
     from geotrain.runtime.trainer import resolve
 
     cfg = _config(args)
@@ -328,6 +329,9 @@ def run(args: argparse.Namespace) -> int:
     if crossed and not args.no_progress:     # kernel emulation: what the run put on the emulated WAN
         print("WAN bytes (emulated links, whole run, the process group's collectives included): "
               + sent_received(crossed), flush=True)
+        steps = cfg.steps or spec.job.steps
+        print(f"WAN bytes predicted (plan.wan_bytes, {steps} iterations): "
+              + sent_received(predicted_link_bytes(spec, last["plan"], steps)), flush=True)
     write_prediction(spec, last["plan"], Path(cfg.out), profile, last["wan"].mode,
                      iterations=_predicted_iterations(cfg, spec))
     return 0

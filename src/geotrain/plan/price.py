@@ -3,46 +3,28 @@ egress_usd_per_gb.
 
 Per hour, per iteration and per million tokens; None where a DC the plan uses has no GPU price
 (a link without an egress price costs nothing to cross). Egress is per byte sent over a link,
-either way, counted from the plan: a pipeline boundary between DCs carries each micro-batch's
-activation forward and its gradient back, for every DP pipeline; a region plan's gradient
-sync sends, per reduce-scatter/all-gather half, (k-1)/k of each stage's gradient over each hop
-of the ring through its k DCs (the volume cost.comm.cross_dc_sync_time prices in time).
+either way, counted by plan.wan_bytes (the one definition: pipeline activations and gradients,
+a region plan's DP sync with every reduce-scatter and all-gather its sharding runs, the tied
+embedding's gradient sum) -- the same bytes `plan`/`simulate` print.
 """
 
 from __future__ import annotations
 
 from geotrain.config.cluster import Cluster
 from geotrain.config.load import Spec
-from geotrain.cost import CostModel
-from geotrain.cost.comm import HALVES_PER_ITERATION
 from geotrain.plan.plan import Plan
+from geotrain.plan.wan_bytes import wan_bytes_per_direction
 
 OBJECTIVES = ("throughput", "cost", "cost-per-token")
 
 
 def wan_bytes_per_link(spec: Spec, plan: Plan) -> dict[tuple[str, str], float]:
-    """Bytes per iteration over each WAN link the plan uses (key: the two DCs, sorted)."""
-    cost = CostModel(spec.model, precision=plan.precision, checkpointing="none", optimizer=spec.job.optimizer)
+    """Bytes per iteration over each WAN link the plan uses, both directions (key: the two DCs,
+    sorted), from the one definition (plan.wan_bytes: pipeline, DP sync, tied embedding sum)."""
     out: dict[tuple[str, str], float] = {}
-
-    def add(a: str, b: str, nbytes: float) -> None:
-        if a != b:
-            key = (min(a, b), max(a, b))
-            out[key] = out.get(key, 0.0) + nbytes
-
-    pp, nv = plan.pp, plan.pp * plan.virtual_per_stage
-    per_copy = plan.dp * plan.num_microbatches * cost.boundary_bytes(plan.micro_batch)
-    for v in range(nv - 1):   # virtual stage v hands over to v + 1 (activation forward, gradient back),
-        # one copy to each receiving TP rank (sim/program.py): tp of v + 1 forward, tp of v back
-        a, b = v % pp, (v + 1) % pp
-        add(plan.stages[a].dc, plan.stages[b].dc, per_copy * (plan.stage_tp(a) + plan.stage_tp(b)))
-    if plan.replica_dcs:
-        ring = [d for d, _ in plan.replicas_per_dc()]
-        k = len(ring)
-        halves = HALVES_PER_ITERATION["zero3" if plan.sharding == "fsdp" else plan.sharding]
-        grads = sum(cost.grad_bytes(st.units) for st in plan.stages)   # every tp slice
-        for i in range(k):
-            add(ring[i], ring[(i + 1) % k], halves * (k - 1) / k * grads)
+    for (a, b), nbytes in wan_bytes_per_direction(spec, plan).items():
+        key = (min(a, b), max(a, b))
+        out[key] = out.get(key, 0.0) + nbytes
     return out
 
 

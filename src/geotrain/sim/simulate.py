@@ -9,6 +9,7 @@ from geotrain.cost import CostModel, comm
 from geotrain.errors import GeotrainError
 from geotrain.plan.peaks import stage_peaks
 from geotrain.plan.plan import Plan
+from geotrain.plan.wan_bytes import collective_bytes
 from geotrain.schedule.actions import Schedule
 from geotrain.schedule.builders import schedule_for_plan
 from geotrain.sim.cores import CorePool
@@ -16,7 +17,7 @@ from geotrain.sim.engine import run_engine
 from geotrain.sim.program import compile_program
 from geotrain.sim.symmetry import replicas_alike, run_one_replica
 from geotrain.sim.trace import SimTrace
-from geotrain.trace.metrics import KIND_CODE, Metrics, compute_metrics
+from geotrain.trace.metrics import KIND_CODE, WAN_COLLECTIVE_BYTES, Metrics, compute_metrics
 from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
 
 _TRAINING_CODES = frozenset(KIND_CODE[k] for k in TRAINING_COMPUTE_KINDS)
@@ -212,5 +213,9 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
         allreduce[0] += tied
         allreduce[-1] += tied
     tokens = plan.global_batch * spec.model.seq_len
-    return simulate_costs(plan, cluster, stage_costs, allreduce, optimizer, tokens, iterations=iterations,
-                          schedule=sched, progress=progress, peak_memory=peak_memory)
+    res = simulate_costs(plan, cluster, stage_costs, allreduce, optimizer, tokens, iterations=iterations,
+                         schedule=sched, progress=progress, peak_memory=peak_memory)
+    # The trace moves no bytes for the collectives: their WAN bytes come from the one definition
+    # (plan.wan_bytes), which trace.metrics adds to the transfers' bytes.
+    res.trace.meta[WAN_COLLECTIVE_BYTES] = sum(collective_bytes(spec, plan).values())
+    return res

@@ -20,7 +20,10 @@ Definitions (all per iteration, averaged over the iterations in the trace):
     simulator: meta["links"][name]["capacity_Bps"]): bytes carried / (capacity x span); for other
     links (intra-DC, or a measured trace without capacities): the fraction of the span with at
     least one transfer in flight. span = first window start to last window end;
-  * wan_bytes: bytes of transfers on WAN links (names "A->B") per iteration.
+  * wan_bytes: bytes of transfers on WAN links (names "A->B") per iteration, plus the bytes
+    the trace's meta gives for collectives that cross DCs without transfer events of their own
+    (meta[WAN_COLLECTIVE_BYTES], per iteration: a simulated region plan's DP sync, the tied
+    embedding sum -- plan.wan_bytes, the definition the egress price uses too).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from geotrain.trace.schema import TRAINING_COMPUTE_KINDS, Event, Trace
 KINDS: tuple[str, ...] = ("forward", "backward", "backward_input", "backward_weight", "optimizer", "prefill",
                           "allreduce", "recv_wait", "transfer")
 KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(KINDS)}
+WAN_COLLECTIVE_BYTES = "wan_collective_bytes_per_iteration"   # trace meta key, see wan_bytes above
 
 
 @dataclass
@@ -247,7 +251,7 @@ def compute_metrics(trace: Trace, tokens_per_iteration: int, peak_memory: dict[i
         mean_utilization=float(np.mean(list(busy.values()))) if busy else 0.0,
         bubbles=bubbles,
         link_utilization=link_util,
-        wan_bytes=wan_bytes // n_it,
+        wan_bytes=wan_bytes // n_it + int(trace.meta.get(WAN_COLLECTIVE_BYTES, 0)),
         peak_memory=dict(peak_memory or {}),
         iterations=n_it,
         bubble_fraction=bubble_time / (num_ranks * denom) if num_ranks else 0.0,

@@ -1,0 +1,81 @@
+"""The WAN bytes a plan moves per iteration (plan.wan_bytes), one definition for the egress price,
+`plan`/`simulate`'s printed WAN bytes and the report: a region plan's DP sync crosses the WAN
+(every reduce-scatter and all-gather its sharding runs), and the printed number is the formula's.
+The check against the emulated links' counters is tests/test_region_train.py's (it reuses that
+file's region run)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from geotrain.config.load import load_spec
+from geotrain.console import human_bytes
+from geotrain.cost import CostModel
+from geotrain.plan.manual import plan_from_job
+from geotrain.plan.plan import StagePlan, save_plan
+from geotrain.plan.price import wan_bytes_per_link
+from geotrain.plan.wan_bytes import gathers_per_iteration, pipeline_bytes, wan_bytes_per_direction
+from geotrain.sim import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "tiny_2dc.toml"
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
+def _region(sharding: str):
+    spec = load_spec(SPEC)
+    base = plan_from_job(spec)
+    plan = base.with_(stages=tuple(StagePlan(dc="east", chunks=st.chunks) for st in base.stages),
+                      replica_dcs=("east", "west"), links=(), name="tiny-region", sharding=sharding)
+    return spec, plan
+
+
+def _by_hand(spec, plan, halves_of_stage) -> float:
+    """Per direction: a two-DC ring sends half of each collective's bytes each way."""
+    cost = CostModel(spec.model, precision="bf16")
+    return sum(0.5 * halves_of_stage(cost, st.units) for st in plan.stages)
+
+
+def test_zero3_gathers_once_per_forward_after_a_reshard_and_per_backward_after_a_forward():
+    _, plan = _region("zero3")
+    assert plan.schedule == "1f1b" and plan.num_microbatches == 4
+    # stage 0: F0 F1 B0 F2 B1 F3 B2 B3 -> F0, F1, B0, B1, B2 gather; stage 1: F0 B0 F1 B1 ... -> F0 + 4 B's
+    assert [gathers_per_iteration(plan, v) for v in range(2)] == [5, 5]
+    assert gathers_per_iteration(plan.with_(sharding="zero2"), 0) == 1
+
+
+@pytest.mark.parametrize("sharding", ["replicate", "zero3"])
+def test_a_region_plans_dp_sync_is_its_wan_bytes(sharding):
+    spec, plan = _region(sharding)
+    assert pipeline_bytes(spec, plan) == {}          # each pipeline inside one DC
+    if sharding == "replicate":   # an all-reduce of the bf16 gradients: reduce-scatter + all-gather
+        want = _by_hand(spec, plan, lambda c, u: 2 * c.grad_bytes(u))
+    else:                         # reduce-scatter + 5 bf16 gathers of the weights
+        want = _by_hand(spec, plan, lambda c, u: c.grad_bytes(u) + 5 * 2 * c.stage_params(u))
+    assert wan_bytes_per_direction(spec, plan) == {("east", "west"): want, ("west", "east"): want}
+    assert wan_bytes_per_link(spec, plan) == {("east", "west"): 2 * want}     # what egress prices
+    assert simulate(spec, plan).metrics.wan_bytes == int(2 * want) > 0          # what plan/simulate print
+
+
+def test_a_pipeline_plans_simulated_transfers_are_its_wan_bytes():
+    spec = load_spec(SPEC)
+    plan = plan_from_job(spec)
+    assert sum(wan_bytes_per_link(spec, plan).values()) == simulate(spec, plan).metrics.wan_bytes > 0
+
+
+def test_simulate_prints_a_region_plans_wan_bytes(tmp_path):
+    spec, plan = _region("zero3")
+    save_plan(tmp_path / "region.json", plan, spec=spec)
+    r = subprocess.run([sys.executable, "-m", "geotrain.cli", "simulate", str(tmp_path / "region.json"),
+                        "--out", str(tmp_path / "sim"), "--no-compare", "--no-progress"],
+                       env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    shown = re.search(r"WAN bytes / iteration\s*\|?\s*([\d.]+ \w+)", r.stdout)
+    assert shown, r.stdout
+    assert shown.group(1) == human_bytes(sum(wan_bytes_per_link(spec, plan).values())) != "0 B"
