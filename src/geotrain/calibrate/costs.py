@@ -62,10 +62,11 @@ import numpy as np
 from geotrain.calibrate.profile import cost_profile
 from geotrain.calibrate.waits import ack_delays, global_sync_s
 from geotrain.cost import CostModel
+from geotrain.plan.wan_bytes import collective_bytes
 from geotrain.schedule.actions import Op
 from geotrain.sim import StageCost, simulate_costs
 from geotrain.sim.simulate import plan_schedule
-from geotrain.trace.metrics import trace_columns
+from geotrain.trace.metrics import WAN_COLLECTIVE_BYTES, trace_columns
 from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
 
 CONTENTION_ROUNDS = 3
@@ -377,6 +378,7 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
             break
         conc = compute_concurrency(res, plan)
         factors = [residual * slowdown(k, bg, ncores) for k in conc]
+    res.trace.meta[WAN_COLLECTIVE_BYTES] = sum(collective_bytes(spec, plan).values())   # as sim.simulate does
     return res, {"contention_factors": factors, "contention_measured": measured, "background_runnable": bg,
                  "core_pool": pool,
                  "compute_concurrency": compute_concurrency(res, plan), "allreduce_s": inp.allreduce,

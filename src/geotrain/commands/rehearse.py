@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from geotrain.errors import GeotrainError
     from geotrain.orchestrate.rehearse import losses_of, median_step_s, run_rehearsal
     from geotrain.plan.plan import save_plan
+    from geotrain.plan.wan_bytes import predicted_link_bytes
 
     if args.serve_prefill is not None:
         raise GeotrainError("--serve-prefill is not available under rehearse: each host runs torchrun, and "
@@ -148,5 +149,7 @@ def run(args: argparse.Namespace) -> int:
     if result.link_bytes:
         print("WAN bytes (emulated links, whole run, the process group's collectives included): "
               + sent_received(result.link_bytes))
+        print(f"WAN bytes predicted (plan.wan_bytes, {len(losses)} iterations): "
+              + sent_received(predicted_link_bytes(spec, plan, len(losses))))
     (out / "rehearse.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0 if same else 1

@@ -26,7 +26,7 @@ from geotrain.report.html import write_html
 from geotrain.report.timeline import draw_timeline, draw_timelines
 from geotrain.trace.chrome import write_chrome
 from geotrain.trace.layout import num_ranks, plan_of, rank_layout
-from geotrain.trace.metrics import Metrics, compute_metrics
+from geotrain.trace.metrics import LINK_COUNTERS_NAME, Metrics, compute_metrics
 from geotrain.trace.schema import Trace
 
 PREDICTED_NAMES = ("predicted_trace.jsonl", "trace.jsonl")
@@ -184,6 +184,10 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
     # Compared in steady state: the first measured iterations are left out (compare.steady_state).
     measured_metrics = _metrics(steady_state(measured), tokens, run_measured or None, str(measured_path)) \
         if measured is not None else None
+    counted = _link_counters(d)
+    if measured_metrics is not None and counted is not None:   # per iteration of the whole run
+        steps = max(1, len({e.iteration for e in measured.events}))
+        measured_metrics = replace(measured_metrics, wan_bytes=int(counted / steps))
     schedules = [ScheduleRow(**r) for r in doc.get("schedule_comparison") or []] or None
 
     if measured_path is not None:
@@ -194,6 +198,18 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
                          notes=[f"rebuilt from {d}"] + ([f"measured trace: {measured_path.name}"] if measured else [])
                          + _replan_notes(d), losses_png=d / "losses.png" if (d / "elastic.jsonl").exists() else None)
     return (files, metrics, measured, main) if with_trace else (files, metrics, measured)
+
+
+def _link_counters(d: Path) -> float | None:
+    """Bytes the emulated WAN links counted over the whole run (RUN_DIR/wan_bytes.json, each DC's
+    "out"), or None without that file. The runtime records no events for its collectives, so
+    these counters -- every byte that crossed, the setup's few KB included -- are the measured
+    WAN bytes beside the prediction (plan.wan_bytes); a bad file is ignored, not fatal."""
+    try:
+        per_dc = json.loads((d / LINK_COUNTERS_NAME).read_text())
+        return float(sum(float(v["out"]) for v in per_dc.values()))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def _replan_notes(d: Path) -> list[str]:

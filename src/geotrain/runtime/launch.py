@@ -34,9 +34,10 @@ from geotrain.runtime.rank_run import report_rank
 from geotrain.runtime.runfile import write_run_config
 from geotrain.runtime.trainer import RunConfig, resolve
 from geotrain.runtime.wan import open_wan
+from geotrain.trace.metrics import LINK_COUNTERS_NAME
 from geotrain.wan.auth import SECRET_ENV, new_secret, write_secret_file
 
-WAN_BYTES_NAME = "wan_bytes.json"   # per DC, bytes it sent ("out") and received ("in") over the emulated WAN
+WAN_BYTES_NAME = LINK_COUNTERS_NAME   # per DC, bytes it sent ("out") and received ("in") over the emulated WAN
 MAX_LOCAL_RANKS = 64  # override with GEOTRAIN_MAX_LOCAL_RANKS on a big single host
 
 
