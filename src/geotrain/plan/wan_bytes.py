@@ -34,7 +34,8 @@ from geotrain.schedule.builders import schedule_for_plan
 Direction = tuple[str, str]   # (sending DC, receiving DC)
 
 MEASURED = """Per iteration, per direction (4-step minus 2-step run, machine under load from other work;
-`python /tmp/measure.py` driving `geotrain train PLAN --wan kernel --data synthetic --steps N`):
+`geotrain train PLAN --wan kernel --data synthetic --steps N` on tests/test_region_train.py's
+region plan, its sharding set to each):
   replicate: measured 432.9-438.0 KB, here 429.2 KB (2 halves of 429 KB of bf16 gradients, half
     each way): 1.01-1.02x -- TCP/IP headers and ACKs of gloo's large messages; the setup (store,
     rendezvous, barriers) adds ~20 KB per run, not per iteration.
