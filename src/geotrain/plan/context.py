@@ -128,6 +128,7 @@ class PlanningContext:
         self._cost_cls = CostModel
         self._costs: dict[str, object] = {}
         self._tables: dict[tuple[str, int, str, int], UnitTable] = {}
+        self._dc_tables: dict[tuple[str, int, str], UnitTable] = {}
         self._memo: dict[tuple, float] = {}
         self._shapes: dict[tuple, tuple[int, int, int]] = {}
         self.memory_calls = 0
@@ -220,7 +221,13 @@ class PlanningContext:
         return t
 
     def dc_table(self, dc_name: str, micro_batch: int, checkpointing: str) -> UnitTable:
-        return self.table(self.dc(dc_name).gpu_type, micro_batch, checkpointing, self.tps[dc_name])
+        """`table` of the DC's GPU type at the DC's tp (memoised: the scorer asks per stage)."""
+        key = (dc_name, micro_batch, checkpointing)
+        t = self._dc_tables.get(key)
+        if t is None:
+            t = self._dc_tables[key] = self.table(self.dc(dc_name).gpu_type, micro_batch, checkpointing,
+                                                  self.tps[dc_name])
+        return t
 
     def shape(self, chunks: tuple[tuple[int, int], ...]) -> tuple[int, int, int]:
         """(has embedding, blocks, has head): all the cost model distinguishes between stages."""

@@ -86,6 +86,7 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
         copies = [max(a, b) for a, b in zip(tps, tps[1:])]   # each receiving TP rank takes a whole copy
         look = looks.setdefault(chain_signature(ctx, chain), len(looks))   # an int hashes fast
         gpus = [cluster.dc(d).gpus for d in chain]
+        groups = [g // t for g, t in zip(gpus, tps, strict=True)]   # TP groups each DC holds
         types = [cluster.dc(d).gpu_type for d in chain]
         mems = [cluster.gpu(t).memory_gib for t in types]
         if job.pp is not None and job.pp < len(chain):
@@ -103,10 +104,10 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
             nbytes = ctx.boundary_bytes(mb)
             caps_bw = [ctx.link(a, b).capacity_gbps * GBIT / c for (a, b), c in zip(zip(chain, chain[1:]), copies)]
             lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
-            for dp in iter_dp(gb, mb, min(g // t for g, t in zip(gpus, tps))):
+            for dp in iter_dp(gb, mb, min(groups)):
                 if job.dp is not None and dp != job.dp:
                     continue
-                caps = tuple(g // (dp * t) for g, t in zip(gpus, tps))
+                caps = tuple(n // dp for n in groups)   # = g // (dp * tp)
                 m = gb // (dp * mb)
                 if m > MAX_MICROBATCHES:        # more than a schedule holds (config.job)
                     continue
