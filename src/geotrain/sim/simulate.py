@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 from geotrain.config import Cluster
 from geotrain.cost import CostModel, comm
@@ -82,16 +83,15 @@ def _iteration_time(prog, res, iterations: int) -> float | None:
                 first[it] = slot
             if k == _OPTIMIZER_CODE:
                 opt.append((it, slot))
-        for u in range(s * dp, s * dp + dp):
-            st = res.start[u]
-            for it, slot in first.items():   # a unit's clock never goes back: its first compute starts first
-                if st[slot] < w0[it]:
-                    w0[it] = st[slot]
-            en = res.end[u] if res.end is not None else None
-            for it, slot in opt:
-                end = en[slot] if en is not None else st[slot] + p.dur[slot]
-                if end > w1[it]:
-                    w1[it] = end
+        starts = res.start[s * dp:s * dp + dp]
+        for it, slot in first.items():   # a unit's clock never goes back: its first compute starts first
+            w0[it] = min(w0[it], min(st[slot] for st in starts))
+        ends = res.end[s * dp:s * dp + dp] if res.end is not None else None
+        for it, slot in opt:
+            if ends is not None:
+                w1[it] = max(w1[it], max(en[slot] for en in ends))
+            else:
+                w1[it] = max(w1[it], max(st[slot] for st in starts) + p.dur[slot])
     if any(x == -float("inf") or y == float("inf") for x, y in zip(w1, w0)):
         return None
     return sum(b - a for a, b in zip(w0, w1)) / iterations
@@ -204,10 +204,7 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
         tp = plan.stage_tp(s)
         allreduce.append(_dp_sync(cost, cluster, plan, units, dc, tp) if plan.dp > 1 else 0.0)
         optimizer.append(cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp))
-        mem = peaks[s][0].total
-        for d in range(plan.dp):
-            for t in range(tp):
-                peak_memory[plan.rank(s, d, t)] = mem
+        peak_memory.update(dict.fromkeys(chain.from_iterable(plan.rank_table[s]), peaks[s][0].total))
     tied = tied_sum(cost, cluster, plan)
     if tied:   # the first and last stage sum their tied embedding copies' gradients before the step
         allreduce[0] += tied
