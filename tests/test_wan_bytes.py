@@ -61,6 +61,9 @@ def test_a_region_plans_dp_sync_is_its_wan_bytes(sharding):
     assert wan_bytes_per_direction(spec, plan) == {("east", "west"): want, ("west", "east"): want}
     assert wan_bytes_per_link(spec, plan) == {("east", "west"): 2 * want}     # what egress prices
     assert simulate(spec, plan).metrics.wan_bytes == int(2 * want) > 0          # what plan/simulate print
+    # gloo (a CPU run's ranks) runs the reduce-scatter as an all-reduce: one more half of the gradients
+    extra = 0 if sharding == "replicate" else _by_hand(spec, plan, lambda c, u: c.grad_bytes(u))
+    assert wan_bytes_per_direction(spec, plan, backend="gloo")[("east", "west")] == want + extra
 
 
 def test_a_pipeline_plans_simulated_transfers_are_its_wan_bytes():

@@ -149,7 +149,10 @@ def run(args: argparse.Namespace) -> int:
     if result.link_bytes:
         print("WAN bytes (emulated links, whole run, the process group's collectives included): "
               + sent_received(result.link_bytes))
-        print(f"WAN bytes predicted (plan.wan_bytes, {len(losses)} iterations): "
-              + sent_received(predicted_link_bytes(spec, plan, len(losses))))
+        import torch  # lazy, as above (the ranks run on this host: gloo without CUDA)
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        print(f"WAN bytes predicted (plan.wan_bytes, {len(losses)} iterations, {backend}): "
+              + sent_received(predicted_link_bytes(spec, plan, len(losses), backend)))
     (out / "rehearse.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0 if same else 1

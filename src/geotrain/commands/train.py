@@ -329,9 +329,11 @@ def run(args: argparse.Namespace) -> int:
     if crossed and not args.no_progress:     # kernel emulation: what the run put on the emulated WAN
         print("WAN bytes (emulated links, whole run, the process group's collectives included): "
               + sent_received(crossed), flush=True)
-        steps = cfg.steps or spec.job.steps
-        print(f"WAN bytes predicted (plan.wan_bytes, {steps} iterations): "
-              + sent_received(predicted_link_bytes(spec, last["plan"], steps)), flush=True)
+        import torch  # lazy, as above (already loaded by the runtime)
+
+        steps, backend = cfg.steps or spec.job.steps, "nccl" if torch.cuda.is_available() else "gloo"
+        print(f"WAN bytes predicted (plan.wan_bytes, {steps} iterations, {backend}): "
+              + sent_received(predicted_link_bytes(spec, last["plan"], steps, backend)), flush=True)
     write_prediction(spec, last["plan"], Path(cfg.out), profile, last["wan"].mode,
                      iterations=_predicted_iterations(cfg, spec))
     return 0

@@ -35,22 +35,23 @@ Direction = tuple[str, str]   # (sending DC, receiving DC)
 
 MEASURED = """Per iteration, per direction (4-step minus 2-step run, machine under load from other work;
 `geotrain train PLAN --wan kernel --data synthetic --steps N` on tests/test_region_train.py's
-region plan, its sharding set to each):
-  replicate: measured 432.9-438.0 KB, here 429.2 KB (2 halves of 429 KB of bf16 gradients, half
-    each way): 1.01-1.02x -- TCP/IP headers and ACKs of gloo's large messages; the setup (store,
-    rendezvous, barriers) adds ~20 KB per run, not per iteration.
-  zero3: measured 1535.7-1540.4 KB, here 1287.6 KB (a reduce-scatter and 5 gathers per stage under
-    1f1b with 4 micro-batches: 6 halves; the old count of 3 halves gave 643.8 KB, 2.4x under):
-    1.19x. The remaining ~250 KB is one more half (214.6 KB, x1.01) and ~30 KB: not explained
-    yet -- candidates are gloo running FSDP2's reduce_scatter_single as a whole all-reduce, or
-    a gather the state machine above misses; not counted until it is pinned down."""
+region plan, its sharding set to each; CPU ranks, so gloo):
+  replicate: measured 432.9-438.0 KB, here 429.2 KB (an all-reduce of 429 KB of bf16 gradients,
+    half of it each way per half): 1.01-1.02x -- TCP/IP headers and ACKs of gloo's large
+    messages; the setup (store, rendezvous, barriers) adds ~20 KB per run, not per iteration.
+  zero3: measured 1535.7-1540.4 KB, here 1502.1 KB with backend="gloo" (per stage gloo's
+    reduce-scatter, an all-reduce on the wire, and 5 gathers under 1f1b with 4 micro-batches: 7
+    halves): 1.02-1.03x, the same TCP/IP overhead. NCCL's ring reduce-scatter sends half that,
+    so the planner's count (backend="nccl", what a GPU cluster sends) is 1287.6 KB; the old count
+    of 3 halves gave 643.8 KB, 2.4x under. Not counted: the loss's 8-byte all-reduce per
+    iteration over the last stage's DP group (a region plan's crosses: a few packets)."""
 
 
-def predicted_link_bytes(spec: Spec, plan: Plan, iterations: int) -> dict[str, dict[str, int]]:
+def predicted_link_bytes(spec: Spec, plan: Plan, iterations: int, backend: str = "nccl") -> dict[str, dict[str, int]]:
     """Per DC, the bytes `iterations` iterations send ("out") and receive ("in") over the WAN --
     the shape of RUN_DIR/wan_bytes.json, to print beside what the emulated links counted."""
     out: dict[str, dict[str, int]] = {}
-    for (a, b), nbytes in wan_bytes_per_direction(spec, plan).items():
+    for (a, b), nbytes in wan_bytes_per_direction(spec, plan, backend).items():
         out.setdefault(a, {"out": 0, "in": 0})["out"] += int(nbytes * iterations)
         out.setdefault(b, {"out": 0, "in": 0})["in"] += int(nbytes * iterations)
     return out
@@ -98,12 +99,20 @@ def gathers_per_iteration(plan: Plan, virtual_stage: int) -> int:
     return count
 
 
-def sync_collectives(spec: Spec, plan: Plan) -> list[tuple[str, float]]:
+BACKENDS = ("nccl", "gloo")
+
+
+def sync_collectives(spec: Spec, plan: Plan, backend: str = "nccl") -> list[tuple[str, float]]:
     """(what, bytes of the whole stage summed over its TP slices) of each reduce-scatter and
     all-gather one DP group runs per iteration, for every stage and chunk. replicate/zero1: an
     all-reduce of the gradients (a reduce-scatter and an all-gather); zero2/zero3: FSDP2's
     reduce-scatter of the gradients (reduce dtype: the training dtype) and its parameter
-    gathers (param dtype: bf16 under bf16, else the fp32 weights)."""
+    gathers (param dtype: bf16 under bf16, else the fp32 weights). backend "gloo" (the ranks
+    of a CPU run): gloo's reduce_scatter_tensor is an all-reduce on the wire (a reduce-scatter
+    and an all-gather: 1.00x the tensor each way between two ranks, measured on loopback, where
+    a ring reduce-scatter sends 0.50x and all_gather_into_tensor does), so it counts twice."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown collective backend {backend!r} (known: {', '.join(BACKENDS)})")
     cost = _cost(spec, plan)
     out: list[tuple[str, float]] = []
     sharding = "zero3" if plan.sharding == "fsdp" else plan.sharding
@@ -115,20 +124,20 @@ def sync_collectives(spec: Spec, plan: Plan) -> list[tuple[str, float]]:
     param_bytes = 2 if plan.precision == "bf16" else 4
     for v, (a, b) in enumerate(plan.virtual_units()):
         units = range(a, b)
-        out.append(("reduce-scatter", cost.grad_bytes(units)))
+        out += [("reduce-scatter", cost.grad_bytes(units))] * (2 if backend == "gloo" else 1)
         gathers = gathers_per_iteration(plan.with_(sharding=sharding), v)
         out += [("all-gather", cost.stage_params(units) * param_bytes)] * gathers
     return out
 
 
-def collective_bytes(spec: Spec, plan: Plan) -> dict[Direction, float]:
+def collective_bytes(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Direction, float]:
     """The collectives' WAN bytes per iteration: a region plan's DP sync over the ring of its
     DCs, and the tied embedding's gradient sum where its first and last stage sit apart."""
     out: dict[Direction, float] = {}
     if plan.replica_dcs and plan.dp > 1:
         ring = [d for d, _ in plan.replicas_per_dc()]
         k = len(ring)
-        total = sum(nbytes for _, nbytes in sync_collectives(spec, plan))
+        total = sum(nbytes for _, nbytes in sync_collectives(spec, plan, backend))
         for i in range(k):
             _add(out, ring[i], ring[(i + 1) % k], (k - 1) / k * total)
     nbytes = _cost(spec, plan).tied_grad_bytes(plan.sharding, plan.dp)
@@ -141,9 +150,10 @@ def collective_bytes(spec: Spec, plan: Plan) -> dict[Direction, float]:
     return out
 
 
-def wan_bytes_per_direction(spec: Spec, plan: Plan) -> dict[Direction, float]:
-    """Every WAN byte the plan sends per iteration, per (from DC, to DC)."""
+def wan_bytes_per_direction(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Direction, float]:
+    """Every WAN byte the plan sends per iteration, per (from DC, to DC); backend: the DP
+    collectives' (nccl on GPUs, the planner's and the price's; gloo for a CPU run's ranks)."""
     out = pipeline_bytes(spec, plan)
-    for key, nbytes in collective_bytes(spec, plan).items():
+    for key, nbytes in collective_bytes(spec, plan, backend).items():
         _add(out, *key, nbytes)
     return out

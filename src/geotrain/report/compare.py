@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from geotrain.console import human_bytes, human_rate, human_seconds
 from geotrain.trace.layout import num_ranks
-from geotrain.trace.metrics import Metrics, compute_metrics
+from geotrain.trace.metrics import WAN_COLLECTIVE_BYTES, Metrics, compute_metrics
 from geotrain.trace.schema import Trace
 
 
@@ -55,7 +55,8 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
     the run the collectives' and transport's threads wait for cores too: on the demo's 4 ranks on
     2 cores the iteration time agreed within 2 % in steady state while busy fraction was 12 %
     over-predicted and bubble time 18 % under). WAN bytes depend on
-    neither, so a WAN-bytes error is never put down to them."""
+    neither, so a WAN-bytes error is never put down to them -- but a CPU run's collectives ran on
+    gloo, which sends more than the NCCL count the prediction carries (plan/wan_bytes.py)."""
     pmeta = predicted.meta if isinstance(predicted.meta, dict) else {}
     mmeta = measured.meta if isinstance(measured.meta, dict) else {}
     ranks, cores = measured.num_ranks, int(mmeta.get("cores") or 0)
@@ -72,6 +73,9 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
             note = (f"{ranks} ranks shared {cores} CPU cores: the simulator spreads that as an average slow-down "
                     "of compute; in the run it also lands in waits (gloo collectives, transport threads), so "
                     "busy vs idle time splits differently")
+        elif r.unit == "B" and mmeta.get("device") == "cpu" and pmeta.get(WAN_COLLECTIVE_BYTES):
+            note = ("CPU run: its collectives ran on gloo, whose reduce-scatter is an all-reduce on the wire; the "
+                    "prediction counts NCCL's (plan.wan_bytes, backend)")
         out.append(r._replace(note=note))
     return out
 
