@@ -82,3 +82,19 @@ def test_simulate_prints_a_region_plans_wan_bytes(tmp_path):
     shown = re.search(r"WAN bytes / iteration\s*\|?\s*([\d.]+ \w+)", r.stdout)
     assert shown, r.stdout
     assert shown.group(1) == human_bytes(sum(wan_bytes_per_link(spec, plan).values())) != "0 B"
+
+
+def test_a_tied_models_embedding_sum_crosses_between_its_first_and_last_dc():
+    """tiny_2dc tied: stage 0 in east, stage 1 in west; each DP replica's pair of copies sums its
+    fp32 gradient shard (zero3: 1/dp of the matrix) in a two-rank all-reduce: those bytes each way."""
+    import dataclasses
+
+    spec = load_spec(SPEC)
+    tied = dataclasses.replace(spec, model=spec.model.model_copy(update={"tie_embeddings": True}))
+    plan = plan_from_job(tied)
+    shard = CostModel(tied.model, precision="bf16").tied_grad_bytes(plan.sharding, plan.dp)
+    assert shard == tied.model.vocab * tied.model.hidden * 4 // plan.dp > 0
+    sum_each_way = plan.dp * shard
+    untied = wan_bytes_per_direction(spec, plan)
+    assert wan_bytes_per_direction(tied, plan) == {k: v + sum_each_way for k, v in untied.items()}
+    assert simulate(tied, plan).metrics.wan_bytes == sum(untied.values()) + 2 * sum_each_way
