@@ -82,6 +82,22 @@ def test_tp_matches_single_process(launched: Path, case) -> None:
 
 
 @pytest.mark.slow
+def test_tp_boundary_sends_one_slice_per_tp_rank(launched: Path) -> None:
+    """At an equal-tp boundary (east -> west, tp 2 both) each TP rank sends only its 1/tp slice of
+    the activation (and gradient) to the same TP index, which all-gathers them: every cross-DC
+    transfer is half a boundary tensor, and each of the 4 ranks sends one per micro-batch."""
+    from geotrain.trace.schema import Trace
+
+    spec = load_spec(SPEC).model
+    whole = MICRO_BATCH * spec.seq_len * spec.hidden * 4          # fp32
+    trace = Trace.read_jsonl(launched / "pp2-dp1-tp2-replicate" / "measured_trace.jsonl")
+    sent = [e for e in trace.events if e.kind == "transfer"]
+    assert sent and {e.bytes for e in sent} == {whole // 2}, {e.bytes for e in sent}
+    per_rank = {r: sum(e.bytes for e in sent if e.rank == r) for r in range(4)}
+    assert per_rank == {r: STEPS * 4 * whole // 2 for r in range(4)}, per_rank   # m=4 micro-batches a step
+
+
+@pytest.mark.slow
 def test_tp_shards_the_block_weights(launched: Path) -> None:
     """Each TP rank holds half of every block weight (and the embedding/head whole): TP really split them."""
     from geotrain.models.llama import build_units

@@ -67,6 +67,12 @@ class PipelineRank:
     # t' mod tp_sender (the same index where both stages run one tp): a rank of the narrower stage
     # feeds several of the wider one, one of the wider stage with t >= the narrower tp sends nothing.
     tp_rank: int = 0
+    # This stage's TP group (None at tp=1). Where a neighbour runs the same tp, a boundary tensor
+    # moves scattered: TP rank t sends only slice t (1/tp of the flattened tensor, the last slice
+    # zero-padded when tp does not divide it) to TP rank t there, which all-gathers the slices in
+    # this group (inside the node) to rebuild the whole tensor -- Megatron's scatter-gather; a copy,
+    # so bit-identical, with 1/tp of the bytes on the link. Mixed-tp boundaries send whole copies.
+    tp_group: dist.ProcessGroup | None = None
     dp_group: dist.ProcessGroup | None = None
     lookahead: int = RUNTIME_LOOKAHEAD
     boundary_dtype: torch.dtype = torch.float32
@@ -97,12 +103,35 @@ class PipelineRank:
         return [self.plan.rank(s, self.replica, t)
                 for t in range(self.tp_rank, self.plan.stage_tp(s), self.plan.stage_tp(self.stage))]
 
+    def _scattered(self, virtual_stage: int) -> bool:
+        """Whether the boundary with `virtual_stage`'s stage moves 1/tp slices (equal tp > 1)."""
+        tp = self.plan.stage_tp(self.stage)
+        return self.tp_group is not None and tp > 1 and self.plan.stage_tp(virtual_stage % self.plan.pp) == tp
+
+    def _slice_numel(self) -> int:
+        n = 1
+        for d in self.boundary_shape:
+            n *= d
+        tp = self.plan.stage_tp(self.stage)
+        return -(-n // tp)
+
+    def _gather(self, part: torch.Tensor) -> torch.Tensor:
+        """The whole boundary tensor from every TP rank's slice (all-gather in this stage's TP group)."""
+        tp = self.plan.stage_tp(self.stage)
+        full = torch.empty(tp * part.numel(), dtype=part.dtype, device=part.device)
+        dist.all_gather(list(full.chunk(tp)), part, group=self.tp_group)
+        n = 1
+        for d in self.boundary_shape:
+            n *= d
+        return full[:n].view(self.boundary_shape)
+
     def _tag(self, kind: int, src_virtual: int, mb: int) -> int:
         return make_tag(kind, src_virtual, mb, self.num_virtual, self.schedule.num_microbatches)
 
     def _post_recv(self, i: int) -> None:
         a = self.actions[i]
-        buf = torch.empty(self.boundary_shape, dtype=self.boundary_dtype, device=self.device)
+        shape = (self._slice_numel(),) if self._scattered(a.peer) else self.boundary_shape
+        buf = torch.empty(shape, dtype=self.boundary_dtype, device=self.device)
         kind = ACT if a.op == Op.RECV_ACT else GRAD
         self._posted[i] = (buf, self.transport.recv(buf, self.rank_of(a.peer), self._tag(kind, a.peer, a.mb)))
 
@@ -126,6 +155,10 @@ class PipelineRank:
         if not dsts:
             return   # the receiving stage is narrower: its ranks take this tensor from a lower TP index
         t = tensor.detach().to(self.boundary_dtype).contiguous()
+        if self._scattered(a.peer):          # this TP rank's slice only (dsts is the same TP index)
+            k, flat = self._slice_numel(), t.reshape(-1)
+            flat = F.pad(flat, (0, k * self.plan.stage_tp(self.stage) - flat.numel()))
+            t = flat[self.tp_rank * k:(self.tp_rank + 1) * k].contiguous()
         src_dc, dst_dc = self.plan.dc_of(self.stage, self.replica), self.plan.dc_of(a.peer % self.plan.pp, self.replica)
         link = f"{src_dc}->{dst_dc}" if src_dc != dst_dc else ""
         for dst in dsts:
@@ -159,6 +192,8 @@ class PipelineRank:
                     work.wait()
                 rec.add("recv_wait", t0, rec.now(), stage=v, mb=mb, nbytes=buf.numel() * buf.element_size(),
                         peer=self.rank_of(a.peer))
+                if self._scattered(a.peer):
+                    buf = self._gather(buf)
                 (self._acts if op == Op.RECV_ACT else self._grads)[(v, mb)] = buf
             elif op == Op.FORWARD:
                 t0 = rec.now()

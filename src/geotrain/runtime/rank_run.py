@@ -173,7 +173,9 @@ class RankRun:
         spec, plan = self.spec, self.plan
         transport = build_transport(self.cfg.wan, spec, plan, self.schedule, self.rank, recorder=self.recorder)
         runner = PipelineRank(plan=plan, schedule=self.schedule, stage=self.stage, replica=self.replica,
-                              tp_rank=self.tp_rank, chunks=self.chunks, transport=transport, recorder=self.recorder,
+                              tp_rank=self.tp_rank,
+                              tp_group=self.mesh["tp"].get_group() if plan.stage_tp(self.stage) > 1 else None,
+                              chunks=self.chunks, transport=transport, recorder=self.recorder,
                               autocast=autocast_context(plan.precision, self.device),
                               boundary_shape=(plan.micro_batch, spec.model.seq_len, spec.model.hidden),
                               boundary_dtype=precision_dtype(plan.precision), device=self.device,
