@@ -1,7 +1,7 @@
 """Stages of one plan at different tensor-parallel degrees (StagePlan.tp): the plan file, the rank
 numbering, the checks that refuse an impossible tp in one line, and the simulator's costs at each
-stage's own tp -- compute, memory, the TP all-reduces and the boundary copies (one whole tensor to
-each receiving TP rank, sim/program.py)."""
+stage's own tp -- compute, memory, the TP all-reduces and the boundary bytes (one whole tensor to
+each receiving TP rank where the tps differ, one tensor in 1/tp slices where equal, sim/program.py)."""
 
 from __future__ import annotations
 
@@ -129,3 +129,32 @@ def test_tied_models_are_planned_at_one_tp(tmp_path: Path) -> None:
     assert tied.model.tie_embeddings and not plan_from_job(tied).mixed_tp
     assert all(ctx.uniform_tp for ctx in planning_contexts(tied))
     assert not all(ctx.uniform_tp for ctx in planning_contexts(spec))
+
+
+def test_equal_tp_boundary_moves_one_copy_then_gathers() -> None:
+    """tp 2 on both sides: the boundary moves 1/tp slices (runtime/pipeline.py), so the WAN carries
+    one tensor per micro-batch and direction, not one per receiving TP rank; the receiver's TP
+    all-gather is priced after each receive; the planner's boundary estimate counts the same bytes."""
+    from geotrain.cost.comm import ring_half
+    from geotrain.plan.context import PlanningContext
+    from geotrain.plan.scorer import Scorer, plan_layout
+
+    spec = load_spec(SPEC)
+    cost = CostModel(spec.model, precision="fp32", checkpointing="none", optimizer=spec.job.optimizer)
+    res = simulate(spec, _plan((2, 2), dp=2), cost=cost)
+    one = cost.boundary_bytes(2)
+    assert res.metrics.wan_bytes == 2 * 4 * one * 2        # dp 2 x m 4 x one copy x both directions
+    assert wan_bytes_per_link(spec, res.plan) == {("east", "west"): 2 * 4 * one * 2}
+    west = spec.cluster.dc("west")
+    gather = ring_half(one, 2, west.intra_node_gbps * 1e9 / 8, west.intra_dc_latency_us * 1e-6)
+    c = res.trace.columns()
+    waits = (c.kind == c.kind_names.index("recv_wait")) & (c.rank == res.plan.rank(1, 0, 0))
+    assert gather > 0 and ((c.end[waits] - c.start[waits]) >= gather - 1e-12).sum() >= 4
+    # the planner: same flows as a tp 1 -> 2 boundary (two receiving TP ranks), half its bytes
+    occupancy = {}
+    for tps in ((1, 2), (2, 2)):
+        plan = _plan(tps, dp=2)
+        ctx = PlanningContext(spec).for_plan(plan)
+        bounds, _ = Scorer(ctx, kinds=("1f1b",)).boundaries(plan_layout(plan), "fair", (4,), 1)
+        occupancy[tps] = bounds[0].occupancy
+    assert occupancy[(2, 2)] > 0 and abs(2 * occupancy[(2, 2)] - occupancy[(1, 2)]) < 1e-12, occupancy

@@ -361,6 +361,17 @@ class PlanningContext:
         ta, tb = self.tps[a], self.tps[b]
         return ta if ta > tb else tb
 
+    def wan_copies(self, a: str, b: str) -> int:
+        """Whole tensors' worth of bytes a boundary between DCs a and b moves (per direction): one
+        where both run the same tp (scattered: tp flows of 1/tp each, Plan.boundary_copies), else
+        `copies` (one whole copy per flow)."""
+        return 1 if self.tps[a] == self.tps[b] else self.copies(a, b)
+
+    def tp_gather(self, dc_name: str, nbytes: int) -> float:
+        """The receiver's all-gather of a scattered boundary tensor in its TP group (inside the node)."""
+        tp, d = self.tps[dc_name], self.dc(dc_name)
+        return comm.ring_half(nbytes, tp, d.intra_node_gbps * GBIT, d.intra_dc_latency_us * 1e-6)
+
     def intra_dc_transfer(self, dc_name: str, nbytes: int) -> float:
         d = self.dc(dc_name)
         return d.intra_dc_latency_us * 1e-6 + nbytes / (d.intra_dc_gbps * GBIT)

@@ -47,7 +47,7 @@ def lower_bound(ctx: PlanningContext, plan: Plan, costs) -> dict[str, float]:
     wan = 0.0
     for lp in plan.links:
         link = ctx.link(lp.src_dc, lp.dst_dc)
-        copies = ctx.copies(lp.src_dc, lp.dst_dc)   # one per receiving TP rank
+        copies = ctx.wan_copies(lp.src_dc, lp.dst_dc)   # one scattered (equal tp), else one per receiving TP rank
         wan = max(wan, plan.dp * m * nbytes * copies / (link.capacity_gbps * GBIT))
     return {"compute": compute, "wan": wan}
 

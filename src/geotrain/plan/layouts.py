@@ -83,7 +83,8 @@ def enumerate_layouts(ctx: PlanningContext, allowed_chains: list[tuple[str, ...]
         if not ctx.owns(chain):
             continue   # listed by the context where the kinds of DC it lacks run their smallest tp
         tps = [ctx.tp_of(d) for d in chain]
-        copies = [max(a, b) for a, b in zip(tps, tps[1:])]   # each receiving TP rank takes a whole copy
+        # tensors' worth of bytes per boundary: one between equal tps (scattered), else one per receiving TP rank
+        copies = [1 if a == b else max(a, b) for a, b in zip(tps, tps[1:])]
         look = looks.setdefault(chain_signature(ctx, chain), len(looks))   # an int hashes fast
         gpus = [cluster.dc(d).gpus for d in chain]
         groups = [g // t for g, t in zip(gpus, tps, strict=True)]   # TP groups each DC holds
@@ -139,7 +140,7 @@ def layout_bound(ctx: PlanningContext, lay: Layout, ckpt: str, wan_aware: bool =
     period = 1.0 / sum(c / w for c, w in zip(lay.counts, work, strict=True))
     extra = 0.0
     if wan_aware and len(chain) > 1:
-        caps_bw = [ctx.link(a, b).capacity_gbps * GBIT / ctx.copies(a, b) for a, b in zip(chain, chain[1:])]
+        caps_bw = [ctx.link(a, b).capacity_gbps * GBIT / ctx.wan_copies(a, b) for a, b in zip(chain, chain[1:])]
         period = max(period, lay.dp * ctx.boundary_bytes(mb) / min(caps_bw))
         extra = 2 * sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
     return (lay.m - 1) * period + fill + extra

@@ -97,6 +97,18 @@ class Plan:
         """The tensor-parallel degree stage `stage` runs: its own, else the plan's."""
         return self.stages[stage].tp or self.tp
 
+    def boundary_scattered(self, sender: int, receiver: int) -> bool:
+        """Whether a boundary tensor between these stages moves as 1/tp slices, one per TP index,
+        that the receiver all-gathers (equal tp > 1; runtime/pipeline.py) -- else whole copies."""
+        t = self.stage_tp(sender)
+        return t > 1 and t == self.stage_tp(receiver)
+
+    def boundary_copies(self, sender: int, receiver: int) -> int:
+        """Whole tensors' worth of bytes a boundary moves sender -> receiver per micro-batch and
+        pipeline: one when scattered, else one copy per receiving TP rank. Either way it runs as
+        stage_tp(receiver) parallel flows."""
+        return 1 if self.boundary_scattered(sender, receiver) else self.stage_tp(receiver)
+
     @cached_property
     def stage_tps(self) -> tuple[int, ...]:
         return tuple(st.tp or self.tp for st in self.stages)

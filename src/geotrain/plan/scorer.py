@@ -116,9 +116,10 @@ class Scorer:
                    v: int) -> tuple[list[BoundaryCosts], float]:
         """Per physical boundary costs; also the temporal stagger (one micro-batch at full rate).
 
-        A WAN boundary moves `copies` whole tensors per micro-batch and pipeline (one to each
-        receiving TP rank, context.copies), as parallel flows of `n` connections each: the
-        simulator's transfer of copies x the bytes at up to copies x one flow's rate."""
+        A WAN boundary runs `copies` parallel flows per micro-batch and pipeline (one to each
+        receiving TP rank, context.copies) of `n` connections each, at up to copies x one flow's
+        rate; between stages of equal tp they carry one tensor in all (1/tp slices, then the
+        receiver's TP all-gather, context.tp_gather), else a whole copy each -- as the simulator."""
         ctx = self.ctx
         dcs = lay.stage_dcs
         one = ctx.boundary_bytes(lay.micro_batch)
@@ -126,15 +127,18 @@ class Scorer:
         out, stagger, wan_i = [], 0.0, 0
         for s in range(len(dcs) - 1):
             a, b = dcs[s], dcs[s + 1]
+            scattered = ctx.tps[a] == ctx.tps[b] > 1
+            gather = ctx.tp_gather(b, one) if scattered else 0.0
             if a == b:
-                out.append(BoundaryCosts(False, ctx.intra_dc_transfer(a, one), 0.0))
+                share = one // ctx.tps[a] if scattered else one
+                out.append(BoundaryCosts(False, ctx.intra_dc_transfer(a, share) + gather, 0.0))
                 continue
             link = ctx.link(a, b)
             n = conns[wan_i]
             wan_i += 1
             lat = link.latency_ms * 1e-3
             copies = ctx.copies(a, b)
-            nbytes = one * copies
+            nbytes = one * ctx.wan_copies(a, b)
             flow = min(copies * link.rate_gbps(n), link.capacity_gbps)
             if sharing == "temporal" and dp > 1:
                 # Work-conserving turns: a few transfers at once fill the link (concurrent_turns).
@@ -143,12 +147,12 @@ class Scorer:
                 # the runtime takes turns only where one TP index's ring has fewer slots than pipelines
                 ring = concurrent_turns(link.capacity_gbps, link.rate_gbps(n))
                 turn = TURN_OVERHEAD_S if ring < dp else 0.0
-                delay = lat + nbytes / rate + turn
+                delay = lat + nbytes / rate + turn + gather
                 occ = dp * nbytes / (slots * rate)
                 stagger = max(stagger, nbytes / rate)
             else:
                 agg = min(dp * flow, link.capacity_gbps) * GBIT
-                delay = lat + nbytes * dp / agg
+                delay = lat + nbytes * dp / agg + gather
                 occ = dp * nbytes / agg
             if not self.wan_aware:
                 delay, occ = 0.0, 0.0

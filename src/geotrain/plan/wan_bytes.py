@@ -74,8 +74,8 @@ def pipeline_bytes(spec: Spec, plan: Plan) -> dict[Direction, float]:
     per_copy = plan.dp * plan.num_microbatches * cost.boundary_bytes(plan.micro_batch)
     for v in range(nv - 1):   # virtual stage v hands over to v + 1
         a, b = v % pp, (v + 1) % pp
-        _add(out, plan.stages[a].dc, plan.stages[b].dc, per_copy * plan.stage_tp(b))
-        _add(out, plan.stages[b].dc, plan.stages[a].dc, per_copy * plan.stage_tp(a))
+        _add(out, plan.stages[a].dc, plan.stages[b].dc, per_copy * plan.boundary_copies(a, b))
+        _add(out, plan.stages[b].dc, plan.stages[a].dc, per_copy * plan.boundary_copies(b, a))
     return out
 
 

@@ -2,7 +2,8 @@
 
 Each Action names a virtual stage, a micro-batch and a peer; the interpreter keeps, per
 (virtual stage, micro-batch), the stage input and output whose autograd graph the backward
-needs, and moves boundary tensors through a `Transport` in `boundary_dtype` (the training
+needs, and moves boundary tensors through a `Transport` (as 1/tp slices plus a TP all-gather
+between stages of equal tp, see `tp_group`) in `boundary_dtype` (the training
 precision: what the planner counted), back in fp32 on arrival. Sends are non-blocking (waited at the
 optimizer step); receives are posted a few actions early (`lookahead`, where
 `schedule.posting.post_points` says: the one posting that `check_schedule` proves cannot deadlock
@@ -63,9 +64,9 @@ class PipelineRank:
     autocast: Callable
     boundary_shape: tuple[int, ...]
     # TP index of this rank. After the row-parallel layers every TP rank holds the whole activation
-    # (and input gradient), so receiving TP rank t' of a neighbour takes it from sending rank
-    # t' mod tp_sender (the same index where both stages run one tp): a rank of the narrower stage
-    # feeds several of the wider one, one of the wider stage with t >= the narrower tp sends nothing.
+    # (and input gradient). Between stages of different tp receiving TP rank t' of a neighbour takes
+    # it whole from sending rank t' mod tp_sender: a rank of the narrower stage feeds several of the
+    # wider one, one of the wider stage with t >= the narrower tp sends nothing (equal tps: `tp_group`).
     tp_rank: int = 0
     # This stage's TP group (None at tp=1). Where a neighbour runs the same tp, a boundary tensor
     # moves scattered: TP rank t sends only slice t (1/tp of the flattened tensor, the last slice
@@ -105,8 +106,7 @@ class PipelineRank:
 
     def _scattered(self, virtual_stage: int) -> bool:
         """Whether the boundary with `virtual_stage`'s stage moves 1/tp slices (equal tp > 1)."""
-        tp = self.plan.stage_tp(self.stage)
-        return self.tp_group is not None and tp > 1 and self.plan.stage_tp(virtual_stage % self.plan.pp) == tp
+        return self.tp_group is not None and self.plan.boundary_scattered(self.stage, virtual_stage % self.plan.pp)
 
     def _slice_numel(self) -> int:
         n = 1

@@ -8,15 +8,17 @@ store, and matching needs no dictionaries at run time.
 
 Tensor parallelism at a boundary (stages may differ in tp): a stage's output activation is whole
 and replicated on every TP rank of its group (the row-parallel all-reduce ends each block), and
-so is its input gradient, so receiving TP rank t' of the next stage takes the whole tensor from
-sending rank t' mod tp_sender -- no re-sharding collective on either side, every sender busy when
-the receiver is the wider group, and the same pairing the runtime's transport makes
-(runtime/transport.py). A boundary therefore moves one copy per receiving TP rank: the
-transfer's bytes are tp_receiver x the tensor, as that many parallel flows of the link plan's
-connections each (a WAN direction's flow rate is copies x one flow's, up to the capacity);
-inside a DC the copies leave from different GPUs at once, so the time is one copy's. The
-alternative -- one copy over the WAN, then a broadcast inside the receiving node -- would move
-fewer WAN bytes but adds a collective per micro-batch to every receiving rank's critical path.
+so is its input gradient. Where both stages run the same tp > 1 the runtime moves it the way
+Megatron does (runtime/pipeline.py, Plan.boundary_scattered): TP rank t sends only slice t (1/tp
+of the flattened tensor) to TP rank t, and the receiver all-gathers the slices in its TP group,
+inside the node. Such a transfer is tp parallel flows carrying one tensor in all (its bytes are
+the tensor's, its flow rate tp x one flow's, up to the capacity; inside a DC one slice's time),
+and each receive is followed by the all-gather (cost.comm.ring_half over intra_node_gbps), on the
+receiving GPU's critical path. Where the tps differ, receiving TP rank t' takes the whole tensor
+from sending rank t' mod tp_sender -- no re-sharding collective, every sender busy when the
+receiver is the wider group, the runtime's pairing (runtime/transport.py) -- so it moves one copy
+per receiving TP rank: tp_receiver x the bytes, as that many parallel flows (Plan.boundary_copies);
+inside a DC the copies leave from different GPUs at once, so the time is one copy's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from geotrain.config import Cluster
+from geotrain.cost.comm import ring_half
 from geotrain.errors import InfeasibleError
 from geotrain.plan.plan import LinkPlan, Plan
 from geotrain.schedule.actions import Op, Schedule
@@ -185,6 +188,15 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
                     if key in recv_slot:
                         raise ValueError(f"stage {s}: duplicate {a} in iteration {it}")
                     recv_slot[key] = s * (1 << 40) + slot
+                    sender = a.peer % plan.pp
+                    if sender != s and plan.boundary_scattered(sender, s):
+                        # the receiver all-gathers the 1/tp slices in its TP group before the tensor is whole
+                        src_v = a.peer if op == Op.RECV_ACT else v
+                        d = cluster.dc(dcs[s])
+                        gather = ring_half(stage_costs[src_v].send_bytes, plan.stage_tp(s), d.intra_node_gbps * GBPS,
+                                           d.intra_dc_latency_us * 1e-6)
+                        _append(p, RECV, 0.0, kind, v, a.mb, it, 0)
+                        code, dur = COMPUTE, gather
                 elif op in (Op.SEND_ACT, Op.SEND_GRAD):
                     code, kind = SEND_INTRA, KIND_CODE["transfer"]
                     # Activation of v and its gradient have the same size: v's output for acts, v-1's for grads.
@@ -208,14 +220,14 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
             p.ops[slot], p.kind[slot] = SEND_LOCAL, -1
             continue
         a, b = dcs[s], dcs[ds]
-        copies = plan.stage_tp(ds)   # one whole copy to each receiving TP rank (see the module docstring)
-        lid, wid = link_of(a, b, copies)
+        flows = plan.stage_tp(ds)   # one flow to each receiving TP rank (see the module docstring)
+        lid, wid = link_of(a, b, flows)
         p.link[slot] = lid
-        one = p.nbytes[slot]
-        p.nbytes[slot] = one * copies
+        p.nbytes[slot] = p.nbytes[slot] * plan.boundary_copies(s, ds)   # one tensor if scattered
+        one = p.nbytes[slot] // flows                                   # what each flow carries
         if wid >= 0:
             p.ops[slot], p.wan[slot] = SEND_WAN, wid
-        else:   # the copies leave from different GPUs in parallel: one copy's time
+        else:   # the flows leave from different GPUs in parallel: one flow's time
             dc = cluster.dc(a)
             p.dur[slot] = dc.intra_dc_latency_us * 1e-6 + one / (dc.intra_dc_gbps * GBPS)
     if recv_slot:
