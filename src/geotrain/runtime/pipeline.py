@@ -190,10 +190,10 @@ class PipelineRank:
                     t0 = self.bubble.fill_and_wait(i, work, v)  # prefill in the predicted bubble, then wait
                 elif work is not None:
                     work.wait()
-                rec.add("recv_wait", t0, rec.now(), stage=v, mb=mb, nbytes=buf.numel() * buf.element_size(),
-                        peer=self.rank_of(a.peer))
-                if self._scattered(a.peer):
+                nbytes = buf.numel() * buf.element_size()
+                if self._scattered(a.peer):     # part of the wait, as the simulator counts it
                     buf = self._gather(buf)
+                rec.add("recv_wait", t0, rec.now(), stage=v, mb=mb, nbytes=nbytes, peer=self.rank_of(a.peer))
                 (self._acts if op == Op.RECV_ACT else self._grads)[(v, mb)] = buf
             elif op == Op.FORWARD:
                 t0 = rec.now()
