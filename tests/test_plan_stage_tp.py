@@ -158,3 +158,16 @@ def test_equal_tp_boundary_moves_one_copy_then_gathers() -> None:
         bounds, _ = Scorer(ctx, kinds=("1f1b",)).boundaries(plan_layout(plan), "fair", (4,), 1)
         occupancy[tps] = bounds[0].occupancy
     assert occupancy[(2, 2)] > 0 and abs(2 * occupancy[(2, 2)] - occupancy[(1, 2)]) < 1e-12, occupancy
+
+
+def test_temporal_turn_of_an_equal_tp_boundary_is_one_slice() -> None:
+    """Under temporal sharing each TP index takes its own turns; between stages of equal tp a turn
+    carries a 1/tp slice, so the planned stagger is half a tp 1 -> 2 boundary's (a whole copy each)."""
+    from geotrain.plan.plan import LinkPlan
+    from geotrain.plan.temporal import apply_temporal
+
+    spec = load_spec(SPEC)
+    link = (LinkPlan(src_dc="east", dst_dc="west", connections=4),)
+    stagger = {tps: apply_temporal(_plan(tps, dp=2).with_(links=link), spec.cluster, 1 << 20, 0.0).links[0].stagger_s
+               for tps in ((1, 2), (2, 2))}
+    assert stagger[(1, 2)] > 0 and abs(2 * stagger[(2, 2)] - stagger[(1, 2)]) < 1e-12, stagger

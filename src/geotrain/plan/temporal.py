@@ -61,14 +61,26 @@ def offsets_span(dp: int, stagger: float, period: float) -> float:
     return min((dp - 1) * stagger, max(period, stagger))
 
 
+def flow_share(plan: Plan, lp: LinkPlan) -> float:
+    """The part of a boundary tensor one flow (one TP index's turn) carries over the link: 1/tp
+    between stages of equal tp (scattered, Plan.boundary_scattered), else a whole copy."""
+    share = 0.0
+    for s in range(plan.pp):
+        r = (s + 1) % plan.pp
+        if r != s and {plan.stages[s].dc, plan.stages[r].dc} == {lp.src_dc, lp.dst_dc}:
+            share = max(share, plan.boundary_copies(s, r) / plan.stage_tp(r),
+                        plan.boundary_copies(r, s) / plan.stage_tp(s))
+    return share or 1.0
+
+
 def apply_temporal(plan: Plan, cluster: Cluster, boundary_bytes: int, period: float, offsets: bool = False) -> Plan:
     """The plan with every WAN link shared temporally: order = the DP pipelines' order, stagger =
     the slowest WAN link's one-micro-batch turn (one stagger for all links, so a pipeline keeps
     its slot at every boundary); pipeline start offsets from it only with `offsets`."""
     if not plan.links or plan.dp <= 1:
         return apply_fair(plan)
-    stagger, slowest = max(((transfer_time(cluster, lp, boundary_bytes), lp) for lp in plan.links),
-                           key=lambda x: x[0])
+    stagger, slowest = max(((transfer_time(cluster, lp, int(boundary_bytes * flow_share(plan, lp))), lp)
+                            for lp in plan.links), key=lambda x: x[0])
     link = cluster.link(slowest.src_dc, slowest.dst_dc)
     slots = concurrent_turns(link.capacity_gbps, link.rate_gbps(slowest.connections))
     order = tuple(range(plan.dp))
