@@ -51,10 +51,11 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
 
     Known causes, read off the traces: an uncalibrated prediction (datasheet speeds, not this
     machine's); ranks that shared CPU cores (a measured event's wall time includes waiting for a
-    core, which the calibrated simulator models only as an average slow-down of compute, while in
-    the run the collectives' and transport's threads wait for cores too: on the demo's 4 ranks on
-    2 cores the iteration time agreed within 2 % in steady state while busy fraction was 12 %
-    over-predicted and bubble time 18 % under). WAN bytes depend on
+    core; the calibrated simulator shares the cores between the ranks computing at once, but in
+    the run the collectives' and transport's threads wait for cores too, and that lands in the
+    measured waits: on the demo's 4 ranks on 2 cores, fresh clone 2026-12-01, iteration time
+    +7.0 % in steady state while utilization was 20 % over-predicted and bubble time 19 %
+    under). WAN bytes depend on
     neither, so a WAN-bytes error is never put down to them -- but a CPU run's collectives ran on
     gloo, which sends more than the NCCL count the prediction carries (plan/wan_bytes.py)."""
     pmeta = predicted.meta if isinstance(predicted.meta, dict) else {}
@@ -70,9 +71,9 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
         if r.unit != "B" and not pmeta.get("calibrated"):
             note = "uncalibrated prediction (datasheet speeds, not this machine's): train with --profile"
         elif r.unit != "B" and shared:
-            note = (f"{ranks} ranks shared {cores} CPU cores: the simulator spreads that as an average slow-down "
-                    "of compute; in the run it also lands in waits (gloo collectives, transport threads), so "
-                    "busy vs idle time splits differently")
+            note = (f"{ranks} ranks shared {cores} CPU cores: the simulator shares the cores between the ranks "
+                    "computing at once (sim.cores); in the run the gloo collectives' and transport threads wait "
+                    "for cores too, and that waiting is measured as idle, so busy vs idle time splits differently")
         elif r.unit == "B" and mmeta.get("device") == "cpu" and pmeta.get(WAN_COLLECTIVE_BYTES):
             note = ("CPU run: its collectives ran on gloo, whose reduce-scatter is an all-reduce on the wire; the "
                     "prediction counts NCCL's (plan.wan_bytes, backend)")
