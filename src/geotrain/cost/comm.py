@@ -107,6 +107,17 @@ def tied_route(link, chain: list[str]) -> list:
     return [direct] if direct is not None else [link(a, b) for a, b in zip(chain, chain[1:])]
 
 
+def pipeline_tied_sum_time(nbytes: float, pairs: int, stage_dcs, dc, link) -> float:
+    """`tied_sum_time` for a pipeline whose stages sit in `stage_dcs`, between its first and last
+    DC over their route (`dc(name)`, `link(a, b)`: the cluster's lookups); 0 for one stage or
+    nothing to sum. The simulator and the planner's estimate both price the sum here."""
+    stage_dcs = list(stage_dcs)
+    if nbytes <= 0 or len(stage_dcs) < 2:
+        return 0.0
+    chain = pipeline_chain(stage_dcs)
+    return tied_sum_time(nbytes, pairs, dc(chain[0]), tied_route(link, chain))
+
+
 def tied_sum_time(nbytes: float, pairs: int, first: Datacenter, route: list) -> float:
     """The tied embedding's gradient sum per iteration (`runtime.tied`): `pairs` two-rank
     all-reduces of `nbytes` each (one per DP replica and TP index, first stage with last), all at

@@ -319,10 +319,9 @@ class PlanningContext:
         key = ("tied", tuple(chain), sharding, dp)
         v = self._memo.get(key)
         if v is None:
-            nbytes = self.cost("none").tied_grad_bytes(sharding, dp)
             pairs = dp * min(self.tps[chain[0]], self.tps[chain[-1]])   # (replica, TP index) on both ends
-            v = self._memo[key] = (comm.tied_sum_time(nbytes, pairs, self.dc(chain[0]),
-                                                      comm.tied_route(self.link, chain)) if nbytes else 0.0)
+            v = self._memo[key] = comm.pipeline_tied_sum_time(self.cost("none").tied_grad_bytes(sharding, dp),
+                                                              pairs, stage_dcs, self.dc, self.link)
         return v
 
     def optimizer(self, chunks: tuple[tuple[int, int], ...], dc_name: str, sharding: str, dp: int) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from geotrain.console import human_bytes, human_seconds
+from geotrain.cost.comm import pipeline_chain
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.estimate import held
 from geotrain.plan.plan import Plan
@@ -78,10 +79,7 @@ def analyse(ctx: PlanningContext, plan: Plan, cand, sim) -> tuple[float, dict[st
 def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottleneck) -> list[str]:
     cl = ctx.cluster
     lines: list[str] = []
-    chain = []
-    for st in plan.stages:
-        if not chain or chain[-1] != st.dc:
-            chain.append(st.dc)
+    chain = pipeline_chain(st.dc for st in plan.stages)
     used = plan.gpus_per_dc()
     total = sum(used.values())
     if plan.replica_dcs:   # a region plan: whole pipelines per DC, only the gradient sync crosses

@@ -159,12 +159,9 @@ def _dp_sync(cost, cluster: Cluster, plan: Plan, units, dc, tp: int) -> float:
 def tied_sum(cost, cluster: Cluster, plan: Plan) -> float:
     """Seconds per iteration the tied embedding's gradient sum adds to the first and the last
     stage (cost.comm.tied_sum_time); 0 for an untied model or one stage."""
-    nbytes = cost.tied_grad_bytes(plan.sharding, plan.dp)
-    if plan.pp < 2 or not nbytes:
-        return 0.0
-    chain = comm.pipeline_chain(st.dc for st in plan.stages)
     pairs = plan.dp * min(plan.stage_tp(0), plan.stage_tp(plan.pp - 1))   # (replica, TP index) on both ends
-    return comm.tied_sum_time(nbytes, pairs, cluster.dc(chain[0]), comm.tied_route(cluster.link, chain))
+    return comm.pipeline_tied_sum_time(cost.tied_grad_bytes(plan.sharding, plan.dp), pairs,
+                                       (st.dc for st in plan.stages), cluster.dc, cluster.link)
 
 
 def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = False) -> SimResult:
