@@ -119,9 +119,9 @@ class PlanningContext:
         kinds: dict[tuple[str, int], list[str]] = {}
         for d in spec.cluster.datacenters:
             kinds.setdefault(dc_kind(d), []).append(d.name)
+        self.key = tuple(sorted(self.tps.items()))   # what tells two contexts' costs apart
         # The kinds of DC whose tp is not their smallest option: a chain without any of them is
         # listed by the context where they are at the smallest (tp_assignments' first), once.
-        self.key = tuple(sorted(self.tps.items()))   # what tells two contexts' costs apart
         # One tp given: every layout whose DCs' nodes it fits is this context's (tp_fits).
         smallest = tp_assignments(spec)[0] if tps else self.tps
         self._raised = [names for names in kinds.values() if self.tps[names[0]] != smallest.get(names[0])]
