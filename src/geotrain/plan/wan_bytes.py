@@ -28,7 +28,7 @@ from geotrain.config.load import Spec
 from geotrain.cost import CostModel
 from geotrain.cost.comm import pipeline_chain, tied_route
 from geotrain.plan.plan import Plan
-from geotrain.schedule.actions import Op
+from geotrain.schedule.actions import Op, Schedule
 from geotrain.schedule.builders import schedule_for_plan
 
 Direction = tuple[str, str]   # (sending DC, receiving DC)
@@ -79,16 +79,17 @@ def pipeline_bytes(spec: Spec, plan: Plan) -> dict[Direction, float]:
     return out
 
 
-def gathers_per_iteration(plan: Plan, virtual_stage: int) -> int:
+def gathers_per_iteration(plan: Plan, virtual_stage: int, schedule: Schedule | None = None) -> int:
     """Parameter all-gathers FSDP2 runs for one chunk in one iteration (runtime/parallelize.py):
     zero2 gathers once and keeps the weights until the reduce-scatter; zero3 reshards after
     every forward and keeps the weights a backward gathered until the next forward (the
     micro-batch backwards run with reshard_after_backward off), so each forward or backward
-    that finds the chunk sharded gathers it."""
+    that finds the chunk sharded gathers it. `schedule`: the plan's (built when not given)."""
     if plan.sharding == "zero2":
         return 1
     gathered, count = False, 0
-    for act in schedule_for_plan(plan).actions[virtual_stage % plan.pp]:
+    schedule = schedule if schedule is not None else schedule_for_plan(plan)
+    for act in schedule.actions[virtual_stage % plan.pp]:
         if act.stage != virtual_stage or not act.op.is_compute or act.op in (Op.OPTIMIZER, Op.PREFILL):
             continue
         if not gathered:
@@ -122,10 +123,12 @@ def sync_collectives(spec: Spec, plan: Plan, backend: str = "nccl") -> list[tupl
             out += [("reduce-scatter", g), ("all-gather", g)]
         return out
     param_bytes = 2 if plan.precision == "bf16" else 4
+    as_sharded = plan.with_(sharding=sharding)
+    schedule = schedule_for_plan(as_sharded)   # once: every chunk's gathers are read off it
     for v, (a, b) in enumerate(plan.virtual_units()):
         units = range(a, b)
         out += [("reduce-scatter", cost.grad_bytes(units))] * (2 if backend == "gloo" else 1)
-        gathers = gathers_per_iteration(plan.with_(sharding=sharding), v)
+        gathers = gathers_per_iteration(as_sharded, v, schedule)
         out += [("all-gather", cost.stage_params(units) * param_bytes)] * gathers
     return out
 
