@@ -24,10 +24,13 @@ from geotrain.runtime.rank_run import LossLog, RankRun, make_optimizer, state_by
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import schedule_for_plan
 
-__all__ = ["BubbleHookFactory", "RunConfig", "make_optimizer", "resolve", "state_bytes", "train"]
+__all__ = ["FAILED_AT", "BubbleHookFactory", "RunConfig", "make_optimizer", "resolve", "state_bytes", "train"]
 
 # (conf, rank, recorder) -> an object with fill(...)/filling()/close(), or None; see PipelineRank's `bubble`.
 BubbleHookFactory = Callable[[dict[str, Any], int, Any], Any]
+
+# The attribute `train` sets on the exception a rank fails with: time.time() when it failed.
+FAILED_AT = "geotrain_failed_at"
 
 
 @dataclass
@@ -113,7 +116,12 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[
             seconds = run.train_step(step)
             log.record(step, seconds)
             run.checkpoint_if_due(step)
-    except BaseException:
+    except BaseException as e:
+        # When this rank failed, stamped before closing its transport makes its peers fail in turn:
+        # the launcher names the earliest failure (worker.write_error), and the peers' "closed its
+        # transport" errors must not come out earlier than their cause.
+        if not hasattr(e, FAILED_AT):
+            setattr(e, FAILED_AT, time.time())
         run.close_transport()
         raise
     finally:

@@ -27,7 +27,7 @@ from geotrain.errors import GeotrainError
 from geotrain.process import exit_skipping_teardown
 from geotrain.runtime.rank_run import rank_device
 from geotrain.runtime.runfile import read_run_config
-from geotrain.runtime.trainer import BubbleHookFactory, RunConfig, train
+from geotrain.runtime.trainer import FAILED_AT, BubbleHookFactory, RunConfig, train
 
 
 def _die_with_parent() -> None:
@@ -75,7 +75,8 @@ def write_error(e: BaseException) -> None:
     if not err_dir:
         return
     rank = int(os.environ.get("RANK", -1))
-    doc = {"rank": rank, "time": time.time(), "type": type(e).__name__, "message": str(e).strip().splitlines()[0]
+    failed_at = getattr(e, FAILED_AT, None) or time.time()   # train() stamps it before closing the transport
+    doc = {"rank": rank, "time": failed_at, "type": type(e).__name__, "message": str(e).strip().splitlines()[0]
            if str(e).strip() else "", "user_error": isinstance(e, GeotrainError), "traceback": traceback.format_exc()}
     path = Path(err_dir) / f"rank{rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
