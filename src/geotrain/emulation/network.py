@@ -13,8 +13,10 @@ Each direction is delayed and shaped separately, so RTT = 2 x latency_ms, as on 
 
 Processes of a DC run inside its namespace (`popen`/`exec_in`) and talk real TCP: gloo with
 MASTER_ADDR = `address(master_dc)` and GLOO_SOCKET_IFNAME = `ifname(dc)`, or the project's own
-sockets. Tear-down (context exit, atexit, SIGTERM/SIGHUP/SIGINT) removes the processes inside the
-namespaces, the namespaces and the state file; see `netns` for stale-run cleanup.
+sockets. On a GPU box each DC is also its own NCCL host (`nccl.nccl_host_env`), so NCCL between DCs
+takes the NET transport over that interface instead of P2P/SHM. Tear-down (context exit, atexit,
+SIGTERM/SIGHUP/SIGINT) removes the processes inside the namespaces, the namespaces and the state
+file; see `netns` for stale-run cleanup.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Mapping, Sequence
 
 from geotrain.config import Cluster
 from geotrain.emulation import netns as N
+from geotrain.emulation.nccl import nccl_host_env
 from geotrain.emulation.shaping import emulation_mtu, htb_commands
 from geotrain.errors import GeotrainError
 
@@ -153,10 +156,19 @@ class WanEmulation:
         self._index(dc)
         return N.DC_IFNAME
 
-    def rank_env(self, dc: str, master_dc: str, master_port: int = 29500) -> dict[str, str]:
-        """Environment for a torch.distributed rank running in `dc` (gloo across namespaces)."""
+    def host_env(self, dc: str, inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+        """What makes every process started in `dc` one host of its own: gloo's interface and NCCL's
+        host identity (`nccl.nccl_host_env`); a NCCL_* variable already in `inherited` (default: this
+        process's environment, which the ranks inherit) is left as the user set it."""
+        return {"GLOO_SOCKET_IFNAME": self.ifname(dc),
+                **nccl_host_env(f"geotrain-{self.tag}-{dc}", self.ifname(dc),
+                                os.environ if inherited is None else inherited)}
+
+    def rank_env(self, dc: str, master_dc: str, master_port: int = 29500,
+                 inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment for a torch.distributed rank running in `dc` (gloo or NCCL across namespaces)."""
         return {"MASTER_ADDR": self.address(master_dc), "MASTER_PORT": str(master_port),
-                "GLOO_SOCKET_IFNAME": self.ifname(dc)}
+                **self.host_env(dc, inherited)}
 
     def netns(self, dc: str) -> str:
         return self.state.namespaces[self._index(dc)]

@@ -293,12 +293,13 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
             + ", ".join(f"{h.dc} {h.address} ranks {h.ranks[0]}-{h.ranks[-1]}" for h in hosts)
             + f"; c10d rendezvous at {endpoint}")
         sampler = ConnectionSampler({h.dc: h.netns for h in hosts}).start()
-        env = {**_env(), "GLOO_SOCKET_IFNAME": emu.ifname(hosts[0].dc)}
+        env = _env()
         for i, h in enumerate(hosts):
             h.out.mkdir(parents=True, exist_ok=True)
             argv = _torchrun_argv(h, i, len(hosts), endpoint, f"rehearse-{emu.tag}", plan_path, train_args)
             with open(h.log, "w") as f:
-                h.proc = emu.popen(h.dc, argv, env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                h.proc = emu.popen(h.dc, argv, {**env, **emu.host_env(h.dc, env)},   # one NCCL host per DC
+                                   stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
         _wait(hosts, emu, t0 + timeout_s)
     finally:

@@ -10,7 +10,9 @@ error naming it; its full traceback is in RUN_DIR/logs/rank<R>.log.
 
 With `wan=` (a runtime.wan.WanLaunch) each rank starts inside its datacenter's network namespace
 (`plan.dc_of_rank`: a region plan's DP pipelines each in its own DC) with that namespace's
-MASTER_ADDR / GLOO_SOCKET_IFNAME, and every case gets the WAN transport config; tearing the
+MASTER_ADDR / GLOO_SOCKET_IFNAME and its own NCCL host identity (`emulation.nccl.nccl_host_env`:
+NCCL between DCs over the emulated link, P2P/SHM inside one; NCCL_* variables the user set are
+kept), and every case gets the WAN transport config; tearing the
 emulation down stays with whoever opened it (`run_with_wan` does both, and writes what crossed
 each DC's emulated link to RUN_DIR/wan_bytes.json).
 """
@@ -189,7 +191,8 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
             log = open(logs / f"rank{r}.log", "w")  # noqa: SIM115 -- closed in finally
             files.append(log)
             out = None if (r == shown_rank and rank0_stdout) else log
-            env_r = {**base, "RANK": str(r), "LOCAL_RANK": str(r), **(wan.env(r, port) if wan is not None else {})}
+            env_r = {**base, "RANK": str(r), "LOCAL_RANK": str(r),
+                     **(wan.env(r, port, base) if wan is not None else {})}
             start = wan.popen if wan is not None else (lambda _r, a, env, **kw: subprocess.Popen(a, env=env, **kw))
             procs.append(start(r, argv, env_r, stdout=out, stderr=log, stdin=subprocess.DEVNULL,
                                start_new_session=True))

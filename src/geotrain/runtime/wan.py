@@ -287,10 +287,12 @@ class WanLaunch:
             cfg["hosts"] = {dc: self.emulation.address(dc) for dc in self.emulation.dcs}
         return cfg
 
-    def env(self, rank: int, master_port: int) -> dict[str, str]:
+    def env(self, rank: int, master_port: int, inherited: dict[str, str] | None = None) -> dict[str, str]:
+        """The rank's namespace environment; NCCL variables already in `inherited` (what the rank
+        gets anyway) are not overridden."""
         if self.emulation is None:
             return {}
-        return self.emulation.rank_env(self.rank_dc[rank], self.rank_dc[0], master_port)
+        return self.emulation.rank_env(self.rank_dc[rank], self.rank_dc[0], master_port, inherited)
 
     def popen(self, rank: int, argv: Sequence[str], env: dict[str, str], **kw) -> subprocess.Popen:
         if self.emulation is None:
