@@ -145,7 +145,8 @@ def test_hf_weights_go_straight_into_tensor_parallel_shards(hf_dir, fake_tp_grou
     from torch.distributed.tensor import DTensor
 
     from geotrain.config.load import load_model
-    from geotrain.models.hf import load_hf_weights, local_block
+    from geotrain.models.hf import load_hf_weights
+    from geotrain.models.shards import local_block
 
     spec = load_model(hf_dir)
     mesh = init_device_mesh("cpu", (1, 1, 2), mesh_dim_names=("pp", "dp", "tp"))

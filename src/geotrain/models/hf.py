@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from geotrain.models.shards import fill_shard
 
 _BLOCK = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -82,40 +82,15 @@ def _split(name: str) -> tuple[int, str]:
     return int(unit), rest
 
 
-def local_block(param) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(shape, offset) of the block of the full tensor that a DTensor's local shard is, for layouts
-    made of plain Shard/Replicate placements (FSDP2 alone, TP alone, both on separate dims); None
-    for any other (FSDP2 over TP's shards of the same dim is strided)."""
-    # DTensor's own arithmetic of where a local shard sits (what DCP uses to save it).
-
-    if any(type(pl) not in (Shard, Replicate) for pl in param.placements):
-        return None
-    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-    if tuple(shape) != tuple(param.to_local().shape):
-        return None
-    return tuple(shape), tuple(offset)
-
-
 def _load_one(f, hf: str, name: str, param) -> None:
     """Read one tensor into `param`: only its own block for a sharded parameter (safetensors
     slices the memory-mapped file: FSDP2's rows, TP's rows or columns), else the whole tensor, cut
-    locally for a strided DTensor layout."""
+    locally for a strided DTensor layout (`shards.fill_shard`)."""
     full_shape = tuple(f.get_slice(hf).get_shape())
     if full_shape != tuple(param.shape):
         raise HFWeightsError(f"{hf}: shape {full_shape} in the checkpoint, {tuple(param.shape)} in the model ({name})")
-    if not isinstance(param, DTensor):
-        param.copy_(f.get_tensor(hf))
-        return
-    local = param.to_local()
-    if local.numel() == 0:
-        return
-    block = local_block(param)
-    if block is not None:
-        shape, offset = block
-        local.copy_(f.get_slice(hf)[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))])
-    else:
-        full = f.get_tensor(hf).to(param.dtype)
-        local.copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local())
+    fill_shard(param, lambda: f.get_tensor(hf),
+               lambda b: f.get_slice(hf)[tuple(slice(o, o + n) for o, n in zip(b[1], b[0], strict=True))])
 
 
 @torch.no_grad()

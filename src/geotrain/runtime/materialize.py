@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
-from geotrain.models.hf import load_hf_weights, local_block
+from geotrain.models.hf import load_hf_weights
 from geotrain.models.llama import Block, UnitStack, build_units, initial_rows
+from geotrain.models.shards import fill_shard
 from geotrain.runtime.checkpointing import apply_checkpointing
 from geotrain.runtime.parallelize import apply_fsdp, apply_tp
 
@@ -60,19 +60,12 @@ def materialize(module: UnitStack, model, device: torch.device, hf: str | None =
 
 
 def _fill(param: nn.Parameter, model, unit: int, name: str) -> None:
+    """The deterministic init into `param`; a shard draws only its own rows (and keeps its columns)."""
     full_shape = tuple(param.shape)
-    if not isinstance(param, DTensor):
-        param.copy_(initial_rows(model, unit, name, full_shape))
-        return
-    local = param.to_local()
-    if local.numel() == 0:
-        return
-    block = local_block(param)
-    if block is None:   # a strided layout: draw the tensor and keep this rank's part (cut locally)
-        full = initial_rows(model, unit, name, full_shape).to(local.device)
-        local.copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local())
-        return
-    shape, offset = block
-    rows = initial_rows(model, unit, name, full_shape, offset[0], offset[0] + shape[0])
-    cols = tuple(slice(o, o + n) for o, n in zip(offset[1:], shape[1:], strict=True))
-    local.copy_(rows[(slice(None), *cols)])
+
+    def rows(b):
+        (shape, offset) = b
+        cols = tuple(slice(o, o + n) for o, n in zip(offset[1:], shape[1:], strict=True))
+        return initial_rows(model, unit, name, full_shape, offset[0], offset[0] + shape[0])[(slice(None), *cols)]
+
+    fill_shard(param, lambda: initial_rows(model, unit, name, full_shape), rows)
