@@ -344,7 +344,7 @@ def test_validation_tables_summarize_every_run_and_the_headline_mode():
 
     det = {"background_runnable": 0.5}
     run1 = {"kernel": {"rows": [row("a", 1.1, 1.0, 0.5, 0.5), row("b", 0.9, 1.0, 0.6, 0.5)],
-                       "details": {"a": det, "b": det}},
+                       "details": {"a": {**det, "compute_ratio": 1.25}, "b": det}},
             "shaper": {"rows": [row("a", 1.0, 1.0, 0.5, 0.5), row("b", 1.0, 1.0, 0.5, 0.5)],
                        "details": {"a": det, "b": det}}}
     run2 = {"kernel": {"rows": [row("a", 1.0, 1.0, 0.5, 0.5), row("b", 1.3, 1.0, 0.5, 0.5)],
@@ -360,6 +360,7 @@ def test_validation_tables_summarize_every_run_and_the_headline_mode():
     assert "mean |iteration-time error| 12.5%, worst 30.0%" in md
     assert "| a | d | 1100.0 / 1000.0 | 1000.0 / 1000.0 | +10.0% / +0.0% |" not in md   # one prediction per case
     assert "| a | d | 1100.0 | 1000.0 / 1000.0 | +10.0% / +0.0% |" in md
+    assert "| +0.0% / +0.0% | 1.25 / - |" in md            # case a's compute ratio per run (run 2 has none)
 
 
 def test_the_report_compares_a_run_in_steady_state():

@@ -52,7 +52,7 @@ def validation_markdown(all_runs: list[dict], modes, conditions: dict) -> str:
     cols = ["case", "setup", "iteration pred (ms)", f"iteration meas (ms), {rk}", "error",
             "bubble per rank pred (ms)", f"bubble per rank meas (ms), mean of {runs}", "bubble error"]
     cols += [f"{m}: iteration error" for m in others] + [f"{m}: bubble error" for m in others]
-    cols += ["post-hoc iteration error"]
+    cols += ["post-hoc iteration error", f"training compute meas / pred, {rk}"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for i, name in enumerate(cases):
         rows = [r[head_mode]["rows"][i] for r in all_runs]
@@ -69,6 +69,8 @@ def validation_markdown(all_runs: list[dict], modes, conditions: dict) -> str:
         for m in others:
             cells.append(" / ".join(_pct(r[m]["rows"][i].bubble_error) for r in all_runs if m in r))
         cells.append(" / ".join(_pct(r.posthoc_error) for r in rows))
+        ratios = [r[head_mode]["details"].get(name, {}).get("compute_ratio") for r in all_runs]
+        cells.append(" / ".join(f"{x:.2f}" if x else "-" for x in ratios))
         lines.append("| " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
 
@@ -109,7 +111,9 @@ def validation_markdown(all_runs: list[dict], modes, conditions: dict) -> str:
             f"|bubble-time error| {100 * overall['bubble_mean']:.1f}%, worst {100 * overall['bubble_worst']:.1f}%.\n\n"
             f"Predictions were made from the profile alone (profile-<mode>.json, taken once before the runs) and "
             f"written before each run started; \"post-hoc\" is a second prediction made after the run with each "
-            f"stage's compute scaled by its ranks' measured CPU share (run-queue wait), for diagnosis only. "
+            f"stage's compute scaled by its ranks' measured CPU share (run-queue wait), for diagnosis only; "
+            f"\"training compute meas / pred\" is the ranks' forward/backward/optimizer time per iteration in the "
+            f"run over the prediction's (diagnosis: above 1, compute ran slower than the profile said). "
             f"Machine: {conditions['cores']} CPU cores ({conditions['cpu']}), one CPU thread per rank; "
             f"{conditions['steps']} steps per case, the first {conditions['warmup']} discarded; "
             f"{conditions['wall_s']:.0f} s in all."
