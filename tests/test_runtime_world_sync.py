@@ -39,12 +39,23 @@ def test_world_collectives_per_step(counted, precision, per_step):
         assert by[(precision, 3)] - by[(precision, 1)] == 2 * per_step, (r, precision, by)
 
 
+def test_each_rank_builds_the_schedule_once_and_reads_none_of_its_outputs_back(counted):
+    """Start-up work once: the schedule the plan check built is the one the rank runs and the summary
+    prices; the trace and loss rows go on in memory (their files are still written: checked below)."""
+    _, counts = counted
+    for r, per_case in enumerate(counts):
+        assert [x["schedules"] for x in per_case] == [1] * len(CASES), r
+        assert [x["read_back"] for x in per_case] == [[]] * len(CASES), r
+
+
 def test_loss_is_logged_by_the_last_stage_in_every_precision(counted):
     tmp, _ = counted
     for p, n in CASES:
         rows = [json.loads(x) for x in (tmp / f"{p}-{n}" / "losses.jsonl").read_text().splitlines()]
         assert [x["step"] for x in rows] == list(range(1, n + 1))
         assert all(isinstance(x["loss"], float) and x["loss"] > 0 for x in rows), (p, rows)
+        assert json.loads((tmp / f"{p}-{n}" / "summary.json").read_text())["final_loss"] == rows[-1]["loss"]
+        assert (tmp / f"{p}-{n}" / "trace" / "rank0.jsonl").stat().st_size > 0
 
 
 def test_fp16_overflow_on_one_rank_skips_the_step_everywhere(counted):

@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.orchestrate.predict import write_prediction
     from geotrain.plan.wan_bytes import predicted_link_bytes
-    from geotrain.runtime.trainer import resolve
+    from geotrain.runtime.trainer import resolve, resolve_run
 
     cfg = _config(args)
     profile = _profile(args)
@@ -236,11 +236,12 @@ def run(args: argparse.Namespace) -> int:
             mode = "direct" if args.wan == "auto" else "shaper"
             cfg = replace(cfg, wan={"mode": mode, "rate_scale": args.wan_rate_scale,
                                     "bind": bind_address(args.wan_bind), "tls": args.wan_tls})
-        spec, plan = resolve(cfg)
+        resolved = resolve_run(cfg)         # once: this process is the rank, and trains with it
+        spec, plan, _ = resolved
         if args.dc is not None:
             _check_host_dc(plan, int(os.environ["RANK"]), args.dc)
         # Under torchrun this process is one rank.
-        run_cases([cfg], bubble_hook=None)
+        run_cases([cfg], bubble_hook=None, resolved=[resolved])
         if int(os.environ["RANK"]) == report_rank(plan):   # the run directory is the reporting rank's host's
             mode = (cfg.wan or {}).get("mode", "off")
             write_prediction(spec, plan, Path(cfg.out), profile, mode, iterations=_predicted_iterations(cfg, spec))

@@ -125,11 +125,13 @@ def _first_failure(err_dir: Path, procs: list[subprocess.Popen], describe, kille
 
 def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int = 1,
            env: dict[str, str] | None = None, describe=lambda r: f"rank {r}", timeout_s: float | None = None,
-           rank0_stdout: bool = True, wan=None, entry: str = "geotrain.runtime.worker", watch=None) -> None:
+           rank0_stdout: bool = True, wan=None, entry: str = "geotrain.runtime.worker", watch=None,
+           plan=None) -> None:
     """Run `cases` on `world_size` local processes; raise RankFailure naming the first failed rank.
     `entry` is the module each rank runs (`python -m ENTRY CONFIG.json`): the worker, or one that
     installs a plug-in first (`geotrain.orchestrate.rank`). `watch(procs)`, if given, is called on
-    every poll (rehearsals cut a datacenter's ranks from it)."""
+    every poll (rehearsals cut a datacenter's ranks from it). `plan`: the first case's, where the
+    caller resolved it already (else it is resolved here, to know which rank prints)."""
     check_local_world_size(world_size)  # before anything is written
     if wan is not None and wan.rank_config() is not None:
         cases = [replace(c, wan=wan.rank_config()) for c in cases]
@@ -139,7 +141,7 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
     write_run_config(cfg_path, cases)
     launch_ranks([sys.executable, "-m", entry, str(cfg_path)], world_size, logs, threads=threads, env=env,
                  describe=describe, timeout_s=timeout_s, rank0_stdout=rank0_stdout, wan=wan, watch=watch,
-                 shown_rank=_reporting_rank(cases))
+                 shown_rank=report_rank(plan) if plan is not None else _reporting_rank(cases))
 
 
 def _reporting_rank(cases: list[RunConfig]) -> int:
@@ -238,7 +240,7 @@ def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = 
     try:
         if on_wan is not None:
             on_wan(wan)
-        launch(cases, plan.num_ranks, run_dir, wan=wan, **kw)
+        launch(cases, plan.num_ranks, run_dir, wan=wan, plan=plan, **kw)
     finally:
         wan.close()
         if wan.link_bytes:      # kernel emulation: what crossed each DC's emulated link, whoever sent it

@@ -86,10 +86,9 @@ def report_rank(plan) -> int:
 class RankRun:
     """The state of one rank's run; see the module docstring."""
 
-    def __init__(self, cfg, spec, plan, bubble_hook=None):
+    def __init__(self, cfg, spec, plan, schedule, bubble_hook=None):
         # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.runtime.memory import StepPeak
-        from geotrain.schedule.builders import schedule_for_plan
 
         self.cfg, self.spec, self.plan, job = cfg, spec, plan, spec.job
         self.rank, world = dist.get_rank(), dist.get_world_size()
@@ -108,7 +107,7 @@ class RankRun:
         # numbering. FSDP2 over "dp" and TP over "tp" must be slices of the same mesh to compose.
         self.mesh = stage_mesh(self.device.type, plan, self.stage)
         self.dp_group = self.mesh["dp"].get_group()
-        self.schedule = schedule_for_plan(plan)
+        self.schedule = schedule                # schedule_for_plan(plan), built once (trainer.resolve_run)
         self.chunks = self._build_chunks()
         self.params = [p for m in self.chunks.values() for p in m.parameters()]
         self.tied = TiedCopies(plan, spec.model, self.rank, self.chunks)
@@ -278,14 +277,15 @@ class RankRun:
         if self.bubble is not None:
             self.bubble.close()
 
-    def finish(self, wall: float) -> dict[str, Any]:
+    def finish(self, wall: float, losses: list[dict] | None = None) -> dict[str, Any]:
+        """The run's outputs (`summary.write_outputs`); `losses`: the loss rows as written (LossLog.rows)."""
         # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.runtime.summary import write_outputs
 
-        result = write_outputs(self.cfg, self.spec, self.plan, self.recorder, self.out, wall=wall,
+        result = write_outputs(self.cfg, self.spec, self.plan, self.schedule, self.recorder, self.out, wall=wall,
                                steps_run=self.steps - self.start, tokens_per_step=self.tokens_per_step,
                                optimizer_steps=self.optimizer_steps, memory={**self.memory, "peak": self.peak.bytes},
-                               reporter=report_rank(self.plan))
+                               reporter=report_rank(self.plan), losses=losses or [])
         if hasattr(self.transport, "close"):
             dist.barrier()             # every rank's last transfer (and turn) is done before any closes
             self.transport.close()
@@ -301,14 +301,15 @@ class LossLog:
         self.run = run
         self.bar = None
         self.file = None
+        self.rows: list[dict] = []          # what losses.jsonl holds, kept for the summary (no read-back)
         if not run.reporter:
             return
         run.out.mkdir(parents=True, exist_ok=True)
         source = Path(run.cfg.resume_from) if run.cfg.resume_from else None
         if source is not None and source.resolve() != run.out.resolve():
-            _carry_losses(source / "losses.jsonl", run.out / "losses.jsonl", start)
+            self.rows = _carry_losses(source / "losses.jsonl", run.out / "losses.jsonl", start)
         else:
-            _trim_losses(run.out / "losses.jsonl", start)
+            self.rows = _trim_losses(run.out / "losses.jsonl", start)
         self.file = open(run.out / "losses.jsonl", "a")  # noqa: SIM115 -- closed in close()
         if run.cfg.progress:
             if sys.stdout.isatty():
@@ -332,6 +333,7 @@ class LossLog:
                 row["resume_wall"] = {**run.resumed, "step_start": run.step_start, "step_end": time.time()}
             self.file.write(json.dumps(row) + "\n")
             self.file.flush()
+            self.rows.append(row)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{run.loss:.4f}", tok_s=f"{run.tokens_per_step / seconds:,.0f}",
                                  **({"skipped": "yes"} if run.skipped else {}))
@@ -367,17 +369,23 @@ class _LineProgress:
         pass
 
 
-def _trim_losses(path: Path, start: int) -> None:
-    """On resume, drop loss lines past the checkpoint (they are recomputed); fresh run: start empty."""
+def _trim_losses(path: Path, start: int) -> list[dict]:
+    """On resume, drop loss lines past the checkpoint (they are recomputed); fresh run: start empty.
+    Returns the rows kept."""
     if start == 0 or not path.exists():
         path.write_text("")
-        return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= start]
-    path.write_text("".join(line + "\n" for line in keep))
+        return []
+    return _keep_losses(path.read_text().splitlines(), path, start)
 
 
-def _carry_losses(source: Path, path: Path, start: int) -> None:
+def _carry_losses(source: Path, path: Path, start: int) -> list[dict]:
     """Resumed from another run: its loss lines up to the checkpoint open this run's curve."""
-    lines = source.read_text().splitlines() if source.exists() else []
-    keep = [line for line in lines if line.strip() and json.loads(line)["step"] <= start]
-    path.write_text("".join(line + "\n" for line in keep))
+    return _keep_losses(source.read_text().splitlines() if source.exists() else [], path, start)
+
+
+def _keep_losses(lines: list[str], path: Path, start: int) -> list[dict]:
+    """Write to `path` the loss lines up to step `start`; returns them parsed."""
+    keep = [(line, json.loads(line)) for line in lines if line.strip()]
+    keep = [(line, row) for line, row in keep if row["step"] <= start]
+    path.write_text("".join(line + "\n" for line, _ in keep))
+    return [row for _, row in keep]

@@ -50,10 +50,9 @@ class Recorder:
                 out[e.kind] += e.duration
         return dict(out)
 
-    def write(self, path: Path) -> None:
-        with open(path, "w") as f:
-            for e in self.events:
-                f.write(json.dumps(asdict(e)) + "\n")
+    def jsonl(self) -> bytes:
+        """The events as JSON lines: the rank's trace file, and what it sends to the reporting rank."""
+        return "".join(json.dumps(asdict(e)) + "\n" for e in self.events).encode()
 
 
 def merge_trace_lines(files: list[bytes], out: Path, num_ranks: int, meta: dict) -> Trace:

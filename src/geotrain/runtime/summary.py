@@ -29,7 +29,6 @@ from geotrain.errors import GeotrainError
 from geotrain.plan.peaks import predicted_stage_peaks
 from geotrain.runtime.recorder import Recorder, merge_trace_lines
 from geotrain.runtime.wan import bind_address
-from geotrain.schedule.builders import schedule_for_plan
 from geotrain.trace.chrome import write_chrome
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
@@ -37,14 +36,19 @@ COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall", "optimizer_st
            "params_bytes", "grads_bytes", "optimizer_bytes", "max_rss_bytes", "peak_bytes", "ipv4")
 
 
-def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, steps_run: int,
+def write_outputs(cfg, spec, plan, schedule, recorder: Recorder, out: Path, wall: float, steps_run: int,
                   tokens_per_step: int, optimizer_steps: int = 0,
-                  memory: dict[str, int] | None = None, reporter: int = 0) -> dict[str, Any]:
+                  memory: dict[str, int] | None = None, reporter: int = 0,
+                  losses: list[dict] | None = None) -> dict[str, Any]:
+    """Every rank: its trace file and its row of totals; the reporting rank: the merged trace, the
+    summary. `schedule` is the run's (for the predicted peaks); `losses` the rows the reporting rank
+    wrote to losses.jsonl, handed on rather than read back."""
     rank, world = dist.get_rank(), dist.get_world_size()
     trace_dir = out / "trace"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    recorder.write(trace_dir / f"rank{rank}.jsonl")
-    lines = _gather_trace_lines((trace_dir / f"rank{rank}.jsonl").read_bytes(), reporter)
+    mine = recorder.jsonl()
+    (trace_dir / f"rank{rank}.jsonl").write_bytes(mine)      # the rank's own file: kept, not read back
+    lines = _gather_trace_lines(mine, reporter)
     tot = recorder.totals()
     row = torch.zeros(world, len(COLUMNS), dtype=torch.float64)
     row[rank] = torch.tensor([sum(tot.get(k, 0.0) for k in COMPUTE), tot.get("recv_wait", 0.0),
@@ -63,7 +67,7 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
             "device": "cuda" if torch.cuda.is_available() else "cpu", "cores": os.cpu_count() or 1}
     merged = merge_trace_lines(lines, out / "measured_trace.jsonl", world, meta)
     write_chrome(merged, out / "measured_trace.chrome.json", plan)     # for ui.perfetto.dev / chrome://tracing
-    losses = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines() if line.strip()]
+    losses = list(losses or [])
     per_stage = {}
     for s in range(plan.pp):
         rows = row[[plan.rank(s, r) for r in range(plan.dp)]].mean(0)
@@ -80,7 +84,7 @@ def write_outputs(cfg, spec, plan, recorder: Recorder, out: Path, wall: float, s
                # Where each rank ran, as its own network stack says (not the plan): one address per host
                # (per emulated DC's namespace), e.g. to check the ranks of a DC ran in that DC.
                "address_per_rank": [socket.inet_ntoa(struct.pack("!I", int(x))) for x in row[:, 11].tolist()],
-               "memory_per_stage": _memory_per_stage(spec, plan, row[:, 10].tolist())}
+               "memory_per_stage": _memory_per_stage(spec, plan, schedule, row[:, 10].tolist())}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.progress:
         print(format_summary(summary, out), file=sys.stdout, flush=True)
@@ -105,10 +109,10 @@ def _gather_trace_lines(mine: bytes, dst: int) -> list[bytes]:
     return [bytes(b[:int(s)].numpy().tobytes()) for b, s in zip(bufs, sizes)]
 
 
-def _memory_per_stage(spec, plan, peaks: list[float]) -> list[dict[str, Any]]:
+def _memory_per_stage(spec, plan, schedule, peaks: list[float]) -> list[dict[str, Any]]:
     """Predicted (cost model, this plan's schedule) against measured (runtime.memory.StepPeak, the
     largest over the stage's ranks) peak bytes of one steady-state step, per stage."""
-    predicted = predicted_stage_peaks(spec, plan, schedule_for_plan(plan))
+    predicted = predicted_stage_peaks(spec, plan, schedule)
     out = []
     for s, pred in enumerate(predicted):
         ranks = [plan.rank(s, r, t) for r in range(plan.dp) for t in range(plan.stage_tp(s))]

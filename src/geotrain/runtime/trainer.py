@@ -24,7 +24,8 @@ from geotrain.runtime.rank_run import LossLog, RankRun, make_optimizer, state_by
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import schedule_for_plan
 
-__all__ = ["FAILED_AT", "BubbleHookFactory", "RunConfig", "make_optimizer", "resolve", "state_bytes", "train"]
+__all__ = ["FAILED_AT", "BubbleHookFactory", "RunConfig", "make_optimizer", "resolve", "resolve_run", "state_bytes",
+           "train"]
 
 # (conf, rank, recorder) -> an object with fill(...)/filling()/close(), or None; see PipelineRank's `bubble`.
 BubbleHookFactory = Callable[[dict[str, Any], int, Any], Any]
@@ -64,6 +65,14 @@ class RunConfig:
 
 def resolve(cfg: RunConfig):
     """(spec, plan) for a run config, with user errors as GeotrainError."""
+    spec, plan, _ = resolve_run(cfg)
+    return spec, plan
+
+
+def resolve_run(cfg: RunConfig):
+    """(spec, plan, schedule) for a run config, with user errors as GeotrainError: the schedule is built
+    once here (it must be, to refuse what the builders refuse before any rank starts) and handed on to
+    the rank's run and its summary."""
     spec = spec_from_document(cfg.spec_doc, cfg.spec) if cfg.spec_doc else load_spec(cfg.spec)
     plan = Plan.from_dict(cfg.plan) if cfg.plan else plan_from_job(spec)
     if cfg.overrides:
@@ -89,7 +98,7 @@ def resolve(cfg: RunConfig):
         raise GeotrainError(f"plan {plan.name!r}: selective checkpointing cannot run under the {plan.schedule} "
                             f"schedule's split backward ({', '.join(selective)}: PyTorch allows one backward "
                             "through a selectively checkpointed region); use checkpointing full or none")
-    return spec, plan
+    return spec, plan, schedule
 
 
 def _splits_backward(schedule) -> bool:
@@ -97,16 +106,17 @@ def _splits_backward(schedule) -> bool:
     return any(a.op == Op.BACKWARD_INPUT for actions in schedule.actions for a in actions)
 
 
-def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[str, Any]:
+def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None, resolved=None) -> dict[str, Any]:
     """Train on this rank (an initialized process group): a short loop over `rank_run.RankRun`'s
     named steps. Returns a small result dict (losses on the rank that owns them,
     `rank_run.report_rank`; {} elsewhere).
 
     `bubble_hook(conf, rank, recorder)` builds what runs in this rank's pipeline bubbles when
     `cfg.bubbletea` is set; the caller installs it (`orchestrate.rank` installs BubbleTea's), so the
-    runtime never imports what plugs into it."""
-    spec, plan = resolve(cfg)
-    run = RankRun(cfg, spec, plan, bubble_hook)
+    runtime never imports what plugs into it. `resolved`: `resolve_run(cfg)` where the caller has it
+    already (under torchrun the command resolved it in this process)."""
+    spec, plan, schedule = resolved or resolve_run(cfg)
+    run = RankRun(cfg, spec, plan, schedule, bubble_hook)
     start = run.resume()
     log = LossLog(run, start)
     run_start = time.time()
@@ -127,4 +137,4 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None) -> dict[
     finally:
         run.close_hooks()
         log.close()
-    return run.finish(wall=time.time() - run_start)
+    return run.finish(wall=time.time() - run_start, losses=log.rows)

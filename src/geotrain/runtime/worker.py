@@ -60,11 +60,14 @@ def init_distributed() -> None:
     dist.init_process_group(backend=backend, timeout=timeout)
 
 
-def run_cases(cases: list[RunConfig], bubble_hook: BubbleHookFactory | None = None) -> list[dict]:
+def run_cases(cases: list[RunConfig], bubble_hook: BubbleHookFactory | None = None,
+              resolved: list | None = None) -> list[dict]:
+    """Train each case in turn on this rank; `resolved`: each case's `trainer.resolve_run`, where the
+    caller has them (else each is resolved in `train`)."""
     torch.set_num_threads(int(os.environ.get("GEOTRAIN_THREADS", 1)))
     init_distributed()
     try:
-        return [train(c, bubble_hook) for c in cases]
+        return [train(c, bubble_hook, r) for c, r in zip(cases, resolved or [None] * len(cases), strict=True)]
     finally:
         dist.destroy_process_group()
 
