@@ -66,6 +66,14 @@ def dc_kind(dc: Datacenter) -> tuple[str, int]:
     return dc.gpu_type, dc.gpus_per_node
 
 
+def dcs_by_kind(spec: Spec) -> dict[tuple[str, int], list[str]]:
+    """The cluster's DC names grouped by `dc_kind`, in the cluster's order."""
+    kinds: dict[tuple[str, int], list[str]] = {}
+    for d in spec.cluster.datacenters:
+        kinds.setdefault(dc_kind(d), []).append(d.name)
+    return kinds
+
+
 def tp_assignments(spec: Spec) -> list[dict[str, int]]:
     """The per-DC tensor-parallel degrees the planner tries, the all-smallest first.
 
@@ -74,14 +82,10 @@ def tp_assignments(spec: Spec) -> list[dict[str, int]]:
     GPU types or node sizes differ the stages of one plan may differ (8 on 8-GPU H100 nodes,
     2 on 2-GPU nodes). One tp per kind, not per stage: the stages of one kind of DC see the same
     costs, and the product over kinds stays small (one kind: one context per tp, as before)."""
-    dcs = spec.cluster.datacenters
     if isinstance(spec.job.tp, int):
-        return [{d.name: spec.job.tp for d in dcs}]
-    kinds: dict[tuple[str, int], list[str]] = {}
-    for d in dcs:
-        kinds.setdefault(dc_kind(d), []).append(d.name)
+        return [{d.name: spec.job.tp for d in spec.cluster.datacenters}]
     out: list[dict[str, int]] = [{}]
-    for kind, names in kinds.items():
+    for kind, names in dcs_by_kind(spec).items():
         out = [{**a, **{n: t for n in names}} for a in out for t in _model_tps(spec, kind[1])]
     return out
 
@@ -116,15 +120,13 @@ class PlanningContext:
         self.tp = min(self.tps.values()) if tps else tp
         self.widest_tp = max(self.tps.values())
         self.uniform_tp = len(set(self.tps.values())) == 1
-        kinds: dict[tuple[str, int], list[str]] = {}
-        for d in spec.cluster.datacenters:
-            kinds.setdefault(dc_kind(d), []).append(d.name)
         self.key = tuple(sorted(self.tps.items()))   # what tells two contexts' costs apart
         # The kinds of DC whose tp is not their smallest option: a chain without any of them is
         # listed by the context where they are at the smallest (tp_assignments' first), once.
         # One tp given: every layout whose DCs' nodes it fits is this context's (tp_fits).
         smallest = tp_assignments(spec)[0] if tps else self.tps
-        self._raised = [names for names in kinds.values() if self.tps[names[0]] != smallest.get(names[0])]
+        self._raised = [names for names in dcs_by_kind(spec).values()
+                        if self.tps[names[0]] != smallest.get(names[0])]
         self._cost_cls = CostModel
         self._costs: dict[str, object] = {}
         self._tables: dict[tuple[str, int, str, int], UnitTable] = {}
