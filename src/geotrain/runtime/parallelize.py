@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -166,11 +165,11 @@ def allreduce_grads(params: Iterator[nn.Parameter], group: dist.ProcessGroup, si
         nonlocal bucket, nbytes
         if not bucket:
             return
-        flat = _flatten_dense_tensors(bucket).to(dtype)
+        flat = torch.cat([g.reshape(-1) for g in bucket]).to(dtype)     # one buffer, one collective
         dist.all_reduce(flat, group=group)
         flat = flat.float().div_(size)
-        for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-            g.copy_(synced)
+        for g, synced in zip(bucket, torch.split(flat, [g.numel() for g in bucket]), strict=True):
+            g.copy_(synced.view_as(g))
         bucket, nbytes = [], 0
 
     for g in grads:

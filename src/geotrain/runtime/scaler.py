@@ -30,6 +30,12 @@ class GlobalLossScaler:
             return False
         found = torch.zeros(1, dtype=torch.float32, device=grads[0].device)
         inv = torch.full((1,), 1.0 / self.scale, dtype=torch.float32, device=grads[0].device)
+        # Private, on purpose: it is the fused op torch.amp.GradScaler.unscale_ itself runs (one kernel
+        # for all gradients: multiply by 1/scale, flag inf/NaN). GradScaler cannot do the job: it decides
+        # per process -- for DTensor gradients over their own mesh only (pytorch#132816), never across
+        # pipeline stages -- and keeps found_inf in private per-optimizer state, so the world-wide MAX
+        # below could not be applied through its public API. Public per-tensor ops (isfinite, mul_)
+        # would do the same at two kernels per gradient tensor. Present since torch 1.6, also in 2.11.
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
         return bool(found.item())
 
