@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from geotrain.config.cluster import BUILTIN_GPU_TYPES, Datacenter
-from geotrain.cost import CostModel
+from geotrain.cost import CostModel, comm
 from geotrain.models.llama import build_unit
 from geotrain.models.presets import PRESETS
 
@@ -234,28 +234,34 @@ DC = Datacenter(name="a", gpu_type="a100-80g", gpus=64, gpus_per_node=8, intra_n
                 intra_dc_gbps=200.0, intra_dc_latency_us=5.0)
 
 
+def _sync(B, n, sharding="replicate", m=4, tp=1, gather=None):
+    """comm.dp_sync_time of a one-chunk stage of B gradient bytes (and `gather` parameter bytes)."""
+    return comm.dp_sync_time(comm.sync_collectives(sharding, [(B, B if gather is None else gather)], m), n, DC, tp)
+
+
 def test_allreduce_ring_inside_a_node():
-    cost = CostModel(PRESETS["tiny"])
     B = 1e9
-    assert cost.allreduce_time(B, 1, DC) == 0
+    assert _sync(B, 1) == 0
     expect = 2 * 3 / 4 * B / (2400e9 / 8) + 2 * 3 * 5e-6
-    assert cost.allreduce_time(B, 4, DC) == pytest.approx(expect)
-    assert cost.allreduce_time(B, 4, DC, "zero1") == pytest.approx(expect)
-    assert cost.allreduce_time(B, 4, DC, "zero2") == pytest.approx(expect)  # reduce-scatter + all-gather
-    assert cost.allreduce_time(B, 4, DC, "zero3") == pytest.approx(1.5 * expect)
+    assert _sync(B, 4) == pytest.approx(expect)
+    assert _sync(B, 4, "zero1") == pytest.approx(expect)
+    assert _sync(B, 4, "zero2") == pytest.approx(expect)  # reduce-scatter + all-gather
+    # zero3: the reduce-scatter and m+1 gathers (FSDP2 reshards after every forward)
+    assert _sync(B, 4, "zero3", m=4) == pytest.approx(6 / 2 * expect)
+    fp16 = 3 / 4 * 3 * B / (2400e9 / 8) + 2 * 3 * 5e-6    # fp16 gradients, the fp32 weights gathered
+    assert _sync(B, 4, "zero2", gather=2 * B) == pytest.approx(fp16)
 
 
 def test_allreduce_hierarchical_across_nodes():
-    cost = CostModel(PRESETS["tiny"])
     B, lat = 1e9, 5e-6
     intra = 7 / 8 * B / (2400e9 / 8) + 7 * lat     # reduce-scatter inside each of 4 nodes
     inter = 3 / 4 * (B / 8) / (200e9 / 8) + 3 * lat  # ring across nodes on 1/8 of the data
-    assert cost.allreduce_time(B, 32, DC) == pytest.approx(2 * (intra + inter))
+    assert _sync(B, 32) == pytest.approx(2 * (intra + inter))
     # with tp=2 only 4 replicas share a node: 8 nodes
     intra2 = 3 / 4 * B / (2400e9 / 8) + 3 * lat
     inter2 = 7 / 8 * (B / 4) / (200e9 / 8) + 7 * lat
-    assert cost.allreduce_time(B, 32, DC, tp=2) == pytest.approx(2 * (intra2 + inter2))
-    assert cost.allreduce_time(B, 32, DC) > cost.allreduce_time(B, 8, DC)
+    assert _sync(B, 32, tp=2) == pytest.approx(2 * (intra2 + inter2))
+    assert _sync(B, 32) > _sync(B, 8)
 
 
 def test_grad_bytes_and_boundary_bytes():

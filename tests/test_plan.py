@@ -11,6 +11,7 @@ from geotrain.config import load_spec
 from geotrain.errors import InfeasibleError
 from geotrain.orchestrate.planning import make_plan
 from geotrain.plan.context import PlanningContext
+from geotrain.plan.layouts import Layout
 from geotrain.plan.scorer import Scorer
 from geotrain.plan.split import balanced_split, prefix_sums
 
@@ -118,7 +119,7 @@ def test_split_gives_the_faster_dc_more_layers(examples_dir_module):
     a100_units = chunks[0][0][1] - chunks[0][0][0]
     h100_units = chunks[1][0][1] - chunks[1][0][0]
     assert h100_units > 2 * a100_units
-    costs = sc.stage_costs(dcs, chunks, 1, "none", "replicate", 8)
+    costs = sc.stage_costs(dcs, chunks, 1, "none", "replicate", 8, Layout(tuple(dcs), (1, 1), 8, 1, 4))
     steps = [c.step for c in costs]
     assert max(steps) / min(steps) < 1.2  # balanced in time, not in units
     res = make_plan(spec, top_k=1)

@@ -62,14 +62,15 @@ def test_cross_dc_sync_prices_the_slowest_link(tmp_path):
     east, central = cl.dc("us-east"), cl.dc("us-central")
     link = cl.link("us-east", "us-central")          # 200 Gbit/s, 5 per connection, 14 ms
     nbytes = 1e9
-    one = comm.cross_dc_sync_time(nbytes, [(east, 8)], [], "replicate")
-    assert one == comm.dp_sync_time(nbytes, 8, east, "replicate")
-    two = comm.cross_dc_sync_time(nbytes, [(east, 8), (central, 8)], [link], "replicate")
+    allreduce = comm.sync_collectives("replicate", [(nbytes, nbytes)], 1)
+    one = comm.cross_dc_sync_time(allreduce, [(east, 8)], [])
+    assert one == comm.dp_sync_time(allreduce, 8, east)
+    two = comm.cross_dc_sync_time(allreduce, [(east, 8), (central, 8)], [link])
     intra = comm.hierarchical_half(nbytes, 8, 8, east)
     wan = 0.5 * nbytes / (min(8 * 5, 200) * comm.GBIT) + 0.014
     assert two == pytest.approx(2 * (intra + wan))
     slow = cl.link("us-east", "us-west")             # 50 Gbit/s, 34 ms: the ring's slowest hop
-    assert comm.cross_dc_sync_time(nbytes, [(east, 8), (central, 8)], [link, slow], "replicate") > two
+    assert comm.cross_dc_sync_time(allreduce, [(east, 8), (central, 8)], [link, slow]) > two
 
 
 def _plan(pp: int, dp: int, tp: int, replica_dcs: tuple[str, ...] = ()):

@@ -60,8 +60,8 @@ def test_durations_come_from_the_cost_model(tiny):
         assert len(fwd) == len(bwd) == plan.num_microbatches
         assert fwd == pytest.approx([t.forward] * len(fwd)) and bwd == pytest.approx([t.backward] * len(bwd))
         ar = [e for e in res.trace.events if e.rank == r and e.kind == "allreduce"]
-        assert ar[0].duration == pytest.approx(cost.allreduce_time(cost.grad_bytes(st.units), plan.dp, dc,
-                                                                   plan.sharding))
+        assert ar[0].duration == pytest.approx(cost.dp_sync_time([st.units], plan.dp, dc, plan.sharding,
+                                                                 plan.num_microbatches))
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b", "zb-h1", "wan-1f1b"])

@@ -61,7 +61,7 @@ import numpy as np
 
 from geotrain.calibrate.profile import cost_profile
 from geotrain.calibrate.waits import ack_delays, global_sync_s
-from geotrain.cost import CostModel
+from geotrain.cost import CostModel, comm
 from geotrain.plan.wan_bytes import collective_bytes
 from geotrain.schedule.actions import Op
 from geotrain.sim import StageCost, simulate_costs
@@ -275,7 +275,10 @@ def calibrated_inputs(spec, plan, profile: dict, background: float | None = None
             # replicated DP reduces in the training dtype (runtime.parallelize.allreduce_grads)
             allreduce.append((fit["alpha_s"] + cost.dtype_bytes * params * fit["per_byte_s"]) * f)
         else:
-            allreduce.append(cost.allreduce_time(cost.grad_bytes(st.units), plan.dp, dc, plan.sharding))
+            # FSDP2's gathers are in the compute above (fsdp_gather_s): the sync is the reduction
+            reduce = [c for c in cost.sync_collectives([st.units], plan.sharding, plan.num_microbatches)
+                      if plan.sharding in ("replicate", "zero1") or c[0] == "reduce-scatter"]
+            allreduce.append(comm.dp_sync_time(reduce, plan.dp, dc))
         if opt:
             step = (opt["fixed_s"] + params * opt["per_param_s"]) * factor.get("optimizer", 1.0)
         else:

@@ -147,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
         tp = plan.stage_tp(s)
         t = cost.stage_times(units, gpu, mb, tp)
         tpc = cost.tp_comm_time(units, mb, tp, dc)
-        sync = cost.allreduce_time(cost.grad_bytes(units, tp), plan.dp, dc, plan.sharding, tp)
+        sync = cost.dp_sync_time([range(a, b) for a, b in st.chunks], plan.dp, dc, plan.sharding,
+                                 plan.num_microbatches, tp)
         opt = cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp)
         busy = plan.num_microbatches * (t.forward + t.backward + tpc)
         busiest = max(busiest, (busy, s))

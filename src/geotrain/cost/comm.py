@@ -38,54 +38,100 @@ def hierarchical_half(nbytes: float, n: int, per_node: int, dc: Datacenter) -> f
             + ring_half(nbytes / g, nodes, dc.intra_dc_gbps * GBIT, lat))
 
 
-# How many reduce-scatter/all-gather "halves" of the full gradient size each sharding level
-# moves per iteration: replicate and zero1 all-reduce the gradients (zero1's parameter
-# all-gather replaces the all-reduce's second half); zero2 reduce-scatters gradients and
-# all-gathers the updated parameters; zero3 also all-gathers the parameters once for the
-# forward and once more for the backward (they are freed in between).
-HALVES_PER_ITERATION = {"replicate": 2, "zero1": 2, "zero2": 2, "zero3": 3}
+SYNC_SHARDINGS = ("replicate", "zero1", "zero2", "zero3")
+BACKENDS = ("nccl", "gloo")
 
 
-def dp_sync_time(nbytes: float, dp: int, dc: Datacenter, sharding: str, tp: int = 1) -> float:
+def fsdp_gathers(sharding: str, microbatches: int) -> int:
+    """Parameter all-gathers FSDP2 runs for one pipeline chunk per iteration, as
+    runtime/parallelize.py configures it. zero2 (reshard_after_forward=False): once, at the first
+    forward, kept until the reduce-scatter reshards. zero3 (reshard_after_forward=True, the
+    micro-batch backwards with reshard_after_backward off): every forward reshards after itself
+    and only a forward does, so an op gathers when it is the chunk's first of the iteration or
+    follows a forward -- 1 + (forwards not last) = microbatches + 1 in every schedule whose chunk
+    ends its iteration with a backward (all of them: tests/test_dp_sync.py reads it off each
+    kind's actions). replicate/zero1 gather nothing (their all-reduce is in `sync_collectives`)."""
     if sharding == "fsdp":
         sharding = "zero3"
-    if sharding not in HALVES_PER_ITERATION:
-        raise ValueError(f"unknown sharding {sharding!r} (known: {', '.join(HALVES_PER_ITERATION)})")
+    if sharding == "zero3":
+        return microbatches + 1
+    return 1 if sharding == "zero2" else 0
+
+
+def sync_collectives(sharding: str, chunks: list[tuple[float, float]], microbatches: int,
+                     backend: str = "nccl") -> list[tuple[str, float]]:
+    """(kind, bytes) of every reduce-scatter and all-gather one DP group runs per iteration for a
+    stage: the one definition the sync's time (dp_sync_time, cross_dc_sync_time) and its WAN
+    bytes (plan.wan_bytes) count. chunks: per pipeline chunk, (gradient bytes, gathered
+    parameter bytes) -- CostModel.sync_chunk_bytes. replicate/zero1: one all-reduce of the
+    stage's gradients (a reduce-scatter and an all-gather); zero2/zero3: per chunk FSDP2's
+    reduce-scatter of its gradients and `fsdp_gathers` gathers of its parameters. backend
+    "gloo" (a CPU run's ranks): gloo's reduce_scatter_tensor is an all-reduce on the wire (1.00x
+    the tensor each way between two ranks, measured on loopback, where a ring reduce-scatter and
+    all_gather_into_tensor send 0.50x), so its reduce-scatter counts twice."""
+    if sharding == "fsdp":
+        sharding = "zero3"
+    if sharding not in SYNC_SHARDINGS:
+        raise ValueError(f"unknown sharding {sharding!r} (known: {', '.join(SYNC_SHARDINGS)})")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown collective backend {backend!r} (known: {', '.join(BACKENDS)})")
+    if sharding in ("replicate", "zero1"):
+        g = sum(grad for grad, _ in chunks)
+        return [("reduce-scatter", g), ("all-gather", g)]
+    out: list[tuple[str, float]] = []
+    gathers = fsdp_gathers(sharding, microbatches)
+    for grad, params in chunks:
+        out += [("reduce-scatter", grad)] * (2 if backend == "gloo" else 1)
+        out += [("all-gather", params)] * gathers
+    return out
+
+
+def dp_sync_time(collectives: list[tuple[str, float]], dp: int, dc: Datacenter, tp: int = 1) -> float:
+    """A stage's DP sync per iteration inside one DC: each of its `sync_collectives` (bytes per
+    GPU: one tp slice) as a hierarchical ring half over the dp replicas, one after another."""
     if dp <= 1:
         return 0.0
     # A replica of a stage occupies tp consecutive GPUs, so gpus_per_node // tp replicas share a node.
     per_node = max(1, dc.gpus_per_node // tp)
-    return HALVES_PER_ITERATION[sharding] * hierarchical_half(nbytes, dp, per_node, dc)
+    return sum(count * hierarchical_half(nbytes, dp, per_node, dc) for nbytes, count in _counted(collectives))
+
+
+def _counted(collectives: list[tuple[str, float]]) -> list[tuple[float, int]]:
+    """(bytes, how many) of a sync's collectives: a zero3 stage runs m+1 gathers of one size."""
+    counts: dict[float, int] = {}
+    for _, nbytes in collectives:
+        counts[nbytes] = counts.get(nbytes, 0) + 1
+    return list(counts.items())
 
 
 def allreduce_time(nbytes: float, n: int, per_node: int, dc: Datacenter) -> float:
     return 2 * hierarchical_half(nbytes, n, per_node, dc)
 
 
-def cross_dc_sync_time(nbytes: float, groups: list[tuple[Datacenter, int]], links: list, sharding: str,
+def cross_dc_sync_time(collectives: list[tuple[str, float]], groups: list[tuple[Datacenter, int]], links: list,
                        tp: int = 1) -> float:
-    """DP gradient synchronization of a stage whose replicas span DCs (a region plan), per iteration.
+    """DP sync of a stage whose replicas span DCs (a region plan), per iteration.
 
-    Hierarchical, per reduce-scatter/all-gather half: inside each DC a half over its replicas
-    (hierarchical_half: NVLink ring, then across nodes), then a ring across the k DCs over the
-    WAN on each replica's shard -- every replica (all its tp ranks) owns a slice and sends it on
-    its own connection, so a link carries (k-1)/k of the stage's whole gradient (all tp slices)
-    at min(capacity, owners x per-connection rate), owners = tp x the fewest replicas in a DC, in
-    k-1 steps of the slowest link's latency. The slowest of `links` (every pair of the DCs)
-    prices the ring. nbytes: gradient bytes per GPU (grad_bytes, one tp slice)."""
-    if sharding == "fsdp":
-        sharding = "zero3"
+    Hierarchical, per reduce-scatter/all-gather half (`sync_collectives`, bytes per GPU: one tp
+    slice): inside each DC a half over its replicas (hierarchical_half: NVLink ring, then across
+    nodes), then a ring across the k DCs over the WAN on each replica's shard -- every replica
+    (all its tp ranks) owns a slice and sends it on its own connection, so a link carries
+    (k-1)/k of the stage's whole tensor (all tp slices) at min(capacity, owners x per-connection
+    rate), owners = tp x the fewest replicas in a DC, in k-1 steps of the slowest link's latency.
+    The slowest of `links` (every pair of the DCs) prices the ring."""
     groups = [(dc, n) for dc, n in groups if n > 0]
     if len(groups) == 1:
         dc, n = groups[0]
-        return dp_sync_time(nbytes, n, dc, sharding, tp)
+        return dp_sync_time(collectives, n, dc, tp)
     k = len(groups)
-    intra = max(hierarchical_half(nbytes, n, max(1, dc.gpus_per_node // tp), dc) for dc, n in groups)
     owners = min(n for _, n in groups) * tp
     rate = min(link.rate_gbps(owners) for link in links) * GBIT
     lat = max(link.latency_ms for link in links) * 1e-3
-    wan = (k - 1) / k * nbytes * tp / rate + (k - 1) * lat
-    return HALVES_PER_ITERATION[sharding] * (intra + wan)
+    total = 0.0
+    for nbytes, count in _counted(collectives):
+        intra = max(hierarchical_half(nbytes, n, max(1, dc.gpus_per_node // tp), dc) for dc, n in groups)
+        total += count * (intra + (k - 1) / k * nbytes * tp / rate + (k - 1) * lat)
+    return total
 
 
 def pipeline_chain(stage_dcs) -> list[str]:

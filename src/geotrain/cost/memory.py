@@ -72,6 +72,15 @@ def runtime_state_bytes_per_param(precision: str, optimizer: str, sharding: str,
             "optimizer": moments / dp if sharding != "replicate" else float(moments)}
 
 
+def fsdp_gather_bytes_per_param(precision: str) -> int:
+    """Bytes per parameter FSDP2 all-gathers: its MixedPrecisionPolicy's param_dtype
+    (`runtime.parallelize.fsdp_mixed_precision`) -- bf16 under bf16; fp16 keeps param_dtype None
+    (fp32 weights under autocast) and fp32 has no policy, so both gather the fp32 shards."""
+    if precision not in DTYPE_BYTES:
+        raise ValueError(f"unknown precision {precision!r} (known: {', '.join(DTYPE_BYTES)})")
+    return 2 if precision == "bf16" else 4
+
+
 def fsdp_weight_copies(precision: str, sharding: str) -> bool:
     """Whether autocast copies the weights into the compute dtype per micro-batch: not when FSDP2
     already gathers them in bf16 (its MixedPrecisionPolicy), else whenever autocast is on."""

@@ -24,6 +24,7 @@ from geotrain.cost.activations import SELECTIVE, deferred_weight_bytes, stage_in
 from geotrain.cost.memory import (
     DTYPE_BYTES,
     OPTIMIZERS,
+    fsdp_gather_bytes_per_param,
     fsdp_weight_copies,
     optimizer_state_bytes_per_param,
     optimizer_step_bytes_per_param,
@@ -345,14 +346,29 @@ class CostModel:
             return 0
         return int(self._tied * 4 / (dp if sharding in ("zero2", "zero3", "fsdp") else 1))
 
-    def allreduce_time(self, nbytes: int, dp: int, dc: Datacenter, sharding: str = "replicate",
-                       tp: int = 1) -> float:
-        """DP gradient synchronization per iteration inside one DC, for `nbytes` of gradients
-        per GPU (grad_bytes). replicate/zero1: ring all-reduce; zero2: reduce-scatter +
-        parameter all-gather (same volume); zero3: also the forward's and backward's parameter
-        all-gathers (3 halves: 1.5x an all-reduce), which callers may overlap with compute.
+    def gather_bytes(self, units: Sequence[int], tp: int = 1) -> int:
+        """Parameter bytes one GPU's FSDP2 all-gather of these units moves in (its param dtype)."""
+        return int(self.stage_params(units) * fsdp_gather_bytes_per_param(self.precision) / tp)
+
+    def sync_collectives(self, chunks: Sequence[Sequence[int]], sharding: str, microbatches: int, tp: int = 1,
+                         backend: str = "nccl") -> list[tuple[str, float]]:
+        """(kind, bytes per GPU) of the DP sync's collectives per iteration of a stage whose
+        pipeline chunks hold `chunks` units (comm.sync_collectives; tp=1: the whole stage)."""
+        return comm.sync_collectives(sharding, [(self.grad_bytes(c, tp), self.gather_bytes(c, tp)) for c in chunks],
+                                     microbatches, backend)
+
+    def dp_sync_time(self, chunks: Sequence[Sequence[int]], dp: int, dc: Datacenter, sharding: str,
+                     microbatches: int, tp: int = 1) -> float:
+        """DP sync per iteration inside one DC of a stage of `chunks` (comm.dp_sync_time):
+        replicate/zero1 a ring all-reduce of the gradients; zero2 FSDP2's reduce-scatter and one
+        parameter all-gather; zero3 the reduce-scatter and m+1 gathers (comm.fsdp_gathers). All
+        of it in the sync, after the backwards: the runtime's zero3 gathers run inside forward and
+        backward, where a GPU's FSDP2 prefetch can hide them behind compute, so this is what
+        they cost where nothing hides them (CPU ranks, a WAN in the DP group).
         Hierarchical when the dp replicas span nodes (see comm.py)."""
-        return comm.dp_sync_time(nbytes, dp, dc, sharding, tp)
+        if dp <= 1:
+            return 0.0
+        return comm.dp_sync_time(self.sync_collectives(chunks, sharding, microbatches, tp), dp, dc, tp)
 
     def tp_comm_time(self, units: Sequence[int], micro_batch: int, tp: int, dc: Datacenter) -> float:
         """Megatron tensor parallelism, per micro-batch (forward + backward; half each): every

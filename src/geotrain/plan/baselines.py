@@ -200,8 +200,7 @@ def dp_across_dcs(spec: Spec, ctx: PlanningContext | None = None) -> BaselineRes
     cm = ctx.cost(ckpt)
     compute = max(m * (t.forward + t.backward) for t in
                   (cm.stage_times(units, ctx.gpu(d.name), mb, tp) for d, _ in used))
-    grad = cm.grad_bytes(units, tp)
-    intra = max(cm.allreduce_time(grad, r, d, sharding, tp) if r > 1 else 0.0 for d, r in used)
+    intra = max(cm.dp_sync_time([units], r, d, sharding, m, tp) if r > 1 else 0.0 for d, r in used)
     wan = 0.0
     wan_bytes = 0.0
     if k > 1:

@@ -285,32 +285,33 @@ class PlanningContext:
                checkpointing)
         return self._memo[key]
 
-    def allreduce(self, chunks: tuple[tuple[int, int], ...], dp: int, dc_name: str, sharding: str) -> float:
+    def allreduce(self, chunks: tuple[tuple[int, int], ...], dp: int, dc_name: str, sharding: str,
+                  microbatches: int) -> float:
+        """A stage's DP sync inside its DC (CostModel.dp_sync_time: zero3's m+1 gathers too)."""
         if dp <= 1:
             return 0.0
-        key = ("ar", self.shape(chunks), dp, dc_name, sharding)
+        key = ("ar", self.shape(chunks), len(chunks), dp, dc_name, sharding, _gathering(sharding, microbatches))
         v = self._memo.get(key)
         if v is None:
-            cm = self.cost("none")
-            units = _units(chunks)
             tp = self.tps[dc_name]
-            v = cm.allreduce_time(cm.grad_bytes(units, tp), dp, self.dc(dc_name), sharding, tp)
+            v = self.cost("none").dp_sync_time([range(a, b) for a, b in chunks], dp, self.dc(dc_name), sharding,
+                                               microbatches, tp)
             self._memo[key] = v
         return v
 
     def allreduce_span(self, chunks: tuple[tuple[int, int], ...], span: tuple[str, ...], replicas: tuple[int, ...],
-                       sharding: str) -> float:
-        """A region plan's gradient sync: the stage's replicas spread over the DCs of `span` (one
+                       sharding: str, microbatches: int) -> float:
+        """A region plan's DP sync: the stage's replicas spread over the DCs of `span` (one
         tp: region layouts span only DCs of one tp, regions.region_sets)."""
-        key = ("ars", self.shape(chunks), span, replicas, sharding)
+        key = ("ars", self.shape(chunks), len(chunks), span, replicas, sharding, _gathering(sharding, microbatches))
         v = self._memo.get(key)
         if v is None:
             cm = self.cost("none")
             links = [self.link(a, b) for i, a in enumerate(span) for b in span[i + 1:]]
             tp = self.tps[span[0]]
-            v = comm.cross_dc_sync_time(cm.grad_bytes(_units(chunks), tp),
-                                        [(self.dc(d), n) for d, n in zip(span, replicas, strict=True)], links,
-                                        sharding, tp)
+            collectives = cm.sync_collectives([range(a, b) for a, b in chunks], sharding, microbatches, tp)
+            v = comm.cross_dc_sync_time(collectives, [(self.dc(d), n) for d, n in zip(span, replicas, strict=True)],
+                                        links, tp)
             self._memo[key] = v
         return v
 
@@ -383,6 +384,11 @@ def _units(chunks: tuple[tuple[int, int], ...]):
     if len(chunks) == 1:
         return range(chunks[0][0], chunks[0][1])
     return [u for a, b in chunks for u in range(a, b)]
+
+
+def _gathering(sharding: str, microbatches: int) -> int:
+    """What of the micro-batch count a sync's price depends on: zero3's gathers (a memo key part)."""
+    return comm.fsdp_gathers(sharding, microbatches)
 
 
 def ceil_inflight(x: float) -> int:

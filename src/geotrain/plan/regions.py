@@ -63,7 +63,6 @@ def region_layouts(ctx: PlanningContext) -> list[Layout]:
     sharding = ctx.sharding_options()
     if not sharding:
         return []
-    lean = min(sharding, key=lambda s: {"replicate": 2, "zero1": 2, "zero2": 2, "zero3": 3}[s])
     out = []
     for group in region_sets(ctx):
         gpus = [ctx.dc(n).gpus for n in group]
@@ -88,7 +87,7 @@ def region_layouts(ctx: PlanningContext) -> list[Layout]:
                     reps = distribute_ranked(dp, caps, ((0, 0),) * len(group))
                     if reps is None:
                         continue
-                    sync = ctx.allreduce_span(first, group, reps, lean)
+                    sync = min(ctx.allreduce_span(first, group, reps, s, m) for s in sharding)   # the leanest
                     out.append(Layout((home,), (pp,), dp, mb, m, (m - 1) * work / pp + fill + sync,
                                       span=group, replicas=reps))
     return out

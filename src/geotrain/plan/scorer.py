@@ -76,7 +76,7 @@ class Scorer:
         return out
 
     def stage_costs(self, dcs: list[str], chunks, mb: int, ckpt: str | tuple[str, ...], sharding: str, dp: int,
-                    lay: Layout | None = None) -> list[StageCosts]:
+                    lay: Layout) -> list[StageCosts]:
         """Per-stage costs; `ckpt` one mode for every stage or one per stage."""
         ctx = self.ctx
         modes = (ckpt,) * len(dcs) if isinstance(ckpt, str) else ckpt
@@ -96,11 +96,12 @@ class Scorer:
             costs[-1] = replace(costs[-1], allreduce=costs[-1].allreduce + t)
         return costs
 
-    def _sync(self, lay: Layout | None, chunks, dp: int, dc: str, sharding: str) -> float:
-        """The stage's DP gradient sync: inside its DC, or across the DCs of a region layout."""
-        if lay is not None and lay.span:
-            return self.ctx.allreduce_span(chunks, lay.span, lay.replicas, sharding)
-        return self.ctx.allreduce(chunks, dp, dc, sharding)
+    def _sync(self, lay: Layout, chunks, dp: int, dc: str, sharding: str) -> float:
+        """The stage's DP sync (zero3's gathers: one per micro-batch and one more, lay.m): inside
+        its DC, or across the DCs of a region layout."""
+        if lay.span:
+            return self.ctx.allreduce_span(chunks, lay.span, lay.replicas, sharding, lay.m)
+        return self.ctx.allreduce(chunks, dp, dc, sharding, lay.m)
 
     def connections(self, a: str, b: str, dp: int, sharing: str) -> int:
         """Connections per transfer: a fair link's flows (dp pipelines x the boundary's copies,

@@ -9,10 +9,11 @@ Three kinds of traffic cross a DC boundary:
     exactly these bytes);
   * the DP sync of a region plan (`Plan.replica_dcs`): per reduce-scatter or all-gather of a
     stage's B bytes, (k-1)/k * B over each hop of the ring through its k DCs (the volume
-    cost.comm.cross_dc_sync_time prices in time). How many of each the runtime really runs
-    is `sync_collectives`: under zero3 FSDP2 re-gathers a chunk's weights for every forward
-    after which it resharded (reshard_after_forward) and for the backward that follows it, so a
-    pipeline with m micro-batches gathers about m+1 times per iteration, not twice;
+    cost.comm.cross_dc_sync_time prices in time, over the same collectives). How many of each
+    the runtime really runs is `sync_collectives` (cost.comm.sync_collectives): under zero3
+    FSDP2 re-gathers a chunk's weights for every forward after which it resharded
+    (reshard_after_forward) and for the backward that follows it, so a pipeline with m
+    micro-batches gathers m+1 times per iteration, not twice;
   * the tied embedding's gradient sum (`runtime.tied`, cost.comm.tied_sum_time): per DP
     replica and TP index a two-rank all-reduce of CostModel.tied_grad_bytes between the first
     and the last stage, i.e. those bytes each way over every link of its route.
@@ -28,8 +29,6 @@ from geotrain.config.load import Spec
 from geotrain.cost import CostModel
 from geotrain.cost.comm import pipeline_chain, tied_route
 from geotrain.plan.plan import Plan
-from geotrain.schedule.actions import Op, Schedule
-from geotrain.schedule.builders import schedule_for_plan
 
 Direction = tuple[str, str]   # (sending DC, receiving DC)
 
@@ -79,57 +78,18 @@ def pipeline_bytes(spec: Spec, plan: Plan) -> dict[Direction, float]:
     return out
 
 
-def gathers_per_iteration(plan: Plan, virtual_stage: int, schedule: Schedule | None = None) -> int:
-    """Parameter all-gathers FSDP2 runs for one chunk in one iteration (runtime/parallelize.py):
-    zero2 gathers once and keeps the weights until the reduce-scatter; zero3 reshards after
-    every forward and keeps the weights a backward gathered until the next forward (the
-    micro-batch backwards run with reshard_after_backward off), so each forward or backward
-    that finds the chunk sharded gathers it. `schedule`: the plan's (built when not given)."""
-    if plan.sharding == "zero2":
-        return 1
-    gathered, count = False, 0
-    schedule = schedule if schedule is not None else schedule_for_plan(plan)
-    for act in schedule.actions[virtual_stage % plan.pp]:
-        if act.stage != virtual_stage or not act.op.is_compute or act.op in (Op.OPTIMIZER, Op.PREFILL):
-            continue
-        if not gathered:
-            count += 1
-            gathered = True
-        if act.op == Op.FORWARD:
-            gathered = False
-    return count
-
-
-BACKENDS = ("nccl", "gloo")
-
-
 def sync_collectives(spec: Spec, plan: Plan, backend: str = "nccl") -> list[tuple[str, float]]:
     """(what, bytes of the whole stage summed over its TP slices) of each reduce-scatter and
-    all-gather one DP group runs per iteration, for every stage and chunk. replicate/zero1: an
-    all-reduce of the gradients (a reduce-scatter and an all-gather); zero2/zero3: FSDP2's
-    reduce-scatter of the gradients (reduce dtype: the training dtype) and its parameter
-    gathers (param dtype: bf16 under bf16, else the fp32 weights). backend "gloo" (the ranks
-    of a CPU run): gloo's reduce_scatter_tensor is an all-reduce on the wire (a reduce-scatter
-    and an all-gather: 1.00x the tensor each way between two ranks, measured on loopback, where
-    a ring reduce-scatter sends 0.50x and all_gather_into_tensor does), so it counts twice."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown collective backend {backend!r} (known: {', '.join(BACKENDS)})")
+    all-gather one DP group runs per iteration, for every stage: cost.comm.sync_collectives, the
+    definition the simulator's and the planner's sync time count too (replicate/zero1 an
+    all-reduce; zero2/zero3 FSDP2's reduce-scatter per chunk and its parameter gathers, zero3's
+    m+1 of them: comm.fsdp_gathers). backend "gloo" (the ranks of a CPU run): gloo's
+    reduce-scatter is an all-reduce on the wire, so it counts twice."""
     cost = _cost(spec, plan)
     out: list[tuple[str, float]] = []
-    sharding = "zero3" if plan.sharding == "fsdp" else plan.sharding
-    if sharding in ("replicate", "zero1"):
-        for st in plan.stages:
-            g = cost.grad_bytes(st.units)
-            out += [("reduce-scatter", g), ("all-gather", g)]
-        return out
-    param_bytes = 2 if plan.precision == "bf16" else 4
-    as_sharded = plan.with_(sharding=sharding)
-    schedule = schedule_for_plan(as_sharded)   # once: every chunk's gathers are read off it
-    for v, (a, b) in enumerate(plan.virtual_units()):
-        units = range(a, b)
-        out += [("reduce-scatter", cost.grad_bytes(units))] * (2 if backend == "gloo" else 1)
-        gathers = gathers_per_iteration(as_sharded, v, schedule)
-        out += [("all-gather", cost.stage_params(units) * param_bytes)] * gathers
+    for st in plan.stages:
+        out += cost.sync_collectives([range(a, b) for a, b in st.chunks], plan.sharding, plan.num_microbatches,
+                                     backend=backend)
     return out
 
 

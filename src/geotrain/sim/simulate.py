@@ -137,13 +137,15 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     return SimResult(trace, sched, plan, fast, tokens_per_iteration, peak_memory)
 
 
-def _dp_sync(cost, cluster: Cluster, plan: Plan, units, dc, tp: int) -> float:
-    """A stage's DP gradient sync (each of its tp ranks reduces its slice with the same slice of
-    the other replicas): inside its DC, or -- a region plan -- hierarchically across the DCs of
-    its pipelines over their links (cost.comm.cross_dc_sync_time)."""
-    nbytes = cost.grad_bytes(units, tp)
+def _dp_sync(cost, cluster: Cluster, plan: Plan, chunks, dc, tp: int) -> float:
+    """A stage's DP sync (each of its tp ranks reduces its slice with the same slice of the other
+    replicas; the collectives FSDP2 runs, cost.comm.sync_collectives): inside its DC, or -- a
+    region plan -- hierarchically across the DCs of its pipelines over their links
+    (cost.comm.cross_dc_sync_time)."""
+    units = [range(a, b) for a, b in chunks]
     if not plan.replica_dcs:
-        return cost.allreduce_time(nbytes, plan.dp, dc, plan.sharding, tp)
+        return cost.dp_sync_time(units, plan.dp, dc, plan.sharding, plan.num_microbatches, tp)
+    collectives = cost.sync_collectives(units, plan.sharding, plan.num_microbatches, tp)
     spread = plan.replicas_per_dc()
     names = [d for d, _ in spread]
     known = {d.name for d in cluster.datacenters}
@@ -153,7 +155,7 @@ def _dp_sync(cost, cluster: Cluster, plan: Plan, units, dc, tp: int) -> float:
     links = [cluster.link(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     if any(link is None for link in links):
         raise GeotrainError(f"plan {plan.name!r} spreads DP over {', '.join(names)}, which are not all linked")
-    return comm.cross_dc_sync_time(nbytes, [(cluster.dc(d), n) for d, n in spread], links, plan.sharding, tp)
+    return comm.cross_dc_sync_time(collectives, [(cluster.dc(d), n) for d, n in spread], links, tp)
 
 
 def tied_sum(cost, cluster: Cluster, plan: Plan) -> float:
@@ -169,9 +171,10 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
 
     Per virtual stage: the cost model's compute times on the stage DC's GPU at the stage's tp,
     plus tensor-parallel communication (half in the forward, half in the backward's
-    input-gradient part, where it sits on the critical path); per physical stage: the DP gradient
-    synchronization and the optimizer step; per rank: peak memory as `plan.peaks.stage_peaks`
-    predicts it. Boundary copies (one per receiving TP rank) are counted by program.py."""
+    input-gradient part, where it sits on the critical path); per physical stage: the DP sync
+    (every collective FSDP2 runs, zero3's per-micro-batch gathers too) and the optimizer step;
+    per rank: peak memory as `plan.peaks.stage_peaks` predicts it. Boundary copies (one per
+    receiving TP rank) are counted by program.py."""
     cluster = spec.cluster
     if cost is None:
         cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
@@ -199,7 +202,7 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
         gpu = cluster.gpu(dc.gpu_type)
         units = st.units
         tp = plan.stage_tp(s)
-        allreduce.append(_dp_sync(cost, cluster, plan, units, dc, tp) if plan.dp > 1 else 0.0)
+        allreduce.append(_dp_sync(cost, cluster, plan, st.chunks, dc, tp) if plan.dp > 1 else 0.0)
         optimizer.append(cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp))
         peak_memory.update(dict.fromkeys(chain.from_iterable(plan.rank_table[s]), peaks[s][0].total))
     tied = tied_sum(cost, cluster, plan)
