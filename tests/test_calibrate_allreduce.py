@@ -125,3 +125,40 @@ def test_a_gpu_host_without_four_devices_skips_the_dp2_run(spec, profile, monkey
     factors, _, info = cr.calibration_run(spec, profile, steps=4, warmup=1, mode="shaper")
     assert ran == [1] and "skipped" in info["allreduce_run"]
     assert factors["allreduce"] == factors.get("allreduce_first_stage", 1.0) == 1.0
+
+
+def test_the_dp2_run_measures_what_oversubscribed_replicas_compute_beyond_the_pool(spec, profile, monkeypatch,
+                                                                                 tmp_path):
+    """Four ranks on two cores: the stand-in machine's dp = 2 run computes 1.4x what the core pool
+    predicts (the validation set's pp2 x dp2 runs: 1.0-1.6x), its dp = 1 run as predicted. The
+    profile keeps that as `pool_residual`; dp >= 2 plans predicted from it compute 1.4x, the
+    others (pp4 x dp1 here) as before."""
+    two = {**profile, "runtime": {**profile["runtime"], "cores": 2}}
+
+    def machine(spec_, plan, out, steps, mode, warmup):
+        sim, _ = predict(spec_, plan, two, iterations=steps)
+        f = 1.4 if plan.dp == 2 else 1.0
+        events = [dataclasses.replace(e, end=e.start + f * e.duration) if e.kind in ("forward", "backward") else e
+                  for e in sim.trace.events]
+        out.mkdir(parents=True, exist_ok=True)
+        Trace(events, sim.trace.num_ranks, "measured", sim.trace.meta).write_jsonl(out / "measured_trace.jsonl")
+        return out / "measured_trace.jsonl", {"background_runnable": 0.0, "mode": "shaper", "rank_slowdown": {}}
+
+    monkeypatch.setattr(cr, "run_plan", machine)
+    factors, _, info = cr.calibration_run(spec, two, steps=4, warmup=1, mode="shaper")
+    assert info["allreduce_run"]["pool_residual"] == pytest.approx(1.4, rel=0.02)
+    before = {**two, "runtime": {**two["runtime"], "compute_factor": factors,
+                                 "calibration_run": {k: v for k, v in info.items() if k != "allreduce_run"}}}
+    after = {**two, "runtime": {**two["runtime"], "compute_factor": factors, "calibration_run": info}}
+
+    def compute(prof, plan, sp=spec):
+        sim, det = predict(sp, plan, prof, iterations=3)
+        assert det["core_pool"]                          # ranks outnumber the cores: the pool is on
+        return sum(e.duration for e in sim.trace.events if e.kind in ("forward", "backward"))
+
+    dp2 = plan_from_job(spec).with_(dp=2)
+    assert compute(after, dp2) == pytest.approx(1.4 * compute(before, dp2), rel=0.02)   # the pool re-shares
+    four = write_spec(Case("ar4", pp=4, dp=1, latency_ms=5, per_connection_mbps=100), tmp_path)
+    pp4 = plan_from_job(four)
+    assert pp4.dp == 1 and pp4.num_ranks == 4
+    assert compute(after, pp4, four) == pytest.approx(compute(before, pp4, four), rel=1e-9)

@@ -363,7 +363,11 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
     factors = [1.0] * plan.pp
     res = None
     measured = bool(rank_slowdown) and contention
-    pool = core_slowdown(spec, plan, profile, bg, residual) if contention and not measured else None
+    # A dp >= 2 plan whose ranks outnumber the cores: what the profile's own dp = 2 run computed beyond
+    # the pool's prediction (calibration_run.allreduce_factor_run says why), under the same conditions.
+    pool_residual = float(cal.get("allreduce_run", {}).get("pool_residual", 1.0)) \
+        if background is None and plan.dp >= 2 else 1.0
+    pool = core_slowdown(spec, plan, profile, bg, residual * pool_residual) if contention and not measured else None
     if measured:
         factors = [sum(rank_slowdown.get(plan.rank(st, d), 1.0) for d in range(plan.dp)) / plan.dp
                    for st in range(plan.pp)]
