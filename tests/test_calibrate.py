@@ -170,20 +170,27 @@ def test_global_sync_crosses_the_wan_only_where_gloo_does(spec, unit_profile):
     assert opt == pytest.approx(sorted({round(t + 4e-3, 9) for t in steps}))
 
 
-def test_zero3_gathers_parameters_in_every_forward_and_backward(spec, unit_profile):
-    plan = plan_from_job(spec)                  # dp=2
+@pytest.mark.parametrize("precision,param_bytes", [("bf16", 2), ("fp32", 4), ("fp16", 4)])
+def test_zero3_gathers_parameters_m_plus_one_times_in_the_param_dtype(spec, unit_profile, precision, param_bytes):
+    """FSDP2 gathers in its MixedPrecisionPolicy's param dtype (bf16 under bf16; fp16 and fp32
+    gather the fp32 weights), zero3 m+1 times per iteration (cost.comm.fsdp_gathers: a forward
+    reshards, a backward keeps the weights), spread over the forwards and backwards; zero2 once."""
+    plan = plan_from_job(spec).with_(precision=precision)   # dp=2
+    m = plan.num_microbatches
     rep = calibrated_inputs(spec, plan, unit_profile)
     z3 = calibrated_inputs(spec, plan.with_(sharding="zero3"), unit_profile)
     z2 = calibrated_inputs(spec, plan.with_(sharding="zero2"), unit_profile)
-    cost = CostModel(spec.model, precision="bf16")
+    cost = CostModel(spec.model, precision=precision)
     units = plan.stages[0].units                # embedding + blocks: one group per block and the root
     blocks = [u for u in units if u > 0]
     fit = unit_profile["runtime"]["allreduce"]["2"]
-    gather = sum(fit["alpha_s"] + 2 * cost.stage_params([u]) * fit["per_byte_s"] for u in blocks) \
-        + fit["alpha_s"] + 2 * cost.stage_params([0]) * fit["per_byte_s"]
-    assert z3.stage_costs[0].forward - rep.stage_costs[0].forward == pytest.approx(gather)
-    assert z3.stage_costs[0].backward - rep.stage_costs[0].backward == pytest.approx(gather)
-    assert z2.stage_costs[0].forward - rep.stage_costs[0].forward == pytest.approx(gather / plan.num_microbatches)
+    # an all-gather of B bytes moves half of what an all-reduce of B does
+    gather = sum(fit["alpha_s"] + param_bytes * cost.stage_params([u]) * fit["per_byte_s"] / 2 for u in blocks) \
+        + fit["alpha_s"] + param_bytes * cost.stage_params([0]) * fit["per_byte_s"] / 2
+    per_op = gather * (m + 1) / (2 * m)         # m forwards and m backwards share the m+1 gathers
+    assert z3.stage_costs[0].forward - rep.stage_costs[0].forward == pytest.approx(per_op)
+    assert z3.stage_costs[0].backward - rep.stage_costs[0].backward == pytest.approx(per_op)
+    assert z2.stage_costs[0].forward - rep.stage_costs[0].forward == pytest.approx(gather / m)
     assert z2.stage_costs[0].backward == pytest.approx(rep.stage_costs[0].backward)
 
 

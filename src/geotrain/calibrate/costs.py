@@ -62,6 +62,7 @@ import numpy as np
 from geotrain.calibrate.profile import cost_profile
 from geotrain.calibrate.waits import ack_delays, global_sync_s
 from geotrain.cost import CostModel, comm
+from geotrain.cost.memory import fsdp_gather_bytes_per_param
 from geotrain.plan.wan_bytes import collective_bytes
 from geotrain.schedule.actions import Op
 from geotrain.sim import StageCost, simulate_costs
@@ -202,11 +203,13 @@ def profile_mode(profile: dict) -> str:
 
 def fsdp_gather_s(plan, cost, units: range, rt: dict) -> tuple[float, float]:
     """(per forward, per backward) seconds of FSDP2 parameter all-gathers inside one micro-batch's
-    compute (runtime.parallelize.apply_fsdp: one group per block plus the chunk's root). zero3 frees
-    the gathered weights after each forward, so every forward and every backward gathers each group
-    again; zero2 gathers once per iteration (spread over the micro-batches' forwards); replicate and
-    zero1 gather nothing. One all-gather of B fp32 bytes over the DP group costs the measured gloo
-    all-reduce fit at B / 2 (an all-gather moves half of what an all-reduce does)."""
+    compute (runtime.parallelize.apply_fsdp: one group per block plus the chunk's root). How many
+    per iteration is cost.comm.fsdp_gathers: zero3 frees the gathered weights after each forward
+    and a backward keeps them, so m+1 (spread evenly over the m forwards and m backwards); zero2
+    once (spread over the forwards); replicate and zero1 gather nothing. The bytes are FSDP2's
+    param dtype (cost.memory.fsdp_gather_bytes_per_param: bf16 under bf16, else fp32). One
+    all-gather of B bytes over the DP group costs the measured gloo all-reduce fit at B / 2 (an
+    all-gather moves half of what an all-reduce does)."""
     if plan.sharding not in ("zero2", "zero3") or plan.dp <= 1:
         return 0.0, 0.0
     fit = rt.get("allreduce", {}).get(str(plan.dp))
@@ -215,10 +218,13 @@ def fsdp_gather_s(plan, cost, units: range, rt: dict) -> tuple[float, float]:
     blocks = [u for u in units if 0 < u <= cost.model.layers]
     root = [u for u in units if u not in blocks]
     groups = [[u] for u in blocks] + ([root] if root else [])
-    gather = sum(fit["alpha_s"] + 4 * cost.stage_params(g) * fit["per_byte_s"] / 2 for g in groups)
+    param_bytes = fsdp_gather_bytes_per_param(cost.precision)
+    gather = sum(fit["alpha_s"] + param_bytes * cost.stage_params(g) * fit["per_byte_s"] / 2 for g in groups)
+    m = max(1, plan.num_microbatches)
+    gathers = comm.fsdp_gathers(plan.sharding, m) * gather
     if plan.sharding == "zero3":
-        return gather, gather
-    return gather / max(1, plan.num_microbatches), 0.0
+        return gathers / (2 * m), gathers / (2 * m)
+    return gathers / m, 0.0
 
 
 def calibrated_inputs(spec, plan, profile: dict, background: float | None = None,
