@@ -68,3 +68,13 @@ def test_nccl_settings_the_user_made_are_kept_and_a_plain_launch_sets_none(tmp_p
     # No emulation (one DC, or a real cluster's torchrun): the launcher adds no NCCL identity.
     plain = _rank_envs(tmp_path / "plain", None)
     assert all("NCCL_HOSTID" not in e for e in plain)
+
+
+def test_rehearse_hosts_get_the_same_identity_as_launched_ranks():
+    """`rehearse` starts one torchrun per DC with `host_env`: the DC's own NCCL host, over its veth."""
+    emu = WanEmulation(_cluster(), tag="e2e2e2")
+    east, west = emu.host_env("east", {}), emu.host_env("west", {})
+    assert east["NCCL_HOSTID"] != west["NCCL_HOSTID"]
+    assert east == {k: v for k, v in emu.rank_env("east", "east", 1, {}).items() if k in east}
+    assert east["GLOO_SOCKET_IFNAME"] == DC_IFNAME and east["NCCL_SOCKET_IFNAME"] == f"={DC_IFNAME}"
+    assert "NCCL_HOSTID" not in emu.host_env("east", {"NCCL_HOSTID": "mine"})
