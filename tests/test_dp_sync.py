@@ -16,7 +16,7 @@ from geotrain.cost.comm import GBIT, hierarchical_half
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.manual import plan_from_job
 from geotrain.plan.plan import StagePlan
-from geotrain.plan.scorer import plan_stage_costs
+from geotrain.plan.plan_score import plan_stage_costs
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import schedule_for_plan
 from geotrain.sim import simulate

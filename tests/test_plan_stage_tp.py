@@ -137,7 +137,8 @@ def test_equal_tp_boundary_moves_one_copy_then_gathers() -> None:
     all-gather is priced after each receive; the planner's boundary estimate counts the same bytes."""
     from geotrain.cost.comm import ring_half
     from geotrain.plan.context import PlanningContext
-    from geotrain.plan.scorer import Scorer, plan_layout
+    from geotrain.plan.plan_score import plan_layout
+    from geotrain.plan.scorer import Scorer
 
     spec = load_spec(SPEC)
     cost = CostModel(spec.model, precision="fp32", checkpointing="none", optimizer=spec.job.optimizer)
@@ -171,3 +172,53 @@ def test_temporal_turn_of_an_equal_tp_boundary_is_one_slice() -> None:
     stagger = {tps: apply_temporal(_plan(tps, dp=2).with_(links=link), spec.cluster, 1 << 20, 0.0).links[0].stagger_s
                for tps in ((1, 2), (2, 2))}
     assert stagger[(1, 2)] > 0 and abs(2 * stagger[(2, 2)] - stagger[(1, 2)]) < 1e-12, stagger
+
+
+def test_score_plan_prices_each_stage_at_its_own_tp_in_one_dc(tmp_path: Path) -> None:
+    """A hand-made plan with stages of tp 2 and tp 1 in one DC: the planner's estimate prices each
+    stage at its own tp (compute, TP all-reduces, sync, optimizer) as the simulator does, and the
+    tp 2 -> 1 boundary as one whole tensor inside the DC (not scattered: the tps differ)."""
+    from geotrain.cost.comm import GBIT
+    from geotrain.plan.context import PlanningContext
+    from geotrain.plan.estimate import BoundaryCosts, StageCosts, estimate
+    from geotrain.plan.plan_score import plan_stage_costs, score_plan
+
+    path = tmp_path / "one_dc.toml"
+    path.write_text(SPEC.read_text().split("[job]")[0].replace('cluster = "clusters/tiny_2dc.toml"', "")
+                    + """[job]
+global_batch = 16
+micro_batch = 2
+precision = "fp32"
+sharding = "replicate"
+schedule = "1f1b"
+[cluster]
+name = "one-dc"
+[[cluster.datacenters]]
+name = "east"
+gpu_type = "cpu"
+gpus = 8
+gpus_per_node = 2
+intra_node_gbps = 40
+intra_dc_gbps = 10
+intra_dc_latency_us = 50
+""")
+    spec = load_spec(path)
+    n = spec.model.num_units
+    plan = Plan(stages=(StagePlan("east", ((0, n // 2),)), StagePlan("east", ((n // 2, n),), tp=1)), dp=2, tp=2,
+                micro_batch=2, num_microbatches=4, precision="fp32", sharding="replicate", schedule="1f1b")
+    res = simulate(spec, plan)
+
+    def first(s: int, kind: str) -> float:
+        return next(e.duration for e in res.trace.events if e.rank == plan.rank(s, 0) and e.kind == kind)
+
+    sim = [StageCosts(first(s, "forward"), first(s, "backward"), 0.0, 0.0, first(s, "allreduce"),
+                      first(s, "optimizer")) for s in range(2)]
+    costs = plan_stage_costs(PlanningContext(spec), plan)
+    for got, want in zip(costs, sim):
+        assert (got.forward, got.backward, got.allreduce, got.optimizer) == pytest.approx(
+            (want.forward, want.backward, want.allreduce, want.optimizer))
+    one = CostModel(spec.model, precision="fp32").boundary_bytes(2)
+    hop = 50e-6 + one / (10 * GBIT)   # a whole tensor over the intra-DC network
+    assert first(0, "transfer") == pytest.approx(hop)
+    want = estimate(costs, [BoundaryCosts(False, hop, 0.0)], 4, "1f1b")
+    assert score_plan(PlanningContext(spec), plan).est.total == pytest.approx(want.total)

@@ -51,7 +51,7 @@ def test_the_simulator_and_the_planner_price_the_tied_gradient_sum(tmp_path):
     from geotrain.cost import comm
     from geotrain.plan.context import PlanningContext
     from geotrain.plan.manual import plan_from_job
-    from geotrain.plan.scorer import plan_stage_costs
+    from geotrain.plan.plan_score import plan_stage_costs
     from geotrain.sim import simulate
 
     tied, untied = _tied_spec(tmp_path, True), _tied_spec(tmp_path, False)

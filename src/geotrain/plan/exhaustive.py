@@ -31,8 +31,9 @@ from geotrain.plan.estimate import held
 from geotrain.plan.layouts import MICRO_BATCHES, Layout, schedule_kinds
 from geotrain.plan.placement import chains, iter_dp
 from geotrain.plan.plan import Plan
+from geotrain.plan.plan_score import score_plan
 from geotrain.plan.regions import region_sets
-from geotrain.plan.scorer import Scorer, score_plan
+from geotrain.plan.scorer import Scorer
 from geotrain.plan.temporal import apply_temporal
 from geotrain.plan.warmup import fit_warmup, wanted_warmup
 

@@ -15,7 +15,7 @@ from geotrain.cost.comm import pipeline_chain
 from geotrain.plan.context import GBIT, PlanningContext
 from geotrain.plan.estimate import held
 from geotrain.plan.plan import Plan
-from geotrain.plan.scorer import plan_stage_costs
+from geotrain.plan.plan_score import plan_stage_costs
 
 GIB = 2**30
 

@@ -4,7 +4,8 @@ analytical estimate (plan/estimate.py).
 For a layout: checkpointing (cheapest that fits first; heavier only when nothing fits), schedule
 kind, every sharding that fits (ZeRO also shards the optimizer step), temporal vs fair WAN
 sharing where they can differ; the layer split is balanced per stage time (split.py), cached per
-GPU-type sequence. `score_plan` gives the estimate of an existing plan (baselines, explanations).
+GPU-type sequence. `plan_score.score_plan` gives the estimate of an existing plan (baselines,
+explanations).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from dataclasses import replace
 from geotrain.cost.activations import SELECTIVE
 from geotrain.plan.candidate import Candidate
 from geotrain.plan.context import GBIT, PlanningContext
-from geotrain.plan.estimate import BoundaryCosts, StageCosts, estimate, finish, held, pipeline_part
+from geotrain.plan.estimate import BoundaryCosts, StageCosts, finish, held, pipeline_part
 from geotrain.plan.layouts import Layout, schedule_kinds
-from geotrain.plan.plan import Plan
 from geotrain.plan.split import balanced_split, split_even
 from geotrain.plan.stage_checkpointing import stage_modes
 from geotrain.plan.temporal import offsets_span
@@ -113,14 +113,16 @@ class Scorer:
         flows = dp * self.ctx.copies(a, b)
         return sat if sharing == "temporal" or flows <= 1 else max(1, math.ceil(sat / flows))
 
-    def boundaries(self, lay: Layout, sharing: str, conns: tuple[int, ...],
-                   v: int) -> tuple[list[BoundaryCosts], float]:
+    def boundaries(self, lay: Layout, sharing: str, conns: tuple[int, ...], v: int,
+                   stage_ctxs: list[PlanningContext] | None = None) -> tuple[list[BoundaryCosts], float]:
         """Per physical boundary costs; also the temporal stagger (one micro-batch at full rate).
 
         A WAN boundary runs `copies` parallel flows per micro-batch and pipeline (one to each
         receiving TP rank, context.copies) of `n` connections each, at up to copies x one flow's
         rate; between stages of equal tp they carry one tensor in all (1/tp slices, then the
-        receiver's TP all-gather, context.tp_gather), else a whole copy each -- as the simulator."""
+        receiver's TP all-gather, context.tp_gather), else a whole copy each -- as the simulator.
+        stage_ctxs: per stage the context of its own tp (a plan whose DC holds stages of two tps,
+        `plan_score.stage_contexts`); None: every stage at its DC's tp in this scorer's context."""
         ctx = self.ctx
         dcs = lay.stage_dcs
         one = ctx.boundary_bytes(lay.micro_batch)
@@ -128,18 +130,19 @@ class Scorer:
         out, stagger, wan_i = [], 0.0, 0
         for s in range(len(dcs) - 1):
             a, b = dcs[s], dcs[s + 1]
-            scattered = ctx.tps[a] == ctx.tps[b] > 1
-            gather = ctx.tp_gather(b, one) if scattered else 0.0
+            ta, tb = (stage_ctxs[s].tps[a], stage_ctxs[s + 1].tps[b]) if stage_ctxs else (ctx.tps[a], ctx.tps[b])
+            scattered = ta == tb > 1
+            gather = (stage_ctxs[s + 1] if stage_ctxs else ctx).tp_gather(b, one) if scattered else 0.0
             if a == b:
-                share = one // ctx.tps[a] if scattered else one
+                share = one // ta if scattered else one
                 out.append(BoundaryCosts(False, ctx.intra_dc_transfer(a, share) + gather, 0.0))
                 continue
             link = ctx.link(a, b)
             n = conns[wan_i]
             wan_i += 1
             lat = link.latency_ms * 1e-3
-            copies = ctx.copies(a, b)
-            nbytes = one * ctx.wan_copies(a, b)
+            copies = ta if ta > tb else tb        # context.copies, wan_copies at these two tps
+            nbytes = one * (1 if ta == tb else copies)
             flow = min(copies * link.rate_gbps(n), link.capacity_gbps)
             if sharing == "temporal" and dp > 1:
                 # Work-conserving turns: a few transfers at once fill the link (concurrent_turns).
@@ -337,50 +340,3 @@ class Scorer:
             desc = (f"pp={lay.pp}, dp={lay.dp}, micro-batch {lay.micro_batch}, {kind}, "
                     f"checkpointing {ckpt}, sharding {sharding}")
             self.tightest = (frac, dc, desc)
-
-
-def plan_layout(plan: Plan) -> Layout:
-    """The Layout an existing plan has: its DC chain with stages per DC, and for a region plan
-    the DCs its pipelines spread over."""
-    chain: list[str] = []
-    counts: list[int] = []
-    for st in plan.stages:
-        if chain and chain[-1] == st.dc:
-            counts[-1] += 1
-        else:
-            chain.append(st.dc)
-            counts.append(1)
-    spread = plan.replicas_per_dc() if plan.replica_dcs else []
-    return Layout(tuple(chain), tuple(counts), plan.dp, plan.micro_batch, plan.num_microbatches,
-                  span=tuple(d for d, _ in spread), replicas=tuple(n for _, n in spread))
-
-
-def plan_stage_costs(ctx: PlanningContext, plan: Plan, scorer: Scorer | None = None) -> list[StageCosts]:
-    """An existing plan's per-stage costs as the search prices them: each stage at its own
-    checkpointing mode, the DP sync across the region's DCs for a region plan."""
-    scorer = scorer or Scorer(ctx, kinds=(plan.schedule,))
-    modes = tuple(plan.stage_checkpointing(s) for s in range(plan.pp))
-    return scorer.stage_costs([st.dc for st in plan.stages], tuple(st.chunks for st in plan.stages),
-                              plan.micro_batch, modes, plan.sharding, plan.dp, plan_layout(plan))
-
-
-def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
-    """The analytical estimate of an existing plan (for baselines and the explanation)."""
-    ctx = ctx.for_plan(plan)   # costs are per tp: a plan of other tps is priced in a context of its own
-    lay = plan_layout(plan)
-    chain = lay.chain
-    sharing = "temporal" if any(lp.sharing == "temporal" for lp in plan.links) else "fair"
-    scorer = Scorer(ctx, kinds=(plan.schedule,))
-    conns = tuple(lp.connections for lp in plan.links)
-    if len(conns) != len(chain) - 1:
-        return None
-    bounds, stagger = scorer.boundaries(lay, sharing, conns, plan.virtual_per_stage)
-    modes = tuple(plan.stage_checkpointing(s) for s in range(plan.pp))
-    costs = plan_stage_costs(ctx, plan, scorer)
-    wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
-    span = max(plan.pipeline_offsets, default=0.0)
-    est = estimate(costs, bounds, plan.num_microbatches, plan.schedule, plan.virtual_per_stage, plan.extra_warmup,
-                   span, wan_lat)
-    return Candidate(lay, plan.schedule, plan.virtual_per_stage, plan.checkpointing, plan.sharding,
-                     tuple(s.chunks for s in plan.stages), plan.extra_warmup, sharing, conns, est, plan.name, plan.tp,
-                     stage_checkpointing=modes if len(set(modes)) > 1 else (), tps=ctx.key)

@@ -24,8 +24,9 @@ from geotrain.plan.explain import analyse, infeasible_reason
 from geotrain.plan.layouts import Layout, chain_signature, enumerate_layouts, schedule_kinds
 from geotrain.plan.pins import pin_problem, respects_pins
 from geotrain.plan.plan import Plan
+from geotrain.plan.plan_score import score_plan
 from geotrain.plan.scan import search, search_groups, tp_groups
-from geotrain.plan.scorer import Scorer, score_plan
+from geotrain.plan.scorer import Scorer
 from geotrain.plan.temporal import apply_fair, apply_temporal, with_connections
 
 ESTIMATE_BAND = 0.07     # how far behind the best estimate a candidate may be and still be simulated
