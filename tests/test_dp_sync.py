@@ -104,3 +104,36 @@ def test_zero3s_gather_count_is_read_off_every_schedule_kind(kind):
     for v in range(plan.pp * plan.virtual_per_stage):
         assert _gathers_read_off(plan, v) == comm.fsdp_gathers("zero3", m) == m + 1
     assert comm.fsdp_gathers("zero2", m) == 1 and comm.fsdp_gathers("replicate", m) == 0
+
+
+def test_the_simulator_and_the_planner_price_a_stages_sync_in_one_function(monkeypatch):
+    """sim.simulate and PlanningContext (allreduce, allreduce_span) both call
+    cost.comm.region_sync_time, with the same collectives and spread, for a region plan and an
+    ordinary one."""
+    calls: list[tuple[str, tuple, float]] = []
+    real = comm.region_sync_time
+
+    def spy(collectives, spread, dc, link, tp=1):
+        t = real(collectives, spread, dc, link, tp)
+        calls.append((tuple(collectives), tuple(spread), t))
+        return t
+
+    monkeypatch.setattr(comm, "region_sync_time", spy)
+    spec = load_spec(SPEC)
+    base = plan_from_job(spec)
+    region = base.with_(stages=tuple(StagePlan(dc="east", chunks=st.chunks) for st in base.stages),
+                        replica_dcs=("east", "west"), links=(), name="tiny-region")
+    for plan in (base, region):
+        calls.clear()
+        simulate(spec, plan)
+        simulated = list(calls)
+        assert [c[1] for c in simulated] == ([(("east", 1), ("west", 1))] * 2 if plan.replica_dcs
+                                             else [((st.dc, 2),) for st in plan.stages])
+        calls.clear()
+        ctx = PlanningContext(spec)
+        for st in plan.stages:
+            if plan.replica_dcs:
+                ctx.allreduce_span(st.chunks, ("east", "west"), (1, 1), plan.sharding, plan.num_microbatches)
+            else:
+                ctx.allreduce(st.chunks, plan.dp, st.dc, plan.sharding, plan.num_microbatches)
+        assert calls == simulated

@@ -134,6 +134,18 @@ def cross_dc_sync_time(collectives: list[tuple[str, float]], groups: list[tuple[
     return total
 
 
+def region_sync_time(collectives: list[tuple[str, float]], spread: list[tuple[str, int]], dc, link,
+                     tp: int = 1) -> float:
+    """A stage's DP sync over the DCs its replicas sit in: `spread` (DC name, replicas) in ring
+    order -- one DC for an ordinary plan --, `dc(name)`, `link(a, b)` the cluster's (or a
+    planner's memoised) lookups: inside one DC dp_sync_time, across several cross_dc_sync_time
+    over every pair's link. The simulator (sim.simulate) and the planner's context
+    (PlanningContext.allreduce, allreduce_span) both price a stage's sync here."""
+    names = [d for d, _ in spread]
+    links = [link(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    return cross_dc_sync_time(collectives, [(dc(d), n) for d, n in spread], links, tp)
+
+
 def pipeline_chain(stage_dcs) -> list[str]:
     """A pipeline's DCs in order, each once per contiguous run of its stages."""
     chain: list[str] = []

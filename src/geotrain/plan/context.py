@@ -287,16 +287,16 @@ class PlanningContext:
 
     def allreduce(self, chunks: tuple[tuple[int, int], ...], dp: int, dc_name: str, sharding: str,
                   microbatches: int) -> float:
-        """A stage's DP sync inside its DC (CostModel.dp_sync_time: zero3's m+1 gathers too)."""
+        """A stage's DP sync inside its DC (comm.region_sync_time, with the simulator: zero3's m+1 gathers too)."""
         if dp <= 1:
             return 0.0
         key = ("ar", self.shape(chunks), len(chunks), dp, dc_name, sharding, _gathering(sharding, microbatches))
         v = self._memo.get(key)
         if v is None:
             tp = self.tps[dc_name]
-            v = self.cost("none").dp_sync_time([range(a, b) for a, b in chunks], dp, self.dc(dc_name), sharding,
-                                               microbatches, tp)
-            self._memo[key] = v
+            collectives = self.cost("none").sync_collectives([range(a, b) for a, b in chunks], sharding, microbatches,
+                                                             tp)
+            v = self._memo[key] = comm.region_sync_time(collectives, [(dc_name, dp)], self.dc, self.link, tp)
         return v
 
     def allreduce_span(self, chunks: tuple[tuple[int, int], ...], span: tuple[str, ...], replicas: tuple[int, ...],
@@ -306,13 +306,11 @@ class PlanningContext:
         key = ("ars", self.shape(chunks), len(chunks), span, replicas, sharding, _gathering(sharding, microbatches))
         v = self._memo.get(key)
         if v is None:
-            cm = self.cost("none")
-            links = [self.link(a, b) for i, a in enumerate(span) for b in span[i + 1:]]
             tp = self.tps[span[0]]
-            collectives = cm.sync_collectives([range(a, b) for a, b in chunks], sharding, microbatches, tp)
-            v = comm.cross_dc_sync_time(collectives, [(self.dc(d), n) for d, n in zip(span, replicas, strict=True)],
-                                        links, tp)
-            self._memo[key] = v
+            collectives = self.cost("none").sync_collectives([range(a, b) for a, b in chunks], sharding, microbatches,
+                                                             tp)
+            v = self._memo[key] = comm.region_sync_time(collectives, list(zip(span, replicas, strict=True)), self.dc,
+                                                        self.link, tp)
         return v
 
     def tied_sum(self, stage_dcs: tuple[str, ...], sharding: str, dp: int) -> float:

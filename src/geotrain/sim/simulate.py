@@ -137,25 +137,20 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     return SimResult(trace, sched, plan, fast, tokens_per_iteration, peak_memory)
 
 
-def _dp_sync(cost, cluster: Cluster, plan: Plan, chunks, dc, tp: int) -> float:
-    """A stage's DP sync (each of its tp ranks reduces its slice with the same slice of the other
-    replicas; the collectives FSDP2 runs, cost.comm.sync_collectives): inside its DC, or -- a
-    region plan -- hierarchically across the DCs of its pipelines over their links
-    (cost.comm.cross_dc_sync_time)."""
-    units = [range(a, b) for a, b in chunks]
+def _sync_spread(cluster: Cluster, plan: Plan) -> list[tuple[str, int]] | None:
+    """(DC, replicas) a region plan's DP groups spread over, checked once against the cluster
+    (named DCs, every pair linked); None for an ordinary plan (each stage's DP inside its DC)."""
     if not plan.replica_dcs:
-        return cost.dp_sync_time(units, plan.dp, dc, plan.sharding, plan.num_microbatches, tp)
-    collectives = cost.sync_collectives(units, plan.sharding, plan.num_microbatches, tp)
+        return None
     spread = plan.replicas_per_dc()
     names = [d for d, _ in spread]
     known = {d.name for d in cluster.datacenters}
     if any(n not in known for n in names):
         raise GeotrainError(f"plan {plan.name!r}: replica_dcs names {sorted(set(names) - known)}, not datacenters "
                             f"of cluster {cluster.name}")
-    links = [cluster.link(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
-    if any(link is None for link in links):
+    if any(cluster.link(a, b) is None for i, a in enumerate(names) for b in names[i + 1:]):
         raise GeotrainError(f"plan {plan.name!r} spreads DP over {', '.join(names)}, which are not all linked")
-    return comm.cross_dc_sync_time(collectives, [(cluster.dc(d), n) for d, n in spread], links, tp)
+    return spread
 
 
 def tied_sum(cost, cluster: Cluster, plan: Plan) -> float:
@@ -196,13 +191,19 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
             backward_input=t.backward_input + tpc / 2, backward_weight=t.backward_weight,
             send_bytes=cost.boundary_bytes(mb) if v < last else 0))
     allreduce, optimizer, peak_memory = [], [], {}
+    spread = _sync_spread(cluster, plan)
     peaks = stage_peaks(spec, plan, sched, cost)  # as the runtime's prediction: chunks weighed, B-W counted
     for s, st in enumerate(plan.stages):
         dc = cluster.dc(st.dc)
         gpu = cluster.gpu(dc.gpu_type)
         units = st.units
         tp = plan.stage_tp(s)
-        allreduce.append(_dp_sync(cost, cluster, plan, st.chunks, dc, tp) if plan.dp > 1 else 0.0)
+        # the stage's DP sync (each tp rank reduces its slice with the other replicas' same slice):
+        # the collectives FSDP2 runs, inside its DC or across a region's (one function with the planner)
+        collectives = cost.sync_collectives([range(a, b) for a, b in st.chunks], plan.sharding, plan.num_microbatches,
+                                            tp)
+        allreduce.append(comm.region_sync_time(collectives, spread or [(st.dc, plan.dp)], cluster.dc, cluster.link, tp)
+                         if plan.dp > 1 else 0.0)
         optimizer.append(cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp))
         peak_memory.update(dict.fromkeys(chain.from_iterable(plan.rank_table[s]), peaks[s][0].total))
     tied = tied_sum(cost, cluster, plan)
