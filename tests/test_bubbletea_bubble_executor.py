@@ -238,6 +238,28 @@ def test_chunks_slower_than_profiled_shrink_what_the_rank_asks_for():
     assert w.slowdown == 1.0
 
 
+def test_a_rank_that_learnt_too_large_a_slowdown_for_its_bubbles_takes_work_again():
+    """One very slow chunk (a cold forward, a burst of load) taught the rank a slow-down at which
+    no chunk fits its 20 ms bubbles; only a chunk that runs measures it again. The learnt value
+    decays while nothing runs, so the rank probes again (it used to stay locked out for good)."""
+    model = build_model(PRESETS["tiny"]).eval()
+    ex = BubbleExecutor(min_chunk=4)
+    fut = ex.submit(3, list(range(1, 13)))
+    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0008, c=0.0), secret=ex.secret)
+    w.slowdown_half_life_s = 0.1
+    w.connect()
+    w._learn(measured=0.4, modelled=0.004)          # 100x: at most 0.2 ms of profile fits a bubble
+    assert w.slowdown > 20
+    deadline = time.time() + 10
+    while not fut.done() and time.time() < deadline:
+        w.fill(0.02)
+        time.sleep(0.01)
+    w.close()
+    ex.close()
+    assert fut.done(), f"no chunk ran in 10 s (learnt slow-down {w.slowdown:.1f})"
+    assert fut.result().first_token == prefill(model, list(range(1, 13)))[0]
+
+
 def test_a_connection_without_the_secret_is_dropped_and_logged_and_joins_no_rank(capfd):
     import socket
 

@@ -259,10 +259,12 @@ class BubbleWorker:
     late_s: float = 0.0              # how far fills ran past their budget, summed
     bubble_s: float = 0.0            # time spent where the rank waits for data (prefill + wait), summed
     slowdown: float = 1.0            # measured / predicted chunk time, learnt (see _learn)
+    slowdown_half_life_s: float = 1.0   # while no chunk runs, the learnt slow-down decays toward 1 (see _forget)
     _caches: dict[int, KVCache] = field(default_factory=dict)
     _sock: socket.socket | None = None
     _runner: IdlePriorityThread | None = None
     _unanswered: int = 0             # polls whose answers came too late (still to be read and dropped)
+    _slowdown_at: float | None = None   # when `slowdown` was last learnt or decayed (perf_counter)
 
     def connect(self) -> None:
         if isinstance(self.address, str):
@@ -297,6 +299,7 @@ class BubbleWorker:
 
     def _fill_until(self, t0: float, budget_s: float) -> None:
         deadline = t0 + budget_s - self.margin_s
+        self._forget(t0)
         while True:
             left = deadline - time.perf_counter()
             if left <= self.cost.a:
@@ -334,6 +337,17 @@ class BubbleWorker:
     def _predict(self, msg: dict) -> float:
         return self._modelled(msg) * self.slowdown
 
+    def _forget(self, now: float) -> None:
+        """Let the learnt slow-down decay toward 1 with the time since it was last measured. Only a
+        chunk that runs measures it, and a slow-down too large for the rank's bubbles lets no chunk
+        run: without this, one slow chunk (a cold first forward, a burst of load) locked the rank
+        out of every bubble of that size for good -- on a loaded 2-core machine both ranks of a
+        test stopped taking work and the requests waited for the service's timeout."""
+        if self._slowdown_at is not None and self.slowdown > 1.0:
+            halves = (now - self._slowdown_at) / max(self.slowdown_half_life_s, 1e-9)
+            self.slowdown = 1.0 + (self.slowdown - 1.0) * 0.5 ** halves
+        self._slowdown_at = now
+
     def _learn(self, measured: float, modelled: float) -> None:
         """Track how much slower chunks run now than the start-up profile said (a busy machine,
         cold caches after a training step): quick to rise, slow to fall, never below 1."""
@@ -341,6 +355,7 @@ class BubbleWorker:
         r = measured / max(modelled, 1e-9)
         w = 0.5 if r > self.slowdown else 0.05
         self.slowdown = max(1.0, (1 - w) * self.slowdown + w * r)
+        self._slowdown_at = time.perf_counter()
 
     def _run_chunk(self, msg: dict) -> None:
         rid = int(msg["id"])
