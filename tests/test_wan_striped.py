@@ -80,7 +80,9 @@ def test_frames_are_a_fixed_struct_not_pickle():
     assert FRAME.size == struct.calcsize("!BQqQQQII")
 
 
-def _timed_transfer(k: int, shaper: ShaperConfig, nbytes: int, base: int) -> float:
+def _timed_transfer(k: int, shaper: ShaperConfig, nbytes: int, base: int) -> tuple[float, float]:
+    """(wall seconds, seconds by the shaper's booking: until its connections' last blocks were due
+    to leave) for one transfer of `nbytes` over `k` shaped connections."""
     store = dist.HashStore()
     a = StripedTransport(base, store, connections=k, shaper=shaper)
     b = StripedTransport(base + 1, store)
@@ -97,20 +99,27 @@ def _timed_transfer(k: int, shaper: ShaperConfig, nbytes: int, base: int) -> flo
         wr.wait()
         dt = time.monotonic() - t
         assert torch.equal(x, y)
-        return dt
+        booked = [lane.pacing.last for lane in a._peers[base + 1].lanes if lane.pacing and lane.pacing.last]
+        return dt, (max(booked) - t if booked else dt)
     finally:
         a.close()
         b.close()
 
 
 def test_shaper_caps_each_connection_and_the_aggregate():
+    """The caps by the shaper's own booking (a loaded CPU's late wake-ups within a transfer are
+    made up, so this holds under load), and by the wall clock from the side load cannot push:
+    never faster than the cap, never done before the booking said."""
     cfg = ShaperConfig(per_connection_gbps=0.08, aggregate_gbps=0.2)
     nbytes = 3_000_000                                     # 24 Mbit
     for k, expect_gbps in [(1, 0.08), (4, 0.2)]:
-        gbps = nbytes * 8 / _timed_transfer(k, cfg, nbytes, base=10 * k) / 1e9
+        dt, booked = _timed_transfer(k, cfg, nbytes, base=10 * k)
+        gbps = nbytes * 8 / booked / 1e9
         assert abs(gbps - expect_gbps) <= 0.15 * expect_gbps, (k, gbps)
+        assert nbytes * 8 / dt / 1e9 <= 1.15 * expect_gbps, (k, dt)
+        assert dt >= booked - 1e-3, (k, dt, booked)
 
 
 def test_shaper_adds_one_way_delay():
-    dt = _timed_transfer(2, ShaperConfig(delay_ms=60), 4000, base=50)
+    dt, _ = _timed_transfer(2, ShaperConfig(delay_ms=60), 4000, base=50)
     assert 0.055 <= dt <= 0.09, dt

@@ -83,8 +83,7 @@ class _Lane:
         threading.Thread(target=self._read_acks, daemon=True, name=f"striped-acks-{peer.dst}").start()
 
     def _write(self) -> None:
-        pace = self.pacing.wait_for if self.pacing is not None else None
-        block = PACED_BLOCK if pace is not None else BLOCK
+        block = PACED_BLOCK if self.pacing is not None else BLOCK
         while True:
             job = self.jobs.get()
             if job is None:
@@ -96,6 +95,7 @@ class _Lane:
                     pass
                 return
             out, off, n, done = job
+            pace = self._pace_job() if self.pacing is not None else None
             try:
                 total = len(out.data)
                 for start in range(off, off + n, FRAME_BYTES) if n else (off,):
@@ -105,6 +105,16 @@ class _Lane:
                 done.tick()
             except OSError as e:
                 done.tick(e)
+
+    def _pace_job(self):
+        """pace(nbytes) for one job's blocks: the first is booked from now, each later one follows
+        the one before (they are all ready: see ConnectionShaper.wait_for)."""
+        first = [True]
+
+        def pace(nbytes: int) -> None:
+            self.pacing.wait_for(nbytes, follows=not first[0])
+            first[0] = False
+        return pace
 
     def _read_acks(self) -> None:
         try:
