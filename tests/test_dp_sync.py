@@ -15,7 +15,7 @@ from geotrain.cost import CostModel, comm
 from geotrain.cost.comm import GBIT, hierarchical_half
 from geotrain.plan.context import PlanningContext
 from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import StagePlan
+from geotrain.plan.plan import Plan, StagePlan
 from geotrain.plan.plan_score import plan_stage_costs
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import schedule_for_plan
@@ -137,3 +137,26 @@ def test_the_simulator_and_the_planner_price_a_stages_sync_in_one_function(monke
             else:
                 ctx.allreduce(st.chunks, plan.dp, st.dc, plan.sharding, plan.num_microbatches)
         assert calls == simulated
+
+
+@pytest.mark.parametrize("sharding", ["zero1", "zero3"])
+def test_dp_across_dcs_prices_the_sync_the_simulator_prices_for_its_region_plan(sharding):
+    """The dp-across-dcs baseline's DP sync and WAN bytes are those of the region plan it
+    describes (one stage, its replicas spread over the DCs): the simulator's sync event and
+    plan.wan_bytes' count, zero3's m+1 gathers across the WAN included."""
+    from geotrain.plan.baselines import dp_across_dcs
+    from geotrain.plan.wan_bytes import wan_bytes_per_direction
+
+    spec = load_spec(SPEC.parent / "llama2_7b_a100_3dc.toml")
+    spec = replace(spec, job=spec.job.model_copy(update={"sharding": sharding, "checkpointing": "full"}))
+    b = dp_across_dcs(spec)
+    assert b.ok and f"full checkpointing, {sharding}" in b.note
+    dp = sum(b.gpus_per_dc.values())
+    m = spec.job.global_batch // (dp * spec.job.micro_batch)
+    plan = Plan(stages=(StagePlan(dc=next(iter(b.gpus_per_dc)), chunks=((0, spec.model.num_units),)),), dp=dp,
+                tp=1, micro_batch=spec.job.micro_batch, num_microbatches=m, precision=spec.job.precision,
+                sharding=sharding, checkpointing="full", schedule="1f1b", name="dp-across",
+                replica_dcs=tuple(d for d, n in b.gpus_per_dc.items() for _ in range(n)))
+    res = simulate(spec, plan)
+    assert b.sync_s == pytest.approx(_sync_events(res, plan)[0])
+    assert b.wan_bytes == pytest.approx(sum(wan_bytes_per_direction(spec, plan).values()))

@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass, field
 
 from geotrain.config.load import Spec
+from geotrain.cost import comm
 from geotrain.errors import GeotrainError
-from geotrain.plan.context import GBIT, PlanningContext
+from geotrain.plan.context import PlanningContext
 from geotrain.plan.estimate import held
 from geotrain.plan.layouts import enumerate_layouts
 from geotrain.plan.placement import divisors
@@ -43,6 +44,7 @@ class BaselineResult:
     note: str = ""
     sim: object | None = None
     egress_usd: float = 0.0            # $ of WAN egress per iteration (plans: plan.price computes it)
+    sync_s: float = 0.0                # dp-across-dcs: its DP sync per iteration (cost.comm.cross_dc_sync_time)
 
     @property
     def ok(self) -> bool:
@@ -154,13 +156,12 @@ def dp_across_dcs(spec: Spec, ctx: PlanningContext | None = None) -> BaselineRes
 
     Assumptions: dp = the largest divisor of global_batch / micro_batch that fits the GPUs,
     replicas spread over DCs in proportion to their size; every GPU runs forward + backward of
-    all its micro-batches (time of the slowest GPU type); then a hierarchical all-reduce with no
-    overlap with compute: reduce-scatter inside each DC (the cost model's intra-DC time), a ring
-    all-reduce across the k DCs of the shards -- 2 (k-1)/k x gradient bytes through the slowest
-    WAN link among the DCs, each shard owner using one TCP connection, so the link runs at
-    min(capacity, owners x per-connection rate), plus 2 (k-1) one-way latencies -- then the
-    intra-DC all-gather (included in the cost model's all-reduce time); then the optimizer step.
-    Sharding inside each DC (HSDP) is the cheapest that fits."""
+    all its micro-batches (time of the slowest GPU type); then the DP sync with no overlap with
+    compute, the one a region plan of these replicas runs and the simulator prices
+    (cost.comm.cross_dc_sync_time on cost.comm.sync_collectives: per reduce-scatter or
+    all-gather a half inside each DC, then a ring of the shards across the k DCs through the
+    slowest WAN link among them, each shard owner on its own connection, k-1 latencies); then
+    the optimizer step. The sharding (the memory fit per DC, as HSDP) is the cheapest that fits."""
     ctx = ctx or PlanningContext(spec)
     cluster, job = spec.cluster, spec.job
     if job.pp is not None and job.pp > 1:
@@ -200,30 +201,29 @@ def dp_across_dcs(spec: Spec, ctx: PlanningContext | None = None) -> BaselineRes
     cm = ctx.cost(ckpt)
     compute = max(m * (t.forward + t.backward) for t in
                   (cm.stage_times(units, ctx.gpu(d.name), mb, tp) for d, _ in used))
-    intra = max(cm.dp_sync_time([units], r, d, sharding, m, tp) if r > 1 else 0.0 for d, r in used)
-    wan = 0.0
+    # The sync a region plan of these replicas runs (cost.comm.sync_collectives: the sharding's
+    # collectives, zero3's m+1 gathers too), priced as the simulator and the planner price one
+    # (comm.cross_dc_sync_time over the DCs' links) and counted as plan.wan_bytes counts it.
+    links = [ctx.link(a.name, b.name) for a, _ in used for b, _ in used if a.name < b.name]
+    links = [link for link in links if link is not None]
+    sync = comm.cross_dc_sync_time(cm.sync_collectives([units], sharding, m, tp), used, links, tp)
     wan_bytes = 0.0
     if k > 1:
-        links = [ctx.link(a.name, b.name) for a, _ in used for b, _ in used if a.name < b.name]
-        links = [link for link in links if link is not None]
-        owners = min(r for _, r in used) * tp
-        rate = min(min(link.capacity_gbps, owners * link.per_connection_gbps) for link in links) * GBIT
-        lat = max(link.latency_ms for link in links) * 1e-3
-        full = cm.grad_bytes(units) * 1.0  # whole gradient, all tp slices
-        wan = 2 * (k - 1) / k * full / rate + 2 * (k - 1) * lat
-        wan_bytes = 2 * (k - 1) * full
-        ring = [d.name for d, _ in used]   # each hop of the ring carries 2 (k-1)/k of the gradient
+        hop = (k - 1) / k * sum(nbytes for _, nbytes in cm.sync_collectives([units], sharding, m))   # all tp slices
+        ring = [d.name for d, _ in used]   # each hop of the ring carries (k-1)/k of every collective
         for a, b in zip(ring, ring[1:] + ring[:1]):
+            wan_bytes += hop
             link = ctx.link(a, b)
             if link is not None and link.egress_usd_per_gb:
-                res.egress_usd += 2 * (k - 1) / k * full / 1e9 * link.egress_usd_per_gb
+                res.egress_usd += hop / 1e9 * link.egress_usd_per_gb
     opt = max(cm.optimizer_time(units, ctx.gpu(d.name), sharding, r, tp) for d, r in used)
-    t = compute + intra + wan + opt
+    t = compute + sync + opt
     res.iteration_s = t
     res.tokens_per_s = gb * spec.model.seq_len / t
     res.utilization = compute / t
     res.wan_bytes = wan_bytes
-    res.note = f"analytical; {ckpt} checkpointing, {sharding}; WAN all-reduce {wan:.2f} s"
+    res.sync_s = sync
+    res.note = f"analytical; {ckpt} checkpointing, {sharding}; DP sync {sync:.2f} s"
     return res
 
 
