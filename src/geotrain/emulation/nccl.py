@@ -22,6 +22,8 @@ def nccl_host_env(host_id: str, ifname: str, inherited: Mapping[str, str]) -> di
       the router, so NET traffic crosses the delayer and the shaper.
     - NCCL_IB_DISABLE=1: no IB/RoCE transport, NCCL falls back to IP sockets (same page). RDMA devices
       are not per network namespace by default, so NET/IB would bypass the veth just as P2P would.
+    Not handled: a box whose GPUs share a multi-node NVLink fabric (GB200-class racks), where NCCL
+    may join distinct hosts over NVLink anyway (NCCL_MNNVL_ENABLE; its entry was not checked).
     A real cluster (one torchrun per host) never comes here: its hosts differ already, and its NICs
     are the operator's choice."""
     wanted = {"NCCL_HOSTID": host_id, "NCCL_SOCKET_IFNAME": f"={ifname}", "NCCL_IB_DISABLE": "1"}
