@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path
 
 import torch.distributed as dist
 
@@ -20,7 +19,6 @@ from geotrain.plan.manual import plan_from_job
 from geotrain.plan.plan import StagePlan
 from geotrain.runtime.launch import free_port
 from geotrain.runtime.trainer import RunConfig, train
-from geotrain.trace.schema import Trace
 
 
 def measure_interpreter(spec_path: str, micro_batch: int, num_microbatches: int, steps: int = 4) -> dict[str, float]:
@@ -37,11 +35,10 @@ def measure_interpreter(spec_path: str, micro_batch: int, num_microbatches: int,
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1)
         try:
-            train(RunConfig(spec=spec_path, out=tmp, plan=plan.to_dict(), steps=steps, progress=False,
-                            data="synthetic", checkpoint_every=0))
+            trace = train(RunConfig(spec=spec_path, out=tmp, plan=plan.to_dict(), steps=steps, progress=False,
+                                    data="synthetic", checkpoint_every=0))["trace"]     # the merged trace, in memory
         finally:
             dist.destroy_process_group()
-        trace = Trace.read_jsonl(Path(tmp) / "measured_trace.jsonl")
     gaps, fwd, bwd = [], [], []
     actions_per_iteration = 2 * num_microbatches + 2      # F and B per micro-batch, all-reduce, optimizer
     for it in range(2, steps + 1):                        # iteration 1 warms up

@@ -42,7 +42,8 @@ def write_outputs(cfg, spec, plan, schedule, recorder: Recorder, out: Path, wall
                   losses: list[dict] | None = None) -> dict[str, Any]:
     """Every rank: its trace file and its row of totals; the reporting rank: the merged trace, the
     summary. `schedule` is the run's (for the predicted peaks); `losses` the rows the reporting rank
-    wrote to losses.jsonl, handed on rather than read back."""
+    wrote to losses.jsonl, handed on rather than read back. The reporting rank returns the losses,
+    the summary and the merged trace (for a caller in this process: no need to read the files)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     trace_dir = out / "trace"
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +89,7 @@ def write_outputs(cfg, spec, plan, schedule, recorder: Recorder, out: Path, wall
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.progress:
         print(format_summary(summary, out), file=sys.stdout, flush=True)
-    return {"losses": losses, "summary": summary}
+    return {"losses": losses, "summary": summary, "trace": merged}
 
 
 def _gather_trace_lines(mine: bytes, dst: int) -> list[bytes]:
