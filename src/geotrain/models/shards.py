@@ -21,8 +21,8 @@ def local_block(param) -> Block | None:
     """(shape, offset) of the block of the full tensor that a DTensor's local shard is, for layouts
     made of plain Shard/Replicate placements (FSDP2 alone, TP alone, both on separate dims); None
     for any other (FSDP2 over TP's shards of the same dim is strided)."""
-    # DTensor's own arithmetic of where a local shard sits (what DCP uses to save it); private, and
-    # no public function gives a shard's global offset in torch 2.11.
+    # DTensor's own arithmetic of where a local shard sits (what DCP uses to save it); private -- no
+    # public function giving a shard's global offset was found.
     if any(type(pl) not in (Shard, Replicate) for pl in param.placements):
         return None
     shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
