@@ -34,6 +34,32 @@ from geotrain.schedule.posting import RECVS, RUNTIME_LOOKAHEAD, post_points
 ACT, GRAD = 0, 1
 
 
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def slice_numel(numel: int, tp: int) -> int:
+    """Elements of one TP rank's slice of a scattered boundary tensor (what the receiver posts)."""
+    return -(-numel // tp)
+
+
+def boundary_slice(tensor: torch.Tensor, tp: int, index: int) -> torch.Tensor:
+    """TP rank `index`'s slice of a boundary tensor sent scattered: 1/tp of it flattened, the tail
+    zero-padded to tp x slice_numel when tp does not divide it. (No model shape needs the padding
+    today -- tp divides the heads, which divide hidden -- but a slice never assumes it.)"""
+    k = slice_numel(tensor.numel(), tp)
+    flat = F.pad(tensor.reshape(-1), (0, k * tp - tensor.numel()))
+    return flat[index * k:(index + 1) * k].contiguous()
+
+
+def boundary_from_slices(full: torch.Tensor, shape) -> torch.Tensor:
+    """The boundary tensor from its tp slices laid end to end (the all-gather's output), padding dropped."""
+    return full[:_numel(shape)].view(shape)
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over every token of the micro-batch (computed in fp32)."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -109,21 +135,14 @@ class PipelineRank:
         return self.tp_group is not None and self.plan.boundary_scattered(self.stage, virtual_stage % self.plan.pp)
 
     def _slice_numel(self) -> int:
-        n = 1
-        for d in self.boundary_shape:
-            n *= d
-        tp = self.plan.stage_tp(self.stage)
-        return -(-n // tp)
+        return slice_numel(_numel(self.boundary_shape), self.plan.stage_tp(self.stage))
 
     def _gather(self, part: torch.Tensor) -> torch.Tensor:
         """The whole boundary tensor from every TP rank's slice (all-gather in this stage's TP group)."""
         tp = self.plan.stage_tp(self.stage)
         full = torch.empty(tp * part.numel(), dtype=part.dtype, device=part.device)
         dist.all_gather(list(full.chunk(tp)), part, group=self.tp_group)
-        n = 1
-        for d in self.boundary_shape:
-            n *= d
-        return full[:n].view(self.boundary_shape)
+        return boundary_from_slices(full, self.boundary_shape)
 
     def _tag(self, kind: int, src_virtual: int, mb: int) -> int:
         return make_tag(kind, src_virtual, mb, self.num_virtual, self.schedule.num_microbatches)
@@ -156,9 +175,7 @@ class PipelineRank:
             return   # the receiving stage is narrower: its ranks take this tensor from a lower TP index
         t = tensor.detach().to(self.boundary_dtype).contiguous()
         if self._scattered(a.peer):          # this TP rank's slice only (dsts is the same TP index)
-            k, flat = self._slice_numel(), t.reshape(-1)
-            flat = F.pad(flat, (0, k * self.plan.stage_tp(self.stage) - flat.numel()))
-            t = flat[self.tp_rank * k:(self.tp_rank + 1) * k].contiguous()
+            t = boundary_slice(t, self.plan.stage_tp(self.stage), self.tp_rank)
         src_dc, dst_dc = self.plan.dc_of(self.stage, self.replica), self.plan.dc_of(a.peer % self.plan.pp, self.replica)
         link = f"{src_dc}->{dst_dc}" if src_dc != dst_dc else ""
         for dst in dsts:
