@@ -101,6 +101,34 @@ def test_slots_let_several_transfers_fill_the_link_and_timeouts_name_the_holders
     assert arb.grants == [0, 1, 2]
 
 
+def test_a_send_is_done_only_once_its_turn_is_released():
+    """The receiver's ACK comes on another thread than the turn's release: when it came first (the
+    dispatcher descheduled in between, as under load), the Work completed with the turn still
+    held -- the caller saw its sends done, then counted one turn fewer than it took."""
+    store = dist.HashStore()
+    arb = TurnArbiter([0])
+    released = []
+
+    class SlowRelease(LocalTurns):
+        def release(self):
+            time.sleep(0.3)             # the ACK is back long before this
+            released.append(self.key)
+            super().release()
+
+    send = StripedTransport(0, store, turns=lambda dst: SlowRelease(arb, 0))
+    recv = StripedTransport(1, store)
+    try:
+        x, y = torch.randn(1000), torch.empty(1000)
+        wr = recv.recv(y, 0, 0)
+        send.send(x, 1, 0).wait()
+        assert released == [0]          # done means the turn is free again
+        wr.wait()
+        assert torch.equal(x, y) and arb.holders == []
+    finally:
+        send.close()
+        recv.close()
+
+
 def test_concurrent_turns_fill_the_link():
     from geotrain.wan.temporal import concurrent_turns
 

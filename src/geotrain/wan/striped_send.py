@@ -7,7 +7,8 @@ hands each chunk to that connection's writer thread, which sends it as authentic
 connections' unacknowledged bytes are down to the turn's `handoff` (`wan.temporal`: the bytes
 still queued in the network would otherwise share the bottleneck with the next holder's).
 A message stays in `unacked` until the receiver's ACK comes back on any connection; its Work
-completes then, so `wait()` means "the peer has the bytes".
+completes then (or, if the ACK beat the dispatcher's release of the message's turn, at that
+release), so `wait()` means "the peer has the bytes" and any turn it took is free again.
 
 When a connection breaks (reset, a frame the receiver refused, EOF), the dispatcher closes all of
 the destination's connections, reconnects with a fresh handshake (backing off up to 2 s) and
@@ -52,6 +53,8 @@ class Outgoing:
     work: Work
     keep: object = None          # the tensor `data` views (alive until acknowledged)
     written_at: float | None = None
+    in_turn: bool = False        # its sender holds the link's turn for it (Peer.lock)
+    acked_in_turn: bool = False  # its ACK came while it did: the Work completes at the release
 
 
 @dataclass
@@ -156,6 +159,9 @@ class Peer:
     def acked(self, msg: int) -> None:
         with self.lock:
             out = self.unacked.pop(msg, None)
+            if out is not None and out.in_turn:
+                out.acked_in_turn = True     # the caller may see it done only once the turn is released
+                return
         if out is not None:
             out.work._finish(None, at=out.written_at or time.time())
 
@@ -203,6 +209,9 @@ class Peer:
                 self.unacked.pop(out.msg, None)
             out.work._finish(e)
             return
+        if turns is not None:
+            with self.lock:
+                out.in_turn = True
         out.work.started_at = time.time()      # on the link from here (the trace's transfer start)
         try:
             error = None
@@ -217,10 +226,15 @@ class Peer:
         finally:
             if turns is not None:
                 # Release before the caller sees its sends done: it may close the link's arbiter right after.
+                # (The ACK may have come first, on another thread: then the Work completes here.)
                 try:
                     turns.release()
                 except OSError as e:
                     self.owner.say(f"link to {self.owner.describe(self.dst)}: releasing its turn failed ({e})")
+                with self.lock:
+                    out.in_turn, acked = False, out.acked_in_turn
+                if acked:
+                    out.work._finish(None, at=out.written_at or time.time())
         if error is not None:
             self._recover(error)
 
