@@ -146,7 +146,7 @@ def test_the_dp2_run_measures_what_oversubscribed_replicas_compute_beyond_the_po
 
     monkeypatch.setattr(cr, "run_plan", machine)
     factors, _, info = cr.calibration_run(spec, two, steps=4, warmup=1, mode="shaper")
-    assert info["allreduce_run"]["pool_residual"] == pytest.approx(1.4, rel=0.02)
+    assert info["allreduce_run"]["pool_residual"] == pytest.approx(1.4, rel=0.05)
     before = {**two, "runtime": {**two["runtime"], "compute_factor": factors,
                                  "calibration_run": {k: v for k, v in info.items() if k != "allreduce_run"}}}
     after = {**two, "runtime": {**two["runtime"], "compute_factor": factors, "calibration_run": info}}
@@ -157,7 +157,7 @@ def test_the_dp2_run_measures_what_oversubscribed_replicas_compute_beyond_the_po
         return sum(e.duration for e in sim.trace.events if e.kind in ("forward", "backward"))
 
     dp2 = plan_from_job(spec).with_(dp=2)
-    assert compute(after, dp2) == pytest.approx(1.4 * compute(before, dp2), rel=0.02)   # the pool re-shares
+    assert compute(after, dp2) == pytest.approx(1.4 * compute(before, dp2), rel=0.05)   # the pool re-shares
     four = write_spec(Case("ar4", pp=4, dp=1, latency_ms=5, per_connection_mbps=100), tmp_path)
     pp4 = plan_from_job(four)
     assert pp4.dp == 1 and pp4.num_ranks == 4
