@@ -162,3 +162,33 @@ def test_the_dp2_run_measures_what_oversubscribed_replicas_compute_beyond_the_po
     pp4 = plan_from_job(four)
     assert pp4.dp == 1 and pp4.num_ranks == 4
     assert compute(after, pp4, four) == pytest.approx(compute(before, pp4, four), rel=1e-9)
+
+
+def test_a_dp2_jobs_profile_predicts_its_own_calibration_runs_compute(profile, monkeypatch, tmp_path):
+    """The demo's case: the profiled job is pp2 x dp2 on two cores. The stand-in machine computes
+    1.5x the pool's prediction and its ranks report a run-queue slow-down of 1.2 (what the
+    calibration run's factors are measured against). A plan predicted from the finished profile --
+    the same plan, as `geotrain train --profile` predicts the demo -- must compute what that run
+    computed; without the residual it came out at 0.89 of it."""
+    two = {**profile, "runtime": {**profile["runtime"], "cores": 2}}
+    spec2 = write_spec(Case("ar2", dp=2, latency_ms=5, per_connection_mbps=100), tmp_path)
+    runs = []
+
+    def machine(spec_, plan, out, steps, mode, warmup):
+        sim, _ = predict(spec_, plan, two, iterations=steps)
+        events = [dataclasses.replace(e, end=e.start + 1.5 * e.duration) if e.kind in ("forward", "backward") else e
+                  for e in sim.trace.events]
+        runs.append(events)
+        out.mkdir(parents=True, exist_ok=True)
+        Trace(events, sim.trace.num_ranks, "measured", sim.trace.meta).write_jsonl(out / "measured_trace.jsonl")
+        return out / "measured_trace.jsonl", {"background_runnable": 0.0, "mode": "shaper",
+                                              "rank_slowdown": {r: 1.2 for r in range(plan.num_ranks)}}
+
+    monkeypatch.setattr(cr, "run_plan", machine)
+    factors, overhead, info = cr.calibration_run(spec2, two, steps=4, warmup=1, mode="shaper")
+    done = {**two, "runtime": {**two["runtime"], "compute_factor": factors, "wan_message_overhead_s": overhead,
+                               "calibration_run": info}}
+    sim, det = predict(spec2, plan_from_job(spec2), done, iterations=3)
+    assert det["core_pool"]
+    ratio = cr.compute_ratio(sim.trace.events, runs[0])
+    assert ratio == pytest.approx(1.0, abs=0.05)

@@ -210,6 +210,14 @@ def calibration_run(spec, profile: dict, steps: int = 12, warmup: int = 3,
         # What the ranks lost beyond oversubscribed cores (transport threads, interrupts, other
         # work), as a factor: costs.predict multiplies the processor-sharing slow-down by it.
         info["sharing_residual"] = max(1.0, sum(slow.values()) / len(slow) / slowdown(k, background, cores))
+    if plan.dp >= 2:
+        # The job's own layout has ranks replicated in lockstep: where they outnumber the cores, what they
+        # computed beyond the core pool's prediction of this very run (allreduce_factor_run says why).
+        known = {**profile, RUNTIME_KEY: {**profile[RUNTIME_KEY], "compute_factor": dict(factors),
+                                          "wan_message_overhead_s": overhead, "calibration_run": info}}
+        pooled, pdet = predict(spec, plan, known, iterations=steps - warmup, mode=mode)
+        if pdet.get("core_pool"):
+            info["pool_residual"] = compute_ratio(pooled.trace.events, measured.events)
     if dp_probe and plan.dp == 1 and "2" in profile[RUNTIME_KEY].get("allreduce", {}) and not _room_for(4):
         info["allreduce_run"] = {"skipped": "a rank per GPU and fewer than 4 GPUs here"}
     elif dp_probe and plan.dp == 1 and "2" in profile[RUNTIME_KEY].get("allreduce", {}):

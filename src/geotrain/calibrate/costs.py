@@ -371,7 +371,8 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
     measured = bool(rank_slowdown) and contention
     # A dp >= 2 plan whose ranks outnumber the cores: what the profile's own dp = 2 run computed beyond
     # the pool's prediction (calibration_run.allreduce_factor_run says why), under the same conditions.
-    pool_residual = float(cal.get("allreduce_run", {}).get("pool_residual", 1.0)) \
+    # (The calibration run's own when the profiled job has dp >= 2, else its dp = 2 run's.)
+    pool_residual = float(cal.get("pool_residual", cal.get("allreduce_run", {}).get("pool_residual", 1.0))) \
         if background is None and plan.dp >= 2 else 1.0
     pool = core_slowdown(spec, plan, profile, bg, residual * pool_residual) if contention and not measured else None
     if measured:
