@@ -95,7 +95,7 @@ def allreduce_factor_run(spec, plan, profile: dict, steps: int, warmup: int, mod
     The same run also gives `pool_residual` (info) where its four ranks outnumber the cores: its
     ranks' compute over what the core pool predicts for it (`compute_ratio`). The validation set's
     pp2 x dp2 runs computed 1.0-1.6x the pool's prediction (mean 1.32 over six quiet runs, where the
-    2-rank cases were at 1.0-1.3, mean 1.13): the replicas compute in lockstep, so both cores are
+    2-rank cases were at 0.99-1.34, mean 1.15): the replicas compute in lockstep, so both cores are
     busy when the emulation's own work (the packet delayer, softirqs, the other stage) needs one.
     costs.predict applies it to CPU-emulated plans with dp >= 2 whose ranks outnumber the cores --
     the layout it was measured on.
