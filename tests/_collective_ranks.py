@@ -1,5 +1,7 @@
 """Launch 4 ranks of `_count_collectives.py` on a list of RunConfig cases and read back what each
-counted -- the one launcher the collective-count tests (bytes, world sync) share."""
+counted -- the one launcher the collective-count tests (bytes, world sync) share. Their cases run
+in ONE launch per session (`counted_cases`, conftest's `collective_counts`): four rank processes
+started once instead of twice."""
 
 from __future__ import annotations
 
@@ -32,3 +34,10 @@ def run_counted(tmp: Path, cases: list, timeout: float, world: int = 4) -> list[
         for p in procs:
             p.kill()
     return [json.loads((tmp / f"counts{r}.json").read_text()) for r in range(world)]
+
+
+def counted_cases(tmp: Path, groups: dict[str, list], timeout: float) -> dict[str, list[list[dict]]]:
+    """Run every group's cases in one launch; per group, per rank, what its cases counted."""
+    names = [n for n, cases in groups.items() for _ in cases]
+    counts = run_counted(tmp, [c for cases in groups.values() for c in cases], timeout)
+    return {g: [[x for n, x in zip(names, per_rank) if n == g] for per_rank in counts] for g in groups}

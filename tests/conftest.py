@@ -28,3 +28,15 @@ def tiny_2dc_builtin_run(tmp_path_factory) -> Path:
                        env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="session")
+def collective_counts(tmp_path_factory):
+    """test_runtime_bytes' and test_runtime_world_sync's cases in one 4-rank launch of the counting
+    worker (`_collective_ranks`): (run dir, {"bytes": per rank [counts], "sync": ...})."""
+    from _collective_ranks import counted_cases
+    from test_runtime_bytes import bytes_cases
+    from test_runtime_world_sync import sync_cases
+
+    tmp = tmp_path_factory.mktemp("collectives")
+    return tmp, counted_cases(tmp, {"bytes": bytes_cases(tmp), "sync": sync_cases(tmp)}, timeout=420)

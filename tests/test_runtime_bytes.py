@@ -21,7 +21,6 @@ import json
 from pathlib import Path
 
 import pytest
-from _collective_ranks import run_counted
 
 from geotrain.config.load import load_spec
 from geotrain.cost.memory import runtime_state_bytes_per_param, sharded_fractions
@@ -46,15 +45,20 @@ def tied_spec(tmp: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("bytes")
+def bytes_cases(tmp: Path) -> list[RunConfig]:
+    """Every sharding x precision case, then the tied model (conftest's `collective_counts` runs them)."""
     cases = [RunConfig(spec=str(SPEC), out=str(tmp / f"{p}-{s}"), steps=STEPS, data="synthetic", progress=False,
                        checkpoint_every=0, overrides={"precision": p, "sharding": s})
              for p, s in CASES]
     cases.append(RunConfig(spec=str(tied_spec(tmp)), out=str(tmp / "tied"), steps=STEPS, data="synthetic",
                            progress=False, checkpoint_every=0))
-    return tmp, run_counted(tmp, cases, timeout=300)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def measured(collective_counts):
+    tmp, counts = collective_counts
+    return tmp, counts["bytes"]
 
 
 @pytest.mark.parametrize("precision,sharding", CASES)

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-from _collective_ranks import run_counted
 
 from geotrain.runtime.trainer import RunConfig
 
@@ -21,14 +20,18 @@ SPEC = ROOT / "examples" / "tiny_2dc.toml"
 CASES = [("bf16", 1), ("bf16", 3), ("fp16", 1), ("fp16", 3)]   # fp32 runs the bf16 path (no loss scaling)
 
 
+def sync_cases(tmp: Path) -> list[RunConfig]:
+    """1 and 3 steps in bf16 and fp16, an inf injected in fp16's step 2 (conftest's `collective_counts` runs them)."""
+    return [RunConfig(spec=str(SPEC), out=str(tmp / f"{p}-{n}"), steps=n, data="synthetic", progress=False,
+                      checkpoint_every=0, overrides={"precision": p},
+                      inject_inf=[[3, 2]] if (p, n) == ("fp16", 3) else [])
+            for p, n in CASES]
+
+
 @pytest.fixture(scope="module")
-def counted(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sync")
-    cases = [RunConfig(spec=str(SPEC), out=str(tmp / f"{p}-{n}"), steps=n, data="synthetic", progress=False,
-                       checkpoint_every=0, overrides={"precision": p},
-                       inject_inf=[[3, 2]] if (p, n) == ("fp16", 3) else [])
-             for p, n in CASES]
-    return tmp, run_counted(tmp, cases, timeout=240)
+def counted(collective_counts):
+    tmp, counts = collective_counts
+    return tmp, counts["sync"]
 
 
 @pytest.mark.parametrize("precision,per_step", [("bf16", 0), ("fp16", 1)])
