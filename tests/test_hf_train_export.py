@@ -1,8 +1,6 @@
 """Train from a tied Hugging Face directory with pp=2 x dp=2 (FSDP2 shards) and pp=1, export, reload."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,29 +15,35 @@ transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).parents[1]
 
 
-def _geotrain(*argv):
-    return subprocess.run([sys.executable, "-m", "geotrain", *argv], capture_output=True, text=True, timeout=240)
+def _geotrain(capfd, *argv) -> tuple[int, str]:
+    """`geotrain ARGV` in this process (its imports are paid already; the ranks are still processes)."""
+    from geotrain.cli import main
+
+    capfd.readouterr()
+    rc = main(list(argv))
+    out = capfd.readouterr()
+    return rc, out.out + out.err
 
 
 LAYERS = 2
 EMB, HEAD = "units.0.tok.weight", f"units.{LAYERS + 1}.out.weight"
 
 
-def _train(tmp_path: Path, name: str, pp: int, dp: int, sharding: str) -> Path:
+def _train(tmp_path: Path, capfd, name: str, pp: int, dp: int, sharding: str) -> Path:
     spec = tmp_path / f"{name}.toml"
     spec.write_text(f'cluster = "{ROOT / "examples/clusters/tiny_2dc.toml"}"\n'
                     'model = { hf = "hf", seq_len = 32 }\n[job]\nglobal_batch = 8\nmicro_batch = 2\n'
                     f'precision = "fp32"\nsharding = "{sharding}"\nschedule = "1f1b"\npp = {pp}\ndp = {dp}\n'
                     'steps = 3\nlr = 1e-2\ncheckpoint_every = 3\n')
     run = tmp_path / name
-    r = _geotrain("train", str(spec), "--out", str(run), "--wan", "off", "--no-progress")
-    assert r.returncode == 0, r.stdout + r.stderr
-    (run / "cli.log").write_text(r.stdout + r.stderr)
+    rc, log = _geotrain(capfd, "train", str(spec), "--out", str(run), "--wan", "off", "--no-progress")
+    assert rc == 0, log
+    (run / "cli.log").write_text(log)
     return run
 
 
 @pytest.mark.slow
-def test_train_tied_hf_pp2_dp2_then_export_reloads_tied_with_equal_logits(tmp_path):
+def test_train_tied_hf_pp2_dp2_then_export_reloads_tied_with_equal_logits(tmp_path, capfd):
     """A tied checkpoint (tie_word_embeddings) trains tied: pp=2 x dp=2 under zero3, the first
     stage's embedding and the last stage's head are copies whose gradients are summed every step
     (`runtime.tied`), so after training they are bit-equal and equal the one matrix a pp=1 run
@@ -49,7 +53,7 @@ def test_train_tied_hf_pp2_dp2_then_export_reloads_tied_with_equal_logits(tmp_pa
     from test_hf_models import make_hf_dir
 
     ref = make_hf_dir(tmp_path / "hf", "mha-tied", layers=LAYERS)
-    run = _train(tmp_path, "pp2", pp=2, dp=2, sharding="zero3")
+    run = _train(tmp_path, capfd, "pp2", pp=2, dp=2, sharding="zero3")
     # The two copies sit in two DCs: the start-up log says how their gradients cross the WAN.
     logs = [run / "cli.log", *sorted((run / "logs").glob("rank*.log"))]
     said = [ln for f in logs for ln in f.read_text().splitlines() if "geotrain wan: tied embeddings" in ln]
@@ -64,7 +68,7 @@ def test_train_tied_hf_pp2_dp2_then_export_reloads_tied_with_equal_logits(tmp_pa
     assert torch.equal(pp2[EMB], pp2[HEAD])               # the two stages' copies stayed bit-equal
     assert not torch.allclose(pp2[EMB], ref.model.embed_tokens.weight.detach(), atol=1e-3)   # and trained
 
-    run1 = _train(tmp_path, "pp1", pp=1, dp=1, sharding="replicate")
+    run1 = _train(tmp_path, capfd, "pp1", pp=1, dp=1, sharding="replicate")
     pp1 = checkpoint_model_tensors(latest_checkpoint(run1))
     for name, t in pp1.items():                           # = the one matrix (and all else) of a pp=1 run
         torch.testing.assert_close(pp2[name], t, rtol=1e-4, atol=1e-5)
@@ -77,8 +81,8 @@ def test_train_tied_hf_pp2_dp2_then_export_reloads_tied_with_equal_logits(tmp_pa
     assert f"optim.state.{HEAD}.exp_avg" in saved and f"optim.state.{EMB}.exp_avg" in saved
 
     out = tmp_path / "export"
-    r = _geotrain("export", str(run), "--hf", str(out))
-    assert r.returncode == 0, r.stdout + r.stderr
+    rc, log = _geotrain(capfd, "export", str(run), "--hf", str(out))
+    assert rc == 0, log
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
     from safetensors import safe_open
 
