@@ -273,8 +273,8 @@ def test_no_rank_yet_answers_503_then_serves_once_a_rank_joins(model):
     ex.close()
 
 
-def test_port_in_use_is_one_line_exit_2_and_leaves_no_temp_dir():
-    import subprocess
+def test_port_in_use_is_one_line_exit_2_and_leaves_no_temp_dir(capfd):
+    from _cli import geotrain
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
@@ -282,11 +282,10 @@ def test_port_in_use_is_one_line_exit_2_and_leaves_no_temp_dir():
     port = busy.getsockname()[1]
     pattern = os.path.join(tempfile.gettempdir(), "geotrain-bt-*")
     before = set(glob.glob(pattern))
-    r = subprocess.run([sys.executable, "-m", "geotrain", "train", "examples/tiny_2dc.toml", "--steps", "1",
-                        "--no-progress", "--wan", "off", "--serve-prefill", str(port)],
-                       capture_output=True, text=True, timeout=120)
+    rc, _, err = geotrain(capfd, "train", "examples/tiny_2dc.toml", "--steps", "1", "--no-progress", "--wan", "off",
+                          "--serve-prefill", port)
     busy.close()
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "in use" in r.stderr, r.stderr
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "in use" in err, err
     assert set(glob.glob(pattern)) <= before
 
 

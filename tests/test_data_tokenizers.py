@@ -110,13 +110,12 @@ def test_chat_completions_with_a_templated_tokenizer_and_not_without(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_from_an_hf_dir_uses_its_tokenizer_on_jsonl_text(tmp_path):
+def test_train_from_an_hf_dir_uses_its_tokenizer_on_jsonl_text(tmp_path, capfd):
     """The launcher tokenizes once into the cache; every rank opens it; the steps train."""
-    import subprocess
-    import sys
     from pathlib import Path
 
     import torch
+    from _cli import geotrain
     transformers = pytest.importorskip("transformers")
 
     tok = make_tokenizer_dir(tmp_path / "m")
@@ -131,10 +130,9 @@ def test_train_from_an_hf_dir_uses_its_tokenizer_on_jsonl_text(tmp_path):
         f'cluster = "{root / "examples/clusters/tiny_2dc.toml"}"\nmodel = {{ hf = "m", seq_len = 16 }}\n'
         '[job]\nglobal_batch = 4\nmicro_batch = 2\nprecision = "fp32"\npp = 2\ndp = 1\nsteps = 2\n'
         'data = "d.jsonl"\n')
-    r = subprocess.run([sys.executable, "-m", "geotrain", "train", str(tmp_path / "e.toml"), "--out",
-                        str(tmp_path / "run"), "--wan", "off", "--no-progress"], capture_output=True, text=True,
-                       timeout=240, env={**__import__("os").environ, "GEOTRAIN_CACHE_DIR": str(tmp_path / "cache")})
-    assert r.returncode == 0, r.stdout + r.stderr
+    rc, out, err = geotrain(capfd, "train", tmp_path / "e.toml", "--out", tmp_path / "run", "--wan", "off",
+                            "--no-progress", env={"GEOTRAIN_CACHE_DIR": str(tmp_path / "cache")})
+    assert rc == 0, out + err
     losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "losses.jsonl").read_text().splitlines()]
     assert len(losses) == 2 and all(0 < x < 10 for x in losses)
     assert len(list((tmp_path / "cache").iterdir())) == 1       # tokenized once, by the launcher

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _cli import geotrain
 
 from geotrain.data import open_batches
 from geotrain.models.llama import build_model
@@ -16,13 +17,8 @@ ROOT = Path(__file__).parents[1]
 
 
 def _geotrain(capfd, *argv) -> tuple[int, str]:
-    """`geotrain ARGV` in this process (its imports are paid already; the ranks are still processes)."""
-    from geotrain.cli import main
-
-    capfd.readouterr()
-    rc = main(list(argv))
-    out = capfd.readouterr()
-    return rc, out.out + out.err
+    rc, out, err = geotrain(capfd, *argv)
+    return rc, out + err
 
 
 LAYERS = 2

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import geotrain
 
 from geotrain.config.load import load_spec
 from geotrain.cost import CostModel
@@ -216,7 +217,7 @@ def test_the_user_space_shaper_fallback_trains_the_same(runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failing_rank_ends_the_run_with_one_line_and_tears_the_wan_down(tmp_path):
+def test_a_failing_rank_ends_the_run_with_one_line_and_tears_the_wan_down(tmp_path, capfd):
     """`geotrain train --wan MODE`: rank 3 dies in step 2 while temporal turns are in use; the run
     fails at once naming it (exit 2, no traceback) and the emulation is gone afterwards."""
     plan = _plan(2, "temporal")
@@ -224,15 +225,13 @@ def test_a_failing_rank_ends_the_run_with_one_line_and_tears_the_wan_down(tmp_pa
     from geotrain.plan.plan import save_plan
 
     save_plan(plan_file, plan, spec_path=str(SPEC))
-    env = {**os.environ, "GEOTRAIN_FAIL_AT": "3:2"}
-    r = subprocess.run([sys.executable, "-m", "geotrain", "train", str(plan_file), "--steps", "3", "--wan", MODE,
-                        "--no-progress", "--data", "synthetic", "--out", str(tmp_path / "run")],
-                       capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 2, r.stderr
-    assert "rank 3 (stage 1, replica 1, west) failed" in r.stderr and "Traceback" not in r.stderr
-    assert "WAN: " in r.stdout
+    rc, out, err = geotrain(capfd, "train", plan_file, "--steps", "3", "--wan", MODE, "--no-progress", "--data",
+                            "synthetic", "--out", tmp_path / "run", env={"GEOTRAIN_FAIL_AT": "3:2"})
+    assert rc == 2, err
+    assert "rank 3 (stage 1, replica 1, west) failed" in err and "Traceback" not in err
+    assert "WAN: " in out
     if MODE == "kernel":
-        tag = r.stdout.split("gt-", 1)[1].split("-*", 1)[0]
+        tag = out.split("gt-", 1)[1].split("-*", 1)[0]
         assert leftover_namespaces(tag) == []
 
 
