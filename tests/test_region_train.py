@@ -98,6 +98,9 @@ def test_the_prediction_beside_a_region_run_numbers_ranks_like_the_run(region_ru
     want = {r: {plan.coords(r)[0]} for r in range(plan.num_ranks)}
     assert _forward_stages(out / "measured_trace.jsonl") == want
     assert _forward_stages(out / "predicted_trace.jsonl") == want
+    # `geotrain train` also recorded what else the machine ran meanwhile, for the report's notes.
+    load = json.loads((out / "machine_load.json").read_text())
+    assert load["background_runnable"] >= 0 and load["samples"] > 0 and load["cores"] >= 1
 
 
 def test_torchrun_hosts_of_a_region_plan_follow_its_dcs():

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from geotrain.calibrate.cpuload import CpuSampler
+from geotrain.calibrate.cpuload import CpuSampler, cores
 from geotrain.runtime.launch import run_with_wan
 from geotrain.runtime.trainer import RunConfig
 
@@ -60,13 +60,13 @@ def _schedstat(pid: int) -> tuple[int, int] | None:
         return None
 
 
-class _Sampling:
+class RunSampling:
     """A thread sampling, every `period_s` until stopped: the machine's load beside our children
     (CpuSampler) and, per rank, its main thread's CPU and run-queue time together with how many
     steps rank 0 has logged -- so the CPU share each rank got while it trained (not while it
     started up) can be read afterwards (`rank_slowdown`)."""
 
-    def __init__(self, losses: Path, period_s: float = 0.05):
+    def __init__(self, losses: Path | None, period_s: float = 0.05):
         self.sampler = CpuSampler()
         self.losses = losses
         self.period_s = period_s
@@ -76,6 +76,8 @@ class _Sampling:
         self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
 
     def _steps(self) -> int:
+        if self.losses is None:      # load only (geotrain train): no per-step window wanted
+            return 0
         try:
             return self.losses.read_bytes().count(b"\n")
         except OSError:
@@ -87,6 +89,8 @@ class _Sampling:
             if not pids:
                 continue
             self.sampler.sample(pids)
+            if self.losses is None:
+                continue
             stats = {}
             for pid in pids:
                 if pid not in self.ranks:
@@ -112,6 +116,14 @@ class _Sampling:
                 out[r] = 1.0 + (wait1 - wait0) / (run1 - run0)
         return out
 
+    def machine_load(self) -> dict:
+        """What else the machine ran while our ranks did (CpuSampler), as RUN_DIR/machine_load.json
+        records it for the report: other runnable threads, other sessions with one (autogroup; None
+        without), CPU the hypervisor stole, in cores, and the cores here."""
+        s = self.sampler
+        return {"background_runnable": s.background_runnable(), "background_sessions": s.background_sessions(),
+                "steal_cores": s.steal_cores(), "cores": cores(), "samples": len(s.runnable)}
+
     def __enter__(self):
         self._thread.start()
         return self
@@ -128,14 +140,14 @@ def run_plan(spec, plan, out: Path, steps: int, mode: str = DEFAULT_MODE, warmup
     threads ready to run meanwhile, on average), "background_cores" (CPU other work got),
     "steal_cores" (CPU the hypervisor took, in cores), "background_sessions" (other sessions with a
     runnable thread: the autogroup scheduler's competitors; None without autogroup),
-    "rank_slowdown" ({rank: measured CPU-sharing slow-down after `warmup` steps}, see _Sampling),
+    "rank_slowdown" ({rank: measured CPU-sharing slow-down after `warmup` steps}, see RunSampling),
     "mode" (the WAN that ran) and "wall_s"."""
     out = Path(out)
     cfg = RunConfig(spec=str(spec.path), out=str(out), plan=plan.to_dict(), steps=steps, progress=False,
                     data="synthetic", checkpoint_every=0)
     (out / "losses.jsonl").unlink(missing_ok=True)
     t0 = time.time()
-    with _Sampling(out / "losses.jsonl") as sampling:
+    with RunSampling(out / "losses.jsonl") as sampling:
         wan = run_with_wan([cfg], spec, plan, out, mode=mode, say=lambda line: None, timeout_s=timeout_s,
                            rank0_stdout=False)
     sampler = sampling.sampler

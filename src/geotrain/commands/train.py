@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -257,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
         # Tokenize the text once here, into the memory-mapped cache every rank then opens.
         make_source(spec, plan, cfg.data if cfg.data is not None else spec.job.data, spec.job.seed)
     # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
+    from geotrain.calibrate.wanrun import RunSampling
+    from geotrain.report.build import MACHINE_LOAD_NAME
     from geotrain.runtime.launch import run_with_wan
 
     if not args.no_progress:
@@ -310,10 +313,15 @@ def run(args: argparse.Namespace) -> int:
             return f"stage {s}, replica {d}, {plan.dc_of(s, d)}"
 
         last["plan"] = plan
-        last["wan"] = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
-                                   describe=describe, say=lambda line: print(line, flush=True), entry=entry,
-                                   watch=watch, outage_limit_s=args.outage_limit,
-                                   on_wan=getattr(watch, "attach", None), env=collective_limit, tls=args.wan_tls)
+        # What else ran on this machine meanwhile (RUN_DIR/machine_load.json): the report names it when
+        # a prediction is off, since no profile taken before the run can know that load.
+        with RunSampling(None, period_s=0.5) as sampling:
+            last["wan"] = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan,
+                                       rate_scale=args.wan_rate_scale, describe=describe,
+                                       say=lambda line: print(line, flush=True), entry=entry, watch=watch,
+                                       outage_limit_s=args.outage_limit, on_wan=getattr(watch, "attach", None),
+                                       env=collective_limit, tls=args.wan_tls)
+        (Path(cfg.out) / MACHINE_LOAD_NAME).write_text(json.dumps(sampling.machine_load()) + "\n")
 
     try:
         if args.elastic:

@@ -27,7 +27,8 @@ def write_prediction(spec, plan, out: Path, profile: str | None = None, wan_mode
         if profile:
             result, details = predict(spec, plan, load_profile(profile), iterations=iterations, mode=wan_mode)
             result.trace.meta.update(calibrated={"profile": str(profile), "wan_mode": wan_mode,
-                                                 "contention_factors": details["contention_factors"]})
+                                                 "contention_factors": details["contention_factors"],
+                                                 "background_runnable": details["background_runnable"]})
         else:
             result = simulate(spec, plan, iterations=iterations)
         path = Path(out) / PREDICTED_NAME

@@ -5,6 +5,7 @@ page rebuilt later from the files looks exactly like the first one.
 Run directory files:
   trace.jsonl (or predicted_trace.jsonl)  the simulated trace
   measured_trace.jsonl                    a runtime trace of the same plan (optional)
+  machine_load.json                       other work on the machine while it trained (optional)
   plan.json                               the plan (geotrain.plan.save_plan format; optional)
   metrics.json                            tokens per iteration, peak memory, GPU memory, schedule
                                           comparison -- what a trace alone cannot tell
@@ -31,6 +32,7 @@ from geotrain.trace.schema import Trace
 
 PREDICTED_NAMES = ("predicted_trace.jsonl", "trace.jsonl")
 MEASURED_NAME = "measured_trace.jsonl"
+MACHINE_LOAD_NAME = "machine_load.json"   # what else the machine ran during a training run (geotrain train)
 
 
 @dataclass
@@ -176,6 +178,10 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
 
     main = read_trace(predicted_path or measured_path)  # type: ignore[arg-type]
     measured = read_trace(measured_path) if (predicted_path and measured_path) else None
+    load = _machine_load(d)
+    if measured is not None and load:
+        measured = Trace(measured.events, num_ranks=measured.num_ranks, source=measured.source,
+                         meta={**(measured.meta if isinstance(measured.meta, dict) else {}), "machine_load": load})
     tokens = int(doc.get("tokens_per_iteration") or main.meta.get("tokens_per_iteration", 0) or 0)
     peak = {int(r): float(v) for r, v in (doc.get("peak_memory") or {}).items()}
     run_predicted, run_measured = _run_memory(d, plan)
@@ -198,6 +204,16 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
                          notes=[f"rebuilt from {d}"] + ([f"measured trace: {measured_path.name}"] if measured else [])
                          + _replan_notes(d), losses_png=d / "losses.png" if (d / "elastic.jsonl").exists() else None)
     return (files, metrics, measured, main) if with_trace else (files, metrics, measured)
+
+
+def _machine_load(d: Path) -> dict | None:
+    """RUN_DIR/machine_load.json (other runnable threads etc. while the run trained), or None; a bad
+    file is ignored, not fatal."""
+    try:
+        load = json.loads((d / MACHINE_LOAD_NAME).read_text())
+        return load if isinstance(load, dict) and isinstance(load.get("background_runnable"), (int, float)) else None
+    except (OSError, ValueError):
+        return None
 
 
 def _link_counters(d: Path) -> float | None:

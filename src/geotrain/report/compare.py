@@ -50,7 +50,8 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
     a user must not be left with an unexplained error.
 
     Known causes, read off the traces: an uncalibrated prediction (datasheet speeds, not this
-    machine's); ranks that shared CPU cores (a measured event's wall time includes waiting for a
+    machine's); other work on the machine while the run trained, beyond what the profile saw
+    (`_other_load`); ranks that shared CPU cores (a measured event's wall time includes waiting for a
     core; the calibrated simulator shares the cores between the ranks computing at once, but in
     the run the collectives' and transport's threads wait for cores too, and that lands in the
     measured waits: on the demo's 4 ranks on 2 cores, fresh clone 2026-12-01, iteration time
@@ -62,6 +63,7 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
     mmeta = measured.meta if isinstance(measured.meta, dict) else {}
     ranks, cores = measured.num_ranks, int(mmeta.get("cores") or 0)
     shared = mmeta.get("device") == "cpu" and 0 < cores < ranks
+    busy = _other_load(pmeta, mmeta)
     out = []
     for r in rows:
         if r.rel_error != r.rel_error or abs(r.rel_error) <= TOLERANCE:
@@ -70,6 +72,11 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
         note = "outside 10%: no known cause"
         if r.unit != "B" and not pmeta.get("calibrated"):
             note = "uncalibrated prediction (datasheet speeds, not this machine's): train with --profile"
+        elif r.unit != "B" and busy:
+            during, before = busy
+            note = (f"this machine ran other work during the run: {during:.1f} other runnable threads on average, "
+                    f"{before:.1f} when the profile was taken (RUN_DIR/machine_load.json); a prediction made "
+                    "before the run cannot know that load")
         elif r.unit != "B" and shared:
             note = (f"{ranks} ranks shared {cores} CPU cores: the simulator shares the cores between the ranks "
                     "computing at once (sim.cores); in the run the gloo collectives' and transport threads wait "
@@ -79,6 +86,24 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
                     "prediction counts NCCL's (plan.wan_bytes, backend)")
         out.append(r._replace(note=note))
     return out
+
+
+OTHER_LOAD_THREADS = 0.5   # other runnable threads beyond the profile's that make a run "loaded"
+
+
+def _other_load(pmeta: dict, mmeta: dict) -> tuple[float, float] | None:
+    """(other runnable threads during the run, during the profile's calibration run) when the run
+    met at least OTHER_LOAD_THREADS more than the calibrated prediction assumed, else None. The
+    run's number is `geotrain train`'s sampler (measured.meta["machine_load"], from
+    RUN_DIR/machine_load.json); the prediction's is what `calibrate.costs.predict` assumed."""
+    load, cal = mmeta.get("machine_load"), pmeta.get("calibrated")
+    if not isinstance(load, dict) or not isinstance(cal, dict):
+        return None
+    try:
+        during, before = float(load["background_runnable"]), float(cal.get("background_runnable") or 0.0)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (during, before) if during - before >= OTHER_LOAD_THREADS else None
 
 
 def format_value(v: float, unit: str) -> str:
