@@ -16,25 +16,13 @@ def tiny_2dc_builtin_run(tmp_path_factory) -> Path:
     """`geotrain train examples/tiny_2dc.toml` with the built-in launcher, 3 steps, synthetic data,
     plain gloo (`--wan off`: the losses are the same over any WAN) -- the reference the torchrun and
     rehearse tests compare with, paid once per session."""
-    import contextlib
-    import io
-    import os
-
-    from geotrain.cli import main
+    from _cli import geotrain
 
     out = tmp_path_factory.mktemp("builtin") / "run"
-    err, saved = io.StringIO(), os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"               # for the ranks it launches
-    try:   # in this process: the CLI's start-up imports are paid already (the ranks are processes)
-        with contextlib.redirect_stderr(err):
-            rc = main(["train", str(EXAMPLES / "tiny_2dc.toml"), "--steps", "3", "--wan", "off", "--out", str(out),
-                       "--no-progress", "--data", "synthetic"])
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
-    assert rc == 0, err.getvalue()[-3000:]
+    # In this process: the CLI's start-up imports are paid already (the ranks are processes).
+    rc, _, err = geotrain(None, "train", EXAMPLES / "tiny_2dc.toml", "--steps", "3", "--wan", "off", "--out", out,
+                          "--no-progress", "--data", "synthetic", env={"OMP_NUM_THREADS": "1"})
+    assert rc == 0, err[-3000:]
     return out
 
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import geotrain
 
 from geotrain.config.load import load_spec
 from geotrain.plan.manual import plan_from_job
@@ -58,11 +59,10 @@ def region_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("region")
     save_plan(tmp / "region.json", plan, spec=spec)
     out = tmp / "run"
-    r = subprocess.run([sys.executable, "-m", "geotrain.cli", "train", str(tmp / "region.json"), "--steps", str(STEPS),
-                        "--wan", "kernel", "--data", "synthetic", "--out", str(out)],
-                       env=ENV, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    return plan, out, r.stdout
+    rc, stdout, err = geotrain(None, "train", tmp / "region.json", "--steps", STEPS, "--wan", "kernel", "--data",
+                               "synthetic", "--out", out, env={"OMP_NUM_THREADS": "1"})
+    assert rc == 0, (stdout + err)[-4000:]
+    return plan, out, stdout
 
 
 @pytest.mark.netns
