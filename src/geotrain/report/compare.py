@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from geotrain.console import human_bytes, human_rate, human_seconds
 from geotrain.trace.layout import num_ranks
 from geotrain.trace.metrics import WAN_COLLECTIVE_BYTES, Metrics, compute_metrics
-from geotrain.trace.schema import Trace
+from geotrain.trace.schema import TRAINING_COMPUTE_KINDS, Trace
 
 
 class CompareRow(NamedTuple):
@@ -51,7 +51,8 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
 
     Known causes, read off the traces: an uncalibrated prediction (datasheet speeds, not this
     machine's); other work on the machine while the run trained, beyond what the profile saw
-    (`_other_load`); ranks that shared CPU cores (a measured event's wall time includes waiting for a
+    (`_other_load`); compute that ran at another speed than the profile measured (`compute_ratio`
+    off by more than TOLERANCE); ranks that shared CPU cores (a measured event's wall time includes waiting for a
     core; the calibrated simulator shares the cores between the ranks computing at once, but in
     the run the collectives' and transport's threads wait for cores too, and that lands in the
     measured waits: on the demo's 4 ranks on 2 cores, fresh clone 2026-12-01, iteration time
@@ -64,6 +65,7 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
     ranks, cores = measured.num_ranks, int(mmeta.get("cores") or 0)
     shared = mmeta.get("device") == "cpu" and 0 < cores < ranks
     busy = _other_load(pmeta, mmeta)
+    speed = compute_ratio(predicted, steady_state(measured))
     out = []
     for r in rows:
         if r.rel_error != r.rel_error or abs(r.rel_error) <= TOLERANCE:
@@ -77,6 +79,12 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
             note = (f"this machine ran other work during the run: {during:.1f} other runnable threads on average, "
                     f"{before:.1f} when the profile was taken (RUN_DIR/machine_load.json); a prediction made "
                     "before the run cannot know that load")
+        elif r.unit != "B" and speed is not None and abs(speed - 1.0) > TOLERANCE:
+            note = (f"training compute took {speed:.2f}x the predicted time (forward, backward and optimizer per "
+                    f"iteration, all ranks): this run computed {'slower' if speed > 1 else 'faster'} than the profile "
+                    "measured, so the error is compute speed, not the network or the schedule")
+            if shared:
+                note += f", and {ranks} ranks shared {cores} CPU cores (sim.cores)"
         elif r.unit != "B" and shared:
             note = (f"{ranks} ranks shared {cores} CPU cores: the simulator shares the cores between the ranks "
                     "computing at once (sim.cores); in the run the gloo collectives' and transport threads wait "
@@ -86,6 +94,20 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
                     "prediction counts NCCL's (plan.wan_bytes, backend)")
         out.append(r._replace(note=note))
     return out
+
+
+def compute_ratio(predicted: Trace, measured: Trace) -> float | None:
+    """Training compute per iteration (forward, backward and optimizer events, all ranks) measured over
+    predicted, or None when either trace has none: whether an error is compute that ran at another
+    speed than the profile measured (on the validation machine the same plan computed 191, 215 and
+    259 ms per iteration in three quiet runs minutes apart) rather than the network or the schedule."""
+    def per_iteration(trace: Trace) -> float:
+        its = {e.iteration for e in trace.events}
+        busy = sum(e.end - e.start for e in trace.events if e.kind in TRAINING_COMPUTE_KINDS)
+        return busy / len(its) if its else 0.0
+
+    p, m = per_iteration(predicted), per_iteration(measured)
+    return m / p if p > 0 and m > 0 else None
 
 
 OTHER_LOAD_THREADS = 0.5   # other runnable threads beyond the profile's that make a run "loaded"
