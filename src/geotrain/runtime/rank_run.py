@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from tqdm import tqdm
 
 from geotrain.errors import GeotrainError
@@ -43,6 +42,10 @@ def make_optimizer(params: list[torch.nn.Parameter], job, sharding: str = "repli
     """The job's optimizer; ZeRO-1 partitions its state over the stage's DP group."""
     cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[job.optimizer]
     if sharding == "zero1":
+        # lazy: torch.distributed.optim imports FSDP1 and the tensor package (~0.7 s of every rank's
+        # start-up here) and only ZeRO-1 needs it
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_group, lr=job.lr)
     return cls(params, lr=job.lr)
 
