@@ -17,6 +17,7 @@ from geotrain.calibrate.cases import Case, write_spec
 from geotrain.calibrate.costs import calibrated_inputs, predict
 from geotrain.calibrate.timers import time_unit
 from geotrain.plan.manual import plan_from_job
+from geotrain.trace.metrics import compute_ratio
 from geotrain.trace.schema import Trace
 
 STRETCH = 7.0
@@ -193,5 +194,5 @@ def test_a_dp2_jobs_profile_predicts_its_own_calibration_runs_compute(profile, m
                                "calibration_run": info}}
     sim, det = predict(spec2, plan_from_job(spec2), done, iterations=3)
     assert det["core_pool"]
-    ratio = cr.compute_ratio(sim.trace.events, runs[0])
+    ratio = compute_ratio(sim.trace, Trace(runs[0], sim.trace.num_ranks, "measured"), cr.POOLED_KINDS)
     assert ratio == pytest.approx(1.0, abs=0.05)

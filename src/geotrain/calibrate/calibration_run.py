@@ -21,7 +21,7 @@ from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
 from geotrain.errors import GeotrainError
 from geotrain.plan.manual import plan_from_job, split_even
 from geotrain.plan.plan import StagePlan
-from geotrain.trace.metrics import compute_metrics
+from geotrain.trace.metrics import compute_metrics, compute_ratio
 from geotrain.trace.schema import Trace
 
 
@@ -68,6 +68,10 @@ def allreduce_factors(pred_events, measured_events) -> dict[str, float]:
     return out
 
 
+# The compute the core pool shares (the pool residual's numerator and denominator).
+POOLED_KINDS = frozenset({"forward", "backward", "backward_input", "backward_weight"})
+
+
 def _room_for(ranks: int) -> bool:
     """Whether `ranks` ranks can run here: any number on CPUs, one per device on a GPU host (the
     runtime places rank r on cuda:LOCAL_RANK)."""
@@ -93,7 +97,7 @@ def allreduce_factor_run(spec, plan, profile: dict, steps: int, warmup: int, mod
     run of its own taken with the profile, before and apart from any run it predicts.
 
     The same run also gives `pool_residual` (info) where its four ranks outnumber the cores: its
-    ranks' compute over what the core pool predicts for it (`compute_ratio`). The validation set's
+    ranks' compute over what the core pool predicts for it (trace.metrics.compute_ratio). The validation set's
     pp2 x dp2 runs computed 1.0-1.6x the pool's prediction (mean 1.32 over six quiet runs, where the
     2-rank cases were at 0.99-1.34, mean 1.15): the replicas compute in lockstep, so both cores are
     busy when the emulation's own work (the packet delayer, softirqs, the other stage) needs one.
@@ -124,21 +128,8 @@ def allreduce_factor_run(spec, plan, profile: dict, steps: int, warmup: int, mod
     # cores, the calibration run's background): what its ranks' compute took beyond that.
     pooled, det = predict(spec, dp2, profile, iterations=steps - warmup, mode=cond["mode"])
     if det.get("core_pool"):
-        info["pool_residual"] = compute_ratio(pooled.trace.events, measured.events)
+        info["pool_residual"] = compute_ratio(pooled.trace, measured, POOLED_KINDS) or 1.0
     return allreduce_factors(sim.trace.events, measured.events), info
-
-
-def compute_ratio(pred_events, measured_events) -> float:
-    """Measured over predicted training compute (forward and backward kinds), each kind's mean
-    duration weighted by the prediction's count of it: 1.0 where either trace has none."""
-    num = den = 0.0
-    for kind in ("forward", "backward", "backward_input", "backward_weight"):
-        p = [e.duration for e in pred_events if e.kind == kind]
-        m = [e.duration for e in measured_events if e.kind == kind]
-        if p and m:
-            num += sum(m) / len(m) * len(p)
-            den += sum(p)
-    return num / den if den > 0 and num > 0 else 1.0
 
 
 def calibration_run(spec, profile: dict, steps: int = 12, warmup: int = 3,
@@ -217,7 +208,7 @@ def calibration_run(spec, profile: dict, steps: int = 12, warmup: int = 3,
                                           "wan_message_overhead_s": overhead, "calibration_run": info}}
         pooled, pdet = predict(spec, plan, known, iterations=steps - warmup, mode=mode)
         if pdet.get("core_pool"):
-            info["pool_residual"] = compute_ratio(pooled.trace.events, measured.events)
+            info["pool_residual"] = compute_ratio(pooled.trace, measured, POOLED_KINDS) or 1.0
     if dp_probe and plan.dp == 1 and "2" in profile[RUNTIME_KEY].get("allreduce", {}) and not _room_for(4):
         info["allreduce_run"] = {"skipped": "a rank per GPU and fewer than 4 GPUs here"}
     elif dp_probe and plan.dp == 1 and "2" in profile[RUNTIME_KEY].get("allreduce", {}):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from geotrain.calibrate.compare import compare_case, measured_metrics
+from geotrain.calibrate.compare import compare_case, drop_warmup, measured_metrics
 from geotrain.calibrate.costs import predict
 from geotrain.calibrate.timers import time_unit
 from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
@@ -26,6 +26,7 @@ from geotrain.plan.manual import plan_from_job
 from geotrain.plan.plan import LinkPlan
 from geotrain.plan.temporal import apply_temporal
 from geotrain.plan.variants import wan_warmup_for
+from geotrain.trace.metrics import compute_ratio
 from geotrain.trace.schema import Trace
 
 
@@ -184,15 +185,12 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     background, slow = cond["background_runnable"], cond["rank_slowdown"]
     posthoc, _ = predict(spec, plan, profile, iterations=steps - warmup, mode=cond["mode"], rank_slowdown=slow)
     row.posthoc_iteration_s = posthoc.metrics.iteration_time
-    # Diagnosis: training compute per iteration (all ranks) measured over predicted -- shows how much of
-    # an error is compute that ran slower or faster than the profile said, not the network or schedule.
-    pred_compute = sum(sim.metrics.busy_fraction.values()) * sim.metrics.iteration_time
-    meas_compute = sum(mm.busy_fraction.values()) * mm.iteration_time
     details.update(predicted_at=predicted_at, run_started_after_prediction=True, run_wall_s=cond["wall_s"],
                    background_runnable=background, background_cores_used=cond["background_cores"],
                    steal_cores=cond.get("steal_cores", 0.0), background_sessions=cond.get("background_sessions"),
                    unit_time_vs_profile=speed,
                    wan_mode=cond["mode"], rank_slowdown=slow, retried_after=retried,
                    posthoc_iteration_s=posthoc.metrics.iteration_time,
-                   compute_ratio=meas_compute / pred_compute if pred_compute > 0 else None)
+                   # diagnosis: how much of an error is compute that ran slower or faster than profiled
+                   compute_ratio=compute_ratio(sim.trace, drop_warmup(measured, warmup)))
     return row, details

@@ -12,8 +12,8 @@ from typing import Any, NamedTuple
 
 from geotrain.console import human_bytes, human_rate, human_seconds
 from geotrain.trace.layout import num_ranks
-from geotrain.trace.metrics import WAN_COLLECTIVE_BYTES, Metrics, compute_metrics
-from geotrain.trace.schema import TRAINING_COMPUTE_KINDS, Trace
+from geotrain.trace.metrics import WAN_COLLECTIVE_BYTES, Metrics, compute_metrics, compute_ratio
+from geotrain.trace.schema import Trace
 
 
 class CompareRow(NamedTuple):
@@ -51,8 +51,10 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
 
     Known causes, read off the traces: an uncalibrated prediction (datasheet speeds, not this
     machine's); other work on the machine while the run trained, beyond what the profile saw
-    (`_other_load`); compute that ran at another speed than the profile measured (`compute_ratio`
-    off by more than TOLERANCE); ranks that shared CPU cores (a measured event's wall time includes waiting for a
+    (`_other_load`); compute that ran at another speed than the profile measured
+    (trace.metrics.compute_ratio off by more than TOLERANCE; on the validation machine the same
+    plan computed 191, 215 and 259 ms per iteration in three quiet runs minutes apart); ranks that
+    shared CPU cores (a measured event's wall time includes waiting for a
     core; the calibrated simulator shares the cores between the ranks computing at once, but in
     the run the collectives' and transport's threads wait for cores too, and that lands in the
     measured waits: on the demo's 4 ranks on 2 cores, fresh clone 2026-12-01, iteration time
@@ -94,20 +96,6 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
                     "prediction counts NCCL's (plan.wan_bytes, backend)")
         out.append(r._replace(note=note))
     return out
-
-
-def compute_ratio(predicted: Trace, measured: Trace) -> float | None:
-    """Training compute per iteration (forward, backward and optimizer events, all ranks) measured over
-    predicted, or None when either trace has none: whether an error is compute that ran at another
-    speed than the profile measured (on the validation machine the same plan computed 191, 215 and
-    259 ms per iteration in three quiet runs minutes apart) rather than the network or the schedule."""
-    def per_iteration(trace: Trace) -> float:
-        its = {e.iteration for e in trace.events}
-        busy = sum(e.end - e.start for e in trace.events if e.kind in TRAINING_COMPUTE_KINDS)
-        return busy / len(its) if its else 0.0
-
-    p, m = per_iteration(predicted), per_iteration(measured)
-    return m / p if p > 0 and m > 0 else None
 
 
 OTHER_LOAD_THREADS = 0.5   # other runnable threads beyond the profile's that make a run "loaded"

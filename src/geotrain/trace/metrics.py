@@ -210,6 +210,20 @@ def _union_length(start: np.ndarray, end: np.ndarray) -> float:
     return float(reach[-1] - s[0] - gaps[gaps > 0].sum())
 
 
+def compute_ratio(predicted: Trace, measured: Trace, kinds=TRAINING_COMPUTE_KINDS) -> float | None:
+    """Compute per iteration (the `kinds` events' time, all ranks) measured over predicted, or None
+    when either trace has none: whether an error is compute that ran at another speed than the
+    profile measured rather than the network or the schedule (the report's notes, the validation
+    table's column, and the core pool's residual -- forward and backward kinds -- in the profile)."""
+    def per_iteration(trace: Trace) -> float:
+        its = {e.iteration for e in trace.events}
+        busy = sum(e.end - e.start for e in trace.events if e.kind in kinds)
+        return busy / len(its) if its else 0.0
+
+    p, m = per_iteration(predicted), per_iteration(measured)
+    return m / p if p > 0 and m > 0 else None
+
+
 def compute_metrics(trace: Trace, tokens_per_iteration: int, peak_memory: dict[int, float] | None = None) -> Metrics:
     cols = trace_columns(trace)
     num_ranks = max(trace.num_ranks, int(cols.rank.max()) + 1 if len(cols) else 0)
