@@ -1,6 +1,6 @@
 """Benchmark: the all-reduce model the simulator prices DP with, beside gloo measured here.
 
-The cost model (geotrain.cost.comm) times a ring all-reduce of B bytes over n ranks as
+The cost model (geotrain.costs.comm) times a ring all-reduce of B bytes over n ranks as
 2 (n-1)/n x B / bandwidth + 2 (n-1) x latency, hierarchical across nodes. This measures
 `torch.distributed.all_reduce` with gloo on 127.0.0.1 at 2, 4 and 8 ranks (one process each,
 one launch per rank count, median of `--reps` after a warm-up) for a few sizes, and prints it
@@ -71,8 +71,8 @@ def measure(world: int, sizes: list[int], reps: int) -> dict[int, float]:
 
 def main() -> int:
     sys.path.insert(0, str(ROOT / "src"))
-    from geotrain.config.load import load_cluster
-    from geotrain.cost.comm import allreduce_time
+    from geotrain.costs.comm import allreduce_time
+    from geotrain.spec.load import load_cluster
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes-mb", default="1,8,32")

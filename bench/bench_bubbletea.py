@@ -29,11 +29,11 @@ def main() -> int:
     ap.add_argument("--pinned", action="store_true", help="use the job's pinned layout instead of the planner")
     args = ap.parse_args()
 
-    from geotrain.bubbletea.simulate import bubbletea_for_plan, check_no_overlap, parse_workload
-    from geotrain.config import load_spec
+    from geotrain.bubbletea.simulated import bubbletea_for_plan, check_no_overlap, parse_workload
     from geotrain.console import format_table
-    from geotrain.plan.manual import plan_from_job
+    from geotrain.planner.manual import plan_from_job
     from geotrain.sim import simulate
+    from geotrain.spec import load_spec
 
     rows, worst, worst_dp = [], 1.0, 1.0
     for name in EXAMPLES:
@@ -41,7 +41,7 @@ def main() -> int:
         if args.pinned:
             plan = plan_from_job(spec)
         else:
-            from geotrain.orchestrate.planning import make_plan
+            from geotrain.planner.confirm import make_plan
 
             plan = make_plan(spec, top_k=1).plan
         sim = simulate(spec, plan)

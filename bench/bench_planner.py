@@ -3,11 +3,11 @@
 1. Planning time per example (search, and simulating the finalists, apart), wall and CPU time --
    CPU because these machines are shared: the wall time under load says little. Targets: the
    five-zone full mesh (opt350m_a100_5zone) <= 1 s, the 8,192-GPU example < 2 s.
-2. The plan against the exhaustive optimum (geotrain.plan.exhaustive, every plan simulated) on
+2. The plan against the exhaustive optimum (geotrain.planner.exhaustive, every plan simulated) on
    the small clusters of tests/test_plan_exhaustive.py: planner / optimum (goal <= 1.01).
 3. Per example: the chosen plan's simulated iteration time vs its lower bound, vs each baseline,
    and its price: $/iteration and $/1M tokens from the DCs' price_per_gpu_hour plus WAN egress at
-   each link's egress_usd_per_gb (geotrain.plan.price; no example sets an egress price, so pass
+   each link's egress_usd_per_gb (geotrain.layout.price; no example sets an egress price, so pass
    --egress USD_PER_GB to price every link alike).
 
 Run: .venv/bin/python bench/bench_planner.py [--quick]   (--quick: only part 1)
@@ -35,7 +35,7 @@ def _timed(fn):
 def price(spec, plan, iteration_s: float) -> tuple[float, float, float] | None:
     """($ per iteration, $ per 1M tokens, of which egress $ per iteration), or None when a DC has
     no price."""
-    from geotrain.plan.price import cost_per_iteration, cost_per_mtoken, egress_per_iteration
+    from geotrain.layout.price import cost_per_iteration, cost_per_mtoken, egress_per_iteration
 
     egress = egress_per_iteration(spec, plan)
     it = cost_per_iteration(spec.cluster, plan, iteration_s, egress)
@@ -72,7 +72,7 @@ def against_exhaustive(make_plan) -> None:
 
     from test_plan_exhaustive import CASES, OPT, write_spec
 
-    from geotrain.plan.exhaustive import all_plans
+    from geotrain.planner.exhaustive import all_plans
     from geotrain.sim import simulate
 
     print("\n[2] planner vs exhaustive optimum (every plan simulated)")
@@ -109,9 +109,9 @@ def examples(load_spec, make_plan, evaluate_baselines, GeotrainError, egress: fl
 
 
 def main() -> int:
-    from geotrain.config import load_spec
     from geotrain.errors import GeotrainError
-    from geotrain.orchestrate.planning import evaluate_baselines, make_plan
+    from geotrain.planner.confirm import evaluate_baselines, make_plan
+    from geotrain.spec import load_spec
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="only the planning times")

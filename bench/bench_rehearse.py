@@ -40,10 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _plans(spec_path: Path, out: Path) -> dict[str, Path]:
-    from geotrain.config import load_spec
-    from geotrain.orchestrate.planning import make_plan
-    from geotrain.plan.plan import save_plan
-    from geotrain.plan.temporal import apply_temporal, with_connections
+    from geotrain.layout.plan import save_plan
+    from geotrain.planner.confirm import make_plan
+    from geotrain.planner.sharing import apply_temporal, with_connections
+    from geotrain.spec import load_spec
 
     spec = load_spec(spec_path)
     plan = make_plan(spec).plan
@@ -68,8 +68,8 @@ def _planner_sharing(spec_path: Path, scale: float) -> str:
     """What the planner picks for SPEC's links at the rates they run at (x scale), and its simulated times."""
     import dataclasses
 
-    from geotrain.config import load_spec
-    from geotrain.orchestrate.planning import make_plan
+    from geotrain.planner.confirm import make_plan
+    from geotrain.spec import load_spec
 
     spec = load_spec(spec_path)
     links = [ln.model_copy(update={"capacity_gbps": ln.capacity_gbps * scale,
@@ -85,7 +85,7 @@ def _grant_round_trip(n: int = 300) -> str:
     """An uncontended turn's cost: RemoteTurns acquire (TCP, authenticated) to an arbiter on loopback."""
     import secrets
 
-    from geotrain.wan.temporal import RemoteTurns, TurnArbiter
+    from geotrain.transport.turns import RemoteTurns, TurnArbiter
 
     secret = secrets.token_bytes(32)
     arbiter = TurnArbiter([0, 1])
@@ -106,10 +106,10 @@ def _grant_round_trip(n: int = 300) -> str:
 
 def _sharing_table(rounds: int) -> None:
     """Temporal vs fair for d = 2, 4, 8 pipelines on one saturated emulated link (the cases of
-    tests/test_temporal_emulated.py, `orchestrate.link_sharing`), measured and simulated."""
+    tests/test_temporal_emulated.py, `calibrate.link_sharing`), measured and simulated."""
     import statistics
 
-    from geotrain.orchestrate.link_sharing import PipelineCase, link_cluster, measure, simulated
+    from geotrain.calibrate.link_sharing import PipelineCase, link_cluster, measure, simulated
 
     cap, conns = 0.01, 4
     cluster = link_cluster(cap, cap / conns, 10.0)

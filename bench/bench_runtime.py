@@ -7,7 +7,7 @@
    model, batch and micro-batching (median step time after warm-up; target <= 5%).
 2. checkpointing none/selective/keep-matmul/keep-attention/full x fp32/bf16/fp16 at pp=1, dp=1:
    step time (arms alternated over `--reps` rounds, median), activation bytes of one micro-batch --
-   measured as the storages a forward leaves alive (runtime.memory.LiveBytes) beside the cost
+   measured as the storages a forward leaves alive (runtime.measured_memory.LiveBytes) beside the cost
    model's -- and the peak of a step, measured by the runtime (summary.json) beside the cost
    model's; then each checkpointing mode's activation cut and step-time cost against none (the
    seed's claim: up to 70% less activation memory for 15-25% more step time).
@@ -88,11 +88,11 @@ def peak_per_stage(out: Path) -> list[dict]:
 
 def plain_step_times(spec_path: Path, steps: int) -> list[float]:
     """The reference: a textbook PyTorch loop over the same micro-batches (gradient accumulation)."""
-    from geotrain.config.load import load_spec
     from geotrain.models.llama import build_model
-    from geotrain.plan.manual import plan_from_job
+    from geotrain.planner.manual import plan_from_job
     from geotrain.runtime.batches import SyntheticTokens
-    from geotrain.runtime.pipeline import lm_loss
+    from geotrain.runtime.interpreter import lm_loss
+    from geotrain.spec.load import load_spec
 
     spec = load_spec(spec_path)
     plan = plan_from_job(spec)
@@ -114,14 +114,14 @@ def plain_step_times(spec_path: Path, steps: int) -> list[float]:
 def activation_bytes(spec_path: Path) -> tuple[int, int]:
     """(measured, predicted) bytes one micro-batch keeps alive through the whole model's forward
     and loss, as the runtime runs it (autocast, checkpointing applied from outside)."""
-    from geotrain.config.load import load_spec
-    from geotrain.cost import CostModel
+    from geotrain.costs import CostModel
     from geotrain.models.llama import build_model
-    from geotrain.plan.manual import plan_from_job
-    from geotrain.runtime.checkpointing import apply_checkpointing
-    from geotrain.runtime.memory import LiveBytes
+    from geotrain.planner.manual import plan_from_job
+    from geotrain.runtime.activation_ckpt import apply_checkpointing
+    from geotrain.runtime.interpreter import lm_loss
+    from geotrain.runtime.measured_memory import LiveBytes
     from geotrain.runtime.parallelize import autocast_context
-    from geotrain.runtime.pipeline import lm_loss
+    from geotrain.spec.load import load_spec
 
     spec = load_spec(spec_path)
     plan = plan_from_job(spec)
@@ -171,7 +171,7 @@ def main() -> None:
 
     print(f"\n## 2. checkpointing x precision (pp=1, dp=1, {args.model}, 4 micro-batches of 2, 1f1b); "
           f"arms alternated over {args.reps} rounds")
-    from geotrain.plan.context import CHECKPOINTING_ORDER
+    from geotrain.planner.context import CHECKPOINTING_ORDER
 
     arms = [(c, p) for c in CHECKPOINTING_ORDER for p in args.precisions.split(",")]
     times: dict[tuple[str, str], list[float]] = {a: [] for a in arms}

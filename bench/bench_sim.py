@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from geotrain.config import Cluster
-from geotrain.plan.plan import LinkPlan, Plan, StagePlan
+from geotrain.layout.plan import LinkPlan, Plan, StagePlan
 from geotrain.sim import StageCost, simulate_costs
+from geotrain.spec import Cluster
 
 TARGET_S = 2.0
 

@@ -4,7 +4,7 @@
                                                  [--quick] [--out DIR] [--profile FILE] [--cases a,b]
 
 Profiles the machine once first (unless --profile), saves the profile, then for each run, WAN mode
-and case predicts from the profile alone and only then runs the case (calibrate.validate). Prints
+and case predicts from the profile alone and only then runs the case (calibrate.validation). Prints
 predicted vs measured iteration time and per-rank bubble time, and mean / worst |error| per run and
 over all runs; the first --wan mode is the headline, the others extra columns. With --write-docs
 the tables replace the results section of docs/VALIDATION.md and the README's validation lines.
@@ -71,7 +71,7 @@ def write_docs(md: str, results: dict, cmd: str) -> None:
 
 
 def _rows(dicts: list[dict]):
-    from geotrain.calibrate.compare import CaseRow
+    from geotrain.calibrate.case_rows import CaseRow
 
     keep = set(CaseRow.__dataclass_fields__)
     return [CaseRow(**{k: v for k, v in d.items() if k in keep}) for d in dicts]
@@ -99,8 +99,8 @@ def main() -> int:
         print("error: --runs must be >= 1 and --steps larger than --warmup >= 0", file=sys.stderr)
         return 2
 
-    from geotrain.calibrate.profile import load_profile
-    from geotrain.calibrate.validate import run_validation
+    from geotrain.calibrate.profile_file import load_profile
+    from geotrain.calibrate.validation import run_validation
     from geotrain.errors import GeotrainError
 
     try:

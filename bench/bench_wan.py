@@ -20,7 +20,7 @@ The price of securing the transport: throughput with authentication on/off and T
 beside plain TCP. Sender and receiver are two processes (on the WAN: in the two DCs' namespaces),
 arms interleaved per round so load drifts hit them alike:
   * tcp          -- raw TCP striped over k sockets: authentication off, TLS off (the baseline);
-  * tls          -- the same inside TLS 1.3 with the transport's own contexts (`wan.tls`): auth off, TLS on;
+  * tls          -- the same inside TLS 1.3 with the transport's own contexts (`transport.tls`): auth off, TLS on;
   * striped      -- StripedTransport: challenge-response, HMAC frames, ACKs, resend bookkeeping: auth on;
   * striped+tls  -- StripedTransport(tls=True), what `geotrain train --wan-tls` runs: both on.
 Connections (and handshakes) are set up before the clock starts; a transfer ends when the receiver
@@ -49,7 +49,7 @@ def _peer(a: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from geotrain.emulation.ports import spread_port_connections
-    from geotrain.wan.striped import StripedTransport
+    from geotrain.transport.striped import StripedTransport
 
     store = dist.TCPStore(a.store_host, a.store_port, 2, is_master=a.role == "send",
                           timeout=datetime.timedelta(seconds=60))
@@ -116,7 +116,7 @@ def _raw_recv(store, key: str, host: str, k: int, tls) -> None:
     import socket
     import threading
 
-    from geotrain.wan.sockets import recv_exact
+    from geotrain.transport.sockets import recv_exact
 
     ls = socket.create_server((host, 0))
     store.set(key, str(ls.getsockname()[1]))
@@ -155,9 +155,9 @@ def _security_role(a: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from geotrain.emulation.ports import spread_port_connections
-    from geotrain.wan.sockets import open_connections
-    from geotrain.wan.striped import StripedTransport
-    from geotrain.wan.tls import RunTLS
+    from geotrain.transport.sockets import open_connections
+    from geotrain.transport.striped import StripedTransport
+    from geotrain.transport.tls import RunTLS
 
     send = a.security_role == "send"
     store = dist.TCPStore(a.store_host, a.store_port, 2, is_master=send, timeout=dt.timedelta(seconds=120))
@@ -267,7 +267,7 @@ def security(a: argparse.Namespace) -> int:
 
 
 def _bench_cluster(a: argparse.Namespace):
-    from geotrain.config import Cluster
+    from geotrain.spec import Cluster
 
     per_conn = a.per_connection_gbps or a.capacity_gbps / 4
     return Cluster.model_validate({

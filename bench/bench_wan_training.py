@@ -12,7 +12,7 @@ TCP connection (so the plan needs 4 connections to fill it).
 Plans (all from `plan_from_job`, the same objects go to the runtime and the simulator):
   * c1-fair       -- 1 connection per cross-DC transfer;
   * cK-fair       -- the plan's connections (connections_to_saturate = 4), both DP pipelines at once;
-  * cK-temporal   -- the same, links shared temporally (plan.temporal.apply_temporal: turn order,
+  * cK-temporal   -- the same, links shared temporally (planner.sharing.apply_temporal: turn order,
                      stagger = one transfer at full rate, pipeline offsets).
 All cases run in ONE launch, alternating c1, cK-fair, cK-temporal for `rounds` rounds, so drift in
 the machine's load hits all three alike. Measured: rank 0's step time (the iteration period) of
@@ -20,7 +20,7 @@ every step after the first two of each case (connection set-up, TCP slow start, 
 
 Predicted: `geotrain.sim.simulate` with the cost model (ratios only: the "cpu" GPU type is a rough
 number), and, when the calibration helper's profile-based costs are available
-(geotrain.calibrate.costs.predict with a measured profile), their iteration times and ratios too.
+(geotrain.calibrate.calibrated_costs.predict with a measured profile), their iteration times and ratios too.
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ def write_spec(d: Path, a: argparse.Namespace) -> Path:
 
 
 def make_plans(spec) -> dict:
-    from geotrain.cost import CostModel
-    from geotrain.plan.manual import plan_from_job
-    from geotrain.plan.temporal import apply_fair, apply_temporal, with_connections
+    from geotrain.costs import CostModel
+    from geotrain.planner.manual import plan_from_job
+    from geotrain.planner.sharing import apply_fair, apply_temporal, with_connections
     from geotrain.sim import simulate
 
     base = apply_fair(plan_from_job(spec))
@@ -127,7 +127,7 @@ def predictions(spec, plans: dict, profile: dict | None) -> tuple[dict, dict | N
     plain = {n: simulate(spec, p, iterations=3).metrics.iteration_time for n, p in plans.items()}
     if profile is None:
         return plain, None
-    from geotrain.calibrate.costs import predict
+    from geotrain.calibrate.calibrated_costs import predict
 
     calibrated = {n: predict(spec, p, profile)[0].metrics.iteration_time for n, p in plans.items()}
     return plain, calibrated
@@ -138,7 +138,7 @@ def load_or_measure_profile(spec, a: argparse.Namespace) -> dict | None:
         return None
     try:
         from geotrain.calibrate.measure import measure_profile
-        from geotrain.calibrate.profile import load_profile
+        from geotrain.calibrate.profile_file import load_profile
     except ImportError as e:
         print(f"# calibrated costs unavailable ({e}); ratios from the plain cost model only")
         return None
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-calibrate", action="store_true", help="skip the calibrated prediction")
     a = ap.parse_args(argv)
 
-    from geotrain.config.load import load_spec
+    from geotrain.spec.load import load_spec
 
     with tempfile.TemporaryDirectory(prefix="bench-wan-training-") as tmp:
         tmp = Path(tmp)

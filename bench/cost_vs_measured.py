@@ -13,10 +13,10 @@ import argparse
 import json
 
 from geotrain.calibrate.timers import measure_units
-from geotrain.config.cluster import BUILTIN_GPU_TYPES
 from geotrain.console import format_table, human_seconds
-from geotrain.cost import CostModel
+from geotrain.costs import CostModel
 from geotrain.models.presets import PRESETS
+from geotrain.spec.cluster import BUILTIN_GPU_TYPES
 
 
 def main() -> None:

@@ -92,11 +92,11 @@ def check_wan2(out: Path, mode: str) -> tuple[bool, list[str]]:
 def check_units(mode: str) -> tuple[bool, list[str]]:
     import torch
 
-    from geotrain.config.cluster import BUILTIN_GPU_TYPES
-    from geotrain.cost.model import CostModel
+    from geotrain.costs.cost_model import CostModel
     from geotrain.models.llama import build_units
     from geotrain.models.presets import PRESETS
     from geotrain.runtime.parallelize import autocast_context
+    from geotrain.spec.cluster import BUILTIN_GPU_TYPES
 
     preset, _, gpu_name, mb, _ = SIZES[mode]
     spec = PRESETS[preset]

@@ -2,7 +2,7 @@
 
 `sudo .venv/bin/python scripts/nccl_emulation_check.py [--cpu]` brings up two DCs as network
 namespaces (`emulation.WanEmulation`), starts ranks in them through the launcher training uses
-(`runtime.launch.launch_ranks` with a kernel-mode `runtime.wan.WanLaunch`, so each rank gets the
+(`runtime.launch.launch_ranks` with a kernel-mode `runtime.cross_dc.WanLaunch`, so each rank gets the
 environment a training rank gets: `emulation.nccl.nccl_host_env`) and all-reduces 16 MiB a few
 times. It passes when the router counted at least those bytes leaving each DC (the traffic crossed
 the veth, the delayer and the shaper) and, with NCCL, when NCCL's own log (NCCL_DEBUG=INFO) shows
@@ -47,11 +47,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="gloo on the CPU (no GPU needed): the bytes check only")
     args = ap.parse_args()
-    from geotrain.config import Cluster
     from geotrain.emulation import WanEmulation
     from geotrain.emulation.network import emulation_available
+    from geotrain.runtime.cross_dc import WanLaunch
     from geotrain.runtime.launch import launch_ranks
-    from geotrain.runtime.wan import WanLaunch
+    from geotrain.spec import Cluster
 
     ok, why = emulation_available()
     if not ok:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from geotrain.config.load import load_spec
 from geotrain.models.llama import build_model
 from geotrain.runtime.batches import SyntheticTokens
-from geotrain.runtime.pipeline import lm_loss
+from geotrain.runtime.interpreter import lm_loss
 from geotrain.runtime.trainer import make_optimizer
+from geotrain.spec.load import load_spec
 
 
 @functools.cache

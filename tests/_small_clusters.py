@@ -1,7 +1,7 @@
 """Small clusters written as spec files, for planner tests (pins, exhaustive optimum, sharing).
 
 Each helper writes cluster.toml + spec.toml into a directory and returns the loaded Spec; the
-clusters are tiny enough that the exhaustive checker (geotrain.plan.exhaustive) can enumerate
+clusters are tiny enough that the exhaustive checker (geotrain.planner.exhaustive) can enumerate
 every layout in well under a second.
 """
 
@@ -15,7 +15,7 @@ def write_spec(directory: Path, dcs: list[tuple[str, str, int]], links: list[tup
                model: str, job: dict, name: str = "small", region: str | None = None):
     """dcs: (name, gpu type, gpus[, gpus per node, default 8]); links: (a, b, latency ms, capacity
     Gbit/s, per-connection Gbit/s); region: one region holding every DC (DP may then span them)."""
-    from geotrain.config import load_spec
+    from geotrain.spec import load_spec
 
     directory.mkdir(parents=True, exist_ok=True)
     text = f'name = "{name}"\n'

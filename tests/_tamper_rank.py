@@ -9,7 +9,7 @@ import os
 import sys
 
 from geotrain.runtime.worker import main
-from geotrain.wan.striped import StripedTransport
+from geotrain.transport.striped import StripedTransport
 
 _real_lookup = StripedTransport.lookup
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from geotrain.config import Cluster
-from geotrain.plan.plan import LinkPlan, Plan, StagePlan
+from geotrain.layout.plan import LinkPlan, Plan, StagePlan
 from geotrain.sim.simulate import StageCost
+from geotrain.spec import Cluster
 
 
 def toy_cluster(dcs: int = 2, *, gpus: int = 4096, latency_ms: float = 10.0, capacity_gbps: float = 100.0,

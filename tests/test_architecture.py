@@ -117,3 +117,40 @@ def test_the_local_import_check_sees_an_uncommented_one():
     src = ("import os\n\n\ndef f():\n    # lazy: torch only when called\n    import torch\n    from a import b\n\n"
            "    return torch\n\n\ndef g():\n    x = 1\n    import json\n    return json, x\n")
     assert uncommented_local_imports(src) == [14]
+
+
+# -- names and the face ---------------------------------------------------------------------
+
+def test_no_two_modules_share_a_name():
+    """A file name says what it holds: 'wan' or 'checkpoint' meaning two things is a trap for readers."""
+    names: dict[str, list[str]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        rel = p.relative_to(PACKAGE)
+        name = rel.parent.name if p.name == "__init__.py" else p.stem
+        if name and name != "__main__":
+            names.setdefault(name, []).append(rel.as_posix())
+    shared = {n: ps for n, ps in names.items() if len(ps) > 1}
+    assert not shared, f"module names used twice: {shared}"
+
+
+def test_help_imports_no_command():
+    """`geotrain --help` lists the commands from cli's table: no command module, and none of what they
+    import (torch, numpy, pydantic), is loaded to print it."""
+    code = ("import sys; from geotrain.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'pydantic', 'matplotlib')"
+            " or m.startswith('geotrain.commands.'))\n"
+            "print('LOADED', heavy)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "LOADED []" in res.stdout, res.stdout + res.stderr
+    assert "train" in res.stdout and "simulate" in res.stdout     # the table was printed
+
+
+def test_every_command_in_the_table_loads():
+    from geotrain.cli import COMMANDS, command_parser
+
+    modules = {p.stem for p in (PACKAGE / "commands").glob("*_cmd.py")}
+    assert {m for m, _ in COMMANDS.values()} == modules
+    for name in COMMANDS:
+        module, parser = command_parser(name)
+        assert callable(module.run) and parser.prog == f"geotrain {name}"

@@ -111,7 +111,7 @@ def _fake_service():
     import queue
     import socket
 
-    from geotrain.wan.auth import ANY_RANK, BUBBLETEA, server_handshake
+    from geotrain.transport.auth import ANY_RANK, BUBBLETEA, server_handshake
 
     srv = socket.create_server(("127.0.0.1", 0))
     accepted: queue.Queue = queue.Queue()

@@ -87,9 +87,9 @@ def test_max_tokens_past_the_context_finish_with_length(tmp_path):
 
 
 def test_prefill_model_must_fit_beside_training(tmp_path):
-    from geotrain.commands.train import _check_headroom, _prefill_model
-    from geotrain.config.load import load_spec
-    from geotrain.plan.manual import plan_from_job
+    from geotrain.commands.train_cmd import _check_headroom, _prefill_model
+    from geotrain.planner.manual import plan_from_job
+    from geotrain.spec.load import load_spec
 
     big = tmp_path / "big"
     big.mkdir()
@@ -113,8 +113,8 @@ def test_the_shipped_demo_model_is_a_trained_python_model():
 
     import torch
 
-    from geotrain.commands.demo import SERVED_MODEL
-    from geotrain.runtime.pipeline import lm_loss
+    from geotrain.commands.demo_cmd import SERVED_MODEL
+    from geotrain.runtime.interpreter import lm_loss
 
     served = load_inference_model(str(Path(__file__).parents[1] / SERVED_MODEL))
     text = Path(os.__file__).read_bytes()[:129 * 8]

@@ -3,7 +3,7 @@ import pytest
 from geotrain.bubbletea.bubbles import Window, bubble_windows
 from geotrain.bubbletea.prefill_cost import PrefillCost
 from geotrain.bubbletea.scheduler import BubbleScheduler, Request
-from geotrain.bubbletea.simulate import check_no_overlap, run_bubbletea
+from geotrain.bubbletea.simulated import check_no_overlap, run_bubbletea
 from geotrain.bubbletea.workload import Workload
 from geotrain.models.presets import PRESETS
 from geotrain.models.shape import ModelShape
@@ -65,7 +65,7 @@ def test_simulated_bubbletea_fills_bubbles_without_touching_training():
 
 def test_check_no_overlap_catches_a_bad_placement():
     from geotrain.bubbletea.scheduler import Chunk, Placement
-    from geotrain.bubbletea.simulate import BubbleTeaResult
+    from geotrain.bubbletea.simulated import BubbleTeaResult
 
     trace = two_rank_trace()
     bad = Placement(Request(0, 0, 10), 0, (Chunk(0, 0, 3.5, 4.5, 10, 0),))
@@ -85,7 +85,7 @@ def test_prefill_cost_fit_recovers_coefficients():
 
 
 def test_flops_cost_scales_with_model_size():
-    from geotrain.config.cluster import BUILTIN_GPU_TYPES
+    from geotrain.spec.cluster import BUILTIN_GPU_TYPES
 
     gpu = BUILTIN_GPU_TYPES["h100-80g"]
     small = PrefillCost.from_flops(PRESETS["llama2-7b"], gpu)
@@ -95,10 +95,10 @@ def test_flops_cost_scales_with_model_size():
 
 
 def test_bubbletea_on_a_simulated_plan_fills_bubbles_and_leaves_training_alone():
-    from geotrain.bubbletea.simulate import bubbletea_for_plan, parse_workload
-    from geotrain.config import load_spec
-    from geotrain.plan.manual import plan_from_job
+    from geotrain.bubbletea.simulated import bubbletea_for_plan, parse_workload
+    from geotrain.planner.manual import plan_from_job
     from geotrain.sim import simulate
+    from geotrain.spec import load_spec
 
     spec = load_spec("examples/tiny_2dc.toml")
     sim = simulate(spec, plan_from_job(spec))
@@ -110,7 +110,7 @@ def test_bubbletea_on_a_simulated_plan_fills_bubbles_and_leaves_training_alone()
 
 
 def test_workload_parsing_errors_are_one_line_spec_errors():
-    from geotrain.bubbletea.simulate import parse_workload
+    from geotrain.bubbletea.simulated import parse_workload
     from geotrain.errors import SpecError
 
     assert parse_workload("load=0.5,seed=3").load == 0.5

@@ -10,19 +10,19 @@ import math
 
 import pytest
 
-from geotrain.calibrate.compare import (
+from geotrain.calibrate.calibrated_costs import calibrated_inputs, compute_concurrency, predict, slowdown
+from geotrain.calibrate.case_rows import (
     compare_case,
     drop_warmup,
     markdown_table,
     rel_error,
     summarize,
 )
-from geotrain.calibrate.costs import calibrated_inputs, compute_concurrency, predict, slowdown
-from geotrain.calibrate.profile import cost_profile, load_profile, save_profile
+from geotrain.calibrate.profile_file import cost_profile, load_profile, save_profile
 from geotrain.calibrate.timers import fit_line, time_unit
-from geotrain.cost import CostModel
+from geotrain.costs import CostModel
 from geotrain.errors import GeotrainError
-from geotrain.plan.manual import plan_from_job
+from geotrain.planner.manual import plan_from_job
 from geotrain.trace.metrics import Metrics
 from geotrain.trace.schema import Event, Trace
 
@@ -147,7 +147,7 @@ def test_a_profile_file_goes_straight_into_the_cost_model(tmp_path, unit_profile
 
 
 def test_global_sync_crosses_the_wan_only_where_gloo_does(spec, unit_profile):
-    from geotrain.calibrate.costs import global_sync_s
+    from geotrain.calibrate.calibrated_costs import global_sync_s
 
     prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "p2p": {"alpha_s": 1e-4, "per_byte_s": 0.0}}}
     plan = plan_from_job(spec)                  # pp=2 x dp=2, ranks 0,1 east and 2,3 west; link 5 ms
@@ -173,7 +173,7 @@ def test_global_sync_crosses_the_wan_only_where_gloo_does(spec, unit_profile):
 @pytest.mark.parametrize("precision,param_bytes", [("bf16", 2), ("fp32", 4), ("fp16", 4)])
 def test_zero3_gathers_parameters_m_plus_one_times_in_the_param_dtype(spec, unit_profile, precision, param_bytes):
     """FSDP2 gathers in its MixedPrecisionPolicy's param dtype (bf16 under bf16; fp16 and fp32
-    gather the fp32 weights), zero3 m+1 times per iteration (cost.comm.fsdp_gathers: a forward
+    gather the fp32 weights), zero3 m+1 times per iteration (costs.comm.fsdp_gathers: a forward
     reshards, a backward keeps the weights), spread over the forwards and backwards; zero2 once."""
     plan = plan_from_job(spec).with_(precision=precision)   # dp=2
     m = plan.num_microbatches
@@ -269,7 +269,7 @@ def test_drop_warmup_keeps_later_iterations():
 def test_message_overhead_follows_the_probed_latency_curve_and_queued_messages_pay_the_gap(spec, unit_profile):
     """The calibration run's overhead (at its link's 5 ms) is the level; the probe's curve gives the
     change with latency; the probe's back-to-back gap becomes link time, taken off the overhead."""
-    from geotrain.calibrate.costs import message_overhead_s
+    from geotrain.calibrate.calibrated_costs import message_overhead_s
 
     rt = {**unit_profile["runtime"], "wan_message_overhead_s": 2e-3,
           "calibration_run": {**unit_profile["runtime"].get("calibration_run", {}), "latency_ms": 5.0},
@@ -298,7 +298,7 @@ def test_message_overhead_follows_the_probed_latency_curve_and_queued_messages_p
 
 
 def test_validate_sim_passes_its_wan_mode_on(monkeypatch, tmp_path):
-    import geotrain.calibrate.validate as validate
+    import geotrain.calibrate.validation as validate
     from geotrain.cli import main
 
     seen = {}
@@ -342,7 +342,7 @@ def test_old_foreign_or_malformed_profiles_are_one_line_errors(tmp_path, unit_pr
 
 
 def test_validation_tables_summarize_every_run_and_the_headline_mode():
-    from geotrain.calibrate.compare import CaseRow
+    from geotrain.calibrate.case_rows import CaseRow
     from geotrain.calibrate.tables import stats, validation_markdown
 
     def row(case, pred, meas, bp, bm):

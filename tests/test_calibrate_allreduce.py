@@ -13,10 +13,10 @@ import dataclasses
 import pytest
 
 from geotrain.calibrate import calibration_run as cr
+from geotrain.calibrate.calibrated_costs import calibrated_inputs, predict
 from geotrain.calibrate.cases import Case, write_spec
-from geotrain.calibrate.costs import calibrated_inputs, predict
 from geotrain.calibrate.timers import time_unit
-from geotrain.plan.manual import plan_from_job
+from geotrain.planner.manual import plan_from_job
 from geotrain.trace.metrics import compute_ratio
 from geotrain.trace.schema import Trace
 

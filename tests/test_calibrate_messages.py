@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from geotrain.calibrate.messages import global_sync, message_overheads, waiting_overhead
-from geotrain.emulation import shaper as shaper_module
-from geotrain.emulation.shaper import Shaper, ShaperConfig
+from geotrain.emulation import user_shaper as shaper_module
+from geotrain.emulation.user_shaper import Shaper, ShaperConfig
 from geotrain.trace.schema import Event, Trace
 
 
@@ -106,9 +106,9 @@ def test_exact_pacing_keeps_the_bulk_rate_and_the_binding_cap(monkeypatch):
 
 def test_train_profile_writes_a_calibrated_prediction(tmp_path):
     from geotrain.calibrate.cases import Case, case_plan, write_spec
-    from geotrain.calibrate.profile import save_profile
+    from geotrain.calibrate.predict import write_prediction
+    from geotrain.calibrate.profile_file import save_profile
     from geotrain.calibrate.timers import time_unit
-    from geotrain.orchestrate.predict import write_prediction
     from geotrain.sim import simulate
 
     case = Case("train-profile", latency_ms=10, per_connection_mbps=50)

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config.load import load_spec
 from geotrain.errors import GeotrainError
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import LinkPlan
+from geotrain.layout.plan import LinkPlan
+from geotrain.planner.manual import plan_from_job
 from geotrain.runtime import checkpoint as ck
 from geotrain.runtime.launch import launch
 from geotrain.runtime.trainer import RunConfig
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"

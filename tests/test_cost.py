@@ -7,10 +7,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from geotrain.config.cluster import BUILTIN_GPU_TYPES, Datacenter
-from geotrain.cost import CostModel, comm
+from geotrain.costs import CostModel, comm
 from geotrain.models.llama import build_unit
 from geotrain.models.presets import PRESETS
+from geotrain.spec.cluster import BUILTIN_GPU_TYPES, Datacenter
 
 A100 = BUILTIN_GPU_TYPES["a100-80g"]
 
@@ -342,7 +342,7 @@ def test_measured_profile_feeds_the_cost_model():
 
 
 def test_memory_helpers_agree_with_the_spec_check():
-    from geotrain.cost.memory import DTYPE_BYTES, optimizer_state_bytes_per_param, training_state_bytes_per_param
+    from geotrain.costs.memory import DTYPE_BYTES, optimizer_state_bytes_per_param, training_state_bytes_per_param
 
     for precision, p in DTYPE_BYTES.items():
         for opt in ("adamw", "adam", "sgd"):

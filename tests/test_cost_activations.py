@@ -2,29 +2,29 @@
 (precision, checkpointing) pair, per unit kind, on two shapes (GQA and plain multi-head).
 
 Measured the way the runtime runs a unit: fp32 weights, `autocast_context` for bf16/fp16, blocks
-wrapped by `runtime.checkpointing.apply_checkpointing`, the loss in fp32 outside autocast
+wrapped by `runtime.activation_ckpt.apply_checkpointing`, the loss in fp32 outside autocast
 (`pipeline.lm_loss`). Two witnesses:
-  * `LiveBytes` (runtime/memory.py): storages created by the forward that are still alive after
+  * `LiveBytes` (runtime/measured_memory.py): storages created by the forward that are still alive after
     it -- the only witness that sees inside checkpointed regions, whose tensors torch keeps in
     its own frames (non-reentrant checkpoint's recompute closure, selective checkpointing's
     cache), out of reach of saved-tensor hooks;
   * without checkpointing, also `saved_tensors_hooks` (deduplicated by storage): what autograd
     saves, plus the unit's output, must be the same bytes.
-The model is derived op by op in cost/activations.py; equality is exact.
+The model is derived op by op in costs/activations.py; equality is exact.
 """
 
 import pytest
 import torch
 
-from geotrain.config.model import ModelSpec
-from geotrain.cost import CostModel
-from geotrain.cost.activations import stage_input_bytes
+from geotrain.costs import CostModel
+from geotrain.costs.activations import stage_input_bytes
 from geotrain.models.llama import build_units
 from geotrain.models.presets import PRESETS
-from geotrain.runtime.checkpointing import apply_checkpointing
-from geotrain.runtime.memory import LiveBytes, tensor_bytes
+from geotrain.runtime.activation_ckpt import apply_checkpointing
+from geotrain.runtime.interpreter import lm_loss
+from geotrain.runtime.measured_memory import LiveBytes, tensor_bytes
 from geotrain.runtime.parallelize import autocast_context
-from geotrain.runtime.pipeline import lm_loss
+from geotrain.spec.model import ModelSpec
 
 MB = 2
 SHAPES = {"tiny": PRESETS["tiny"],
@@ -120,7 +120,7 @@ def test_a_split_backward_keeps_the_deferred_bytes_until_w(precision, checkpoint
     beyond the forward's bytes is `CostModel.deferred_bytes`; W then frees it."""
     from torch.distributed.pipelining._backward import stage_backward_input
 
-    from geotrain.runtime.checkpointing import weight_gradients_in_one_pass
+    from geotrain.runtime.activation_ckpt import weight_gradients_in_one_pass
 
     spec = PRESETS["tiny"]
     cost = CostModel(spec, precision=precision, checkpointing=checkpointing)
@@ -149,7 +149,7 @@ def test_one_pass_weight_gradients_equal_a_plain_backward():
     plain backward gives."""
     from torch.distributed.pipelining._backward import stage_backward_input
 
-    from geotrain.runtime.checkpointing import weight_gradients_in_one_pass
+    from geotrain.runtime.activation_ckpt import weight_gradients_in_one_pass
 
     spec = PRESETS["tiny"]
     x = unit_input(spec, 1).detach()

@@ -3,10 +3,10 @@
 import json
 
 from geotrain.cli import main
-from geotrain.config.load import load_spec
 from geotrain.console import human_bytes, human_rate, human_seconds
-from geotrain.cost import CostModel
-from geotrain.plan.manual import plan_from_job
+from geotrain.costs import CostModel
+from geotrain.planner.manual import plan_from_job
+from geotrain.spec.load import load_spec
 
 
 def _run(capsys, *argv):

@@ -84,8 +84,8 @@ def test_chat_completions_with_a_templated_tokenizer_and_not_without(tmp_path):
 
     from geotrain.bubbletea.executor import DecodeWorker, DedicatedExecutor
     from geotrain.bubbletea.service import PrefillService
-    from geotrain.config.model import ModelSpec
     from geotrain.models.llama import build_model
+    from geotrain.spec.model import ModelSpec
 
     tok = make_tokenizer_dir(tmp_path / "m")
     model = build_model(ModelSpec(layers=1, hidden=32, heads=2, kv_heads=1, ffn=48, vocab=tok.vocab_size,

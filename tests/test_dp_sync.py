@@ -1,7 +1,7 @@
 """A stage's DP sync is priced on the collectives the runtime's FSDP2 really runs -- the ones the
-WAN byte count counts (cost.comm.sync_collectives): under zero3 the reduce-scatter and m+1
+WAN byte count counts (costs.comm.sync_collectives): under zero3 the reduce-scatter and m+1
 parameter gathers (reshard_after_forward re-gathers after every forward), in the parameters'
-gather dtype, in the simulator's sync, the planner's estimate and plan.wan_bytes alike."""
+gather dtype, in the simulator's sync, the planner's estimate and layout.wan_bytes alike."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config.load import load_spec
-from geotrain.cost import CostModel, comm
-from geotrain.cost.comm import GBIT, hierarchical_half
-from geotrain.plan.context import PlanningContext
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import Plan, StagePlan
-from geotrain.plan.plan_score import plan_stage_costs
+from geotrain.costs import CostModel, comm
+from geotrain.costs.comm import GBIT, hierarchical_half
+from geotrain.layout.plan import Plan, StagePlan
+from geotrain.planner.context import PlanningContext
+from geotrain.planner.manual import plan_from_job
+from geotrain.planner.plan_score import plan_stage_costs
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import schedule_for_plan
 from geotrain.sim import simulate
 from geotrain.sim.simulate import tied_sum
+from geotrain.spec.load import load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "examples" / "tiny_2dc.toml"
 
@@ -108,7 +108,7 @@ def test_zero3s_gather_count_is_read_off_every_schedule_kind(kind):
 
 def test_the_simulator_and_the_planner_price_a_stages_sync_in_one_function(monkeypatch):
     """sim.simulate and PlanningContext (allreduce, allreduce_span) both call
-    cost.comm.region_sync_time, with the same collectives and spread, for a region plan and an
+    costs.comm.region_sync_time, with the same collectives and spread, for a region plan and an
     ordinary one."""
     calls: list[tuple[str, tuple, float]] = []
     real = comm.region_sync_time
@@ -143,9 +143,9 @@ def test_the_simulator_and_the_planner_price_a_stages_sync_in_one_function(monke
 def test_dp_across_dcs_prices_the_sync_the_simulator_prices_for_its_region_plan(sharding):
     """The dp-across-dcs baseline's DP sync and WAN bytes are those of the region plan it
     describes (one stage, its replicas spread over the DCs): the simulator's sync event and
-    plan.wan_bytes' count, zero3's m+1 gathers across the WAN included."""
-    from geotrain.plan.baselines import dp_across_dcs
-    from geotrain.plan.wan_bytes import wan_bytes_per_direction
+    layout.wan_bytes' count, zero3's m+1 gathers across the WAN included."""
+    from geotrain.layout.wan_bytes import wan_bytes_per_direction
+    from geotrain.planner.baselines import dp_across_dcs
 
     spec = load_spec(SPEC.parent / "llama2_7b_a100_3dc.toml")
     spec = replace(spec, job=spec.job.model_copy(update={"sharding": sharding, "checkpointing": "full"}))

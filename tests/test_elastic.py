@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.cli import main
-from geotrain.plan.plan import load_plan
+from geotrain.layout.plan import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"

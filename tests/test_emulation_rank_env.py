@@ -12,11 +12,11 @@ import json
 import subprocess
 import sys
 
-from geotrain.config import Cluster
 from geotrain.emulation import WanEmulation
 from geotrain.emulation.netns import DC_IFNAME
+from geotrain.runtime.cross_dc import WanLaunch
 from geotrain.runtime.launch import launch_ranks
-from geotrain.runtime.wan import WanLaunch
+from geotrain.spec import Cluster
 
 DUMP = ("import json, os, sys; "
         "open(sys.argv[1] + '/env' + os.environ['RANK'] + '.json', 'w').write(json.dumps(dict(os.environ)))")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.cli import main
-from geotrain.config import load_cluster, load_spec, validate_file
+from geotrain.spec import load_cluster, load_spec, validate_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ALL_TOML = sorted(EXAMPLES.rglob("*.toml"))

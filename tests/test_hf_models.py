@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from geotrain.config.load import load_model, load_spec
 from geotrain.errors import SpecError
-from geotrain.models.hf import load_hf_weights
+from geotrain.models.hf_weights import load_hf_weights
 from geotrain.models.llama import build_model, build_units
+from geotrain.spec.load import load_model, load_spec
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,8 +9,8 @@ from _cli import geotrain
 
 from geotrain.data import open_batches
 from geotrain.models.llama import build_model
-from geotrain.runtime.export import checkpoint_model_tensors, latest_checkpoint
-from geotrain.runtime.pipeline import lm_loss
+from geotrain.runtime.hf_export import checkpoint_model_tensors, latest_checkpoint
+from geotrain.runtime.interpreter import lm_loss
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).parents[1]
@@ -91,7 +91,7 @@ def test_train_tied_hf_pp2_dp2_then_export_reloads_tied_with_equal_logits(tmp_pa
         hf = transformers.LlamaForCausalLM.from_pretrained(out).eval()
     assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
     # geotrain's own model from the checkpoint's tensors (by geotrain's names) gives the same logits.
-    from geotrain.config.load import load_spec
+    from geotrain.spec.load import load_spec
 
     model = build_model(load_spec(tmp_path / "pp2.toml").model).eval()
     model.load_state_dict(pp2)
@@ -109,9 +109,9 @@ def test_an_untied_checkpoint_exports_untied(tmp_path):
     import torch.distributed.checkpoint as dcp
     from test_hf_models import make_hf_dir
 
-    from geotrain.config.load import load_model
-    from geotrain.models.hf import load_hf_weights
-    from geotrain.runtime.export import export_hf
+    from geotrain.models.hf_weights import load_hf_weights
+    from geotrain.runtime.hf_export import export_hf
+    from geotrain.spec.load import load_model
 
     ref = make_hf_dir(tmp_path / "hf", "gqa-untied", layers=LAYERS)
     spec = load_model(tmp_path / "hf")
@@ -143,7 +143,7 @@ def test_export_without_checkpoint_is_one_line(tmp_path, capsys):
 
 def test_export_never_replaces_a_directory_it_did_not_write(tmp_path, capsys):
     from geotrain.models.presets import PRESETS
-    from geotrain.runtime.export import export_hf
+    from geotrain.runtime.hf_export import export_hf
 
     keep = tmp_path / "mine"
     keep.mkdir()

@@ -2,8 +2,8 @@
 of small plans (precision x checkpointing x sharding x schedule), and the planner's refusal of a
 plan predicted not to fit.
 
-Measured by `runtime.memory.StepPeak` on the second step (on CPU: live tensor bytes, see
-runtime/memory.py), predicted by `CostModel.stage_memory` with the schedule's in-flight counts;
+Measured by `runtime.measured_memory.StepPeak` on the second step (on CPU: live tensor bytes, see
+runtime/measured_memory.py), predicted by `CostModel.stage_memory` with the schedule's in-flight counts;
 both land in summary.json's `memory_per_stage`. Single-rank cases run in one process, two-rank
 cases (pipeline, ZeRO-1, FSDP2) in one two-process launch.
 """
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config.load import load_spec
 from geotrain.errors import InfeasibleError
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.peaks import predicted_stage_peaks
+from geotrain.layout.peaks import predicted_stage_peaks
+from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch
 from geotrain.runtime.trainer import RunConfig
 from geotrain.schedule.builders import schedule_for_plan
+from geotrain.spec.load import load_spec
 
 TOLERANCE = 0.10
 
@@ -135,8 +135,8 @@ def per_stage_spec(tmp: Path) -> tuple[Path, dict]:
     """tiny, pp=2, 1F1B, fp32, checkpointing auto, on a GPU where the first stage (2 micro-batches
     in flight) fits only with checkpointing and the last (1) fits without; with the memory each
     needs per mode, as the planner counts it."""
-    from geotrain.cost import CostModel
-    from geotrain.plan.estimate import inflight
+    from geotrain.costs import CostModel
+    from geotrain.planner.analytic import inflight
 
     row = ("fp32", "auto", "replicate", "1f1b", 2, 1)
     spec = load_spec(write_spec(tmp, *row))
@@ -156,8 +156,8 @@ def test_the_planner_checkpoints_only_the_stage_that_needs_it(tmp_path, capsys):
     (The two-rank grid trains this plan.)"""
     import argparse
 
-    from geotrain.commands import estimate
-    from geotrain.cost import CostModel
+    from geotrain.commands import estimate_cmd as estimate
+    from geotrain.costs import CostModel
 
     path, info = per_stage_spec(tmp_path)
     spec = load_spec(path)

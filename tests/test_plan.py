@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from geotrain.config import load_spec
 from geotrain.errors import InfeasibleError
-from geotrain.orchestrate.planning import make_plan
-from geotrain.plan.context import PlanningContext
-from geotrain.plan.layouts import Layout
-from geotrain.plan.scorer import Scorer
-from geotrain.plan.split import balanced_split, prefix_sums
+from geotrain.planner.chains import Layout
+from geotrain.planner.confirm import make_plan
+from geotrain.planner.context import PlanningContext
+from geotrain.planner.scorer import Scorer
+from geotrain.planner.split import balanced_split, prefix_sums
+from geotrain.spec import load_spec
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_temporal_sharing_order_and_offsets(a100):
 def test_baselines_are_all_evaluated(a100):
     """(Whether the plan beats them held by construction -- they are among its finalists -- so the
     planner's quality is checked against the exhaustive optimum in test_plan_exhaustive.py.)"""
-    from geotrain.plan.baselines import evaluate_baselines
+    from geotrain.planner.baselines import evaluate_baselines
 
     spec, _ = a100
     base = evaluate_baselines(spec)
@@ -156,8 +156,8 @@ def capsys_text(capfd) -> str:
 
 def test_cli_writes_a_plan_file_and_sweep_rows(examples_dir_module, tmp_path, capfd):
     from geotrain.cli import main
-    from geotrain.orchestrate.planning import sweep
-    from geotrain.plan.plan import load_plan
+    from geotrain.layout.plan import load_plan
+    from geotrain.planner.confirm import sweep
 
     out = tmp_path / "plan.json"
     assert main(["plan", str(examples_dir_module / "tiny_2dc.toml"), "--out", str(out), "--compare"]) == 0
@@ -177,8 +177,8 @@ def test_cli_writes_a_plan_file_and_sweep_rows(examples_dir_module, tmp_path, ca
 
 
 def test_a_nearly_as_fast_plan_on_far_fewer_gpus_is_pointed_out():
-    from geotrain.plan.plan import Plan, StagePlan
-    from geotrain.plan.search import _cheaper_alternative
+    from geotrain.layout.plan import Plan, StagePlan
+    from geotrain.planner.search import _cheaper_alternative
 
     def plan(dp, pp):
         return Plan(stages=tuple(StagePlan("a", ((i, i + 1),)) for i in range(pp)), dp=dp, micro_batch=1,

@@ -1,5 +1,5 @@
 """The planner against the exhaustive optimum: on small clusters every plan the job allows is
-listed (geotrain.plan.exhaustive) and simulated; the planner's choice must be within 1% of the
+listed (geotrain.planner.exhaustive) and simulated; the planner's choice must be within 1% of the
 fastest. (This replaces "never slower than the baselines", which held by construction: the
 baselines are among the planner's finalists.)"""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from _small_clusters import mesh, write_spec
 
-from geotrain.cost import CostModel
-from geotrain.orchestrate.planning import make_plan
-from geotrain.plan.exhaustive import all_plans, compositions
+from geotrain.costs import CostModel
+from geotrain.planner.confirm import make_plan
+from geotrain.planner.exhaustive import all_plans, compositions
 from geotrain.sim import simulate
 
 JOB = {"global_batch": 8, "micro_batch": 1, "precision": "bf16", "checkpointing": "none"}

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from geotrain.config import load_spec
-from geotrain.plan.context import PlanningContext
-from geotrain.plan.explain import analyse
-from geotrain.plan.manual import plan_from_job
+from geotrain.planner.context import PlanningContext
+from geotrain.planner.explain import analyse
+from geotrain.planner.manual import plan_from_job
+from geotrain.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

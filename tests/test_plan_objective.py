@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from geotrain.cli import main
-from geotrain.config import load_spec
 from geotrain.errors import GeotrainError, InfeasibleError
-from geotrain.orchestrate.planning import make_plan
-from geotrain.plan.price import cost_per_hour, cost_per_mtoken
+from geotrain.layout.price import cost_per_hour, cost_per_mtoken
+from geotrain.planner.confirm import make_plan
+from geotrain.spec import load_spec
 
 SPEC = "examples/llama1b_a100_3dc.toml"
 
@@ -64,7 +64,7 @@ def test_plan_with_a_measured_profile_prices_compute_by_it(spec, tmp_path, capsy
     both use the measured times (the chosen plan is simulated far slower); a bad file is exit 2."""
     import json
 
-    from geotrain.cost import CostModel
+    from geotrain.costs import CostModel
 
     base = make_plan(spec)
     cm = CostModel(spec.model, precision=spec.job.precision)
@@ -93,7 +93,7 @@ def _with_egress(tmp_path, usd_per_gb: float):
 
 
 def test_egress_is_priced_per_byte_the_plan_sends(tmp_path):
-    from geotrain.plan.price import egress_per_iteration, wan_bytes_per_link
+    from geotrain.layout.price import egress_per_iteration, wan_bytes_per_link
     from geotrain.sim import simulate
 
     spec = _with_egress(tmp_path, 0.05)
@@ -110,7 +110,7 @@ def test_egress_is_priced_per_byte_the_plan_sends(tmp_path):
 
 
 def test_egress_counts_against_the_budget(tmp_path):
-    from geotrain.plan.price import wan_bytes_per_link
+    from geotrain.layout.price import wan_bytes_per_link
 
     free_spec, dear_spec = _with_egress(tmp_path / "free", 0.0), _with_egress(tmp_path / "dear", 1.0)
     fast = make_plan(free_spec)

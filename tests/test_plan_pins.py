@@ -12,15 +12,15 @@ from _small_clusters import abc_64_32_16
 
 from geotrain.cli import main
 from geotrain.errors import InfeasibleError
-from geotrain.orchestrate.planning import make_plan
-from geotrain.plan.manual import plan_from_job, split_even
-from geotrain.plan.plan import LinkPlan, StagePlan
+from geotrain.layout.plan import LinkPlan, StagePlan
+from geotrain.planner.confirm import make_plan
+from geotrain.planner.manual import plan_from_job, split_even
 from geotrain.sim import simulate
 
 
 def _train_plan(spec_path) -> list[str]:
     """The stages `geotrain train SPEC` would run (its config, before any process starts)."""
-    from geotrain.commands import train
+    from geotrain.commands import train_cmd as train
 
     p = argparse.ArgumentParser()
     train.add_arguments(p)

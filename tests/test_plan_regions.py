@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config import load_spec
-from geotrain.cost import comm
-from geotrain.orchestrate.planning import evaluate_baselines, make_plan
-from geotrain.plan.plan import load_plan, save_plan
+from geotrain.costs import comm
+from geotrain.layout.plan import load_plan, save_plan
+from geotrain.planner.confirm import evaluate_baselines, make_plan
 from geotrain.sim import simulate
+from geotrain.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -74,7 +74,7 @@ def test_cross_dc_sync_prices_the_slowest_link(tmp_path):
 
 
 def _plan(pp: int, dp: int, tp: int, replica_dcs: tuple[str, ...] = ()):
-    from geotrain.plan.plan import Plan, StagePlan
+    from geotrain.layout.plan import Plan, StagePlan
 
     dcs = ("A",) * pp if replica_dcs else tuple("AB"[s * 2 // pp] for s in range(pp))
     stages = tuple(StagePlan(dc=dcs[s] if not replica_dcs else replica_dcs[0], chunks=((s, s + 1),))

@@ -1,7 +1,7 @@
 """The planner picks fair sharing where temporal turns do not pay and temporal where they do.
 
 tiny_2dc's boundary tensor is 16 KiB: at the link's own 1 Gbit/s it crosses in 0.13 ms, less than
-a turn costs (the arbiter's grant, `wan.temporal.TURN_OVERHEAD_S`): fair sharing. Scaled to
+a turn costs (the arbiter's grant, `transport.turns.TURN_OVERHEAD_S`): fair sharing. Scaled to
 2 Mbit/s (as `bench/bench_rehearse.py` runs it) a transfer takes 65 ms and two pipelines saturate
 the link: temporal turns, and the simulator says why (the fair variant simulated slower).
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config import load_spec
-from geotrain.orchestrate.planning import make_plan
+from geotrain.planner.confirm import make_plan
+from geotrain.spec import load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "examples" / "tiny_2dc.toml"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config import load_spec
-from geotrain.orchestrate.planning import make_plan
+from geotrain.planner.confirm import make_plan
+from geotrain.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config.load import load_spec
-from geotrain.cost import CostModel
+from geotrain.costs import CostModel
 from geotrain.errors import GeotrainError, SpecError
-from geotrain.plan.plan import Plan, StagePlan, load_plan, save_plan
-from geotrain.plan.price import wan_bytes_per_link
-from geotrain.plan.tp import tp_problem
+from geotrain.layout.plan import Plan, StagePlan, load_plan, save_plan
+from geotrain.layout.price import wan_bytes_per_link
+from geotrain.layout.tp_check import tp_problem
 from geotrain.runtime.trainer import RunConfig, resolve
 from geotrain.sim import simulate
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
@@ -68,7 +68,7 @@ def test_an_impossible_stage_tp_is_one_line(tmp_path: Path) -> None:
     assert tp_problem(spec.model, wide, spec.cluster) == (
         "tp=4 of stage 1 is wider than a node of datacenter west (2 GPUs per node, stage 1); tensor parallelism "
         "stays inside a node")
-    from geotrain.commands.simulate import check_plan_for_spec
+    from geotrain.commands.simulate_cmd import check_plan_for_spec
     with pytest.raises(GeotrainError, match="tp=4 of stage 1 is wider than a node"):
         check_plan_for_spec(spec, wide)
 
@@ -113,8 +113,8 @@ def test_tied_models_are_planned_at_one_tp(tmp_path: Path) -> None:
     (what the runtime trains); an untied one gets each kind of DC's own."""
     from _small_clusters import mesh, write_spec
 
-    from geotrain.plan.context import planning_contexts
-    from geotrain.plan.manual import plan_from_job
+    from geotrain.planner.context import planning_contexts
+    from geotrain.planner.manual import plan_from_job
 
     job = {"global_batch": 4, "micro_batch": 1, "precision": "bf16", "checkpointing": "none",
            "sharding": "replicate", "tp": "auto"}
@@ -132,13 +132,13 @@ def test_tied_models_are_planned_at_one_tp(tmp_path: Path) -> None:
 
 
 def test_equal_tp_boundary_moves_one_copy_then_gathers() -> None:
-    """tp 2 on both sides: the boundary moves 1/tp slices (runtime/pipeline.py), so the WAN carries
+    """tp 2 on both sides: the boundary moves 1/tp slices (runtime/interpreter.py), so the WAN carries
     one tensor per micro-batch and direction, not one per receiving TP rank; the receiver's TP
     all-gather is priced after each receive; the planner's boundary estimate counts the same bytes."""
-    from geotrain.cost.comm import ring_half
-    from geotrain.plan.context import PlanningContext
-    from geotrain.plan.plan_score import plan_layout
-    from geotrain.plan.scorer import Scorer
+    from geotrain.costs.comm import ring_half
+    from geotrain.planner.context import PlanningContext
+    from geotrain.planner.plan_score import plan_layout
+    from geotrain.planner.scorer import Scorer
 
     spec = load_spec(SPEC)
     cost = CostModel(spec.model, precision="fp32", checkpointing="none", optimizer=spec.job.optimizer)
@@ -164,8 +164,8 @@ def test_equal_tp_boundary_moves_one_copy_then_gathers() -> None:
 def test_temporal_turn_of_an_equal_tp_boundary_is_one_slice() -> None:
     """Under temporal sharing each TP index takes its own turns; between stages of equal tp a turn
     carries a 1/tp slice, so the planned stagger is half a tp 1 -> 2 boundary's (a whole copy each)."""
-    from geotrain.plan.plan import LinkPlan
-    from geotrain.plan.temporal import apply_temporal
+    from geotrain.layout.plan import LinkPlan
+    from geotrain.planner.sharing import apply_temporal
 
     spec = load_spec(SPEC)
     link = (LinkPlan(src_dc="east", dst_dc="west", connections=4),)
@@ -178,10 +178,10 @@ def test_score_plan_prices_each_stage_at_its_own_tp_in_one_dc(tmp_path: Path) ->
     """A hand-made plan with stages of tp 2 and tp 1 in one DC: the planner's estimate prices each
     stage at its own tp (compute, TP all-reduces, sync, optimizer) as the simulator does, and the
     tp 2 -> 1 boundary as one whole tensor inside the DC (not scattered: the tps differ)."""
-    from geotrain.cost.comm import GBIT
-    from geotrain.plan.context import PlanningContext
-    from geotrain.plan.estimate import BoundaryCosts, StageCosts, estimate
-    from geotrain.plan.plan_score import plan_stage_costs, score_plan
+    from geotrain.costs.comm import GBIT
+    from geotrain.planner.analytic import BoundaryCosts, StageCosts, estimate
+    from geotrain.planner.context import PlanningContext
+    from geotrain.planner.plan_score import plan_stage_costs, score_plan
 
     path = tmp_path / "one_dc.toml"
     path.write_text(SPEC.read_text().split("[job]")[0].replace('cluster = "clusters/tiny_2dc.toml"', "")

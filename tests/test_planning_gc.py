@@ -1,13 +1,13 @@
-"""The planner pauses Python's cyclic garbage collector while it plans (orchestrate.planning
+"""The planner pauses Python's cyclic garbage collector while it plans (planner.confirm
 cyclic_gc_paused: 2.64 -> 2.07 s CPU on the 8,192-GPU example) and always restores it."""
 
 import gc
 
 import pytest
 
-from geotrain.config.load import load_spec
 from geotrain.errors import GeotrainError
-from geotrain.orchestrate.planning import make_plan
+from geotrain.planner.confirm import make_plan
+from geotrain.spec.load import load_spec
 
 
 def test_planning_runs_without_the_cyclic_collector_and_restores_it():

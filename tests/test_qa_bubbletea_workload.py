@@ -3,7 +3,7 @@ simulates or writes anything, and never reports a TTFT when nothing was served."
 
 import pytest
 
-from geotrain.bubbletea.simulate import BubbleTeaResult, parse_workload
+from geotrain.bubbletea.simulated import BubbleTeaResult, parse_workload
 from geotrain.cli import main
 from geotrain.errors import SpecError
 

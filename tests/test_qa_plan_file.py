@@ -5,13 +5,13 @@ import json
 import pytest
 
 from geotrain.errors import SpecError
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import load_plan, save_plan
+from geotrain.layout.plan import load_plan, save_plan
+from geotrain.planner.manual import plan_from_job
 
 
 @pytest.fixture
 def good(tmp_path):
-    from geotrain.config import load_spec
+    from geotrain.spec import load_spec
 
     spec = load_spec("examples/tiny_2dc.toml")
     path = tmp_path / "plan.json"
@@ -103,7 +103,7 @@ def test_old_or_foreign_plan_files_are_one_line_errors(good, tmp_path, capsys, e
 
 
 def test_an_embedded_spec_is_validated_like_a_toml_one(good, tmp_path):
-    from geotrain.plan.plan import plan_spec
+    from geotrain.layout.plan import plan_spec
 
     doc = json.loads(good.read_text())
     doc["resolved_spec"]["job"]["micro_batch"] = 0

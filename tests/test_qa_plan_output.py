@@ -25,9 +25,9 @@ def test_memory_bottleneck_is_explained(capsys):
 
 
 def test_single_dc_baseline_says_the_pinned_layout_is_too_big():
-    from geotrain.config import load_spec
-    from geotrain.plan.baselines import single_dc
-    from geotrain.plan.context import PlanningContext
+    from geotrain.planner.baselines import single_dc
+    from geotrain.planner.context import PlanningContext
+    from geotrain.spec import load_spec
 
     spec = load_spec("examples/tiny_2dc.toml")    # pins pp=2 x dp=2; each DC has 2 GPUs
     plan, note = single_dc(spec, PlanningContext(spec))

@@ -5,8 +5,8 @@ pp=16 x dp=64 for the 7B example)."""
 import json
 
 from geotrain.cli import main
-from geotrain.config import load_spec
-from geotrain.orchestrate.planning import make_plan
+from geotrain.planner.confirm import make_plan
+from geotrain.spec import load_spec
 
 SPEC = "examples/llama2_7b_a100_3dc.toml"
 

@@ -7,7 +7,7 @@ import pytest
 
 from geotrain.cli import main
 from geotrain.errors import GeotrainError
-from geotrain.plan.whatif import SweepRow, apply_value, plot
+from geotrain.planner.whatif import SweepRow, apply_value, plot
 
 TINY = "examples/tiny_2dc.toml"
 
@@ -20,7 +20,7 @@ def _one_line_error(capsys, argv) -> str:
 
 
 def test_fractional_gpu_count_is_refused():
-    from geotrain.config import load_spec
+    from geotrain.spec import load_spec
 
     with pytest.raises(GeotrainError, match="whole number"):
         apply_value(load_spec(TINY), "dc.east.gpus", "1.5")

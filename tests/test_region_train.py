@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from _cli import geotrain
 
-from geotrain.config.load import load_spec
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import StagePlan, load_plan, save_plan
+from geotrain.layout.plan import StagePlan, load_plan, save_plan
+from geotrain.planner.manual import plan_from_job
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
@@ -106,9 +106,9 @@ def test_the_prediction_beside_a_region_run_numbers_ranks_like_the_run(region_ru
 def test_torchrun_hosts_of_a_region_plan_follow_its_dcs():
     """Under torchrun (one per DC, e.g. `geotrain rehearse`) `train --dc` checks this host's node
     ranks against the plan: a region plan's DCs are its pipelines' DCs, not its stages'."""
-    from geotrain.commands.train import _check_host_dc
+    from geotrain.commands.train_cmd import _check_host_dc
     from geotrain.errors import GeotrainError
-    from geotrain.orchestrate.rehearse import dc_blocks
+    from geotrain.orchestrate.rehearsal import dc_blocks
 
     _, plan = region_plan()
     assert dc_blocks(plan) == [("east", [0, 1]), ("west", [2, 3])]     # one torchrun per DC can start them
@@ -145,7 +145,7 @@ def test_the_simulator_and_the_report_number_a_region_plans_ranks_like_the_runti
     from geotrain.report.html import plan_section
     from geotrain.report.summary import stage_rows
     from geotrain.sim import simulate
-    from geotrain.trace.layout import rank_layout
+    from geotrain.trace.rank_roles import rank_layout
 
     spec, plan = region_plan()
     res = simulate(spec, plan)
@@ -162,11 +162,11 @@ def test_the_simulator_and_the_report_number_a_region_plans_ranks_like_the_runti
 @pytest.mark.netns
 @needs_root
 def test_the_region_runs_link_bytes_are_the_plans_wan_bytes(region_run):
-    """What the emulated link counted (RUN_DIR/wan_bytes.json) against plan.wan_bytes, printed
+    """What the emulated link counted (RUN_DIR/wan_bytes.json) against layout.wan_bytes, printed
     beside it and in the report's row: with gloo's reduce-scatter (an all-reduce on the wire) and
     zero3's 5 gathers per stage (1f1b, 4 micro-batches) 1.02-1.03x under the counters (TCP/IP:
-    plan/wan_bytes.py MEASURED); NCCL's count is 1.19x under, the old count 2.4x."""
-    from geotrain.plan.wan_bytes import predicted_link_bytes
+    layout/wan_bytes.py MEASURED); NCCL's count is 1.19x under, the old count 2.4x."""
+    from geotrain.layout.wan_bytes import predicted_link_bytes
     from geotrain.report.build import rebuild
 
     plan, out, stdout = region_run
@@ -175,7 +175,7 @@ def test_the_region_runs_link_bytes_are_the_plans_wan_bytes(region_run):
     predicted = predicted_link_bytes(spec, plan, STEPS, backend="gloo")     # the run's ranks are CPU ranks
     for dc in ("east", "west"):
         assert 1.0 < crossed[dc]["out"] / predicted[dc]["out"] < 1.06, (crossed, predicted)
-    assert re.search(r"WAN bytes predicted \(plan.wan_bytes, 3 iterations, gloo\): east sent [\d.]+ MiB", stdout), \
+    assert re.search(r"WAN bytes predicted \(layout.wan_bytes, 3 iterations, gloo\): east sent [\d.]+ MiB", stdout), \
         stdout
     row = {r.metric: r for r in rebuild(out)[0].comparison}["WAN bytes per iteration"]
     assert row.measured == pytest.approx(sum(d["out"] for d in crossed.values()) / STEPS, abs=1)

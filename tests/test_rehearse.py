@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.errors import GeotrainError
-from geotrain.plan.plan import load_plan
+from geotrain.layout.plan import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
@@ -39,10 +39,10 @@ def _temporal_plan_file(where: Path) -> Path:
     """tiny_2dc's plan with its link shared in turns over 4 connections. The planner keeps fair
     sharing on the link's own 1 Gbit/s (a 16 KiB transfer takes less than a turn costs:
     test_plan_sharing); this test is about the mechanisms, so it asks for them."""
-    from geotrain.config import load_spec
-    from geotrain.orchestrate.planning import make_plan
-    from geotrain.plan.plan import save_plan
-    from geotrain.plan.temporal import apply_temporal, with_connections
+    from geotrain.layout.plan import save_plan
+    from geotrain.planner.confirm import make_plan
+    from geotrain.planner.sharing import apply_temporal, with_connections
+    from geotrain.spec import load_spec
 
     spec = load_spec(SPEC)
     plan = with_connections(make_plan(spec).plan, [4])
@@ -120,9 +120,9 @@ def test_rehearse_refuses_serve_prefill_in_one_line(tmp_path):
 
 
 def test_a_host_started_in_the_wrong_node_order_is_refused():
-    from geotrain.commands.train import _check_host_dc
-    from geotrain.config.load import load_spec
-    from geotrain.plan.manual import plan_from_job
+    from geotrain.commands.train_cmd import _check_host_dc
+    from geotrain.planner.manual import plan_from_job
+    from geotrain.spec.load import load_spec
 
     plan = plan_from_job(load_spec(SPEC))            # ranks 0-1 in east, 2-3 in west
     _check_host_dc(plan, 0, "east")
@@ -134,7 +134,7 @@ def test_a_host_started_in_the_wrong_node_order_is_refused():
 
 
 def test_listeners_and_kernel_connection_counts_are_read_as_the_ranks_log_them(tmp_path):
-    from geotrain.orchestrate.rehearse import listeners, measured_connections
+    from geotrain.orchestrate.rehearsal import listeners, measured_connections
 
     log = tmp_path / "west.log"
     log.write_text("geotrain wan: rank 2 (west) -> stage 0 (east): StripedTransport, 4 connections, temporal, turn "
@@ -152,9 +152,9 @@ def test_listeners_and_kernel_connection_counts_are_read_as_the_ranks_log_them(t
 
 
 def test_each_datacenter_is_one_block_of_ranks_in_plan_order():
-    from geotrain.config.load import load_spec
-    from geotrain.orchestrate.rehearse import dc_blocks
-    from geotrain.plan.manual import plan_from_job
+    from geotrain.orchestrate.rehearsal import dc_blocks
+    from geotrain.planner.manual import plan_from_job
+    from geotrain.spec.load import load_spec
 
     plan = plan_from_job(load_spec(SPEC))
     assert dc_blocks(plan) == [("east", [0, 1]), ("west", [2, 3])]

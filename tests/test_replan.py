@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 from geotrain.cli import main
-from geotrain.config.load import load_spec
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import load_plan, save_plan
+from geotrain.layout.plan import load_plan, save_plan
+from geotrain.planner.manual import plan_from_job
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"

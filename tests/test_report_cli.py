@@ -101,9 +101,9 @@ def test_bad_input_is_one_line_exit_2(argv, tmp_path, capsys):
 def test_plan_file_for_another_cluster_or_model_is_refused(tmp_path, capsys):
     from conftest import EXAMPLES
 
-    from geotrain.config import load_spec
-    from geotrain.plan.manual import plan_from_job
-    from geotrain.plan.plan import StagePlan, save_plan
+    from geotrain.layout.plan import StagePlan, save_plan
+    from geotrain.planner.manual import plan_from_job
+    from geotrain.spec import load_spec
 
     spec = load_spec(EXAMPLES / "tiny_2dc.toml")
     plan = plan_from_job(spec)

@@ -6,7 +6,7 @@ transfer time between stages, backwards in reverse -- so tests know every number
 
 from __future__ import annotations
 
-from geotrain.plan.plan import LinkPlan, Plan, StagePlan
+from geotrain.layout.plan import LinkPlan, Plan, StagePlan
 from geotrain.trace.schema import Event, Trace
 
 

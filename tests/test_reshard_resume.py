@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config.load import load_spec
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import StagePlan
+from geotrain.layout.plan import StagePlan
+from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch
 from geotrain.runtime.trainer import RunConfig
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"

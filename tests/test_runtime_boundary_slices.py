@@ -1,4 +1,4 @@
-"""A boundary tensor moved scattered between stages of equal tp (runtime.pipeline): each TP rank
+"""A boundary tensor moved scattered between stages of equal tp (runtime.interpreter): each TP rank
 sends slice t of the flattened tensor, the receiver posts slice_numel elements per slice and
 rebuilds the tensor from the all-gather's output (the slices end to end). Where tp does not
 divide the tensor the last slices are zero-padded and the padding dropped again: bit for bit
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from geotrain.runtime.pipeline import boundary_from_slices, boundary_slice, slice_numel
+from geotrain.runtime.interpreter import boundary_from_slices, boundary_slice, slice_numel
 
 
 @pytest.mark.parametrize("shape,tp", [((2, 3, 5), 2), ((2, 3, 5), 4), ((1, 7, 3), 3), ((2, 4, 6), 2), ((1, 1, 1), 4)])

@@ -7,7 +7,7 @@ through the runtime's own worker with torch.distributed's collectives counted
   * the bytes its DP gradient reduction moves per step (all-reduce buffers, or FSDP2's
     reduce-scatter inputs) equal `CostModel.grad_bytes` -- gradients reduced in the training dtype;
   * the parameter and optimizer-state bytes at the first optimizer step (summary.json) equal the
-    memory model's (`cost.memory.runtime_state_bytes_per_param` x the stage's parameters), and the
+    memory model's (`costs.memory.runtime_state_bytes_per_param` x the stage's parameters), and the
     gradients the optimizer reads are fp32 and sharded as `sharded_fractions` says (the memory
     model's peak counts them unsharded: FSDP2 accumulates them so until the reduction).
 ZeRO-1's optimizer partitions whole tensors over the ranks, so its state is P*8/dp only to within
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config.load import load_spec
-from geotrain.cost.memory import runtime_state_bytes_per_param, sharded_fractions
-from geotrain.cost.model import CostModel
+from geotrain.costs.cost_model import CostModel
+from geotrain.costs.memory import runtime_state_bytes_per_param, sharded_fractions
 from geotrain.models.llama import build_units
-from geotrain.plan.manual import plan_from_job
+from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.trainer import RunConfig
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
@@ -89,7 +89,7 @@ def test_state_and_reduction_bytes_equal_the_cost_model(measured, precision, sha
 def test_tied_embedding_sum_bytes_equal_the_cost_model(measured):
     """A tied model's first and last stage also all-reduce their copies' gradients with each
     other (runtime.tied): what each rank reduces is its DP gradients plus `tied_grad_bytes`, the
-    bytes the simulator and planner price that sum on (cost.comm.tied_sum_time)."""
+    bytes the simulator and planner price that sum on (costs.comm.tied_sum_time)."""
     tmp, counts = measured
     spec = load_spec(tied_spec(tmp))
     plan = plan_from_job(spec)

@@ -18,8 +18,8 @@ def test_unknown_schedule_is_a_one_line_error(tmp_path: Path, capsys) -> None:
 
 
 def test_plan_file_without_spec_is_a_one_line_error(tmp_path: Path, capsys) -> None:
-    from geotrain.config.load import load_spec
-    from geotrain.plan.manual import plan_from_job
+    from geotrain.planner.manual import plan_from_job
+    from geotrain.spec.load import load_spec
 
     plan = plan_from_job(load_spec(SPEC))
     path = tmp_path / "plan.json"
@@ -30,9 +30,9 @@ def test_plan_file_without_spec_is_a_one_line_error(tmp_path: Path, capsys) -> N
 
 
 def test_tensor_parallel_wider_than_a_node_is_refused_clearly(tmp_path: Path, capsys) -> None:
-    from geotrain.config.load import load_spec
-    from geotrain.plan.manual import plan_from_job
-    from geotrain.plan.plan import save_plan
+    from geotrain.layout.plan import save_plan
+    from geotrain.planner.manual import plan_from_job
+    from geotrain.spec.load import load_spec
 
     plan = plan_from_job(load_spec(SPEC)).with_(tp=4)   # the tiny cluster's nodes have 2 GPUs
     path = tmp_path / "plan.json"

@@ -19,15 +19,15 @@ import pytest
 import torch
 from _inorder_transport import Deadlock, InOrderHub
 
-from geotrain.config.load import load_spec
 from geotrain.models.llama import build_units
-from geotrain.plan.manual import plan_from_job
+from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.batches import SyntheticTokens
-from geotrain.runtime.pipeline import PipelineRank
+from geotrain.runtime.interpreter import PipelineRank
 from geotrain.runtime.recorder import Recorder
 from geotrain.schedule import ScheduleError, check_schedule
 from geotrain.schedule.builders import schedule_for_plan
 from geotrain.schedule.inorder import check_in_order
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc_pp2.toml"
@@ -111,7 +111,7 @@ def test_shared_stream_deadlocks_where_the_model_says(kind, vps, extra):
 @pytest.mark.parametrize("kind,vps,pp,dp", [("1f1b", 1, 2, 2), ("interleaved", 2, 2, 1), ("interleaved", 2, 4, 2),
                                             ("zb-h1", 1, 4, 1)])
 def test_each_direction_has_a_group_where_every_rank_has_one_peer(kind, vps, pp, dp):
-    from geotrain.runtime.transport import direction_pairs, stage_directions
+    from geotrain.runtime.p2p import direction_pairs, stage_directions
     from geotrain.schedule import build_schedule
 
     schedule = build_schedule(kind, pp, 2 * pp, **({"virtual_per_stage": vps} if vps > 1 else {}))

@@ -144,9 +144,9 @@ def test_hf_weights_go_straight_into_tensor_parallel_shards(hf_dir, fake_tp_grou
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from geotrain.config.load import load_model
-    from geotrain.models.hf import load_hf_weights
+    from geotrain.models.hf_weights import load_hf_weights
     from geotrain.models.shards import local_block
+    from geotrain.spec.load import load_model
 
     spec = load_model(hf_dir)
     mesh = init_device_mesh("cpu", (1, 1, 2), mesh_dim_names=("pp", "dp", "tp"))

@@ -1,9 +1,9 @@
-"""runtime.memory.LiveBytes, the CPU measurement every memory check rests on: new storages count
+"""runtime.measured_memory.LiveBytes, the CPU measurement every memory check rests on: new storages count
 once (views and in-place results are not new), freed ones are subtracted, the peak is kept."""
 
 import torch
 
-from geotrain.runtime.memory import LiveBytes, StepPeak, tensor_bytes
+from geotrain.runtime.measured_memory import LiveBytes, StepPeak, tensor_bytes
 
 
 def test_live_bytes_counts_new_storages_once_and_forgets_freed_ones():

@@ -14,10 +14,10 @@ import pytest
 import torch
 from _reference import single_process_losses
 
-from geotrain.config.load import load_spec
-from geotrain.plan.manual import plan_from_job
+from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch
 from geotrain.runtime.trainer import RunConfig
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
@@ -116,7 +116,7 @@ def test_fp16_overflow_skips_the_step_on_every_rank(launched: Path) -> None:
 @pytest.mark.slow
 def test_boundary_tensors_cross_the_wan_in_the_training_dtype(launched: Path) -> None:
     """What the planner and simulator count per transfer is what crosses: fp16 here, half of fp32."""
-    from geotrain.cost import CostModel
+    from geotrain.costs import CostModel
     from geotrain.trace.schema import Trace
 
     spec = load_spec(SPEC)

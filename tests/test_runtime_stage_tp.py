@@ -14,11 +14,11 @@ import pytest
 import torch
 from _reference import single_process_losses
 
-from geotrain.config.load import load_spec
-from geotrain.plan.manual import split_even
-from geotrain.plan.plan import Plan, StagePlan
+from geotrain.layout.plan import Plan, StagePlan
+from geotrain.planner.manual import split_even
 from geotrain.runtime.launch import launch
 from geotrain.runtime.trainer import RunConfig
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
@@ -69,7 +69,7 @@ def test_mixed_tp_matches_single_process(launched: Path, name: str) -> None:
 def test_mixed_tp_checkpoint_resumes_at_another_tp_and_exports_whole(launched: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from geotrain.runtime.export import export_run
+    from geotrain.runtime.hf_export import export_run
 
     got = _losses(launched / "resumed")
     want = single_process_losses(SPEC, MICRO_BATCH, M, 1, STEPS + 1)

@@ -16,11 +16,11 @@ import pytest
 import torch
 from _reference import single_process_losses
 
-from geotrain.config.load import load_spec
 from geotrain.errors import GeotrainError
-from geotrain.plan.plan import Plan, StagePlan
+from geotrain.layout.plan import Plan, StagePlan
 from geotrain.runtime.launch import launch
 from geotrain.runtime.trainer import RunConfig, resolve
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
@@ -31,7 +31,7 @@ MICRO_BATCH = 2
 
 def _plan(pp: int, dp: int, m: int, **kw) -> Plan:
     """A fp32 tp=2 plan of the tiny model: pp stages (east, then west) of even unit ranges."""
-    from geotrain.plan.manual import split_even
+    from geotrain.planner.manual import split_even
 
     spec = load_spec(SPEC)
     ranges = split_even(spec.model.num_units, pp)
@@ -116,7 +116,7 @@ def test_tp_layout_errors_are_one_line(tmp_path: Path) -> None:
     wide = RunConfig(spec=str(SPEC), plan=_plan(2, 1, 4).with_(tp=4).to_dict())
     with pytest.raises(GeotrainError, match="wider than a node of datacenter east"):
         resolve(wide)
-    from geotrain.plan.tp import tp_problem
+    from geotrain.layout.tp_check import tp_problem
 
     def with_nodes(gpus_per_node: int):
         return spec.cluster.model_copy(update={"datacenters": [
@@ -144,7 +144,7 @@ def test_wan_routes_each_tp_rank_to_its_own_peer(tmp_path: Path) -> None:
     transport, for every t -- not only t = 0."""
     import torch.distributed as dist
 
-    from geotrain.runtime.wan import build_transport
+    from geotrain.runtime.cross_dc import build_transport
     from geotrain.schedule.builders import schedule_for_plan
 
     spec = load_spec(SPEC)

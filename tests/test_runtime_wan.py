@@ -1,4 +1,4 @@
-"""Training over the emulated WAN (runtime.wan): the same losses as without it, with striped
+"""Training over the emulated WAN (runtime.cross_dc): the same losses as without it, with striped
 multi-connection transfers and with temporal link sharing; nothing left behind; no hangs.
 
 The WAN runs are kernel emulation (network namespaces) when root -- CI runs as root -- else the
@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 from _cli import geotrain
 
-from geotrain.config.load import load_spec
-from geotrain.cost import CostModel
+from geotrain.costs import CostModel
 from geotrain.errors import GeotrainError
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import LinkPlan
+from geotrain.layout.plan import LinkPlan
+from geotrain.planner.manual import plan_from_job
+from geotrain.runtime.cross_dc import leftover_namespaces, sends_per_boundary, start_delay, turn_order
 from geotrain.runtime.launch import launch, run_with_wan
+from geotrain.runtime.p2p import RoutedTransport
 from geotrain.runtime.trainer import RunConfig
-from geotrain.runtime.transport import RoutedTransport
-from geotrain.runtime.wan import leftover_namespaces, sends_per_boundary, start_delay, turn_order
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import build_schedule
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
@@ -111,7 +111,7 @@ def test_a_peer_that_dies_fails_pending_receives_at_once_not_at_the_timeout():
     import torch
     import torch.distributed as dist
 
-    from geotrain.wan.striped import StripedTransport, TransportError
+    from geotrain.transport.striped import StripedTransport, TransportError
 
     store = dist.HashStore()
     a = StripedTransport(0, store, connections=2, min_chunk_bytes=256, timeout_s=60)
@@ -222,7 +222,7 @@ def test_a_failing_rank_ends_the_run_with_one_line_and_tears_the_wan_down(tmp_pa
     fails at once naming it (exit 2, no traceback) and the emulation is gone afterwards."""
     plan = _plan(2, "temporal")
     plan_file = tmp_path / "plan.json"
-    from geotrain.plan.plan import save_plan
+    from geotrain.layout.plan import save_plan
 
     save_plan(plan_file, plan, spec_path=str(SPEC))
     rc, out, err = geotrain(capfd, "train", plan_file, "--steps", "3", "--wan", MODE, "--no-progress", "--data",

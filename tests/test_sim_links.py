@@ -7,7 +7,7 @@ from _toy import toy_cluster, toy_plan, uniform_costs
 
 from geotrain.sim import simulate_costs
 from geotrain.sim.links import FairLink, TemporalLink
-from geotrain.wan.temporal import TURN_OVERHEAD_S
+from geotrain.transport.turns import TURN_OVERHEAD_S
 
 
 def run(plan, cluster, costs, iterations=1):
@@ -164,7 +164,7 @@ def test_fair_sharing_respects_capacity():
 def test_temporal_never_slower_than_fair_on_a_saturated_link(d, per_connection):
     """d pipelines, pp=2 across one WAN link that their transfers saturate (one connection fills
     it, or needs four): temporal <= fair, and start offsets never beat lockstep by losing."""
-    from geotrain.plan.temporal import pipeline_offsets
+    from geotrain.planner.sharing import pipeline_offsets
 
     cluster = toy_cluster(2, latency_ms=20.0, capacity_gbps=10.0, per_connection_gbps=per_connection)
     costs = uniform_costs(2, 0.01, 0.02, send_bytes=3 * 10**7)          # 24 ms per transfer at 10 Gbit/s
@@ -184,7 +184,7 @@ def test_planned_offsets_keep_pipelines_with_a_free_slot_in_lockstep(d):
     """Four transfers fill the link at once (2.5 of 10 Gbit/s per connection): the planned start
     offsets delay only pipelines beyond the first four, one turn per group, and are then never
     slower than lockstep over 3 iterations (offset one by one they were up to 3% slower)."""
-    from geotrain.plan.temporal import apply_temporal
+    from geotrain.planner.sharing import apply_temporal
 
     cluster = toy_cluster(2, latency_ms=20.0, capacity_gbps=10.0, per_connection_gbps=2.5)
     base = toy_plan(2, d, 4, dcs=2, connections=1)

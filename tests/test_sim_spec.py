@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config import load_spec
-from geotrain.cost import CostModel
-from geotrain.plan.manual import plan_from_job
+from geotrain.costs import CostModel
+from geotrain.planner.manual import plan_from_job
 from geotrain.sim import simulate
+from geotrain.spec import load_spec
 from geotrain.trace.schema import Trace
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.cli import main
-from geotrain.config import Cluster, JobSpec, WanLink, load_spec
+from geotrain.spec import Cluster, JobSpec, WanLink, load_spec
 
 CLUSTER = """\
 name = "c"

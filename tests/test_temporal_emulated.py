@@ -2,7 +2,7 @@
 
 The kernel emulation (namespaces, packet delayer, htb caps), StripedTransport with 4 connections
 per transfer and RemoteTurns over TCP -- the runtime's WAN path -- with compute emulated by sleeps
-(`orchestrate.link_sharing` says why). Every micro-batch round puts d transfers of 105 ms / d each
+(`calibrate.link_sharing` says why). Every micro-batch round puts d transfers of 105 ms / d each
 (at the link's 10 Mbit/s) on the link, each way, against 75 ms of compute: saturated for every d.
 
 Tolerance: 5%. Under the load of other jobs on this 2-core machine (load average 5-10), fair
@@ -32,7 +32,7 @@ TOLERANCE = 0.05
 
 @pytest.fixture(scope="module")
 def rows():
-    from geotrain.orchestrate.link_sharing import PipelineCase, link_cluster, measure
+    from geotrain.calibrate.link_sharing import PipelineCase, link_cluster, measure
 
     cluster = link_cluster(CAPACITY_GBPS, CAPACITY_GBPS / CONNECTIONS, LATENCY_MS)
     cases = [PipelineCase(d, 3, FORWARD_S, BACKWARD_S, ROUND_BYTES // d, CONNECTIONS) for d in (2, 4, 8)]
@@ -42,7 +42,7 @@ def rows():
 
 @pytest.mark.parametrize("d", [2, 4, 8])
 def test_temporal_is_not_slower_than_fair_measured_and_simulated(rows, d):
-    from geotrain.orchestrate.link_sharing import simulated
+    from geotrain.calibrate.link_sharing import simulated
 
     cluster, by = rows
     fair, temporal = by[(d, "fair")], by[(d, "temporal")]

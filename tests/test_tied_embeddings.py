@@ -3,8 +3,8 @@ export of a tied checkpoint: tests/test_hf_train_export.py)."""
 
 import pytest
 
-from geotrain.config.model import ModelSpec
-from geotrain.cost.model import CostModel
+from geotrain.costs.cost_model import CostModel
+from geotrain.spec.model import ModelSpec
 
 
 def test_the_cost_model_counts_a_tied_matrix_once_per_stage_that_holds_it():
@@ -33,7 +33,7 @@ def test_a_tied_models_parameter_count_counts_the_matrix_once():
 def _tied_spec(tmp_path, tie: bool):
     from pathlib import Path
 
-    from geotrain.config import load_spec
+    from geotrain.spec import load_spec
 
     root = Path(__file__).resolve().parents[1] / "examples"
     text = (root / "tiny_2dc.toml").read_text().replace('cluster = "clusters/tiny_2dc.toml"',
@@ -48,10 +48,10 @@ def test_the_simulator_and_the_planner_price_the_tied_gradient_sum(tmp_path):
     """pp=2 over east/west: the first and last stage sum their copies' gradients across the WAN
     before the step (runtime.tied). Both ends' sync grows by the sum's time -- dp x tp pairs of
     fp32 shards sharing the link -- in the simulator and in the planner's estimate alike."""
-    from geotrain.cost import comm
-    from geotrain.plan.context import PlanningContext
-    from geotrain.plan.manual import plan_from_job
-    from geotrain.plan.plan_score import plan_stage_costs
+    from geotrain.costs import comm
+    from geotrain.planner.context import PlanningContext
+    from geotrain.planner.manual import plan_from_job
+    from geotrain.planner.plan_score import plan_stage_costs
     from geotrain.sim import simulate
 
     tied, untied = _tied_spec(tmp_path, True), _tied_spec(tmp_path, False)

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
-from geotrain.wan.auth import STRIPED, AuthError, client_handshake, read_secret_file, write_secret_file
-from geotrain.wan.striped import FRAME, StripedTransport, TransportError
-from geotrain.wan.striped_frames import DATA
-from geotrain.wan.temporal import RemoteTurns, TurnArbiter
+from geotrain.transport.auth import STRIPED, AuthError, client_handshake, read_secret_file, write_secret_file
+from geotrain.transport.striped import FRAME, StripedTransport, TransportError
+from geotrain.transport.striped_frames import DATA
+from geotrain.transport.turns import RemoteTurns, TurnArbiter
 
 OLD_HELLO = struct.Struct("!IiH")            # the pre-authentication hello: magic, rank, stripe
 OLD_MAGIC = 0x47545350
@@ -310,7 +310,7 @@ def test_the_wan_probe_serves_only_openers_with_its_secret(tmp_path):
 
 
 def test_a_secret_shared_through_the_store_is_warned_about_once(monkeypatch, capfd):
-    from geotrain.wan import auth
+    from geotrain.transport import auth
 
     monkeypatch.delenv("GEOTRAIN_SECRET_FILE", raising=False)
     monkeypatch.setenv("RANK", "0")

@@ -1,4 +1,4 @@
-"""The WAN bytes a plan moves per iteration (plan.wan_bytes), one definition for the egress price,
+"""The WAN bytes a plan moves per iteration (layout.wan_bytes), one definition for the egress price,
 `plan`/`simulate`'s printed WAN bytes and the report: a region plan's DP sync crosses the WAN
 (every reduce-scatter and all-gather its sharding runs), and the printed number is the formula's.
 The check against the emulated links' counters is tests/test_region_train.py's (it reuses that
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config.load import load_spec
 from geotrain.console import human_bytes
-from geotrain.cost import CostModel
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import StagePlan, save_plan
-from geotrain.plan.price import wan_bytes_per_link
-from geotrain.plan.wan_bytes import pipeline_bytes, wan_bytes_per_direction
+from geotrain.costs import CostModel
+from geotrain.layout.plan import StagePlan, save_plan
+from geotrain.layout.price import wan_bytes_per_link
+from geotrain.layout.wan_bytes import pipeline_bytes, wan_bytes_per_direction
+from geotrain.planner.manual import plan_from_job
 from geotrain.sim import simulate
+from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"

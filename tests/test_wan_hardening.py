@@ -23,14 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.config.load import load_spec
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import LinkPlan
+from geotrain.layout.plan import LinkPlan
+from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch, run_with_wan
 from geotrain.runtime.trainer import RunConfig
-from geotrain.wan.auth import HELLO, MAGIC, STRIPED, TAG_BYTES
-from geotrain.wan.sockets import close_quietly
-from geotrain.wan.striped_frames import DATA, FRAME
+from geotrain.spec.load import load_spec
+from geotrain.transport.auth import HELLO, MAGIC, STRIPED, TAG_BYTES
+from geotrain.transport.sockets import close_quietly
+from geotrain.transport.striped_frames import DATA, FRAME
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"

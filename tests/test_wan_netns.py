@@ -29,7 +29,7 @@ LINK_GBPS = 0.12
 
 
 def _cluster(latency_ms=LATENCY_MS, cap=CAP_GBPS, link=LINK_GBPS):
-    from geotrain.config import Cluster
+    from geotrain.spec import Cluster
 
     return Cluster.model_validate({
         "name": "wan-test",
@@ -147,7 +147,7 @@ def test_cli_up_status_down(tmp_path):
 
 CRASHER = """
 import sys, time
-from geotrain.config import Cluster
+from geotrain.spec import Cluster
 from geotrain.emulation import WanEmulation
 c = Cluster.model_validate_json(sys.argv[1])
 w = WanEmulation(c).start()
@@ -203,7 +203,7 @@ def _peer(argv: list[str]) -> int:
     import torch.distributed as dist
 
     from geotrain.emulation.ports import spread_port_connections
-    from geotrain.wan.striped import StripedTransport
+    from geotrain.transport.striped import StripedTransport
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rank", type=int)

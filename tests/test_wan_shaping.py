@@ -7,10 +7,10 @@ import socket
 
 import pytest
 
-from geotrain.config import Cluster
 from geotrain.emulation import netns as N
+from geotrain.emulation.htb import BUCKETS, bucket_of_port, htb_commands
 from geotrain.emulation.ports import spread_port_connections as open_connections
-from geotrain.emulation.shaping import BUCKETS, bucket_of_port, htb_commands
+from geotrain.spec import Cluster
 
 
 def _cluster():
@@ -73,7 +73,7 @@ def test_not_root_means_no_kernel_emulation_and_the_fallback_shapes_cross_dc_pai
 
 
 def test_packets_and_burst_are_small_enough_that_htb_paces_a_message_at_its_cap():
-    from geotrain.emulation.shaping import emulation_mtu
+    from geotrain.emulation.htb import emulation_mtu
 
     # htb sends a packet whenever its class has credit and charges it after: a message must span
     # many packets, and the burst must hold little, or a 16 KB tensor crosses a 5 Mbit/s cap at once.

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from geotrain.emulation.shaper import ShaperConfig
-from geotrain.wan.striped import FRAME, StripedTransport, TransportError
+from geotrain.emulation.user_shaper import ShaperConfig
+from geotrain.transport.striped import FRAME, StripedTransport, TransportError
 
 
 @pytest.fixture

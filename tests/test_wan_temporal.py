@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from geotrain.emulation.shaper import ShaperConfig
-from geotrain.wan.striped import StripedTransport
-from geotrain.wan.temporal import FairSharing, LocalTurns, TurnArbiter, TurnTimeout, turns_via_store
+from geotrain.emulation.user_shaper import ShaperConfig
+from geotrain.transport.striped import StripedTransport
+from geotrain.transport.turns import FairSharing, LocalTurns, TurnArbiter, TurnTimeout, turns_via_store
 
 
 def _run_pipelines(make_turns, order, sends_each=4, hold_s=0.01):
@@ -130,7 +130,7 @@ def test_a_send_is_done_only_once_its_turn_is_released():
 
 
 def test_concurrent_turns_fill_the_link():
-    from geotrain.wan.temporal import concurrent_turns
+    from geotrain.transport.turns import concurrent_turns
 
     assert concurrent_turns(10.0, 10.0) == 1 and concurrent_turns(10.0, 20.0) == 1
     assert concurrent_turns(10.0, 2.5) == 4 and concurrent_turns(10.0, 3.0) == 4

@@ -8,7 +8,7 @@ once started, stays on its rank (its KV cache grows there); when its last chunk 
 rank sends the first token and the KV cache back, and the request's future resolves.
 
 Only ranks of this run may connect: the executor holds a secret (`secret`, written by the service
-to a 0600 file the ranks read), and every connection starts with `wan.auth`'s challenge-response
+to a 0600 file the ranks read), and every connection starts with `transport.auth`'s challenge-response
 handshake; one that fails it, or whose hello names another rank than it proved, is logged in one
 line and dropped. (The socket is local -- a Unix socket in a private folder, or 127.0.0.1 -- so
 the opener is what needs proving; the frames after it are not MAC'd.)
@@ -36,7 +36,7 @@ from geotrain.bubbletea.inference import KVCache, forward_with_cache, prefill
 from geotrain.bubbletea.prefill_cost import PrefillCost
 from geotrain.bubbletea.wire import ProtocolError, recv_frame, send_frame
 from geotrain.models.llama import UnitStack
-from geotrain.wan.auth import ANY_RANK, BUBBLETEA, DropLog, client_handshake, new_secret, server_handshake
+from geotrain.transport.auth import ANY_RANK, BUBBLETEA, DropLog, client_handshake, new_secret, server_handshake
 
 
 @dataclass

@@ -11,16 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from geotrain.config.hf import is_hf_dir
-from geotrain.config.load import load_model
 from geotrain.errors import GeotrainError, SpecError
 from geotrain.models.presets import PRESETS
+from geotrain.spec.hf_config import is_hf_dir
+from geotrain.spec.load import load_model
 
 
 @dataclass
 class InferenceModel:
     model: object          # models.llama.UnitStack, eval mode
-    spec: object           # config.model.ModelSpec
+    spec: object           # spec.model.ModelSpec
     tokenizer: object      # data.tokenizer.ByteTokenizer or HFTokenizer
     name: str              # what /v1/models lists
 
@@ -47,7 +47,7 @@ def model_spec(ref: str):
 def load_inference_model(ref: str) -> InferenceModel:
     # lazy: numpy, torch, tqdm only when called (importers that never call it stay free of it)
     from geotrain.data.tokenizer import ByteTokenizer, load_tokenizer
-    from geotrain.models.hf import HFWeightsError, load_hf_weights
+    from geotrain.models.hf_weights import HFWeightsError, load_hf_weights
     from geotrain.models.llama import build_model
 
     describe_ref(ref)

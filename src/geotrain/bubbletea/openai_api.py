@@ -4,7 +4,7 @@
   POST /v1/completions       model, prompt (string, strings, token ids), max_tokens, temperature,
                              top_p, seed, stop, stream (server-sent events ending `data: [DONE]`)
   POST /v1/chat/completions  when the tokenizer has a chat template
-  GET  /metrics              Prometheus text (bubbletea.metrics)
+  GET  /metrics              Prometheus text (bubbletea.prometheus)
   GET  /healthz              {"status": "ok", "ready": a training rank has joined}
 
 Errors use OpenAI's shape, {"error": {"message", "type", "param", "code"}}. Bodies are read
@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from geotrain.bubbletea.metrics import CONTENT_TYPE, metrics_text
+from geotrain.bubbletea.prometheus import CONTENT_TYPE, metrics_text
 from geotrain.bubbletea.service import MAX_BODY, Params, ServiceError, TextStream
 
 log = logging.getLogger("geotrain.bubbletea")

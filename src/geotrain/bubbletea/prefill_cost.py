@@ -14,9 +14,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from geotrain.config.cluster import GPUType
-from geotrain.config.model import ModelSpec
 from geotrain.models.presets import PRESETS
+from geotrain.spec.cluster import GPUType
+from geotrain.spec.model import ModelSpec
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 

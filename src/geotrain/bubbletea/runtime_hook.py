@@ -22,7 +22,7 @@ from geotrain.bubbletea.model_source import load_inference_model
 from geotrain.bubbletea.predictor import BubblePredictor
 from geotrain.bubbletea.prefill_cost import PrefillCost
 from geotrain.errors import GeotrainError
-from geotrain.wan.auth import read_secret_file
+from geotrain.transport.auth import read_secret_file
 
 log = logging.getLogger(__name__)
 

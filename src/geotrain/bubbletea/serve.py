@@ -15,7 +15,7 @@ from geotrain.bubbletea.bubble_executor import BubbleExecutor
 from geotrain.bubbletea.executor import DecodeWorker
 from geotrain.bubbletea.model_source import load_inference_model
 from geotrain.bubbletea.service import PrefillService
-from geotrain.wan.auth import write_secret_file
+from geotrain.transport.auth import write_secret_file
 
 
 @dataclass
@@ -45,7 +45,7 @@ class RunningService:
     def _write_summary(self, finished_after: int) -> None:
         """RUN_DIR/bubbletea.json: what the report's BubbleTea section shows (all measured)."""
         # lazy: prometheus_client only when called (importers that never call it stay free of it)
-        from geotrain.bubbletea.metrics import quantile
+        from geotrain.bubbletea.prometheus import quantile
 
         s = self.service.stats
         with s.lock:

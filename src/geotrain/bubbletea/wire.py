@@ -11,7 +11,7 @@ import json
 import socket
 import struct
 
-from geotrain.wan.sockets import recv_exact
+from geotrain.transport.sockets import recv_exact
 
 MAX_HEADER = 1 << 20
 MAX_PAYLOAD = 1 << 31

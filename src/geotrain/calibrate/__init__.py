@@ -19,6 +19,6 @@ cases.py     -- the validation set; validate.py runs it and writes the markdown 
 """
 
 from geotrain.calibrate.measure import measure_profile
-from geotrain.calibrate.profile import load_profile, save_profile
+from geotrain.calibrate.profile_file import load_profile, save_profile
 
 __all__ = ["load_profile", "measure_profile", "save_profile"]

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import torch
 
-from geotrain.calibrate.compare import drop_warmup
-from geotrain.calibrate.costs import predict, slowdown
+from geotrain.calibrate.calibrated_costs import predict, slowdown
+from geotrain.calibrate.case_rows import drop_warmup
 from geotrain.calibrate.messages import global_sync, waiting_overhead
-from geotrain.calibrate.profile import RUNTIME_KEY
+from geotrain.calibrate.profile_file import RUNTIME_KEY
 from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
 from geotrain.errors import GeotrainError
-from geotrain.plan.manual import plan_from_job, split_even
-from geotrain.plan.plan import StagePlan
+from geotrain.layout.plan import StagePlan
+from geotrain.planner.manual import plan_from_job, split_even
 from geotrain.trace.metrics import compute_metrics, compute_ratio
 from geotrain.trace.schema import Trace
 

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import torch
 
-from geotrain.calibrate.compare import compare_case, drop_warmup, measured_metrics
-from geotrain.calibrate.costs import predict
+from geotrain.calibrate.calibrated_costs import predict
+from geotrain.calibrate.case_rows import compare_case, drop_warmup, measured_metrics
 from geotrain.calibrate.timers import time_unit
 from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
-from geotrain.config.load import load_spec
-from geotrain.cost import CostModel
+from geotrain.costs import CostModel
 from geotrain.errors import GeotrainError
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import LinkPlan
-from geotrain.plan.temporal import apply_temporal
-from geotrain.plan.variants import wan_warmup_for
+from geotrain.layout.plan import LinkPlan
+from geotrain.planner.manual import plan_from_job
+from geotrain.planner.sharing import apply_temporal
+from geotrain.planner.variants import wan_warmup_for
+from geotrain.spec.load import load_spec
 from geotrain.trace.metrics import compute_ratio
 from geotrain.trace.schema import Trace
 
@@ -118,7 +118,7 @@ def write_spec(case: Case, directory: Path):
 
 def case_plan(spec, case: Case):
     """The plan the case pins: the job's layout with its WAN link settings, as the planner writes them
-    (temporal sharing through plan.temporal.apply_temporal: the DP pipelines' order, the turn's
+    (temporal sharing through planner.sharing.apply_temporal: the DP pipelines' order, the turn's
     stagger and the planner's pipeline offsets; wan-1f1b with the extra warm-up the report computes)."""
     plan = plan_from_job(spec)
     link = LinkPlan(src_dc="east", dst_dc="west", connections=case.connections, sharing="fair")

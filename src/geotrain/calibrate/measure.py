@@ -1,6 +1,6 @@
 """`measure_profile`: the whole `geotrain profile`, in order -- single-process timings first (nothing
 else competes for the cores while they run), then the process pool, then the calibration run.
-The file format is `calibrate.profile`'s."""
+The file format is `calibrate.profile_file`'s."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import torch
 from geotrain.calibrate.calibration_run import calibration_run
 from geotrain.calibrate.overheads import measure_interpreter
 from geotrain.calibrate.pool import run_pool
-from geotrain.calibrate.profile import RUNTIME_KEY
+from geotrain.calibrate.profile_file import RUNTIME_KEY
 from geotrain.calibrate.timers import fit_line, measure_startup, measure_units, time_optimizer, time_split_backward
-from geotrain.cost import CostModel
-from geotrain.cost.memory import optimizer_step_bytes_per_param
-from geotrain.plan.manual import plan_from_job
+from geotrain.costs import CostModel
+from geotrain.costs.memory import optimizer_step_bytes_per_param
+from geotrain.planner.manual import plan_from_job
 
 
 def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | None = None,

@@ -14,11 +14,11 @@ import tempfile
 import torch.distributed as dist
 
 from geotrain.calibrate.timers import low_percentile
-from geotrain.config.load import load_spec
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import StagePlan
+from geotrain.layout.plan import StagePlan
+from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import free_port
 from geotrain.runtime.trainer import RunConfig, train
+from geotrain.spec.load import load_spec
 
 
 def measure_interpreter(spec_path: str, micro_batch: int, num_microbatches: int, steps: int = 4) -> dict[str, float]:

@@ -4,7 +4,7 @@
 launcher (`runtime.launch.launch_ranks`: the torchrun environment, clean-up on any failure, the
 first failure named) and samples the machine's other load meanwhile (cpuload.py). Every rank runs
 every probe; the WAN probes go through the runtime's `StripedTransport` with the user-space shaper
-(the same configuration as `runtime.wan.build_transport` in shaper mode).
+(the same configuration as `runtime.cross_dc.build_transport` in shaper mode).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import torch.distributed as dist
 
 from geotrain.calibrate.cpuload import CpuSampler
 from geotrain.calibrate.timers import low_percentile, unit_runner
-from geotrain.emulation.shaper import ShaperConfig
+from geotrain.emulation.user_shaper import ShaperConfig
 from geotrain.errors import GeotrainError
 from geotrain.models.shape import ModelShape
 from geotrain.process import exit_skipping_teardown
+from geotrain.runtime.cross_dc import MIN_CHUNK_BYTES
 from geotrain.runtime.launch import launch_ranks
-from geotrain.runtime.wan import MIN_CHUNK_BYTES
 from geotrain.runtime.worker import write_error
-from geotrain.wan.striped import StripedTransport
+from geotrain.transport.striped import StripedTransport
 
 
 def pool_worker_main(argv: list[str]) -> int:
@@ -128,7 +128,7 @@ def _wan_rates(rank: int, wan: dict) -> dict[str, float]:
     store = dist.distributed_c10d._get_default_store()
     out = {}
     for n in wan["connections"]:
-        # The runtime's shaper mode: both caps, exact pacing, 4 KB stripes (runtime.wan.build_transport).
+        # The runtime's shaper mode: both caps, exact pacing, 4 KB stripes (runtime.cross_dc.build_transport).
         cfg = ShaperConfig(per_connection_gbps=wan["per_connection_gbps"], aggregate_gbps=wan["aggregate_gbps"],
                            delay_ms=wan["latency_ms"])
         rate = min(n * wan["per_connection_gbps"], wan["aggregate_gbps"])

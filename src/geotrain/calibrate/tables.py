@@ -8,7 +8,7 @@ single rank's error is given as well.
 
 from __future__ import annotations
 
-from geotrain.calibrate.compare import CaseRow
+from geotrain.calibrate.case_rows import CaseRow
 
 
 def _ms(x: float) -> str:

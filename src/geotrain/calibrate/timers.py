@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from geotrain.cost.units import BLOCK, EMBEDDING, HEAD
+from geotrain.costs.units import BLOCK, EMBEDDING, HEAD
 from geotrain.models.llama import build_units
+from geotrain.runtime.interpreter import lm_loss
 from geotrain.runtime.parallelize import autocast_context
-from geotrain.runtime.pipeline import lm_loss
 from geotrain.runtime.rank_run import rank_device
 from geotrain.runtime.trainer import make_optimizer
 
@@ -99,7 +99,7 @@ def time_unit(spec, index: int, micro_batch: int, precision: str, repeats: int =
 
 def measure_units(spec, micro_batches: Iterable[int] = (1,), precision: str = "fp32", repeats: int = 10,
                   device: str | None = None) -> dict[str, Any]:
-    """The cost model's profile table (geotrain.cost.profile): {"embedding"|"block"|"head":
+    """The cost model's profile table (geotrain.costs.unit_times): {"embedding"|"block"|"head":
     {str(micro_batch): [forward_s, backward_s]}}, one unit of each kind built alone -- cheap even
     for large shapes (a 70B block is ~1.7 GB in bf16), so a big model's table can be taken on one GPU."""
     return {kind: {str(mb): list(time_unit(spec, index, mb, precision, repeats, device)) for mb in micro_batches}

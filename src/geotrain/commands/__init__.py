@@ -1,1 +1,1 @@
-"""One module per `geotrain` subcommand, discovered by `geotrain.cli`."""
+"""One module per `geotrain` subcommand (`<name>_cmd.py`), listed in `geotrain.cli.COMMANDS`."""

@@ -9,7 +9,7 @@
   fallback where namespaces are impossible); `fallback` chooses between the two.
 * `probe`: ping/bulk-send probes run inside the namespaces.
 
-Tests, `demo`, `validate-sim`, `profile` and `rehearse` use it; `geotrain.wan` (the striped
+Tests, `demo`, `validate-sim`, `profile` and `rehearse` use it; `geotrain.transport` (the striped
 transport, temporal turns) imports nothing from here. Names are imported lazily, so light helpers
 (the probes, the delayer) start without pydantic or torch.
 """
@@ -21,7 +21,7 @@ import importlib
 _EXPORTS = {
     "WanEmulation": "geotrain.emulation.network", "WanUnavailable": "geotrain.emulation.network",
     "emulation_available": "geotrain.emulation.network",
-    "ShaperConfig": "geotrain.emulation.shaper", "shaper_for_link": "geotrain.emulation.shaper",
+    "ShaperConfig": "geotrain.emulation.user_shaper", "shaper_for_link": "geotrain.emulation.user_shaper",
     "spread_port_connections": "geotrain.emulation.ports",
 }
 

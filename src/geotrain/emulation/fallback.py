@@ -1,5 +1,5 @@
 """The user-space fallback where the kernel-emulated WAN is impossible (no root, netns or TUN;
-`runtime.wan.open_wan` decides and says so): `fallback_shaper(cluster)` gives the
+`runtime.cross_dc.open_wan` decides and says so): `fallback_shaper(cluster)` gives the
 StripedTransport shaper per DC pair. In the fallback only StripedTransport traffic is shaped
 (gloo collectives inside a DC are unaffected anyway; cross-DC gloo traffic would not be delayed).
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from geotrain.config import Cluster
-from geotrain.emulation.shaper import ShaperConfig, shaper_for_link
+from geotrain.emulation.user_shaper import ShaperConfig, shaper_for_link
+from geotrain.spec import Cluster
 
 
 def fallback_shaper(cluster: Cluster, dc_of_rank: Callable[[int], str], my_dc: str,

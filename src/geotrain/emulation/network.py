@@ -32,11 +32,11 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from geotrain.config import Cluster
 from geotrain.emulation import netns as N
+from geotrain.emulation.htb import emulation_mtu, htb_commands
 from geotrain.emulation.nccl import nccl_host_env
-from geotrain.emulation.shaping import emulation_mtu, htb_commands
 from geotrain.errors import GeotrainError
+from geotrain.spec import Cluster
 
 ROUTE_TABLE = "100"
 

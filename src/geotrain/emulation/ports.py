@@ -16,8 +16,8 @@ from __future__ import annotations
 import random
 import socket
 
-from geotrain.emulation.shaping import BUCKETS
-from geotrain.wan.sockets import connect
+from geotrain.emulation.htb import BUCKETS
+from geotrain.transport.sockets import connect
 
 PORT_LO, PORT_HI = 32768, 60928
 

@@ -9,7 +9,7 @@ after a warm-up (slow start, queue fill) divided by the time they took, summed o
 No torch import, so a probe process starts in a fraction of a second.
 
 Both ends read a secret from the 0600 file named by GEOTRAIN_SECRET_FILE (`probe_env` makes one),
-and every connection starts with `wan.auth`'s challenge-response handshake: the server talks only
+and every connection starts with `transport.auth`'s challenge-response handshake: the server talks only
 to openers that hold it, and logs any other connection in one line and drops it. What follows the
 handshake is plain TCP on purpose: the probe measures the network, not the cost of MACs.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from geotrain.emulation.ports import spread_port_connections as open_connections
 from geotrain.errors import GeotrainError
-from geotrain.wan.auth import (
+from geotrain.transport.auth import (
     ANY_RANK,
     PROBE,
     SECRET_ENV,
@@ -40,7 +40,7 @@ from geotrain.wan.auth import (
     server_handshake,
     write_secret_file,
 )
-from geotrain.wan.sockets import recv_exact, tune
+from geotrain.transport.sockets import recv_exact, tune
 
 PING_SIZE = 64
 SINK_HDR = struct.Struct("!cd")         # mode, warm-up seconds

@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from geotrain.errors import GeotrainError
-from geotrain.orchestrate.replan import describe, replan
-from geotrain.plan.plan import save_plan
+from geotrain.layout.plan import save_plan
+from geotrain.planner.replanning import describe, replan
 from geotrain.runtime.checkpoint import latest_checkpoint
 from geotrain.runtime.launch import RankFailure
 

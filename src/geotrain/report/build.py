@@ -6,7 +6,7 @@ Run directory files:
   trace.jsonl (or predicted_trace.jsonl)  the simulated trace
   measured_trace.jsonl                    a runtime trace of the same plan (optional)
   machine_load.json                       other work on the machine while it trained (optional)
-  plan.json                               the plan (geotrain.plan.save_plan format; optional)
+  plan.json                               the plan (geotrain.layout.save_plan format; optional)
   metrics.json                            tokens per iteration, peak memory, GPU memory, schedule
                                           comparison -- what a trace alone cannot tell
   trace.chrome.json, timeline.png, report.html
@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.errors import GeotrainError
-from geotrain.plan.plan import Plan, load_plan
-from geotrain.report.bubbletea import bubbletea_rows
+from geotrain.layout.plan import Plan, load_plan
 from geotrain.report.compare import CompareRow, ScheduleRow, compare_metrics, explain_rows, steady_state
 from geotrain.report.html import write_html
+from geotrain.report.prefill import bubbletea_rows
 from geotrain.report.timeline import draw_timeline, draw_timelines
 from geotrain.trace.chrome import write_chrome
-from geotrain.trace.layout import num_ranks, plan_of, rank_layout
 from geotrain.trace.metrics import LINK_COUNTERS_NAME, Metrics, compute_metrics
+from geotrain.trace.rank_roles import num_ranks, plan_of, rank_layout
 from geotrain.trace.schema import Trace
 
 PREDICTED_NAMES = ("predicted_trace.jsonl", "trace.jsonl")
@@ -220,7 +220,7 @@ def _link_counters(d: Path) -> float | None:
     """Bytes the emulated WAN links counted over the whole run (RUN_DIR/wan_bytes.json, each DC's
     "out"), or None without that file. The runtime records no events for its collectives, so
     these counters -- every byte that crossed, the setup's few KB included -- are the measured
-    WAN bytes beside the prediction (plan.wan_bytes); a bad file is ignored, not fatal."""
+    WAN bytes beside the prediction (layout.wan_bytes); a bad file is ignored, not fatal."""
     try:
         per_dc = json.loads((d / LINK_COUNTERS_NAME).read_text())
         return float(sum(float(v["out"]) for v in per_dc.values()))

@@ -2,7 +2,7 @@
 plan under every schedule kind.
 
 The report draws what it is given: the schedule rows come from simulations that
-`geotrain.orchestrate.schedules.compare_schedules` runs (the simulator sits below the report's
+`geotrain.orchestrate.schedule_kinds.compare_schedules` runs (the simulator sits below the report's
 callers, not below the report)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from geotrain.console import human_bytes, human_rate, human_seconds
-from geotrain.trace.layout import num_ranks
 from geotrain.trace.metrics import WAN_COLLECTIVE_BYTES, Metrics, compute_metrics, compute_ratio
+from geotrain.trace.rank_roles import num_ranks
 from geotrain.trace.schema import Trace
 
 
@@ -37,7 +37,7 @@ def steady_state(measured: Trace, warmup: int = WARMUP_ITERATIONS) -> Trace:
     simulator predicts steady state, and a run's first iterations also pay connection set-up,
     allocator growth and autograd's first graph (the demo's 30 steps: 350 ms per iteration over
     all of them, 287 ms over iterations 3-30, against 281 ms predicted). The same cut as the
-    validation set's (calibrate.compare.drop_warmup)."""
+    validation set's (calibrate.case_rows.drop_warmup)."""
     its = sorted({e.iteration for e in measured.events})
     if len(its) < warmup + 2:
         return measured
@@ -61,7 +61,7 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
     +7.0 % in steady state while utilization was 20 % over-predicted and bubble time 19 %
     under). WAN bytes depend on
     neither, so a WAN-bytes error is never put down to them -- but a CPU run's collectives ran on
-    gloo, which sends more than the NCCL count the prediction carries (plan/wan_bytes.py)."""
+    gloo, which sends more than the NCCL count the prediction carries (layout/wan_bytes.py)."""
     pmeta = predicted.meta if isinstance(predicted.meta, dict) else {}
     mmeta = measured.meta if isinstance(measured.meta, dict) else {}
     ranks, cores = measured.num_ranks, int(mmeta.get("cores") or 0)
@@ -93,7 +93,7 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
                     "for cores too, and that waiting is measured as idle, so busy vs idle time splits differently")
         elif r.unit == "B" and mmeta.get("device") == "cpu" and pmeta.get(WAN_COLLECTIVE_BYTES):
             note = ("CPU run: its collectives ran on gloo, whose reduce-scatter is an all-reduce on the wire; the "
-                    "prediction counts NCCL's (plan.wan_bytes, backend)")
+                    "prediction counts NCCL's (layout.wan_bytes, backend)")
         out.append(r._replace(note=note))
     return out
 
@@ -105,7 +105,7 @@ def _other_load(pmeta: dict, mmeta: dict) -> tuple[float, float] | None:
     """(other runnable threads during the run, during the profile's calibration run) when the run
     met at least OTHER_LOAD_THREADS more than the calibrated prediction assumed, else None. The
     run's number is `geotrain train`'s sampler (measured.meta["machine_load"], from
-    RUN_DIR/machine_load.json); the prediction's is what `calibrate.costs.predict` assumed."""
+    RUN_DIR/machine_load.json); the prediction's is what `calibrate.calibrated_costs.predict` assumed."""
     load, cal = mmeta.get("machine_load"), pmeta.get("calibrated")
     if not isinstance(load, dict) or not isinstance(cal, dict):
         return None

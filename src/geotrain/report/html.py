@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.console import human_bytes, human_rate, human_seconds, number_runs
-from geotrain.plan.plan import Plan
+from geotrain.layout.plan import Plan
 from geotrain.report.compare import CompareRow, ScheduleRow, format_rel, format_value
 from geotrain.report.summary import bubble_summary, stage_rows
-from geotrain.trace.layout import RankInfo
 from geotrain.trace.metrics import Metrics
+from geotrain.trace.rank_roles import RankInfo
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1500px;

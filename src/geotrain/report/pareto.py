@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from geotrain.errors import GeotrainError
-from geotrain.plan.price import cost_per_mtoken, egress_per_iteration
+from geotrain.layout.price import cost_per_mtoken, egress_per_iteration
 
 
 def draw_pareto(spec, simulated, chosen_index: int, path: str, objective: str) -> int:

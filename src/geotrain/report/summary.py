@@ -8,9 +8,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from geotrain.plan.plan import Plan
-from geotrain.trace.layout import RankInfo
+from geotrain.layout.plan import Plan
 from geotrain.trace.metrics import Metrics
+from geotrain.trace.rank_roles import RankInfo
 
 
 @dataclass

@@ -24,9 +24,9 @@ import numpy as np  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from geotrain.plan.plan import Plan  # noqa: E402
-from geotrain.trace.layout import RankInfo, plan_of, rank_layout  # noqa: E402
+from geotrain.layout.plan import Plan  # noqa: E402
 from geotrain.trace.metrics import Columns, trace_columns  # noqa: E402
+from geotrain.trace.rank_roles import RankInfo, plan_of, rank_layout  # noqa: E402
 from geotrain.trace.schema import Trace  # noqa: E402
 
 # kind -> (colour, legend label), in legend order.

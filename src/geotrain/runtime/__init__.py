@@ -6,6 +6,6 @@ transport.py) with scaler.py (global fp16 overflow decision), checkpoint.py (ato
 recorder.py / summary.py (measured trace in the simulator's schema).
 """
 
-from geotrain.runtime.transport import TorchTransport, Transport, Work
+from geotrain.runtime.p2p import TorchTransport, Transport, Work
 
 __all__ = ["TorchTransport", "Transport", "Work"]

@@ -8,7 +8,7 @@ the launcher (PR_SET_PDEATHSIG). The run's secret (the WAN transport's key) is a
 GEOTRAIN_SECRET_FILE, removed when the run ends. The first rank to fail makes the run fail with a one-line
 error naming it; its full traceback is in RUN_DIR/logs/rank<R>.log.
 
-With `wan=` (a runtime.wan.WanLaunch) each rank starts inside its datacenter's network namespace
+With `wan=` (a runtime.cross_dc.WanLaunch) each rank starts inside its datacenter's network namespace
 (`plan.dc_of_rank`: a region plan's DP pipelines each in its own DC) with that namespace's
 MASTER_ADDR / GLOO_SOCKET_IFNAME and its own NCCL host identity (`emulation.nccl.nccl_host_env`:
 NCCL between DCs over the emulated link, P2P/SHM inside one; NCCL_* variables the user set are
@@ -32,12 +32,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from geotrain.errors import GeotrainError
+from geotrain.runtime.cross_dc import open_wan
 from geotrain.runtime.rank_run import report_rank
 from geotrain.runtime.runfile import write_run_config
 from geotrain.runtime.trainer import RunConfig, resolve
-from geotrain.runtime.wan import open_wan
 from geotrain.trace.metrics import LINK_COUNTERS_NAME
-from geotrain.wan.auth import SECRET_ENV, new_secret, write_secret_file
+from geotrain.transport.auth import SECRET_ENV, new_secret, write_secret_file
 
 WAN_BYTES_NAME = LINK_COUNTERS_NAME   # per DC, bytes it sent ("out") and received ("in") over the emulated WAN
 MAX_LOCAL_RANKS = 64  # override with GEOTRAIN_MAX_LOCAL_RANKS on a big single host
@@ -129,7 +129,7 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
            plan=None) -> None:
     """Run `cases` on `world_size` local processes; raise RankFailure naming the first failed rank.
     `entry` is the module each rank runs (`python -m ENTRY CONFIG.json`): the worker, or one that
-    installs a plug-in first (`geotrain.orchestrate.rank`). `watch(procs)`, if given, is called on
+    installs a plug-in first (`geotrain.orchestrate.rank_entry`). `watch(procs)`, if given, is called on
     every poll (rehearsals cut a datacenter's ranks from it). `plan`: the first case's, where the
     caller resolved it already (else it is resolved here, to know which rank prints)."""
     check_local_world_size(world_size)  # before anything is written
@@ -229,11 +229,11 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
 
 def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = "auto", rate_scale: float = 1.0,
                  say=print, outage_limit_s: float | None = None, on_wan=None, tls: bool = False, **kw):
-    """`launch` over the WAN chosen by `mode` (runtime.wan.open_wan), torn down afterwards -- also when
+    """`launch` over the WAN chosen by `mode` (runtime.cross_dc.open_wan), torn down afterwards -- also when
     a rank fails or on Ctrl-C. Returns the WanLaunch (closed; `.mode` says what ran).
     outage_limit_s: how long a cross-DC transfer may wait before its rank fails (default: the WAN's);
     on_wan(wan), if given, sees the WAN before the ranks start (a rehearsal that cuts a link needs it);
-    tls: cross-DC connections in TLS keyed by the run secret (geotrain.wan.tls)."""
+    tls: cross-DC connections in TLS keyed by the run secret (geotrain.transport.tls)."""
     check_local_world_size(plan.num_ranks)  # before any WAN emulation is set up
     wan = open_wan(mode, spec, plan, rate_scale, say=say, tls=tls,
                    **({"timeout_s": outage_limit_s} if outage_limit_s is not None else {}))

@@ -5,7 +5,7 @@ The order is torchtitan's: the plain model (`models.llama`) is built under `torc
 -- shapes, no storage --, tensor parallelism, activation checkpointing and FSDP2 are applied to
 it (`parallelize`; on meta tensors they only lay out shards), and `to_empty` gives each
 parameter storage on the rank's device for its local shard alone. The values are then written
-into that shard: from a Hugging Face directory (`models.hf.load_hf_weights`, which reads only the
+into that shard: from a Hugging Face directory (`models.hf_weights.load_hf_weights`, which reads only the
 chunk's tensors and of each only the shard's rows), or from the deterministic init
 (`models.llama.initial_rows`), which draws just the rows (and columns) the shard holds. The init
 is a function of the parameter's layout-free name, so every pp split, dp, sharding and tp starts
@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from geotrain.models.hf import load_hf_weights
+from geotrain.models.hf_weights import load_hf_weights
 from geotrain.models.llama import Block, UnitStack, build_units, initial_rows
 from geotrain.models.shards import fill_shard
-from geotrain.runtime.checkpointing import apply_checkpointing
+from geotrain.runtime.activation_ckpt import apply_checkpointing
 from geotrain.runtime.parallelize import apply_fsdp, apply_tp
 
 

@@ -2,7 +2,7 @@
 
 The model file (`geotrain.models.llama`) knows nothing of distribution; like torchtitan we take
 a `UnitStack` and wrap it here, in torchtitan's order: TP, then activation checkpointing
-(`geotrain.runtime.checkpointing`), then FSDP2. Parameter names never change (no wrapper modules).
+(`geotrain.runtime.activation_ckpt`), then FSDP2. Parameter names never change (no wrapper modules).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def fsdp_mixed_precision(precision: str):
     """FSDP2's MixedPrecisionPolicy for a plan's precision: bf16 gathers the weights in bf16,
     computes with them and reduce-scatters the gradients in bf16, while the shards the optimizer
     updates (the master weights) and their gradients stay fp32 -- the bytes the cost model counts
-    (`cost.memory.runtime_state_bytes_per_param`, `CostModel.grad_bytes`): at the peak the bf16
+    (`costs.memory.runtime_state_bytes_per_param`, `CostModel.grad_bytes`): at the peak the bf16
     gathered weights and bf16 unsharded gradients, the fp32 shards. fp32: None (no casts).
     fp16 keeps fp32 weights under autocast, so its loss scaler unscales fp32 gradients, but the
     reduce-scatter runs in fp16 as replicated DP's all-reduce does (`allreduce_grads`): the

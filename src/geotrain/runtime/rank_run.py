@@ -29,12 +29,12 @@ from tqdm import tqdm
 from geotrain.errors import GeotrainError
 from geotrain.runtime.batches import make_source
 from geotrain.runtime.checkpoint import Checkpointer
+from geotrain.runtime.cross_dc import build_transport, start_delay
 from geotrain.runtime.meshes import stage_mesh, tp_code
 from geotrain.runtime.parallelize import autocast_context, optimizer_param_groups, precision_dtype
 from geotrain.runtime.recorder import Recorder
 from geotrain.runtime.scaler import GlobalLossScaler, _local
 from geotrain.runtime.tied import TiedCopies
-from geotrain.runtime.wan import build_transport, start_delay
 
 
 def make_optimizer(params: list[torch.nn.Parameter], job, sharding: str = "replicate",
@@ -91,7 +91,7 @@ class RankRun:
 
     def __init__(self, cfg, spec, plan, schedule, bubble_hook=None):
         # lazy: pydantic only when called (importers that never call it stay free of it)
-        from geotrain.runtime.memory import StepPeak
+        from geotrain.runtime.measured_memory import StepPeak
 
         self.cfg, self.spec, self.plan, job = cfg, spec, plan, spec.job
         self.rank, world = dist.get_rank(), dist.get_world_size()
@@ -164,13 +164,13 @@ class RankRun:
             return None
         if factory is None:
             raise GeotrainError("the run config asks for BubbleTea but no bubble hook was installed (start the "
-                                "ranks with `python -m geotrain.orchestrate.rank`, as `geotrain train` does)")
+                                "ranks with `python -m geotrain.orchestrate.rank_entry`, as `geotrain train` does)")
         # The inference model lives on this rank's device, beside training.
         return factory({**self.cfg.bubbletea, "device": str(self.device)}, self.rank, self.recorder)
 
     def _pipeline(self):
         # lazy: pydantic only when called (importers that never call it stay free of it)
-        from geotrain.runtime.pipeline import PipelineRank
+        from geotrain.runtime.interpreter import PipelineRank
 
         spec, plan = self.spec, self.plan
         transport = build_transport(self.cfg.wan, spec, plan, self.schedule, self.rank, recorder=self.recorder)
@@ -188,7 +188,7 @@ class RankRun:
         """Load the latest checkpoint if asked to (this run's, or `resume_from`'s on any layout);
         the step to continue after (0: a fresh run)."""
         # lazy: pydantic only when called (importers that never call it stay free of it)
-        from geotrain.plan.plan import save_plan
+        from geotrain.layout.plan import save_plan
 
         cfg = self.cfg
         t_load = time.time()
@@ -214,7 +214,7 @@ class RankRun:
         """Run the schedule once (measuring the peak memory of one steady-state step); returns the
         step's wall seconds."""
         # lazy: pydantic only when called (importers that never call it stay free of it)
-        from geotrain.runtime.memory import fsdp_gathered_storages, state_tensors
+        from geotrain.runtime.measured_memory import fsdp_gathered_storages, state_tensors
 
         self.step = self.recorder.iteration = step
         measuring = contextlib.nullcontext()
@@ -283,7 +283,7 @@ class RankRun:
     def finish(self, wall: float, losses: list[dict] | None = None) -> dict[str, Any]:
         """The run's outputs (`summary.write_outputs`); `losses`: the loss rows as written (LossLog.rows)."""
         # lazy: pydantic only when called (importers that never call it stay free of it)
-        from geotrain.runtime.summary import write_outputs
+        from geotrain.runtime.outputs import write_outputs
 
         result = write_outputs(self.cfg, self.spec, self.plan, self.schedule, self.recorder, self.out, wall=wall,
                                steps_run=self.steps - self.start, tokens_per_step=self.tokens_per_step,

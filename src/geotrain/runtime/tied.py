@@ -45,7 +45,7 @@ class TiedCopies:
             if first != last and rank == plan.rank(0, 0, 0):
                 # Said at start, like every link's transport: this sum is not carried by the WAN
                 # transport (no striping, no turns); the planner and simulator price it as such
-                # (cost.comm.tied_sum_time: one connection per pair).
+                # (costs.comm.tied_sum_time: one connection per pair).
                 print(f"geotrain wan: tied embeddings: stage 0 ({first}) <-> stage {plan.pp - 1} ({last}): "
                       f"gradient sum by plain {dist.get_backend()} all-reduce across the WAN every step "
                       "(one connection per pair, not striped; priced so by the planner and simulator)", flush=True)

@@ -14,15 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from geotrain.config import load_spec, spec_from_document
-from geotrain.cost.activations import SELECTIVE
+from geotrain.costs.activations import SELECTIVE
 from geotrain.errors import GeotrainError
-from geotrain.plan.manual import plan_from_job
-from geotrain.plan.plan import Plan
-from geotrain.plan.tp import tp_problem
+from geotrain.layout.plan import Plan
+from geotrain.layout.tp_check import tp_problem
+from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.rank_run import LossLog, RankRun, make_optimizer, state_bytes
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import schedule_for_plan
+from geotrain.spec import load_spec, spec_from_document
 
 __all__ = ["FAILED_AT", "BubbleHookFactory", "RunConfig", "make_optimizer", "resolve", "resolve_run", "state_bytes",
            "train"]
@@ -39,7 +39,7 @@ class RunConfig:
     """What to run. JSON-serializable: the launcher hands it to every rank in a file."""
 
     spec: str                                   # experiment TOML (or the plan file spec_doc came from)
-    spec_doc: dict[str, Any] | None = None      # the experiment itself (config.document), as plan files carry it
+    spec_doc: dict[str, Any] | None = None      # the experiment itself (spec.document), as plan files carry it
     out: str = "runs/latest"
     plan: dict[str, Any] | None = None          # Plan.to_dict(); None: the plan the job pins
     overrides: dict[str, Any] = field(default_factory=dict)   # Plan fields to replace
@@ -58,7 +58,7 @@ class RunConfig:
     # BubbleTea: prefill requests from the service at `address` run in this rank's bubbles
     # ({"address": [host, port], "inference_model": ..., ...}; see bubbletea.runtime_hook).
     bubbletea: dict[str, Any] | None = None
-    # The WAN between the plan's DCs (set by the launcher, see runtime.wan): {"mode": "kernel"|"shaper",
+    # The WAN between the plan's DCs (set by the launcher, see runtime.cross_dc): {"mode": "kernel"|"shaper",
     # "rate_scale", "timeout_s", "hosts": {dc: address}}. None: gloo for every pair (no emulated WAN).
     wan: dict[str, Any] | None = None
 
@@ -112,7 +112,7 @@ def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None, resolved
     `rank_run.report_rank`; {} elsewhere).
 
     `bubble_hook(conf, rank, recorder)` builds what runs in this rank's pipeline bubbles when
-    `cfg.bubbletea` is set; the caller installs it (`orchestrate.rank` installs BubbleTea's), so the
+    `cfg.bubbletea` is set; the caller installs it (`orchestrate.rank_entry` installs BubbleTea's), so the
     runtime never imports what plugs into it. `resolved`: `resolve_run(cfg)` where the caller has it
     already (under torchrun the command resolved it in this process)."""
     spec, plan, schedule = resolved or resolve_run(cfg)

@@ -1,6 +1,6 @@
 """Per-rank entry point: `python -m geotrain.runtime.worker CONFIG.json` (started by `launch.py`),
 or `run_cases` called in-process when `geotrain train` itself runs under torchrun. An entry that
-plugs something into the runtime (`geotrain.orchestrate.rank`: BubbleTea) calls `main` with it.
+plugs something into the runtime (`geotrain.orchestrate.rank_entry`: BubbleTea) calls `main` with it.
 
 CONFIG.json holds a list of RunConfig dicts run one after another on the same process group,
 which lets tests pay the few seconds of process start-up once for several cases. A failing

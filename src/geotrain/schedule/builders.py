@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from geotrain.config.job import MAX_MICROBATCHES
 from geotrain.schedule.actions import Action, Op, Schedule
-from geotrain.schedule.errors import ScheduleError
 from geotrain.schedule.lower import lower
+from geotrain.schedule.schedule_error import ScheduleError
+from geotrain.spec.job import MAX_MICROBATCHES
 
 F, B, BI, BW = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT
 

@@ -27,8 +27,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from geotrain.schedule.actions import Op, Schedule
-from geotrain.schedule.errors import ScheduleError
 from geotrain.schedule.posting import RECVS, post_points
+from geotrain.schedule.schedule_error import ScheduleError
 
 
 @dataclass(eq=False)

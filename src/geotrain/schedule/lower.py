@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from geotrain.schedule.actions import Action, Op, Schedule
-from geotrain.schedule.errors import ScheduleError
+from geotrain.schedule.schedule_error import ScheduleError
 
 
 def lower(kind: str, num_stages: int, num_microbatches: int, compute: list[list[Action]],

@@ -5,7 +5,7 @@ needs it (so the transfer lands while the rank computes), and each send alone at
 On an in-order transport (NCCL: one stream per communicator, the k-th send of a pair meets the
 k-th receive, tags ignored, a large send waits for its receive) that is safe only because the
 runtime gives each direction of each neighbour pair its own process group
-(`runtime.transport.TorchTransport`): on one shared stream a receive posted ahead holds the
+(`runtime.p2p.TorchTransport`): on one shared stream a receive posted ahead holds the
 stream while the send its peer needs first queues behind it (`inorder.check_in_order(...,
 streams="shared")` shows the circular wait, e.g. on tiny_2dc's 1F1B).
 

@@ -20,7 +20,7 @@ backward of 4-8 ms lasts 1.4-1.8x its 2-rank time, stretched while others comput
 show unstretched compute behind a wait. So: every unit computing at an instant progresses at the
 same rate 1 / slowdown[k], k = the number computing (`CorePool.slowdown`; the caller derives it from
 the profile: processor sharing on C cores with the profile's background and residual,
-calibrate.costs). A compute action starts when its rank reaches it (as the runtime records it) and
+calibrate.calibrated_costs). A compute action starts when its rank reaches it (as the runtime records it) and
 ends when its work is done at the shared rate -- its recorded duration stretches, as measured.
 
 Exact as an event model: a pooled compute's start and each completion go through the engine's

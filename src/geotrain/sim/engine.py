@@ -45,7 +45,7 @@ from geotrain.errors import GeotrainError
 from geotrain.sim.cores import CorePool
 from geotrain.sim.links import FairLink, TemporalLink
 from geotrain.sim.program import ALLREDUCE, COMPUTE, RECV, SEND_INTRA, SEND_LOCAL, SEND_WAN, WAIT_ACKS, Program
-from geotrain.wan.temporal import concurrent_turns
+from geotrain.transport.turns import concurrent_turns
 
 _ARRIVE, _FAIR_DONE, _DISPATCH, _CORE_START, _CORE_DONE = 0, 1, 2, 3, 4
 _POOLED = 7                  # a COMPUTE slot that needs a core from the pool (see module docstring)

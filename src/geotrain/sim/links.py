@@ -15,12 +15,12 @@ temporal policy (one transfer at a time at the flow rate).
 
 TemporalLink -- transfers take turns, and the turns are work-conserving: a ready transfer
 never waits while the link has capacity to spare. At most `slots` transfers are on the link at
-once (`geotrain.wan.temporal.concurrent_turns`: 1 when one transfer's connections fill the link,
+once (`geotrain.transport.turns.concurrent_turns`: 1 when one transfer's connections fill the link,
 else as many as it takes to fill it), sharing it like FairLink; the others wait, the one ready
 first going next (ties: the plan's pipeline order). A transfer that finds a free slot starts at
 once -- no pipeline waits for the turn of one that has nothing to send. The last byte reaches the
 receiver one latency after it left, so latency overlaps with the next transfer. Each transfer
-also arrives `turn_s` later (`wan.temporal.TURN_OVERHEAD_S`: it asks the arbiter first); the link
+also arrives `turn_s` later (`transport.turns.TURN_OVERHEAD_S`: it asks the arbiter first); the link
 loses nothing to it, because a holder hands its turn on that much early and the next one's grant
 overlaps its last bytes. Where transfers are that short, temporal sharing costs more than it
 saves, and the planner, which simulates both, keeps fair sharing.

@@ -9,14 +9,14 @@ store, and matching needs no dictionaries at run time.
 Tensor parallelism at a boundary (stages may differ in tp): a stage's output activation is whole
 and replicated on every TP rank of its group (the row-parallel all-reduce ends each block), and
 so is its input gradient. Where both stages run the same tp > 1 the runtime moves it the way
-Megatron does (runtime/pipeline.py, Plan.boundary_scattered): TP rank t sends only slice t (1/tp
+Megatron does (runtime/interpreter.py, Plan.boundary_scattered): TP rank t sends only slice t (1/tp
 of the flattened tensor) to TP rank t, and the receiver all-gathers the slices in its TP group,
 inside the node. Such a transfer is tp parallel flows carrying one tensor in all (its bytes are
 the tensor's, its flow rate tp x one flow's, up to the capacity; inside a DC one slice's time),
-and each receive is followed by the all-gather (cost.comm.ring_half over intra_node_gbps), on the
+and each receive is followed by the all-gather (costs.comm.ring_half over intra_node_gbps), on the
 receiving GPU's critical path. Where the tps differ, receiving TP rank t' takes the whole tensor
 from sending rank t' mod tp_sender -- no re-sharding collective, every sender busy when the
-receiver is the wider group, the runtime's pairing (runtime/transport.py) -- so it moves one copy
+receiver is the wider group, the runtime's pairing (runtime/p2p.py) -- so it moves one copy
 per receiving TP rank: tp_receiver x the bytes, as that many parallel flows (Plan.boundary_copies);
 inside a DC the copies leave from different GPUs at once, so the time is one copy's.
 """
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from geotrain.config import Cluster
-from geotrain.cost.comm import ring_half
+from geotrain.costs.comm import ring_half
 from geotrain.errors import InfeasibleError
-from geotrain.plan.plan import LinkPlan, Plan
+from geotrain.layout.plan import LinkPlan, Plan
 from geotrain.schedule.actions import Op, Schedule
+from geotrain.spec import Cluster
 from geotrain.trace.metrics import KIND_CODE
-from geotrain.wan.temporal import TURN_OVERHEAD_S, concurrent_turns
+from geotrain.transport.turns import TURN_OVERHEAD_S, concurrent_turns
 
 # Engine op codes.
 COMPUTE = 0      # occupies the GPU for dur
@@ -58,7 +58,7 @@ class WanDirection:
     sharing: str         # "fair" | "temporal"
     priority: tuple[int, ...]  # per DP replica: rank in the link plan's order (temporal tie-break)
     ack_s: float = 0.0   # from a transfer's last byte leaving until its sender holds the receiver's ACK
-    turn_s: float = 0.0  # temporal: what each turn costs beyond its bytes (wan.temporal.TURN_OVERHEAD_S)
+    turn_s: float = 0.0  # temporal: what each turn costs beyond its bytes (transport.turns.TURN_OVERHEAD_S)
 
 
 @dataclass
@@ -99,11 +99,11 @@ def _wan_direction(cluster: Cluster, plan: Plan, a: str, b: str, ack_s: dict[str
     order = {d: i for i, d in enumerate(lp.order)}
     prio = tuple(order.get(d, len(order) + d) for d in range(plan.dp))
     name = f"{a}->{b}"
-    # The runtime's transport completes a send when the receiver's ACK is back (wan/striped_send.py),
+    # The runtime's transport completes a send when the receiver's ACK is back (transport/striped_send.py),
     # and waits for its sends before the optimizer step: one round trip after the last byte left.
     ack = (ack_s or {}).get(name, 2 * wl.latency_ms * 1e-3)
     # Turns cost their overhead only where the runtime takes them: fewer slots than pipelines (per
-    # TP index's ring, runtime/wan.py). `copies` parallel flows (one per receiving TP rank), each on
+    # TP index's ring, runtime/cross_dc.py). `copies` parallel flows (one per receiving TP rank), each on
     # its own connections.
     turns = lp.sharing == "temporal" and concurrent_turns(wl.capacity_gbps, wl.rate_gbps(lp.connections)) < plan.dp
     flow = min(copies * wl.rate_gbps(lp.connections), wl.capacity_gbps)

@@ -5,19 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import chain
 
-from geotrain.config import Cluster
-from geotrain.cost import CostModel, comm
+from geotrain.costs import CostModel, comm
 from geotrain.errors import GeotrainError
-from geotrain.plan.peaks import stage_peaks
-from geotrain.plan.plan import Plan
-from geotrain.plan.wan_bytes import collective_bytes
+from geotrain.layout.peaks import stage_peaks
+from geotrain.layout.plan import Plan
+from geotrain.layout.wan_bytes import collective_bytes
 from geotrain.schedule.actions import Schedule
 from geotrain.schedule.builders import schedule_for_plan
+from geotrain.sim.columns import SimTrace
 from geotrain.sim.cores import CorePool
 from geotrain.sim.engine import run_engine
 from geotrain.sim.program import compile_program
 from geotrain.sim.symmetry import replicas_alike, run_one_replica
-from geotrain.sim.trace import SimTrace
+from geotrain.spec import Cluster
 from geotrain.trace.metrics import KIND_CODE, WAN_COLLECTIVE_BYTES, Metrics, compute_metrics
 from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
 
@@ -155,7 +155,7 @@ def _sync_spread(cluster: Cluster, plan: Plan) -> list[tuple[str, int]] | None:
 
 def tied_sum(cost, cluster: Cluster, plan: Plan) -> float:
     """Seconds per iteration the tied embedding's gradient sum adds to the first and the last
-    stage (cost.comm.tied_sum_time); 0 for an untied model or one stage."""
+    stage (costs.comm.tied_sum_time); 0 for an untied model or one stage."""
     pairs = plan.dp * min(plan.stage_tp(0), plan.stage_tp(plan.pp - 1))   # (replica, TP index) on both ends
     return comm.pipeline_tied_sum_time(cost.tied_grad_bytes(plan.sharding, plan.dp), pairs,
                                        (st.dc for st in plan.stages), cluster.dc, cluster.link)
@@ -168,7 +168,7 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
     plus tensor-parallel communication (half in the forward, half in the backward's
     input-gradient part, where it sits on the critical path); per physical stage: the DP sync
     (every collective FSDP2 runs, zero3's per-micro-batch gathers too) and the optimizer step;
-    per rank: peak memory as `plan.peaks.stage_peaks` predicts it. Boundary copies (one per
+    per rank: peak memory as `layout.peaks.stage_peaks` predicts it. Boundary copies (one per
     receiving TP rank) are counted by program.py."""
     cluster = spec.cluster
     if cost is None:
@@ -214,6 +214,6 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
     res = simulate_costs(plan, cluster, stage_costs, allreduce, optimizer, tokens, iterations=iterations,
                          schedule=sched, progress=progress, peak_memory=peak_memory)
     # The trace moves no bytes for the collectives: their WAN bytes come from the one definition
-    # (plan.wan_bytes), which trace.metrics adds to the transfers' bytes.
+    # (layout.wan_bytes), which trace.metrics adds to the transfers' bytes.
     res.trace.meta[WAN_COLLECTIVE_BYTES] = sum(collective_bytes(spec, plan).values())
     return res

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from geotrain.plan.plan import Plan
-from geotrain.trace.layout import dc_order, rank_layout
+from geotrain.layout.plan import Plan
 from geotrain.trace.metrics import trace_columns
+from geotrain.trace.rank_roles import dc_order, rank_layout
 from geotrain.trace.schema import Trace
 
 US = 1e6

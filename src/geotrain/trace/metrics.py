@@ -23,7 +23,7 @@ Definitions (all per iteration, averaged over the iterations in the trace):
   * wan_bytes: bytes of transfers on WAN links (names "A->B") per iteration, plus the bytes
     the trace's meta gives for collectives that cross DCs without transfer events of their own
     (meta[WAN_COLLECTIVE_BYTES], per iteration: a simulated region plan's DP sync, the tied
-    embedding sum -- plan.wan_bytes, the definition the egress price uses too).
+    embedding sum -- layout.wan_bytes, the definition the egress price uses too).
 """
 
 from __future__ import annotations

@@ -1,0 +1,59 @@
+"""geotrain replan RUN_DIR: a new plan for the cluster that is left after losing a DC or GPUs.
+
+The work is `planner.replanning`; this prints what changed and writes the plan, which
+`geotrain train NEW_PLAN --resume-from RUN_DIR` continues the run's last checkpoint on."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from geotrain.errors import GeotrainError
+
+DESCRIPTION = ("Write a new plan for RUN_DIR's model, global batch and optimizer on what is left of its cluster, "
+               "print what changed and the simulated iteration time before and after.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a `geotrain train` run directory (its plan.json)")
+    p.add_argument("--without", action="append", default=[], metavar="DC", help="drop this datacenter (repeatable)")
+    p.add_argument("--gpus", action="append", default=[], metavar="DC=N",
+                   help="this datacenter now has N GPUs (repeatable; 0 drops it)")
+    p.add_argument("--spec", default=None, metavar="NEW_SPEC",
+                   help="take the cluster from this experiment file (same model and global batch)")
+    p.add_argument("--out", default=None, metavar="PLAN.json", help="where to write the plan (RUN_DIR/replan.json)")
+    p.add_argument("--top-k", type=int, default=2, metavar="K", help="plans confirmed by simulation (default 2)")
+
+
+def parse_gpus(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, sep, n = item.partition("=")
+        if not sep or not name or not n.strip().isdigit():
+            raise GeotrainError(f"--gpus expects DC=N with N a whole number >= 0 (got {item!r})")
+        out[name.strip()] = int(n)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
+    from geotrain.layout.plan import save_plan
+    from geotrain.planner.replanning import describe, replan
+
+    if args.top_k < 1:
+        raise GeotrainError("--top-k must be >= 1")
+    if not (args.without or args.gpus or args.spec):
+        raise GeotrainError("say what changed: --without DC, --gpus DC=N or --spec NEW_SPEC")
+    run_dir = Path(args.run_dir)
+    r = replan(run_dir, args.without, parse_gpus(args.gpus), args.spec, top_k=args.top_k)
+    out = Path(args.out) if args.out else run_dir / "replan.json"
+    save_plan(out, r.after, spec_path=r.spec_path, spec=r.spec_after,
+              extra={"simulated_s": r.after_s, "replan": {"run": str(run_dir.resolve()), "dropped": r.dropped,
+                                                          "gpus": r.after.gpus_per_dc(), "before_s": r.before_s}})
+    gone = f" without {', '.join(r.dropped)}" if r.dropped else ""
+    print(f"re-plan of {run_dir} ({r.spec_before.model.name}, global batch {r.before.global_batch}) for "
+          f"{r.spec_after.cluster.name}{gone}:")
+    for line in describe(r):
+        print(line)
+    print(f"wrote {out}; continue the run with:  geotrain train {out} --resume-from {run_dir} --out NEW_RUN_DIR")
+    return 0

@@ -1,0 +1,146 @@
+"""Bytes a unit keeps alive between its forward and its backward, derived op by op from llama.py.
+
+The count is what the runtime really holds, not a textbook formula: the plain model of
+`geotrain.models.llama` run the way `runtime/interpreter.py` runs it -- fp32 weights, `torch.autocast`
+for bf16/fp16 (so the residual stream and the norms stay fp32 and every matmul input is cast),
+blocks wrapped by `runtime/activation_ckpt.py`, the loss computed in fp32 outside autocast. It is
+checked against a live-storage measurement for every (precision, checkpointing) pair in
+tests/test_cost_activations.py. Notation: T = micro_batch * seq_len tokens, h hidden, kv =
+kv_heads * head_dim, f ffn, V vocab, p the compute dtype's bytes (4 fp32, 2 under autocast).
+
+A unit's bytes are the storages its forward creates that are still alive afterwards -- saved for
+backward, or its output, which the next unit saves (so the stage input is not a unit's: see
+`stage_input_bytes`). Per block, without checkpointing:
+
+  * residual stream (fp32 whatever the precision; autocast leaves additions alone): the
+    attention output added to x (4Th, saved by the second norm) and the block output (4Th);
+  * each RMSNorm: x * rsqrt(mean x^2) (4Th, saved by the weight multiply) and rsqrt (4T); its
+    input is the residual already counted. In fp32 the weighted output is saved once more by the
+    linears reading it (4Th). Under autocast it is not: every linear casts it to p, and autocast
+    caches casts of leaves only, so each consumer keeps its own copy -- 3 (wq, wk, wv) after the
+    attention norm, 2 (gate, up) after the MLP norm, 1 (the head) after the final norm;
+  * attention: q and k after RoPE (pTh, pT*kv), v (pT*kv), SDPA's output (pTh) and its fp32
+    log-sum-exp (4*b*heads*s), the re-laid-out output wo reads (pTh); no s^2 term (fused SDPA
+    never stores the attention matrix). Under autocast RoPE casts its cos/sin slices to p
+    (4 tables of s * head_dim/2);
+  * SwiGLU: gate output, silu(gate), up output and their product (4pTf);
+  * autocast's p copies of the weights, made once per forward and saved by every matmul's
+    backward: p * (block matmul parameters) per micro-batch in flight, whatever the tokens.
+
+Full checkpointing keeps only the block output (4Th); the block input is the previous unit's
+output, held by the checkpoint for the recompute. A selective policy (`runtime/activation_ckpt.py`:
+selective checkpointing stores exactly the outputs of the ops its policy marks MUST_SAVE, and
+replays everything else in backward) keeps those outputs and the block output:
+  * "selective": the seven matmul outputs (3pTh + 2pT*kv + 2pTf) and SDPA's output and
+    log-sum-exp (pTh + 4*b*heads*s); norms, RoPE, SiLU and products are recomputed;
+  * "keep-matmul": the seven matmul outputs; SDPA is recomputed too (its s^2 FLOPs);
+  * "keep-attention": SDPA's output and log-sum-exp; every matmul is recomputed (nearly full
+    checkpointing's time, without attention's s^2 recompute).
+
+A split backward (zero-bubble B then W, `runtime/interpreter.py` with torch.distributed.pipelining's
+`stage_backward_input`) keeps more between B and W: B runs autograd with `retain_graph=True`, so
+every saved tensor stays, and hooks keep the gradient at each node where a weight's path joins the
+input's (the `intermediates` of its parameter groups) for W -- the seven matmul outputs'
+gradients (p) and the two norm-weight products' (fp32) per block, the head matmul's (pTV) and its
+norm's; the input's gradient (4Th) stays on the slot until W too. What goes: the nodes above
+every intermediate -- the loss's log-softmax and scalars (the stage output is detached). Under
+full checkpointing B's recomputed tensors go when B's graph task ends (W recomputes), so the same
+bytes stay whatever the checkpointing. See `deferred_weight_bytes`.
+The embedding keeps its fp32 output (4Th; token ids are data, counted with the batch). The head
+keeps its norm (as above), autocast's copy of the output weight (pVh), fp32 log-softmax of the
+logits (4TV, cross-entropy's saved output) and two fp32 scalars (the loss and its total weight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from geotrain.spec.model import ModelSpec
+
+EMBEDDING, BLOCK, HEAD = "embedding", "block", "head"
+# Every checkpointing mode: none; three selective policies (runtime/activation_ckpt.py: which op
+# outputs a block keeps, the rest recomputed in backward), lightest first; full.
+SELECTIVE = ("selective", "keep-matmul", "keep-attention")
+CHECKPOINTING = ("none", "full", *SELECTIVE)
+RESIDUAL_BYTES = 4  # the residual stream stays fp32: weights are fp32 and autocast leaves adds alone
+
+
+@dataclass(frozen=True)
+class KindActivations:
+    """Bytes kept alive by one unit for one micro-batch.
+
+    `replicated` is held whole on every tensor-parallel rank (norms, residual stream); `sharded` is
+    split across tensor-parallel ranks (Megatron column/row-parallel attention and MLP and their
+    weight copies, a vocab-parallel head)."""
+
+    replicated: float
+    sharded: float
+
+    def per_gpu(self, tp: int) -> float:
+        return self.replicated + self.sharded / tp
+
+    @property
+    def total(self) -> float:
+        return self.replicated + self.sharded
+
+
+def stage_input_bytes(spec: ModelSpec, micro_batch: int) -> int:
+    """The fp32 stage input a non-first stage keeps per micro-batch (the received boundary tensor,
+    converted back to fp32: the first block's norm saves it)."""
+    return RESIDUAL_BYTES * micro_batch * spec.seq_len * spec.hidden
+
+
+def deferred_weight_bytes(spec: ModelSpec, micro_batch: int, dtype_bytes: int) -> dict[str, KindActivations]:
+    """Per unit kind, what one micro-batch keeps beyond its forward's activations between a split
+    backward's B (input gradient) and its W (weight gradient), when B ran through the unit.
+
+    The first stage's B runs nothing (it has no input gradient to send; all of its backward runs
+    at W), so its units keep nothing more -- `stage_memory` counts its held output gradient."""
+    p, T, h, f, v = dtype_bytes, micro_batch * spec.seq_len, spec.hidden, spec.ffn, spec.vocab
+    kv = spec.kv_heads * spec.head_dim
+    return {
+        EMBEDDING: KindActivations(0, 0),
+        # wq, wo, w_down (T x h); wk, wv (T x kv); gate, up (T x f); the two norm-weight products (fp32)
+        BLOCK: KindActivations(2 * 4 * T * h, p * T * (3 * h + 2 * kv + 2 * f)),
+        # the final norm's product, the head matmul's output gradient; minus the log-softmax and scalars
+        HEAD: KindActivations(4 * T * h - 8, p * T * v - 4 * T * v),
+    }
+
+
+def kind_activations(spec: ModelSpec, micro_batch: int, dtype_bytes: int,
+                     checkpointing: str) -> dict[str, KindActivations]:
+    """Per unit kind, the bytes one micro-batch keeps alive (dtype_bytes 4 = fp32, no autocast)."""
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"unknown checkpointing {checkpointing!r} (known: {', '.join(CHECKPOINTING)})")
+    p, b, s, h, f, v = dtype_bytes, micro_batch, spec.seq_len, spec.hidden, spec.ffn, spec.vocab
+    autocast = p < 4
+    T = b * s
+    kv = spec.kv_heads * spec.head_dim
+    res = RESIDUAL_BYTES * T * h
+    lse = 4 * b * spec.heads * s
+
+    def norm(consumers: int) -> int:
+        """One RMSNorm: normalized x and rsqrt, plus what its consumers keep of its output."""
+        weighted = consumers * p * T * h if autocast else 4 * T * h
+        return 4 * T * h + 4 * T + weighted
+
+    matmul_params = 2 * h * h + 2 * h * kv + 3 * h * f
+    weight_copies = p * matmul_params if autocast else 0
+    rope_copies = 4 * p * s * (spec.head_dim // 2) if autocast else 0
+    if checkpointing == "none":
+        attn = p * T * h + 2 * p * T * kv + p * T * h + lse + p * T * h   # q, k, v; SDPA out + lse; wo input
+        block = KindActivations(2 * res + norm(3) + norm(2),
+                                attn + rope_copies + 4 * p * T * f + weight_copies)
+    elif checkpointing in SELECTIVE:
+        matmul_outputs = 3 * p * T * h + 2 * p * T * kv + 2 * p * T * f  # wq, wo, w_down; wk, wv; gate, up
+        sdpa = p * T * h + lse                                           # SDPA's output and log-sum-exp
+        kept = {"selective": matmul_outputs + sdpa, "keep-matmul": matmul_outputs, "keep-attention": sdpa}
+        block = KindActivations(res, kept[checkpointing])
+    else:  # full: the block output; everything else is recomputed in backward
+        block = KindActivations(res, 0)
+    head_copy = p * v * h if autocast else 0
+    return {
+        EMBEDDING: KindActivations(res, 0),
+        BLOCK: block,
+        HEAD: KindActivations(norm(1) + 8, 4 * T * v + head_copy),
+    }

@@ -1,0 +1,122 @@
+"""The WAN bytes a plan moves per iteration, per link direction: the one definition the egress
+price (`layout.price`), `plan`/`simulate`'s printed WAN bytes (the simulator adds `collective_*`
+to its trace's transfer bytes: `trace.metrics`) and the report's predicted row all read.
+
+Three kinds of traffic cross a DC boundary:
+  * pipeline: at each boundary between virtual stages in different DCs, every DP pipeline's
+    micro-batches send their activation forward and their gradient back, one copy to each
+    receiving TP rank (as sim/program.py moves them, so the simulator's transfer events carry
+    exactly these bytes);
+  * the DP sync of a region plan (`Plan.replica_dcs`): per reduce-scatter or all-gather of a
+    stage's B bytes, (k-1)/k * B over each hop of the ring through its k DCs (the volume
+    costs.comm.cross_dc_sync_time prices in time, over the same collectives). How many of each
+    the runtime really runs is `sync_collectives` (costs.comm.sync_collectives): under zero3
+    FSDP2 re-gathers a chunk's weights for every forward after which it resharded
+    (reshard_after_forward) and for the backward that follows it, so a pipeline with m
+    micro-batches gathers m+1 times per iteration, not twice;
+  * the tied embedding's gradient sum (`runtime.tied`, costs.comm.tied_sum_time): per DP
+    replica and TP index a two-rank all-reduce of CostModel.tied_grad_bytes between the first
+    and the last stage, i.e. those bytes each way over every link of its route.
+
+Checked against the router counters of an emulated region run (tiny_2dc, pp2 x dp2 in
+east+west, bf16, 1f1b, 4 micro-batches, `RUN_DIR/wan_bytes.json`, per iteration from the
+difference of a 4-step and a 2-step run; tests/test_wan_bytes.py): see MEASURED below.
+"""
+
+from __future__ import annotations
+
+from geotrain.costs import CostModel
+from geotrain.costs.comm import pipeline_chain, tied_route
+from geotrain.layout.plan import Plan
+from geotrain.spec.load import Spec
+
+Direction = tuple[str, str]   # (sending DC, receiving DC)
+
+MEASURED = """Per iteration, per direction (4-step minus 2-step run, machine under load from other work;
+`geotrain train PLAN --wan kernel --data synthetic --steps N` on tests/test_region_train.py's
+region plan, its sharding set to each; CPU ranks, so gloo):
+  replicate: measured 432.9-438.0 KB, here 429.2 KB (an all-reduce of 429 KB of bf16 gradients,
+    half of it each way per half): 1.01-1.02x -- TCP/IP headers and ACKs of gloo's large
+    messages; the setup (store, rendezvous, barriers) adds ~20 KB per run, not per iteration.
+  zero3: measured 1535.7-1540.4 KB, here 1502.1 KB with backend="gloo" (per stage gloo's
+    reduce-scatter, an all-reduce on the wire, and 5 gathers under 1f1b with 4 micro-batches: 7
+    halves): 1.02-1.03x, the same TCP/IP overhead. NCCL's ring reduce-scatter sends half that,
+    so the planner's count (backend="nccl", what a GPU cluster sends) is 1287.6 KB; the old count
+    of 3 halves gave 643.8 KB, 2.4x under. Not counted: the loss's 8-byte all-reduce per
+    iteration over the last stage's DP group (a region plan's crosses: a few packets)."""
+
+
+def predicted_link_bytes(spec: Spec, plan: Plan, iterations: int, backend: str = "nccl") -> dict[str, dict[str, int]]:
+    """Per DC, the bytes `iterations` iterations send ("out") and receive ("in") over the WAN --
+    the shape of RUN_DIR/wan_bytes.json, to print beside what the emulated links counted."""
+    out: dict[str, dict[str, int]] = {}
+    for (a, b), nbytes in wan_bytes_per_direction(spec, plan, backend).items():
+        out.setdefault(a, {"out": 0, "in": 0})["out"] += int(nbytes * iterations)
+        out.setdefault(b, {"out": 0, "in": 0})["in"] += int(nbytes * iterations)
+    return out
+
+
+def _cost(spec: Spec, plan: Plan) -> CostModel:
+    return CostModel(spec.model, precision=plan.precision, checkpointing="none", optimizer=spec.job.optimizer)
+
+
+def _add(out: dict[Direction, float], a: str, b: str, nbytes: float) -> None:
+    if a != b and nbytes:
+        out[(a, b)] = out.get((a, b), 0.0) + nbytes
+
+
+def pipeline_bytes(spec: Spec, plan: Plan) -> dict[Direction, float]:
+    """Activations forward and their gradients back across DC boundaries, per iteration."""
+    cost = _cost(spec, plan)
+    out: dict[Direction, float] = {}
+    pp, nv = plan.pp, plan.pp * plan.virtual_per_stage
+    per_copy = plan.dp * plan.num_microbatches * cost.boundary_bytes(plan.micro_batch)
+    for v in range(nv - 1):   # virtual stage v hands over to v + 1
+        a, b = v % pp, (v + 1) % pp
+        _add(out, plan.stages[a].dc, plan.stages[b].dc, per_copy * plan.boundary_copies(a, b))
+        _add(out, plan.stages[b].dc, plan.stages[a].dc, per_copy * plan.boundary_copies(b, a))
+    return out
+
+
+def sync_collectives(spec: Spec, plan: Plan, backend: str = "nccl") -> list[tuple[str, float]]:
+    """(what, bytes of the whole stage summed over its TP slices) of each reduce-scatter and
+    all-gather one DP group runs per iteration, for every stage: costs.comm.sync_collectives, the
+    definition the simulator's and the planner's sync time count too (replicate/zero1 an
+    all-reduce; zero2/zero3 FSDP2's reduce-scatter per chunk and its parameter gathers, zero3's
+    m+1 of them: comm.fsdp_gathers). backend "gloo" (the ranks of a CPU run): gloo's
+    reduce-scatter is an all-reduce on the wire, so it counts twice."""
+    cost = _cost(spec, plan)
+    out: list[tuple[str, float]] = []
+    for st in plan.stages:
+        out += cost.sync_collectives([range(a, b) for a, b in st.chunks], plan.sharding, plan.num_microbatches,
+                                     backend=backend)
+    return out
+
+
+def collective_bytes(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Direction, float]:
+    """The collectives' WAN bytes per iteration: a region plan's DP sync over the ring of its
+    DCs, and the tied embedding's gradient sum where its first and last stage sit apart."""
+    out: dict[Direction, float] = {}
+    if plan.replica_dcs and plan.dp > 1:
+        ring = [d for d, _ in plan.replicas_per_dc()]
+        k = len(ring)
+        total = sum(nbytes for _, nbytes in sync_collectives(spec, plan, backend))
+        for i in range(k):
+            _add(out, ring[i], ring[(i + 1) % k], (k - 1) / k * total)
+    nbytes = _cost(spec, plan).tied_grad_bytes(plan.sharding, plan.dp)
+    if nbytes and plan.pp > 1:
+        pairs = plan.dp * min(plan.stage_tp(0), plan.stage_tp(plan.pp - 1))
+        for link in tied_route(spec.cluster.link, pipeline_chain(st.dc for st in plan.stages)):
+            a, b = link.between
+            _add(out, a, b, pairs * nbytes)
+            _add(out, b, a, pairs * nbytes)
+    return out
+
+
+def wan_bytes_per_direction(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Direction, float]:
+    """Every WAN byte the plan sends per iteration, per (from DC, to DC); backend: the DP
+    collectives' (nccl on GPUs, the planner's and the price's; gloo for a CPU run's ranks)."""
+    out = pipeline_bytes(spec, plan)
+    for key, nbytes in collective_bytes(spec, plan, backend).items():
+        _add(out, *key, nbytes)
+    return out

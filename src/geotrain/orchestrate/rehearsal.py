@@ -1,0 +1,347 @@
+"""`geotrain rehearse`: a multi-host deployment rehearsed on one machine.
+
+The plan's datacenters become network namespaces joined by the kernel-emulated WAN
+(`emulation.WanEmulation`, in the plan's datacenter order, so DC i has address 10.77.(i+1).2), and
+each runs ONE `torchrun` inside its namespace, exactly as each host of a real deployment would:
+c10d rendezvous across the emulated WAN at the first datacenter's address (`is_host=1` there),
+`--local-addr` and `--wan-bind` the namespace's address, `geotrain train PLAN --wan auto --dc DC`.
+So training runs through the code a real cluster runs -- torchrun's agent, the c10d store, the
+"direct" striped transport bound to the host's address, turns arbitrated over TCP -- and the
+emulation is only the network underneath.
+
+Hosts do not share a run directory, as real hosts may not: the last stage's datacenter (the one
+whose rank owns the loss) writes RUN_DIR -- losses.jsonl, the merged measured trace, summary,
+plan, prediction -- and every other datacenter RUN_DIR/hosts/<dc>/ (its ranks' own trace files).
+Each torchrun's output is RUN_DIR/logs/<dc>.log.
+
+What is measured per cross-DC link direction, and where:
+  * connections -- in the kernel: `ss` inside the sending datacenter's namespace, sampled while
+    training runs, counts the established TCP connections to each receiving rank's striped
+    listener (its address from the rank's start-up log line), the most seen at once;
+  * turns -- by the transport: each temporal turn a rank held is a `turn` event in the measured
+    trace (runtime.cross_dc.RecordedTurns); per iteration, and how many were held at once;
+  * bytes -- the `transfer` events of the measured trace, per iteration; and per datacenter, what
+    crossed its emulated link in the whole run, whichever library sent it (the router's interface
+    counters): a region plan's pipelines stay inside their DCs, so its only cross-DC bytes are
+    the gradient reduction's, through the process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from geotrain.emulation.network import WanEmulation, emulation_available
+from geotrain.errors import GeotrainError
+from geotrain.trace.schema import Trace
+from geotrain.transport.turns import concurrent_turns
+
+RDZV_PORT = 29400          # inside the first DC's namespace (a fresh network stack: always free)
+LISTENING = re.compile(r"geotrain wan: rank (\d+) \(([^)]*)\) -> stage \d+ \([^)]*\): StripedTransport, .*"
+                       r"\(listening on ([\d.]+):(\d+)\)")
+
+
+@dataclass
+class Host:
+    """One datacenter of the rehearsal: one torchrun in one namespace."""
+
+    dc: str
+    ranks: list[int]
+    out: Path
+    log: Path
+    address: str = ""
+    netns: str = ""
+    proc: subprocess.Popen | None = None
+
+
+@dataclass
+class Rehearsal:
+    run_dir: Path
+    hosts: list[Host]
+    wall_s: float
+    links: list[dict] = field(default_factory=list)
+    link_bytes: dict[str, dict[str, int]] = field(default_factory=dict)   # per DC, emulation.link_bytes
+
+
+def dc_blocks(plan) -> list[tuple[str, list[int]]]:
+    """(datacenter, its ranks) in the plan's order; a torchrun numbers one node's ranks
+    contiguously, so each datacenter's ranks must be one block."""
+    blocks: list[tuple[str, list[int]]] = []
+    for r in range(plan.num_ranks):
+        dc = plan.dc_of_rank(r)
+        if blocks and blocks[-1][0] == dc:
+            blocks[-1][1].append(r)
+        elif any(b[0] == dc for b in blocks):
+            raise GeotrainError(f"datacenter {dc}'s ranks are not contiguous in the plan; one torchrun per "
+                                "datacenter cannot start them")
+        else:
+            blocks.append((dc, [r]))
+    if len(blocks) < 2:
+        raise GeotrainError("the plan uses one datacenter: there is no WAN to rehearse (use `geotrain train`)")
+    if len(blocks) > 9:
+        raise GeotrainError(f"the plan uses {len(blocks)} datacenters; rehearse emulates at most 9")
+    return blocks
+
+
+def emulation_cluster(cluster, dcs: list[str]):
+    """The cluster restricted to `dcs`, in that order: DC i gets the i-th address, and c10d's
+    rendezvous (which orders nodes by --local-addr) then numbers the nodes in the plan's order."""
+    by_name = {d.name: d for d in cluster.datacenters}
+    return cluster.model_copy(update={"datacenters": [by_name[d] for d in dcs],
+                                      "wan_links": [ln for ln in cluster.wan_links if set(ln.between) <= set(dcs)]})
+
+
+def _torchrun_argv(host: Host, index: int, n_hosts: int, endpoint: str, rdzv_id: str, plan_path: Path,
+                   train_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n_hosts),
+            "--nproc-per-node", str(len(host.ranks)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", rdzv_id, "--rdzv-conf", f"is_host={1 if index == 0 else 0}", "--local-addr", host.address,
+            "--max-restarts", "0", "--monitor-interval", "0.2",
+            "-m", "geotrain.cli", "train", str(plan_path), "--wan", "auto", "--wan-bind", host.address,
+            "--dc", host.dc, "--out", str(host.out), "--checkpoint-every", "0", *train_args]
+
+
+class ConnectionSampler:
+    """Samples the established TCP connections inside each namespace (`ss -N NS`) until stopped."""
+
+    def __init__(self, namespaces: dict[str, str], every_s: float = 0.2):
+        self.namespaces, self.every_s = namespaces, every_s
+        self.samples: list[tuple[str, set[tuple[str, str]]]] = []    # (dc, {(local, peer)})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rehearse-ss", daemon=True)
+
+    def start(self) -> ConnectionSampler:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            for dc, ns in self.namespaces.items():
+                r = subprocess.run(["ss", "-N", ns, "-tnH", "state", "established"], capture_output=True,
+                                   text=True)
+                if r.returncode == 0:
+                    conns = {tuple(line.split()[-2:]) for line in r.stdout.splitlines() if line.strip()}
+                    self.samples.append((dc, conns))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def listeners(logs: list[Path]) -> dict[str, tuple[int, str]]:
+    """"addr:port" of every rank's striped listener -> (rank, its DC), from the ranks' start-up lines."""
+    out = {}
+    for log in logs:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        for m in LISTENING.finditer(text):
+            out[f"{m.group(3)}:{m.group(4)}"] = (int(m.group(1)), m.group(2))
+    return out
+
+
+def measured_connections(samples, listening: dict[str, tuple[int, str]]) -> dict[tuple[str, str, int], int]:
+    """(sending DC, receiving DC, receiving rank) -> the most established connections seen at once
+    from the sending DC to that rank's striped listener."""
+    best: dict[tuple[str, str, int], int] = defaultdict(int)
+    for dc, conns in samples:
+        now: dict[tuple[str, str, int], int] = defaultdict(int)
+        for _local, peer in conns:
+            who = listening.get(peer)
+            if who is not None and who[1] != dc:
+                now[(dc, who[1], who[0])] += 1
+        for k, n in now.items():
+            best[k] = max(best[k], n)
+    return dict(best)
+
+
+def _max_at_once(intervals: list[tuple[float, float]]) -> int:
+    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda p: (p[0], p[1]))
+    now = most = 0
+    for _, d in points:
+        now += d
+        most = max(most, now)
+    return most
+
+
+def link_reports(spec, plan, trace_path: Path, conns: dict[tuple[str, str, int], int]) -> list[dict]:
+    """Per cross-DC link direction: the plan's connections, sharing and turn slots beside what was
+    measured (see the module docstring)."""
+    trace = Trace.read_jsonl(trace_path)
+    its = sorted({e.iteration for e in trace.events}) or [0]
+    n_it = len(its)
+    out = []
+    dcs = list(dict.fromkeys(st.dc for st in plan.stages))
+    for a, b in [(x, y) for x in dcs for y in dcs if x != y]:
+        name = f"{a}->{b}"
+        xfer = [e for e in trace.events if e.kind == "transfer" and e.link == name]
+        if not xfer:
+            continue
+        lp = plan.link_between(a, b)
+        k = max(1, int(lp.connections)) if lp is not None else 1
+        sharing = lp.sharing if lp is not None else "fair"
+        wl = spec.cluster.link(a, b)
+        slots = concurrent_turns(wl.capacity_gbps, wl.rate_gbps(k)) if wl is not None else 1
+        temporal = sharing == "temporal" and slots < plan.dp
+        turns = [e for e in trace.events if e.kind == "turn" and e.link == name]
+        senders: dict[int, set[int]] = defaultdict(set)
+        for e in xfer:
+            senders[e.peer].add(e.rank)
+        per_pair = [conns.get((a, b, r), 0) / len(s) for r, s in sorted(senders.items())]
+        out.append({
+            "link": name, "plan_connections": k, "sharing": sharing, "plan_turns": temporal,
+            "turn_slots": slots if temporal else None,
+            "measured_connections_per_pair": per_pair,
+            "measured_connections": sum(conns.get((a, b, r), 0) for r in senders),
+            "pairs": sum(len(s) for s in senders.values()),
+            "turns_per_iteration": len(turns) / n_it,
+            "turn_pipelines": len({plan.coords(e.rank)[1] for e in turns}),
+            "turns_held_at_once": _max_at_once([(e.start, e.end) for e in turns]) if turns else 0,
+            "transfers_per_iteration": len(xfer) / n_it,
+            "bytes_per_iteration": sum(e.bytes for e in xfer) / n_it,
+        })
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun starts each worker in a session of its own, so the
+    agent's process group does not hold them)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children[ppid].append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _stop(host: Host) -> None:
+    """A torchrun still running: SIGTERM (the agent stops its workers), then SIGKILL to it and to
+    every process it started, so nothing outlives the rehearsal inside a removed namespace."""
+    p = host.proc
+    if p is None or p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=5.0)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:      # the agent is still alive: its workers are still its children
+        for pid in [p.pid, *_descendants(p.pid)]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        p.wait(timeout=5.0)
+
+
+def _last_error(log: Path) -> str:
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    for line in reversed(lines):
+        if "geotrain train: error:" in line:
+            return line.split("geotrain train: error:", 1)[1].strip()
+    for line in reversed(lines):
+        if re.search(r"\w+(Error|Exception): ", line):
+            return line.strip()
+    return lines[-1].strip() if lines else "no output"
+
+
+def _env() -> dict[str, str]:
+    drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GEOTRAIN_LAUNCHER_PID",
+            "GEOTRAIN_SECRET_FILE", "GEOTRAIN_ERROR_DIR"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[str], rate_scale: float = 1.0,
+                  timeout_s: float = 3600.0, say=print) -> Rehearsal:
+    """Bring the emulated DCs up, one torchrun per DC inside its namespace, wait, measure, tear down."""
+    ok, why = emulation_available()
+    if not ok:
+        raise GeotrainError(f"rehearse needs the kernel WAN emulation (network namespaces): {why}")
+    blocks = dc_blocks(plan)
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    last = plan.dc_of(plan.pp - 1, 0)      # the loss owner's DC (runtime.rank_run.report_rank)
+    hosts = [Host(dc, ranks, run_dir if dc == last else run_dir / "hosts" / dc, logs / f"{dc}.log")
+             for dc, ranks in blocks]
+    emu = WanEmulation(emulation_cluster(spec.cluster, [h.dc for h in hosts]), rate_scale=rate_scale,
+                       lifetime_s=timeout_s + 600).start()
+    sampler = None
+    t0 = time.time()
+    try:
+        for h in hosts:
+            h.address, h.netns = emu.address(h.dc), emu.netns(h.dc)
+        endpoint = f"{hosts[0].address}:{RDZV_PORT}"
+        say(f"rehearse: {len(hosts)} hosts, one torchrun each inside its datacenter's namespace (gt-{emu.tag}-*): "
+            + ", ".join(f"{h.dc} {h.address} ranks {h.ranks[0]}-{h.ranks[-1]}" for h in hosts)
+            + f"; c10d rendezvous at {endpoint}")
+        sampler = ConnectionSampler({h.dc: h.netns for h in hosts}).start()
+        env = _env()
+        for i, h in enumerate(hosts):
+            h.out.mkdir(parents=True, exist_ok=True)
+            argv = _torchrun_argv(h, i, len(hosts), endpoint, f"rehearse-{emu.tag}", plan_path, train_args)
+            with open(h.log, "w") as f:
+                h.proc = emu.popen(h.dc, argv, {**env, **emu.host_env(h.dc, env)},   # one NCCL host per DC
+                                   stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+        _wait(hosts, emu, t0 + timeout_s)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        for h in hosts:
+            _stop(h)
+        crossed = emu.link_bytes()
+        emu.stop()
+    wall = time.time() - t0
+    trace = run_dir / "measured_trace.jsonl"
+    if not trace.exists():
+        raise GeotrainError(f"the run wrote no {trace} (logs: {logs})")
+    conns = measured_connections(sampler.samples, listeners([h.log for h in hosts]))
+    return Rehearsal(run_dir, hosts, wall, link_reports(spec, plan, trace, conns), crossed)
+
+
+def _wait(hosts: list[Host], emu, deadline: float) -> None:
+    while True:
+        codes = [h.proc.poll() for h in hosts]
+        for h, c in zip(hosts, codes):
+            if c not in (None, 0):
+                time.sleep(0.5)   # its peers' torchruns notice; the first failure is this one
+                raise GeotrainError(f"the torchrun of datacenter {h.dc} failed (exit {c}): {_last_error(h.log)} "
+                                    f"(log: {h.log})")
+        if all(c == 0 for c in codes):
+            return
+        emu.check()
+        if time.time() > deadline:
+            raise GeotrainError(f"the rehearsal did not finish in time (logs: {hosts[0].log.parent})")
+        time.sleep(0.1)
+
+
+def losses_of(run_dir: Path) -> list[float]:
+    path = Path(run_dir) / "losses.jsonl"
+    if not path.is_file():
+        raise GeotrainError(f"{run_dir}: no losses.jsonl (not a training run directory?)")
+    return [json.loads(x)["loss"] for x in path.read_text().splitlines() if x.strip()]
+
+
+def median_step_s(run_dir: Path, skip: int = 1) -> float | None:
+    """Median step wall time of a run, the first `skip` steps (start-up, connections) left out."""
+    rows = [json.loads(x) for x in (Path(run_dir) / "losses.jsonl").read_text().splitlines() if x.strip()]
+    times = [r["step_time_s"] for r in rows[skip:]] or [r["step_time_s"] for r in rows]
+    return statistics.median(times) if times else None

@@ -1,0 +1,159 @@
+"""Fast analytical iteration-time estimate of a pipeline layout (the planner's scoring function).
+
+The search scores thousands of layouts, so this is arithmetic, not simulation; the few best are
+then confirmed with the discrete-event simulator. The model, per schedule kind:
+
+* steady-state period per micro-batch = the largest of
+  - compute: the slowest stage's forward + backward;
+  - WAN bandwidth: per direction of each WAN boundary, the link carries the transfers of all
+    `dp` pipelines per micro-batch slot: dp * bytes / rate (temporal sharing: each transfer at the
+    full rate in turn; fair sharing: the same total, bounded by the per-transfer cap times dp);
+  - WAN latency (Little's law): stage s keeps `inflight_s` micro-batches between its forward and
+    its backward, and one round trip through everything downstream (compute + 2 x each boundary's
+    delay) must be covered by them: period >= loop_s / inflight_s. WAN-aware 1F1B raises
+    inflight_s with extra warm-up forwards exactly to lift this bound;
+* fill and drain: one pass of every stage plus each boundary's delay both ways (zero-bubble
+  moves weight-gradient work into the bubble; interleaving divides the fill by the chunks);
+* tail: each stage's DP all-reduce and optimizer step after its last backward, less the time it
+  waits anyway for the stages before it to drain; plus the temporal-sharing start offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per micro-batch, one GPU of a physical stage (all its chunks), plus per-iteration costs."""
+
+    forward: float
+    backward: float
+    backward_input: float
+    backward_weight: float
+    allreduce: float = 0.0
+    optimizer: float = 0.0
+
+    @property
+    def step(self) -> float:
+        return self.forward + self.backward
+
+
+@dataclass(frozen=True)
+class BoundaryCosts:
+    """One stage boundary (both directions have the same numbers).
+
+    delay: seconds from a send to the last byte's arrival for one transfer (latency + bytes/rate);
+    occupancy: seconds per micro-batch slot the link is busy carrying all dp pipelines' transfers."""
+
+    wan: bool
+    delay: float
+    occupancy: float
+    link: str = ""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    total: float
+    period: float
+    compute_period: float
+    bandwidth_period: float
+    latency_period: float
+    fill: float
+    tail: float
+    offsets: float
+    wan_latency: float      # sum of WAN one-way latencies along the chain
+
+    @property
+    def limiter(self) -> str:
+        """Which term sets the steady-state period."""
+        if self.period <= self.compute_period * 1.0001:
+            return "compute"
+        return "wan-bandwidth" if self.bandwidth_period >= self.latency_period else "wan-latency"
+
+
+class Held(NamedTuple):
+    """What a stage holds at its memory peak: micro-batches whose activations it keeps (whole-stage
+    units) and, of them, those a split backward ran B for and not yet W (`CostModel.deferred_bytes`)."""
+
+    inflight: float
+    deferred: float = 0.0
+
+
+def held(kind: str, pp: int, m: int, stage: int, extra: Sequence[int] = (), v: int = 1) -> Held:
+    """The memory side of `inflight`: ZB-H1 stage s holds min(m, pp) micro-batches at its peak (a
+    deferred W keeps its micro-batch's activations), min(m, s + 1) of them between B and W (it defers
+    its first s weight gradients), as its schedule does (`schedule.checks.peak_held`)."""
+    if kind == "zb-h1":
+        return Held(float(min(m, pp)), float(min(m, stage + 1)))
+    return Held(inflight(kind, pp, m, stage, extra, v))
+
+
+def inflight(kind: str, pp: int, m: int, stage: int, extra: Sequence[int] = (), v: int = 1) -> float:
+    """Micro-batches whose activations stage `stage` holds at its peak (in whole-stage units)."""
+    e = extra[stage] if stage < len(extra) else 0
+    if kind == "gpipe":
+        return m
+    if kind == "interleaved":
+        chunks = min(m * v, (v - 1) * pp + 2 * (pp - 1 - stage) + 1)
+        return chunks / v
+    return min(m, pp - stage + e)
+
+
+@dataclass(frozen=True)
+class PipelinePart:
+    """The part of an estimate that the DP all-reduce and optimizer (so the sharding) leave alone."""
+
+    pipe: float
+    period: float
+    compute_period: float
+    bandwidth_period: float
+    latency_period: float
+    fill: float
+
+
+def pipeline_part(stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts], m: int, kind: str,
+                  v: int = 1, extra: Sequence[int] = ()) -> PipelinePart:
+    pp = len(stages)
+    steps = [s.step for s in stages]
+    t_max = max(steps)
+    delays = [b.delay for b in bounds]
+    bw = max((b.occupancy for b in bounds), default=0.0)
+    lat = 0.0
+    if kind != "gpipe":
+        for s in range(pp):
+            k = inflight(kind, pp, m, s, extra, v) if kind != "interleaved" else pp - s
+            loop = sum(steps[s:]) + 2 * sum(delays[s:])
+            lat = max(lat, loop / max(k, 1))
+    period = max(t_max, bw, lat)
+    comm_fill = 2 * sum(delays) * (v if kind == "interleaved" else 1)
+    if kind == "zb-h1":
+        fill = sum(s.forward + s.backward_input - s.backward_weight for s in stages)
+        fill += 2 * max(s.backward_weight for s in stages)
+    elif kind == "interleaved":
+        fill = t_max + (sum(steps) - t_max) / v
+    else:
+        fill = sum(steps)
+    pipe = (m - 1) * period + fill + comm_fill
+    return PipelinePart(pipe, period, t_max, bw, lat, fill + comm_fill)
+
+
+def finish(part: PipelinePart, stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts],
+           offsets: float = 0.0, wan_latency: float = 0.0) -> Estimate:
+    """Add the tail: stage s finishes its last backward before stage 0 by the drain through stages < s."""
+    tail, slack = 0.0, 0.0
+    for s, st in enumerate(stages):
+        tail = max(tail, st.allreduce + st.optimizer - slack)
+        slack += st.backward + (bounds[s].delay if s < len(bounds) else 0.0)
+    total = part.pipe + tail + offsets
+    return Estimate(total=total, period=part.period, compute_period=part.compute_period,
+                    bandwidth_period=part.bandwidth_period, latency_period=part.latency_period, fill=part.fill,
+                    tail=tail, offsets=offsets, wan_latency=wan_latency)
+
+
+def estimate(stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts], m: int, kind: str,
+             v: int = 1, extra: Sequence[int] = (), offsets: float = 0.0,
+             wan_latency: float = 0.0) -> Estimate:
+    return finish(pipeline_part(stages, bounds, m, kind, v, extra), stages, bounds, offsets, wan_latency)

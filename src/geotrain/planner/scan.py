@@ -1,0 +1,117 @@
+"""The scan: layouts scored in lower-bound order, stopping once the bound passes the keep-th
+best estimate (scorer.py scores one layout). Bounds are raised lazily, only for the layouts the
+scan reaches -- by the checkpointing a first stage needs, then by the real balanced split --
+and the keep-th best so far is handed to the scorer as a cutoff, so kinds already behind it
+skip their memory checks. All three are exact: the kept candidates are those of a full scan.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+
+from geotrain.planner.candidate import Candidate
+from geotrain.planner.chains import Layout, enumerate_layouts, layout_bound, schedule_kinds
+from geotrain.planner.context import PlanningContext, planning_contexts
+from geotrain.planner.regions import region_layouts
+from geotrain.planner.scorer import Scorer
+from geotrain.planner.sharing import offsets_span
+from geotrain.spec.load import Spec
+
+
+def tp_groups(spec: Spec, profile: dict | None = None, regions: bool = True, mixed_tp: bool = True,
+              **scorer_kw) -> list[tuple[PlanningContext, Scorer, list[Layout]]]:
+    """(context, scorer, layouts) per assignment of tensor-parallel degrees to DCs the job allows
+    (context.tp_assignments: one tp, or with tp = "auto" one per kind of DC), the all-smallest
+    first; each context lists only the layouts it owns (context.owns), so none is scored twice.
+    An assignment under which no sharding the job allows runs is left out when the job leaves
+    tp open (a pinned one is reported by pins.pin_problem). `regions`: with the region layouts
+    (DP across the DCs of a region, planner/regions.py) the cluster allows. mixed_tp=False: one tp
+    for every stage (context.planning_contexts)."""
+    ctxs = planning_contexts(spec, profile, mixed_tp)
+    out = []
+    for ctx in ctxs:
+        if len(ctxs) > 1 and not ctx.sharding_options():
+            continue
+        layouts = enumerate_layouts(ctx)
+        if regions:
+            layouts += region_layouts(ctx)
+        out.append((ctx, Scorer(ctx, **scorer_kw), layouts))
+    return out
+
+
+def search(ctx: PlanningContext, scorer: Scorer, layouts: list[Layout], keep: int = 8,
+           deadline_s: float | None = None) -> list[Candidate]:
+    """Score layouts in lower-bound order until the bound passes the keep-th best estimate."""
+    return search_groups([(ctx, scorer, layouts)], keep, deadline_s)
+
+
+def search_groups(groups: list[tuple[PlanningContext, Scorer, list[Layout]]], keep: int = 8,
+                  deadline_s: float | None = None) -> list[Candidate]:
+    """One scan over the layouts of several contexts (one per tensor-parallel degree), so the
+    cutoff of the best estimates so far prunes all of them alike.
+
+    A layout's bound assumes the lightest checkpointing; when its first stage cannot hold even
+    the least a schedule keeps in flight under the leanest sharding, that checkpointing cannot
+    fit, so the layout goes back into the queue with the bound of the next one (lazily, only for
+    layouts the scan reaches) -- under memory pressure the plain bound let thousands of layouts
+    through that only fit with recomputation."""
+    heap = [(lay.bound, g, i, lay, 0, False) for g, (_, _, layouts) in enumerate(groups)
+            for i, lay in enumerate(layouts)]
+    heapq.heapify(heap)
+    best: list[Candidate] = []
+    t0 = time.perf_counter()
+    while heap:
+        bound, g, i, lay, level, refined = heapq.heappop(heap)
+        if len(best) >= keep and bound >= best[-1].est.total:
+            break
+        if deadline_s is not None and best and time.perf_counter() - t0 > deadline_s:
+            break
+        ctx, scorer, _ = groups[g]
+        options = ctx.checkpointing_options()
+        if level < len(options) - 1 and not scorer.may_fit(lay, options[level]):
+            heapq.heappush(heap, (max(bound, layout_bound(ctx, lay, options[level + 1])), g, i, lay, level + 1,
+                                  False))
+            continue
+        if not refined:
+            # The bound from the real split, for the layouts the scan reaches: most of the
+            # scoring went to layouts whose uneven split put them far behind (8k example: 2x).
+            tight = split_bound(scorer, lay, options[level])
+            if tight is not None and tight > bound * (1 + 1e-9):
+                heapq.heappush(heap, (tight, g, i, lay, level, True))
+                continue
+        cand = scorer.score(lay, skip=level, cutoff=best[-1].est.total if len(best) >= keep else math.inf)
+        if cand is None:
+            continue
+        best.append(cand)
+        best.sort(key=lambda c: c.est.total)
+        del best[keep:]
+    return best
+
+
+def split_bound(scorer: Scorer, lay: Layout, ckpt: str) -> float | None:
+    """A lower bound on every estimate `scorer.score(lay)` can give with `ckpt` or heavier, from the
+    real balanced split (the layout's bound assumes a perfect one): the slowest stage sets
+    the period, each kind's fill from the stage times, WAN bytes and latencies as in the
+    layout's bound. None where the split is not the one scored (interleaved chunks)."""
+    kinds = scorer.kinds or schedule_kinds(scorer.ctx, len(lay.chain))
+    if "interleaved" in kinds or not scorer.wan_aware:
+        return None
+    compute = scorer.split_of(lay, ckpt, 1)[1]
+    steps = [f + b for f, b, _, _ in compute]
+    fills = []
+    for kind in kinds:
+        if kind == "zb-h1":
+            fills.append(sum(f + bi - bw for f, _, bi, bw in compute) + 2 * max(c[3] for c in compute))
+        else:
+            fills.append(sum(steps))
+    t_max = max(steps)
+    # Per WAN sharing, the boundary costs score() uses: the busiest link bounds the period,
+    # each boundary is crossed twice in the fill, temporal turns add their start spread.
+    out = math.inf
+    for sharing, _, bounds, stagger in scorer.variants(lay):
+        period = max([t_max] + [b.occupancy for b in bounds])
+        span = offsets_span(lay.dp, stagger, period) if sharing == "temporal" else 0.0
+        out = min(out, (lay.m - 1) * period + 2 * sum(b.delay for b in bounds) + span)
+    return out + min(fills)

@@ -1,0 +1,379 @@
+"""The WAN in real training: where ranks run, and how their cross-DC transfers travel.
+
+Launcher side (`open_wan`): `--wan kernel` builds the emulated datacenters (one network namespace
+per DC, a router namespace adding each link's latency, capacity and per-connection cap; see
+geotrain.emulation.network) and starts every rank inside its DC's namespace, gloo bound to the
+namespace's interface and MASTER_ADDR in rank 0's namespace; tear-down follows the run, also on
+failure and Ctrl-C. `--wan shaper` keeps every rank on 127.0.0.1 and emulates delay and rates
+inside the project's own transport (the fallback where namespaces are impossible). `auto` picks
+kernel where it can, else shaper, and says which.
+
+Under torchrun (one invocation per DC or host, a real WAN between them) `--wan auto` runs the
+same mechanisms over the real network ("direct" mode): each rank binds its StripedTransport to
+this host's routable address (`bind_address`: `--wan-bind ADDR`, else the address the host uses
+to reach the rendezvous, MASTER_ADDR) and publishes it in the c10d store; `--wan off` is the only
+way to send plain gloo/NCCL across DCs. Every rank logs which transport carries each of its links.
+
+Rank side (`build_transport`): pairs of ranks in one DC keep gloo/NCCL (TorchTransport); pairs across a
+WAN link go through StripedTransport with the LinkPlan's number of TCP connections. (A region plan's
+pipelines are each inside one DC: all their pairs keep gloo/NCCL, and the only cross-DC traffic is the
+DP reduction, a collective of the process group.) When the
+LinkPlan says "temporal", the DP pipelines sending over that stage boundary (one direction) take
+turns in the plan's order, each transfer alone on the link; "fair" lets them all send at once.
+
+Why turns cannot deadlock: every replica executes the same action list, so the senders of one
+boundary post the same number of messages per iteration in the same order; sends are
+non-blocking and the receiver buffers what arrives before its recv is posted, so a turn only
+waits for other replicas' earlier-or-equal messages, which they post without waiting for this
+one; and every send completes before the iteration's world-wide loss all-reduce. A rank that
+dies anyway cannot hang the others forever: waits time out (`timeout_s`) with an error naming
+the transfer or the pipeline whose turn it was, and the launcher stops the run at the first
+failed rank. `sends_per_boundary` is the schedule check behind the first claim.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from geotrain.emulation.ports import spread_port_connections
+from geotrain.errors import GeotrainError
+from geotrain.runtime import p2p as T
+from geotrain.transport.auth import run_secret
+from geotrain.transport.striped import StripedTransport
+from geotrain.transport.turns import concurrent_turns, link_handoff, turns_via_store
+
+MODES = ("auto", "kernel", "shaper", "off")
+RANK_MODES = ("kernel", "shaper", "direct")    # what a rank's wan config may say ("direct": a real WAN)
+DELAYER_GBPS = 1.0       # what the Python packet delayer carries comfortably (see environment notes)
+MIN_CHUNK_BYTES = 4096   # small stripes: a tiny model's boundary tensor (tens of KB) still uses every connection
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_STALL_S = 30.0   # a cross-DC transfer without progress this long is reported by name while it waits
+
+
+# ----------------------------------------------------------------------------- plan helpers
+def peer_stages(plan, schedule, stage: int) -> set[int]:
+    """Physical stages this stage exchanges boundary tensors with (from its action list)."""
+    return {a.peer % plan.pp for a in schedule.actions[stage] if a.peer >= 0 and a.peer % plan.pp != stage}
+
+
+def cross_dc_links(plan, schedule, stage: int, replica: int = 0):
+    """{peer stage: LinkPlan} for this stage's peers in another DC (a missing LinkPlan: 1 connection, fair).
+    Boundary tensors stay inside one DP pipeline, so the DCs compared are that pipeline's: a region
+    plan's pipeline is whole inside one DC and has none."""
+    # lazy: pydantic only when called (importers that never call it stay free of it)
+    from geotrain.layout.plan import LinkPlan
+
+    mine = plan.dc_of(stage, replica)
+    out = {}
+    for p in sorted(peer_stages(plan, schedule, stage)):
+        other = plan.dc_of(p, replica)
+        if other != mine:
+            out[p] = plan.link_between(mine, other) or LinkPlan(src_dc=mine, dst_dc=other)
+    return out
+
+
+def turn_order(lp, dp: int) -> list[int]:
+    order = list(lp.order) or list(range(dp))
+    if sorted(order) != list(range(dp)):
+        raise GeotrainError(f"link {lp.src_dc}-{lp.dst_dc}: temporal order {order} must list each of the "
+                            f"{dp} DP pipelines exactly once")
+    return order
+
+
+def sends_per_boundary(plan, schedule) -> dict[tuple[int, int], list[tuple[str, int, int]]]:
+    """Per (sending stage, receiving stage): the sends one replica makes per iteration, in order,
+    as (kind, virtual stage, micro-batch). Every replica runs the same list, so temporal turns
+    (one message per replica per round) stay matched; tests check it holds for every schedule."""
+    # lazy: pydantic only when called (importers that never call it stay free of it)
+    from geotrain.schedule.actions import Op
+
+    out: dict[tuple[int, int], list[tuple[str, int, int]]] = {}
+    for s, actions in enumerate(schedule.actions):
+        for a in actions:
+            if a.op in (Op.SEND_ACT, Op.SEND_GRAD) and a.peer % plan.pp != s:
+                out.setdefault((s, a.peer % plan.pp), []).append((a.op.value, a.stage, a.mb))
+    return out
+
+
+def start_delay(plan, replica: int) -> float:
+    """Seconds pipeline `replica` waits before its first step: the plan's pipeline offset (the
+    simulator starts every rank of DP pipeline d at pipeline_offsets[d], once, at time 0)."""
+    offs = plan.pipeline_offsets
+    return float(offs[replica]) if replica < len(offs) else 0.0
+
+
+# ----------------------------------------------------------------------------- rank side
+_BUILT = [0]     # transports built by this process: a fresh store namespace per run (cases share the store)
+
+
+def bind_address(explicit: str | None = None) -> str:
+    """The address this host's WAN transport listens on and connects from: `explicit` (--wan-bind),
+    else the local address of the route to the rendezvous host (MASTER_ADDR) -- the interface the
+    other hosts already reach this one through."""
+    if explicit:
+        try:
+            socket.inet_aton(explicit)
+        except OSError:
+            raise GeotrainError(f"--wan-bind: {explicit!r} is not an IPv4 address") from None
+        return explicit
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))   # UDP: nothing is sent
+            return s.getsockname()[0]
+    except (OSError, ValueError) as e:
+        raise GeotrainError(f"cannot tell this host's address towards MASTER_ADDR={master} ({e}); "
+                            "pass --wan-bind ADDR") from None
+
+
+class RecordedTurns:
+    """One pipeline's turns on a link direction, each turn it held recorded as a `turn` event
+    (granted -> released) in the rank's trace: the measured trace shows the turns the transport
+    took, not only the plan's intent (`geotrain rehearse` counts them per link)."""
+
+    def __init__(self, inner, recorder, link: str, stage: int):
+        self.inner, self.recorder, self.link, self.stage = inner, recorder, link, stage
+        self.handoff = getattr(inner, "handoff", None)      # when the transport may pass the turn on
+        self._granted: dict[int, float] = {}        # per sending thread (one per peer)
+
+    def acquire(self) -> None:
+        self.inner.acquire()
+        self._granted[threading.get_ident()] = time.time()
+
+    def release(self) -> None:
+        end = time.time()        # before the link is handed on: the next holder's turn starts after it
+        t = self._granted.pop(threading.get_ident(), None)
+        self.inner.release()
+        if t is not None and self.recorder is not None:
+            t0 = self.recorder.t0
+            self.recorder.add("turn", t - t0, end - t0, stage=self.stage, link=self.link)
+
+    def leave(self) -> None:
+        self.inner.leave()
+
+    def close(self) -> None:
+        if hasattr(self.inner, "close"):
+            self.inner.close()
+
+
+def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
+                    p2p_groups: dict | None = None, recorder=None):
+    """The transport for this rank: plain gloo/NCCL without a WAN config; else a RoutedTransport with
+    StripedTransport on the cross-DC peers (see module docstring). p2p_groups: the per-direction
+    process groups (default: `transport.directed_groups`, a collective every rank enters);
+    recorder: where the temporal turns taken are recorded (`RecordedTurns`)."""
+
+    _BUILT[0] += 1
+    if p2p_groups is None:
+        p2p_groups = T.directed_groups(plan, schedule)      # collective: every rank, same order
+    default = T.TorchTransport(groups=p2p_groups)
+    stage, replica, t = plan.coords(rank)
+    links = cross_dc_links(plan, schedule, stage, replica)
+    if not wan:
+        for peer_stage in links:
+            print(f"geotrain wan: rank {rank} ({plan.dc_of(stage, replica)}) -> stage {peer_stage} "
+                  f"({plan.dc_of(peer_stage, replica)}): TorchTransport (plain {dist.get_backend()} across the WAN: "
+                  "--wan off)", file=sys.stderr, flush=True)
+        return default
+    if wan.get("mode") not in RANK_MODES:
+        raise GeotrainError(f"wan mode {wan.get('mode')!r} is not one of {', '.join(RANK_MODES)}")
+    if not links:
+        # Still a RoutedTransport: the trainer enters its closing barrier on ranks whose transport has
+        # close(), so every rank of a WAN run must have one (pp=4 over two DCs: stages 0 and 3 have no
+        # cross-DC peer, and skipping the barrier there made ranks 1 and 2 lose their gloo peers).
+        return T.RoutedTransport(default)
+
+    store = dist.distributed_c10d._get_default_store()
+    run = f"geotrain/rt{_BUILT[0]}"
+    my_dc = plan.dc_of(stage, replica)
+    host = wan["hosts"][my_dc] if wan["mode"] == "kernel" else wan.get("bind", "127.0.0.1")
+    timeout = float(wan.get("timeout_s", DEFAULT_TIMEOUT_S))
+    secret = run_secret(store)     # the launcher's 0600 file, else shared through the store
+    conns: dict[int, int] = {}
+    turns: dict[int, object] = {}
+    arbiters = []
+    for peer_stage, lp in links.items():
+        turn = None
+        wl = spec.cluster.link(lp.src_dc, lp.dst_dc)
+        slots = concurrent_turns(wl.capacity_gbps, wl.rate_gbps(lp.connections)) if wl is not None else 1
+        if lp.sharing == "temporal" and slots < plan.dp:   # else every pipeline always has a slot: no turns
+            order = turn_order(lp, plan.dp)
+            # With tp > 1 each TP index has its own boundary traffic (same t to same t): its own ring of turns.
+            key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.stage_tp(stage) > 1 else "")
+            # The turn passes once the transfer has drained from the network's queue (transport.turns);
+            # emulated links run at rate_scale of the spec's rates.
+            scale = float(wan.get("rate_scale", 1.0))
+            handoff = link_handoff(wl.capacity_gbps * scale, wl.rate_gbps(lp.connections) * scale,
+                                   wl.latency_ms, slots)
+            turn, arbiter = turns_via_store(store, key, replica, order, host=host,
+                                            is_host=replica == order[0], timeout_s=timeout, slots=slots,
+                                            secret=secret, handoff=handoff)
+            if arbiter is not None:
+                arbiters.append(arbiter)
+            turn = RecordedTurns(turn, recorder, f"{my_dc}->{plan.dc_of(peer_stage, replica)}", stage)
+        elif lp.sharing not in ("fair", "temporal"):
+            raise GeotrainError(f"link {lp.src_dc}-{lp.dst_dc}: unknown sharing {lp.sharing!r} (fair, temporal)")
+        # boundary tensors come from TP index t mod the peer's tp and go to t' = t mod this stage's tp
+        # (runtime/interpreter.py; with one tp: the same index)
+        tp_here, tp_peer = plan.stage_tp(stage), plan.stage_tp(peer_stage)
+        peer_ts = sorted({t % tp_peer, *range(t, tp_peer, tp_here)})
+        for d in range(plan.dp):
+            for pt in peer_ts:
+                peer = plan.rank(peer_stage, d, pt)
+                conns[peer] = max(1, int(lp.connections))
+                if turn is not None:
+                    turns[peer] = turn
+    hooks: dict[str, Any] = {}      # the emulation's instruments; a real WAN gets none of them
+    if wan["mode"] == "shaper":
+        # lazy: pydantic only when called (importers that never call it stay free of it)
+        from geotrain.emulation.fallback import fallback_shaper
+
+        hooks["shaper"] = fallback_shaper(spec.cluster, lambda r: plan.dc_of_rank(r), my_dc,
+                                          float(wan.get("rate_scale", 1.0)))
+    elif wan["mode"] == "kernel":
+        # One htb per-connection bucket per connection, and disjoint blocks of buckets for the ranks
+        # of one DC (they share the link's classes at the router).
+        stride = max(conns.values(), default=1)
+        hooks["connect"] = functools.partial(spread_port_connections, first_bucket=rank * stride)
+    # The largest tensor a boundary carries (fp32 at most): the receiver refuses any message above it.
+    max_message = plan.micro_batch * spec.model.seq_len * spec.model.hidden * 4
+    striped = StripedTransport(rank, store, secret=secret, host=host, connections=lambda d: conns.get(d, 1),
+                               turns=turns.get, prefix=f"{run}/striped", min_chunk_bytes=MIN_CHUNK_BYTES,
+                               timeout_s=timeout, stall_s=float(wan.get("stall_s", min(DEFAULT_STALL_S, timeout / 4))),
+                               max_message_bytes=max_message, tls=bool(wan.get("tls")),
+                               describe=lambda r: f"rank {r} ({plan.dc_of_rank(r)})", **hooks)
+    for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it
+        how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
+        print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.dc_of(peer_stage, replica)}): "
+              f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']}"
+              f"{', TLS' if striped.tls is not None else ''} "
+              f"(listening on {host}:{striped.port})\n", end="", file=sys.stderr, flush=True)   # one write per line
+    clients = list({id(t): t for t in turns.values()}.values())
+    wan_transport = T.HostStaging(striped)     # sockets move host memory; CUDA tensors are staged (pinned)
+    return T.RoutedTransport(default, dict.fromkeys(conns, wan_transport), also_close=[*clients, *arbiters])
+
+
+# ----------------------------------------------------------------------------- launcher side
+@dataclass
+class WanLaunch:
+    """What the launcher needs: the rank-side config, where each rank runs, and tear-down."""
+
+    mode: str                                   # "kernel" | "shaper" | "off"
+    rank_dc: list[str] = field(default_factory=list)
+    emulation: Any = None                       # geotrain.transport.WanEmulation when mode == "kernel"
+    rate_scale: float = 1.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    tag: str = ""                               # the emulation's name tag (namespaces gt-<tag>*)
+    tls: bool = False                           # cross-DC connections in TLS (transport.tls)
+    link_bytes: dict[str, dict[str, int]] = field(default_factory=dict)   # kernel: per DC, at close
+
+    def rank_config(self) -> dict[str, Any] | None:
+        if self.mode == "off":
+            return None
+        cfg: dict[str, Any] = {"mode": self.mode, "rate_scale": self.rate_scale, "timeout_s": self.timeout_s,
+                               "tls": self.tls}
+        if self.emulation is not None:
+            cfg["hosts"] = {dc: self.emulation.address(dc) for dc in self.emulation.dcs}
+        return cfg
+
+    def env(self, rank: int, master_port: int, inherited: dict[str, str] | None = None) -> dict[str, str]:
+        """The rank's namespace environment; NCCL variables already in `inherited` (what the rank
+        gets anyway) are not overridden."""
+        if self.emulation is None:
+            return {}
+        return self.emulation.rank_env(self.rank_dc[rank], self.rank_dc[0], master_port, inherited)
+
+    def popen(self, rank: int, argv: Sequence[str], env: dict[str, str], **kw) -> subprocess.Popen:
+        if self.emulation is None:
+            return subprocess.Popen(list(argv), env=env, **kw)
+        self.emulation.check()
+        # `ip netns exec` replaces itself with argv: the child keeps our pid as parent (PDEATHSIG holds).
+        return subprocess.Popen(["ip", "netns", "exec", self.emulation.netns(self.rank_dc[rank]), *argv],
+                                env=env, **kw)
+
+    def close(self) -> None:
+        if self.emulation is not None:
+            self.link_bytes = self.emulation.link_bytes()    # what crossed the emulated WAN, kept
+            self.emulation.stop()
+            self.emulation = None
+
+    def __enter__(self) -> WanLaunch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S,
+             say: Callable[[str], None] = print, tls: bool = False) -> WanLaunch:
+    """Set up the WAN for `plan` (see module docstring); `say` gets one line naming what was chosen."""
+    if mode not in MODES:
+        raise GeotrainError(f"--wan must be one of {', '.join(MODES)}, got {mode!r}")
+    if rate_scale <= 0:
+        raise GeotrainError("--wan-rate-scale must be positive")
+    rank_dc = [plan.dc_of_rank(r) for r in range(plan.num_ranks)]
+    used = plan.dcs_by_rank()
+    if mode == "off" or len(used) < 2:
+        if mode != "off":
+            say("WAN: none (every rank is in one datacenter)")
+        return WanLaunch("off", rank_dc)
+    # Pipelines cross the links between consecutive stages' DCs; a region plan's gradient
+    # reduction rings over every pair of its DCs.
+    pairs = [(a, b) for i, a in enumerate(used) for b in used[i + 1:]] if plan.replica_dcs else zip(used, used[1:])
+    for a, b in pairs:
+        if spec.cluster.link(a, b) is None:
+            what = "DP pipelines" if plan.replica_dcs else "stages"
+            raise GeotrainError(f"{what} sit in {a} and {b}, but the cluster has no WAN link between them")
+    links = "; ".join(f"{ln.between[0]}-{ln.between[1]}: {ln.latency_ms:g} ms one-way, "
+                      f"{ln.capacity_gbps * rate_scale:g} Gbit/s, {ln.per_connection_gbps * rate_scale:g} Gbit/s "
+                      f"per connection" for ln in spec.cluster.wan_links if set(ln.between) <= set(used))
+    fast = max((ln.capacity_gbps * rate_scale for ln in spec.cluster.wan_links), default=0.0)
+    why = ""
+    if mode in ("auto", "kernel"):
+        # lazy: pydantic only when called (importers that never call it stay free of it)
+        from geotrain.emulation.network import WanEmulation, WanUnavailable, emulation_available
+
+        ok, why = emulation_available()
+        if ok:
+            cluster = _cluster_of(spec.cluster, used)
+            try:
+                emu = WanEmulation(cluster, rate_scale=rate_scale, lifetime_s=7 * 86400).start()
+            except WanUnavailable as e:
+                why = str(e)
+            else:
+                note = (f" (links above ~{DELAYER_GBPS:g} Gbit/s exceed what the packet delayer carries; "
+                        f"consider --wan-rate-scale {DELAYER_GBPS / fast:.2g})") if fast > 2 * DELAYER_GBPS else ""
+                say(f"WAN: kernel emulation, one network namespace per datacenter (gt-{emu.tag}-*: "
+                    f"{', '.join(f'{dc} {emu.address(dc)}' for dc in used)}), {links}{note}")
+                return WanLaunch("kernel", rank_dc, emu, rate_scale, timeout_s, tag=emu.tag, tls=tls)
+        if mode == "kernel":
+            raise GeotrainError(f"--wan kernel: {why}")
+    say(f"WAN: user-space shaper inside the transport{f' (kernel emulation unavailable: {why})' if why else ''}; "
+        f"{links} -- only pipeline transfers between datacenters are delayed and rate-limited"
+        + (" (this region plan's only cross-DC traffic, its gradient reduction, is not)" if plan.replica_dcs else ""))
+    return WanLaunch("shaper", rank_dc, None, rate_scale, timeout_s, tls=tls)
+
+
+def _cluster_of(cluster, dcs: list[str]):
+    """The cluster restricted to the DCs the plan uses (fewer namespaces to build)."""
+    keep = set(dcs)
+    return cluster.model_copy(update={
+        "datacenters": [d for d in cluster.datacenters if d.name in keep],
+        "wan_links": [ln for ln in cluster.wan_links if set(ln.between) <= keep]})
+
+
+def leftover_namespaces(emulation_tag: str) -> list[str]:
+    """Namespaces of emulation `emulation_tag` still present (tests: tear-down left nothing)."""
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    return [ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith(f"gt-{emulation_tag}")]

@@ -1,0 +1,96 @@
+"""Job spec: what to train and with which techniques.
+
+Fields set to "auto" are left for the planner to choose; a concrete value is a constraint.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from geotrain.spec.base import Strict, bounded_float, bounded_int
+
+Precision = Literal["fp32", "bf16", "fp16"]
+Checkpointing = Literal["none", "full", "selective", "keep-matmul", "keep-attention"]
+Sharding = Literal["replicate", "zero1", "zero2", "zero3"]
+ScheduleKind = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "wan-1f1b"]
+# One flat Literal each (not `X | Literal["auto"]`): a flat Literal gives one clear error listing
+# every allowed value, where a union would report one error per member.
+CheckpointingOrAuto = Literal["none", "full", "selective", "keep-matmul", "keep-attention", "auto"]
+ShardingOrAuto = Literal["replicate", "zero1", "zero2", "zero3", "auto"]
+ScheduleOrAuto = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "wan-1f1b", "auto"]
+
+
+def training_state_bytes_per_param(precision: str, optimizer: str) -> int:
+    """Bytes of training state per parameter, before sharding and activations.
+
+    Mixed precision (bf16/fp16) with Adam: 2 (weights) + 2 (grads) + 4 (fp32 master) + 8 (m, v)
+    = 16 B. fp32 Adam: 4 + 4 + 8 = 16 B. SGD drops the 8 B of moments. A fact of the job's
+    precision and optimizer, kept here so the loader can refuse a model that cannot fit at all;
+    the cost model (`costs.memory`) builds on it."""
+    moments = 0 if optimizer == "sgd" else 8
+    if precision == "fp32":
+        return 4 + 4 + moments
+    return 2 + 2 + 4 + moments
+
+
+MAX_GLOBAL_BATCH = 2**16       # sequences per step: 65,536 x 4k tokens = 268M tokens, ~20x the largest LLM batches
+MAX_MICRO_BATCH = 2**16
+# Micro-batches per pipeline per step. Schedules, simulation and estimates hold per-micro-batch
+# actions and events; past this count they would need gigabytes for a plan no one runs.
+MAX_MICROBATCHES = 4096
+
+
+class JobSpec(Strict):
+    global_batch: bounded_int(1, MAX_GLOBAL_BATCH) = Field(description="sequences per optimizer step")
+    micro_batch: int | Literal["auto"] = "auto"
+    precision: Precision = "bf16"
+    checkpointing: CheckpointingOrAuto = "auto"
+    sharding: ShardingOrAuto = "auto"
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    schedule: ScheduleOrAuto = "auto"
+    tp: bounded_int(1, 1024) | Literal["auto"] = 1   # "auto": the planner searches it (per kind of DC)
+    # Optional fixed shape (otherwise chosen by the planner).
+    pp: bounded_int(1, 100_000) | None = None
+    dp: bounded_int(1, 10**7) | None = None
+    # Training-run settings (used by `geotrain train`).
+    steps: bounded_int(1, 10**9) = 20
+    lr: bounded_float(1e-12, 10.0) = 3e-4
+    seed: bounded_int(0, 2**63 - 1) = 0
+    checkpoint_every: int = Field(0, ge=0, le=10**9)
+    data: str | None = None
+
+    @field_validator("sharding", mode="before")
+    @classmethod
+    def _fsdp_alias(cls, v: object) -> object:
+        return "zero3" if v == "fsdp" else v
+
+    @field_validator("micro_batch", mode="before")
+    @classmethod
+    def _micro_batch(cls, v: object) -> object:
+        # Checked here so a bad value gets one message instead of one per union member.
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_MICRO_BATCH):
+            return v
+        raise ValueError(f'must be a positive integer or "auto", at most {MAX_MICRO_BATCH} (got {v!r:.40})')
+
+    @model_validator(mode="after")
+    def _check_batch(self) -> JobSpec:
+        g = self.global_batch
+        if isinstance(self.micro_batch, int):
+            mb = self.micro_batch
+            if mb > g:
+                raise ValueError(f"micro_batch: {mb} is larger than global_batch={g}")
+            if g % mb:
+                raise ValueError(f"micro_batch: global_batch={g} is not a multiple of micro_batch={mb}")
+        if self.dp is not None:
+            per = self.dp * (self.micro_batch if isinstance(self.micro_batch, int) else 1)
+            if g % per:
+                what = f"dp={self.dp} x micro_batch={self.micro_batch}" if per != self.dp else f"dp={self.dp}"
+                raise ValueError(f"dp: global_batch={g} is not a multiple of {what}")
+        return self
+
+    @property
+    def optimizer_state_slots(self) -> int:
+        """fp32 tensors of optimizer state per parameter (Adam: m and v)."""
+        return 0 if self.optimizer == "sgd" else 2

@@ -1,0 +1,329 @@
+"""Temporal sharing of a WAN link between DP pipelines (Atlas), and fair sharing as the baseline.
+
+With fair sharing every pipeline sends whenever it is ready and TCP splits the link between them:
+each transfer takes D times longer and every pipeline stalls. With temporal sharing the pipelines
+that send over one link (one direction) take turns -- each transfer at the link's full rate --
+so one computes while another sends. The turns are work-conserving: when the link is free, the
+next waiting pipeline in the plan's cyclic order gets it, and a pipeline whose turn it is but
+that has nothing ready is skipped, never waited for (strict turns kept the link idle while a
+ready pipeline waited: 177 ms vs 150 ms fair in the validation set). When one transfer's TCP
+connections cannot fill the link, `slots` transfers hold it at once (`concurrent_turns`), so
+temporal sharing never leaves capacity unused that fair sharing would use.
+
+When a turn passes matters as much as who gets it. The bottleneck of a WAN is somewhere in the
+network (the emulation's router, a real provider's link), not in the sender's socket: a transfer's
+bytes leave the socket at once and queue there. A turn handed on when the last byte was *written*
+(as before) was handed on while the whole transfer still queued, so the next holder's bytes joined
+the same queue -- fair sharing with the arbiter's round trips on top (measured on the kernel
+emulation, 10 Mbit/s: turns held 0.7 ms for transfers of 40 ms). A turn with a `Handoff` is held
+until at most one round trip's worth of its bytes (rate x RTT) is unacknowledged: the queue has
+drained and the rest is on the wire, so the next holder's first bytes reach the bottleneck as
+these leave it -- the link stays busy and each transfer has it to itself.
+
+The transport consults a `Turns` object around every cross-DC send: `acquire()` before the first
+byte, `release()` once the transfer has drained to its `handoff` (an attribute; None: after the
+last byte is written). Implementations:
+  * `FairSharing`      -- no-op (everyone at once), the baseline;
+  * `TurnArbiter`      -- the baton itself (in-process; `LocalTurns` binds it to one pipeline);
+  * `RemoteTurns`      -- a client of an arbiter served over TCP by one process in the sending DC
+                          (`TurnArbiter.serve`), for pipelines in different processes.
+Wire protocol: the challenge-response handshake of `transport.auth` (the run's secret; the client's
+pipeline key is the rank it proves), then one authenticated frame per request: b"A" acquire
+(answered b"G" when granted, b"T" on a timeout), b"R" release, b"L" leave. A connection that fails
+the handshake or sends an unauthenticated or unknown frame is logged in one line and dropped; it
+never holds or frees a turn. No pickle.
+
+A pipeline that finishes calls `leave()`. A wait longer than `timeout_s` raises instead of
+hanging, naming who holds the link.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from geotrain.transport.auth import (
+    ANY_RANK,
+    TURNS,
+    AuthError,
+    DropLog,
+    ProtocolError,
+    client_handshake,
+    run_secret,
+    server_handshake,
+)
+from geotrain.transport.sockets import tune
+
+OP = struct.Struct("!c")           # one request or answer byte per frame
+
+
+# What one turn costs a transfer: the RemoteTurns grant round trip (0.15 ms median, 0.25 ms p90 on
+# this machine's loopback; `bench/bench_rehearse.py --sharing` prints it) and a thread's wake-up.
+# A holder hands its turn on this much early (`Handoff.lead_s`), so on a busy link the next grant
+# overlaps its last bytes and the link loses nothing; a transfer that finds the link free still
+# waits this long. The simulator adds it to every temporal transfer and the planner's estimate
+# too, so temporal sharing is chosen only where its gain exceeds it (a 16 KiB transfer at 1 Gbit/s
+# takes 0.13 ms: less than its turn).
+TURN_OVERHEAD_S = 0.0003
+
+
+class TurnTimeout(RuntimeError):
+    pass
+
+
+class FairSharing:
+    """Baseline: no coordination; concurrent transfers split the link (TCP fairness)."""
+
+    handoff = None
+
+    def acquire(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def leave(self) -> None:
+        pass
+
+
+def concurrent_turns(capacity: float, flow_rate: float) -> int:
+    """How many transfers hold a temporally shared link at once: 1 when one transfer's
+    connections fill it, else the fewest whose flows together fill it (the simulator and the
+    runtime use the same rule)."""
+    if flow_rate <= 0 or flow_rate >= capacity:
+        return 1
+    return max(1, math.ceil(capacity / flow_rate - 1e-9))
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """When a turn may pass: once at most `bytes_per_s` x (`rtt_s` + `lead_s`) bytes of the
+    transfer are unacknowledged (see the module docstring). `bytes_per_s`: the rate one transfer
+    gets in its turn; `rtt_s`: the link's round trip."""
+
+    bytes_per_s: float
+    rtt_s: float
+    lead_s: float = TURN_OVERHEAD_S    # handed on this much early: the next holder's grant takes that long
+
+    @property
+    def in_flight_bytes(self) -> float:
+        return self.bytes_per_s * (self.rtt_s + self.lead_s)
+
+
+def link_handoff(capacity_gbps: float, flow_gbps: float, latency_ms: float, slots: int = 1) -> Handoff:
+    """The hand-off for a link of `capacity_gbps` and one-way `latency_ms` whose transfers each
+    reach `flow_gbps` on their connections, `slots` of them holding it at once."""
+    rate = min(flow_gbps, capacity_gbps / max(1, slots))
+    return Handoff(rate * 1e9 / 8, 2 * latency_ms / 1e3)
+
+
+class TurnArbiter:
+    """Grants a link to at most `slots` pipelines at a time, work-conserving: when a slot is free,
+    the first *waiting* pipeline in the cyclic `order` starting at the current turn gets it."""
+
+    def __init__(self, order: Sequence[int], timeout_s: float = 600.0, slots: int = 1):
+        if not order or len(set(order)) != len(order):
+            raise ValueError(f"turn order must list distinct pipelines, got {list(order)}")
+        self.order = list(order)
+        self.timeout_s = timeout_s
+        self.slots = max(1, int(slots))
+        self.turn = 0                  # index into self.order where the search for the next grant starts
+        self.holders: list[int] = []
+        self.waiting: dict[int, int] = {}   # pipeline -> acquires it has waiting
+        self.grants: list[int] = []    # pipeline keys in the order they were granted (for tests / traces)
+        self._cv = threading.Condition()
+        self._server: socket.socket | None = None
+        self._secret = b""
+
+    @property
+    def holder(self) -> int | None:
+        return self.holders[0] if self.holders else None
+
+    def _next(self) -> int | None:
+        """The waiting pipeline a free slot goes to, or None."""
+        if len(self.holders) >= self.slots or not self.waiting:
+            return None
+        n = len(self.order)
+        for i in range(n):
+            k = self.order[(self.turn + i) % n]
+            if k in self.waiting:
+                return k
+        return None
+
+    def acquire(self, key: int) -> None:
+        with self._cv:
+            if key not in self.order:
+                raise ValueError(f"pipeline {key} is not in the turn order {self.order}")
+            self.waiting[key] = self.waiting.get(key, 0) + 1
+            try:
+                ok = self._cv.wait_for(lambda: self._next() == key, self.timeout_s)
+            finally:
+                self.waiting[key] -= 1
+                if not self.waiting[key]:
+                    del self.waiting[key]
+            if not ok:
+                self._cv.notify_all()   # the next in line may be served now that this one gave up
+                raise TurnTimeout(f"pipeline {key} waited {self.timeout_s:.0f} s for the link; held by pipeline(s) "
+                                  f"{self.holders} (order {self.order}, {self.slots} at a time)")
+            self.holders.append(key)
+            self.grants.append(key)
+            self.turn = (self.order.index(key) + 1) % len(self.order)
+            self._cv.notify_all()
+
+    def release(self, key: int) -> None:
+        with self._cv:
+            if key not in self.holders:
+                raise ValueError(f"pipeline {key} releases a link held by {self.holders}")
+            self.holders.remove(key)
+            self._cv.notify_all()
+
+    def leave(self, key: int) -> None:
+        """Drop `key` from the rotation (it has nothing more to send)."""
+        with self._cv:
+            if key not in self.order:
+                return
+            i = self.order.index(key)
+            if key in self.holders:
+                self.holders.remove(key)
+            self.order.pop(i)
+            if self.order:
+                if i < self.turn:
+                    self.turn -= 1
+                self.turn %= len(self.order)
+            else:
+                self.order, self.turn = [key], 0       # nobody left: keep the arbiter usable
+            self._cv.notify_all()
+
+    # ---------------------------------------------------------------- TCP service
+    def serve(self, host: str = "127.0.0.1", port: int = 0, *, secret: bytes) -> tuple[str, int]:
+        """Serve this arbiter to other processes holding `secret`; returns (host, port). Daemon threads."""
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind((host, port))
+        ls.listen(64)
+        self._server, self._secret = ls, secret
+        self.drops = DropLog(f"turn arbiter {host}:{ls.getsockname()[1]}")
+        threading.Thread(target=self._accept, daemon=True, name="turn-arbiter").start()
+        return host, ls.getsockname()[1]
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, addr = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._client, args=(conn, addr), daemon=True, name="turn-client").start()
+
+    def _client(self, conn: socket.socket, addr) -> None:
+        tune(conn)
+        key = None
+        try:
+            key, _, channel = server_handshake(conn, self._secret, TURNS, ANY_RANK)
+            while True:
+                (op,), _ = channel.recv(OP, lambda f: 0, 0)
+                if op == b"A":
+                    try:
+                        self.acquire(key)
+                        channel.send(OP.pack(b"G"))
+                    except (TurnTimeout, ValueError):
+                        channel.send(OP.pack(b"T"))
+                elif op == b"R":
+                    self.release(key)
+                elif op == b"L":
+                    self.leave(key)
+                else:
+                    raise ProtocolError(f"unknown request {op!r}")
+        except (AuthError, ProtocolError) as e:
+            self.drops(f"dropped a connection from {addr[0]}:{addr[1]}"
+                       f"{'' if key is None else f' (pipeline {key})'}: {e}")
+        except (OSError, ConnectionError, ValueError):
+            pass
+        finally:
+            if key is not None and key in self.holders:    # a client died holding the link: free it
+                self.release(key)
+            conn.close()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+class LocalTurns:
+    """One pipeline's view of an in-process arbiter."""
+
+    def __init__(self, arbiter: TurnArbiter, key: int, handoff: Handoff | None = None):
+        self.arbiter, self.key, self.handoff = arbiter, key, handoff
+
+    def acquire(self) -> None:
+        self.arbiter.acquire(self.key)
+
+    def release(self) -> None:
+        self.arbiter.release(self.key)
+
+    def leave(self) -> None:
+        self.arbiter.leave(self.key)
+
+
+class RemoteTurns:
+    """One pipeline's client of a `TurnArbiter.serve` service (lazy connect, thread-safe)."""
+
+    def __init__(self, host: str, port: int, key: int, bind_host: str | None = None, *, secret: bytes,
+                 handoff: Handoff | None = None):
+        self.addr, self.key, self.bind_host, self._secret = (host, port), key, bind_host, secret
+        self.handoff = handoff
+        self._channel = None
+        self._lock = threading.Lock()
+
+    def _conn(self):
+        if self._channel is None:
+            s = socket.create_connection(self.addr, timeout=60,
+                                         source_address=(self.bind_host, 0) if self.bind_host else None)
+            tune(s)
+            try:
+                self._channel = client_handshake(s, self._secret, TURNS, self.key, ANY_RANK)
+            except BaseException:
+                s.close()
+                raise
+        return self._channel
+
+    def acquire(self) -> None:
+        with self._lock:
+            ch = self._conn()
+            ch.send(OP.pack(b"A"))
+            (reply,), _ = ch.recv(OP, lambda f: 0, 0)
+        if reply != b"G":
+            raise TurnTimeout(f"pipeline {self.key}: the link arbiter at {self.addr} timed out waiting for its turn")
+
+    def release(self) -> None:
+        with self._lock:
+            self._conn().send(OP.pack(b"R"))
+
+    def leave(self) -> None:
+        with self._lock:
+            self._conn().send(OP.pack(b"L"))
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.sock.close()
+            self._channel = None
+
+
+def turns_via_store(store, name: str, key: int, order: Sequence[int], *, host: str, is_host: bool,
+                    timeout_s: float = 600.0, slots: int = 1, secret: bytes | None = None,
+                    handoff: Handoff | None = None) -> tuple[RemoteTurns, TurnArbiter | None]:
+    """Runtime helper: the process with `is_host` serves the arbiter for link-direction `name` and
+    publishes its address in the (torch.distributed) store; every sender gets a RemoteTurns client.
+    Returns (client, arbiter-or-None); keep the arbiter alive as long as the link is used."""
+    secret = secret or run_secret(store)
+    arbiter = None
+    if is_host:
+        arbiter = TurnArbiter(order, timeout_s, slots)
+        h, p = arbiter.serve(host, secret=secret)
+        store.set(f"geotrain/turns/{name}", f"{h}:{p}")
+    raw = store.get(f"geotrain/turns/{name}")
+    h, _, p = (raw.decode() if isinstance(raw, bytes) else str(raw)).rpartition(":")
+    return RemoteTurns(h, int(p), key, bind_host=host, secret=secret, handoff=handoff), arbiter
