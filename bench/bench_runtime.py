@@ -72,10 +72,12 @@ def init_single_rank() -> None:
 
 
 def runtime_step_times(spec: Path, out: Path, steps: int) -> list[float]:
-    from geotrain.runtime.trainer import RunConfig, train
+    from geotrain.runtime.rank_run import run_rank
+    from geotrain.runtime.train_config import RunConfig, resolve_run
 
-    train(RunConfig(spec=str(spec), out=str(out), steps=steps, data="synthetic", progress=False,
-                    checkpoint_every=0, trace=False))
+    cfg = RunConfig(spec=str(spec), out=str(out), steps=steps, data="synthetic", progress=False,
+                    checkpoint_every=0, trace=False)
+    run_rank(cfg, *resolve_run(cfg))
     lines = [json.loads(x) for x in (out / "losses.jsonl").read_text().splitlines()]
     # Drop the warm-up step and the second, on which the runtime measures memory (a dispatch mode
     # that sees every op: slower).
@@ -211,7 +213,7 @@ def main() -> None:
     if args.skip_sharding:
         return
     from geotrain.runtime.launch import launch
-    from geotrain.runtime.trainer import RunConfig
+    from geotrain.runtime.train_config import RunConfig
 
     print(f"\n## 3. sharding ({args.model}, fp32, dp only, 4 micro-batches of 2 per replica): peak per rank of a "
           "step, and the state at the first optimizer step")

@@ -100,7 +100,7 @@ def make_plans(spec) -> dict:
 
 def measure(spec, plans: dict, out: Path, rounds: int, steps: int, mode: str) -> tuple[dict, str]:
     from geotrain.runtime.launch import run_with_wan
-    from geotrain.runtime.trainer import RunConfig
+    from geotrain.runtime.train_config import RunConfig
 
     cases, where = [], []
     for r in range(rounds):

@@ -30,7 +30,7 @@ def _counted_build(plan):
 builders.schedule_for_plan = _counted_build   # before the runtime imports it by name
 
 from geotrain.runtime import worker  # noqa: E402 -- after the wrap above
-from geotrain.runtime.trainer import RunConfig  # noqa: E402
+from geotrain.runtime.train_config import RunConfig  # noqa: E402
 
 NAMES = ["all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
          "all_to_all_single", "reduce", "gather", "scatter",

@@ -18,7 +18,7 @@ from geotrain.errors import InfeasibleError
 from geotrain.layout.peaks import predicted_stage_peaks
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 from geotrain.schedule.builders import schedule_for_plan
 from geotrain.spec.load import load_spec
 

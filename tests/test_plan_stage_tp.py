@@ -15,7 +15,7 @@ from geotrain.errors import GeotrainError, SpecError
 from geotrain.layout.plan import Plan, StagePlan, load_plan, save_plan
 from geotrain.layout.price import wan_bytes_per_link
 from geotrain.layout.tp_check import tp_problem
-from geotrain.runtime.trainer import RunConfig, resolve
+from geotrain.runtime.train_config import RunConfig, resolve
 from geotrain.sim import simulate
 from geotrain.spec.load import load_spec
 

@@ -19,7 +19,7 @@ import pytest
 from geotrain.layout.plan import StagePlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 
 from geotrain.errors import GeotrainError
 from geotrain.runtime.runfile import read_run_config, write_run_config
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 
 
 def test_round_trip(tmp_path):

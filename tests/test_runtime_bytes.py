@@ -26,7 +26,7 @@ from geotrain.costs.cost_model import CostModel
 from geotrain.costs.memory import runtime_state_bytes_per_param, sharded_fractions
 from geotrain.models.llama import build_units
 from geotrain.planner.manual import plan_from_job
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

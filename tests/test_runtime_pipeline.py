@@ -16,7 +16,7 @@ from _reference import single_process_losses
 
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

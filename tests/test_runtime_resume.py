@@ -15,7 +15,7 @@ import pytest
 
 from geotrain.errors import GeotrainError
 from geotrain.runtime.launch import launch
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"

@@ -17,7 +17,7 @@ from _reference import single_process_losses
 from geotrain.layout.plan import Plan, StagePlan
 from geotrain.planner.manual import split_even
 from geotrain.runtime.launch import launch
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from _reference import single_process_losses
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan, StagePlan
 from geotrain.runtime.launch import launch
-from geotrain.runtime.trainer import RunConfig, resolve
+from geotrain.runtime.train_config import RunConfig, resolve
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

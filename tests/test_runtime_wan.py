@@ -25,7 +25,7 @@ from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.cross_dc import leftover_namespaces, sends_per_boundary, start_delay, turn_order
 from geotrain.runtime.launch import launch, run_with_wan
 from geotrain.runtime.p2p import RoutedTransport
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import build_schedule
 from geotrain.spec.load import load_spec

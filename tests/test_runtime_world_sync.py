@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"

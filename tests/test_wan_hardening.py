@@ -26,7 +26,7 @@ import pytest
 from geotrain.layout.plan import LinkPlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch, run_with_wan
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 from geotrain.spec.load import load_spec
 from geotrain.transport.auth import HELLO, MAGIC, STRIPED, TAG_BYTES
 from geotrain.transport.sockets import close_quietly

@@ -30,7 +30,7 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     over the kernel WAN, only the hand-offs over the user-space shaper, which ACKs before it holds
     the message for the emulated latency (`ack_delays`; the simulator's WAIT_ACKS);
   * fp16 only: the runtime's per-step global all-reduce of (overflow flag, loss) over ALL ranks,
-    before every optimizer step (runtime.rank_run _on_optimizer): a gloo all-reduce, so it crosses the WAN
+    before every optimizer step (runtime.trainer.Trainer.step): a gloo all-reduce, so it crosses the WAN
     where the ranks' gloo traffic does ("kernel" mode: ranks in DC namespaces; "shaper" mode: gloo
     stays on loopback, only StripedTransport is shaped). Added to each stage's optimizer time
     (`global_sync_s`); waiting for the slowest stage at that barrier is slack the simulator's

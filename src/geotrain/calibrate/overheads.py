@@ -1,7 +1,7 @@
 """The runtime's own costs beyond the model's units, measured on one real rank.
 
 `measure_interpreter` trains for a few steps in this process (pp=1, dp=1, a process group of one)
-through `runtime.trainer.train` itself and reads its trace: the time an iteration's events do not
+through `runtime.rank_run.run_rank` itself and reads its trace: the time an iteration's events do not
 account for is the interpreter's, per action; a stage call's time beyond its units' is the call
 overhead (costs.py adds both to the simulation).
 """
@@ -17,7 +17,8 @@ from geotrain.calibrate.timers import low_percentile
 from geotrain.layout.plan import StagePlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import free_port
-from geotrain.runtime.trainer import RunConfig, train
+from geotrain.runtime.rank_run import run_rank
+from geotrain.runtime.train_config import RunConfig, resolve_run
 from geotrain.spec.load import load_spec
 
 
@@ -35,8 +36,9 @@ def measure_interpreter(spec_path: str, micro_batch: int, num_microbatches: int,
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1)
         try:
-            trace = train(RunConfig(spec=spec_path, out=tmp, plan=plan.to_dict(), steps=steps, progress=False,
-                                    data="synthetic", checkpoint_every=0))["trace"]     # the merged trace, in memory
+            cfg = RunConfig(spec=spec_path, out=tmp, plan=plan.to_dict(), steps=steps, progress=False,
+                            data="synthetic", checkpoint_every=0)
+            trace = run_rank(cfg, *resolve_run(cfg))["trace"]     # the merged trace, in memory
         finally:
             dist.destroy_process_group()
     gaps, fwd, bwd = [], [], []

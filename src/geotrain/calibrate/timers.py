@@ -6,7 +6,7 @@ the runtime's, not a kernel benchmark's. `measure_units` is the cost model's pro
 unit kind and micro-batch: forward and backward seconds) from these same timings, on CPU or GPU.
 Robust statistics (a low percentile) because the machine is shared.
 
-Every timer runs on the rank's device (`runtime.rank_run.rank_device`: its GPU under CUDA, else
+Every timer runs on the rank's device (`runtime.rank_model.rank_device`: its GPU under CUDA, else
 the CPU) unless told otherwise, and reads that device's clock (`device_timer`): on CUDA, events
 recorded on the device's stream and read after it finished -- the GPU's time for the work, not
 the host's time to queue it (kernels launch asynchronously); on the CPU, the host's clock.
@@ -29,7 +29,7 @@ from geotrain.costs.units import BLOCK, EMBEDDING, HEAD
 from geotrain.models.llama import build_units
 from geotrain.runtime.interpreter import lm_loss
 from geotrain.runtime.parallelize import autocast_context
-from geotrain.runtime.rank_run import rank_device
+from geotrain.runtime.rank_model import rank_device
 from geotrain.runtime.trainer import make_optimizer
 
 

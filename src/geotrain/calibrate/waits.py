@@ -16,7 +16,7 @@ def global_sync_s(spec, plan, profile: dict, mode: str) -> float:
     latency) plus, in "kernel" mode only, the WAN latency where the pair sits in
     different DCs; in "shaper" mode gloo stays on loopback and only StripedTransport is delayed.
 
-    Only fp16 has it (runtime.rank_run `_on_optimizer`: every rank must skip the same overflowed
+    Only fp16 has it (runtime.trainer `StepGroup.overflow`: every rank must skip the same overflowed
     steps); bf16 and fp32 sum the loss inside the last stage's DP group and need no world-wide step,
     so they pay nothing here."""
     n = plan.num_ranks

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from geotrain.calibrate.cpuload import CpuSampler, cores
 from geotrain.runtime.launch import run_with_wan
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 
 DEFAULT_MODE = "shaper"
 

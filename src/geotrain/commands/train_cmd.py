@@ -92,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace):
     # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
-    from geotrain.runtime.trainer import RunConfig
+    from geotrain.runtime.train_config import RunConfig
 
     path = Path(args.spec)
     plan_dict = None
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.calibrate.predict import write_prediction
     from geotrain.layout.wan_bytes import predicted_link_bytes
-    from geotrain.runtime.trainer import resolve, resolve_run
+    from geotrain.runtime.train_config import resolve, resolve_run
 
     cfg = _config(args)
     profile = _profile(args)
@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEOTRAIN_LAUNCHER_PID" not in os.environ:
         # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
         from geotrain.runtime.cross_dc import bind_address
-        from geotrain.runtime.rank_run import report_rank
+        from geotrain.runtime.rank_model import report_rank
         from geotrain.runtime.worker import run_cases
 
         if args.wan == "kernel":

@@ -63,3 +63,25 @@ def make_source(spec, plan, data: str | None, seed: int):
                             tokenizer=None if isinstance(tokenizer, ByteTokenizer) else tokenizer)
     except ValueError as e:
         raise GeotrainError(f"data: {e}") from None
+
+
+class RankBatches:
+    """This rank's micro-batches of a step, on its device: the ranks holding the first or last
+    virtual stage read them (inputs, targets); the others get none."""
+
+    def __init__(self, source, replica: int, num_microbatches: int, device: torch.device, needed: bool):
+        self.source, self.replica, self.m, self.device, self.needed = source, replica, num_microbatches, device, needed
+
+    def for_step(self, step: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Step `step`'s (1-based) micro-batches."""
+        if not self.needed:
+            return {}
+        return {j: tuple(t.to(self.device) for t in self.source.batch(step - 1, self.replica, j))
+                for j in range(self.m)}
+
+    def state_dict(self) -> dict | None:
+        return self.source.state_dict() if hasattr(self.source, "state_dict") else None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is not None and hasattr(self.source, "load_state_dict"):
+            self.source.load_state_dict(state)

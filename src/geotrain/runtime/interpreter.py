@@ -9,7 +9,8 @@ optimizer step); receives are posted a few actions early (`lookahead`, where
 `schedule.posting.post_points` says: the one posting that `check_schedule` proves cannot deadlock
 on an in-order transport such as NCCL) so a transfer can land while the rank computes, and waited
 for at their RECV action -- the waiting time is recorded as `recv_wait`. Receive buffers and the
-loss live on the rank's `device`.
+loss live on the rank's `device`. The OPTIMIZER action ends every list: there the interpreter waits
+for its sends and returns; the step itself is the caller's (`trainer.Trainer`).
 """
 
 from __future__ import annotations
@@ -104,7 +105,6 @@ class PipelineRank:
     lookahead: int = RUNTIME_LOOKAHEAD
     boundary_dtype: torch.dtype = torch.float32
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    on_optimizer: Callable[[float], None] | None = None   # gets this rank's loss sum so far
     bubble: object | None = None   # BubbleTea hook: fill_and_wait(index, work, stage), end_iteration()
     _slots: dict[tuple[int, int], _Slot] = field(default_factory=dict)
 
@@ -116,6 +116,8 @@ class PipelineRank:
         missing = {a.stage for a in self.actions if a.op.is_compute and a.stage not in self.chunks}
         if missing:
             raise RuntimeError(f"stage {self.stage} has actions for virtual stages {sorted(missing)} it does not hold")
+        if not self.actions or self.actions[-1].op != Op.OPTIMIZER:
+            raise RuntimeError(f"stage {self.stage}'s action list must end with its OPTIMIZER action")
         self._posts = post_points(self.actions, self.lookahead)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -185,9 +187,9 @@ class PipelineRank:
 
     # -- one iteration ---------------------------------------------------------------------
     def run_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]], loss_scale: float = 1.0) -> float:
-        """Execute the action list once. `batches[mb] = (inputs, targets)`, needed by ranks holding the
-        first or last virtual stage. Returns the sum over micro-batches of this replica's loss / m
-        (0.0 on ranks without the last virtual stage)."""
+        """Execute the action list once, up to its OPTIMIZER action (the last). `batches[mb] = (inputs,
+        targets)`, needed by ranks holding the first or last virtual stage. Returns the sum over
+        micro-batches of this replica's loss / m (0.0 on ranks without the last virtual stage)."""
         m = self.schedule.num_microbatches
         self._slots, self._posted, self._sends = {}, {}, []
         self._acts: dict[tuple[int, int], torch.Tensor] = {}
@@ -230,9 +232,7 @@ class PipelineRank:
                 self._reduce_grads()
                 rec.add("allreduce", t0, rec.now(), stage=v)
             elif op == Op.OPTIMIZER:
-                self._wait_sends()
-                if self.on_optimizer is not None:
-                    self.on_optimizer(float(loss_sum))
+                pass                                   # the end of the list: the caller steps
             elif op == Op.PREFILL:
                 pass  # BubbleTea work runs where the rank would wait (the `bubble` hook), not as an action
             else:

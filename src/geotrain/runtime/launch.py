@@ -33,9 +33,9 @@ from pathlib import Path
 
 from geotrain.errors import GeotrainError
 from geotrain.runtime.cross_dc import open_wan
-from geotrain.runtime.rank_run import report_rank
+from geotrain.runtime.rank_model import report_rank
 from geotrain.runtime.runfile import write_run_config
-from geotrain.runtime.trainer import RunConfig, resolve
+from geotrain.runtime.train_config import RunConfig, resolve
 from geotrain.trace.metrics import LINK_COUNTERS_NAME
 from geotrain.transport.auth import SECRET_ENV, new_secret, write_secret_file
 

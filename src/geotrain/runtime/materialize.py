@@ -26,7 +26,7 @@ from geotrain.runtime.parallelize import apply_fsdp, apply_tp
 
 def build_chunk(model, start: int, end: int, plan, mesh, device: torch.device, hf: str | None = None) -> UnitStack:
     """Units [start, end) of `model` as this rank holds them under `plan` (its tp, checkpointing
-    and sharding), on `device`; `mesh` is the rank's device mesh (rank_run.stage_mesh): its "tp"
+    and sharding), on `device`; `mesh` is the rank's device mesh (meshes.stage_mesh): its "tp"
     slice is the stage's TP group, of the stage's own tp."""
     with torch.device("meta"):
         module = build_units(model, start, end, init=False)

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from geotrain.errors import GeotrainError
-from geotrain.runtime.trainer import RunConfig
+from geotrain.runtime.train_config import RunConfig
 
 RUN_CONFIG_FORMAT, RUN_CONFIG_VERSION = "geotrain-run-config", 1
 _FIELDS = {f.name for f in fields(RunConfig)}

@@ -1,140 +1,146 @@
-"""One rank's training run: build its stage from the plan, execute the schedule, record, checkpoint.
+"""The training step: run the rank's schedule, then the optimizer step it ends with.
 
-Called on every rank of an initialized process group (by `worker.py`, under our launcher or
-torchrun). Ranks follow the plan's table (`plan.rank(stage, replica, t)`: stage-major, a region
-plan pipeline-major; TP innermost), so the (pp, dp, tp) device mesh built from it has one DP group
-per stage and TP index -- inside the stage's DC, or across a region plan's DCs -- and one TP group
-of consecutive ranks (inside a node) per stage replica.
+`Trainer.step` is one optimizer step, in this order: run the action list (the interpreter
+returns at its end -- the OPTIMIZER action is always last -- with this rank's loss sum), sum
+tied embeddings' gradients, decide fp16 overflow (every rank skips the same steps), step the
+optimizer, zero the gradients, update the loss scale, reduce the loss. Everything a recipe
+changes about a step (learning-rate schedule, gradient clipping, parameter groups) belongs here.
+
+A `runner` is what runs the forward and backward passes of one step: the pipeline interpreter
+(`interpreter.PipelineRank`) on a rank, or `whole_model.WholeModel` in one process. A `StepGroup`
+says how the ranks agree on a step; without one (one process) nothing is reduced.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
-from geotrain.costs.activations import SELECTIVE
-from geotrain.errors import GeotrainError
-from geotrain.layout.plan import Plan
-from geotrain.layout.tp_check import tp_problem
-from geotrain.planner.manual import plan_from_job
-from geotrain.runtime.rank_run import LossLog, RankRun, make_optimizer, state_bytes
-from geotrain.schedule.actions import Op
-from geotrain.schedule.builders import schedule_for_plan
-from geotrain.spec import load_spec, spec_from_document
+import torch
+import torch.distributed as dist
 
-__all__ = ["FAILED_AT", "BubbleHookFactory", "RunConfig", "make_optimizer", "resolve", "resolve_run", "state_bytes",
-           "train"]
+from geotrain.runtime.recorder import Recorder
+from geotrain.runtime.scaler import GlobalLossScaler, _local
+from geotrain.runtime.tied import TiedCopies
 
-# (conf, rank, recorder) -> an object with fill(...)/filling()/close(), or None; see PipelineRank's `bubble`.
-BubbleHookFactory = Callable[[dict[str, Any], int, Any], Any]
-
-# The attribute `train` sets on the exception a rank fails with: time.time() when it failed.
-FAILED_AT = "geotrain_failed_at"
+Batches = dict[int, tuple[torch.Tensor, torch.Tensor]]     # micro-batch -> (inputs, targets)
 
 
-@dataclass
-class RunConfig:
-    """What to run. JSON-serializable: the launcher hands it to every rank in a file."""
-
-    spec: str                                   # experiment TOML (or the plan file spec_doc came from)
-    spec_doc: dict[str, Any] | None = None      # the experiment itself (spec.document), as plan files carry it
-    out: str = "runs/latest"
-    plan: dict[str, Any] | None = None          # Plan.to_dict(); None: the plan the job pins
-    overrides: dict[str, Any] = field(default_factory=dict)   # Plan fields to replace
-    steps: int | None = None                    # None: job.steps
-    resume: bool = False
-    resume_from: str | None = None              # another run's RUN_DIR: start from its latest checkpoint, resharded
-    checkpoint_every: int | None = None         # None: job.checkpoint_every
-    data: str | None = None                     # None: job.data, then the built-in corpus
-    progress: bool = True
-    trace: bool = True
-    # Test hooks, [[rank, step], ...] (steps 1-based); also settable by env GEOTRAIN_INJECT_INF /
-    # GEOTRAIN_FAIL_AT = "rank:step,...". inject_inf puts an inf into one gradient of that rank
-    # before the overflow check; fail_at raises on that rank at the start of that step.
-    inject_inf: list[list[int]] = field(default_factory=list)
-    fail_at: list[list[int]] = field(default_factory=list)
-    # BubbleTea: prefill requests from the service at `address` run in this rank's bubbles
-    # ({"address": [host, port], "inference_model": ..., ...}; see bubbletea.runtime_hook).
-    bubbletea: dict[str, Any] | None = None
-    # The WAN between the plan's DCs (set by the launcher, see runtime.cross_dc): {"mode": "kernel"|"shaper",
-    # "rate_scale", "timeout_s", "hosts": {dc: address}}. None: gloo for every pair (no emulated WAN).
-    wan: dict[str, Any] | None = None
+class Runner(Protocol):
+    def run_iteration(self, batches: Batches, loss_scale: float = 1.0) -> float:
+        """Forward and backward of every micro-batch; this rank's share of the loss (0.0 if it holds none)."""
 
 
-def resolve(cfg: RunConfig):
-    """(spec, plan) for a run config, with user errors as GeotrainError."""
-    spec, plan, _ = resolve_run(cfg)
-    return spec, plan
+def make_optimizer(params, job, sharding: str = "replicate",
+                   dp_group: dist.ProcessGroup | None = None) -> torch.optim.Optimizer:
+    """The job's optimizer over `params` (tensors or param groups); ZeRO-1 partitions its state over
+    the stage's DP group."""
+    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[job.optimizer]
+    if sharding == "zero1":
+        # lazy: torch.distributed.optim imports FSDP1 and the tensor package (~0.7 s of every rank's
+        # start-up) and only ZeRO-1 needs it
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_group, lr=job.lr)
+    return cls(params, lr=job.lr)
 
 
-def resolve_run(cfg: RunConfig):
-    """(spec, plan, schedule) for a run config, with user errors as GeotrainError: the schedule is built
-    once here (it must be, to refuse what the builders refuse before any rank starts) and handed on to
-    the rank's run and its summary."""
-    spec = spec_from_document(cfg.spec_doc, cfg.spec) if cfg.spec_doc else load_spec(cfg.spec)
-    plan = Plan.from_dict(cfg.plan) if cfg.plan else plan_from_job(spec)
-    if cfg.overrides:
-        plan = plan.with_(**cfg.overrides)
-        if "checkpointing" in cfg.overrides:  # one mode for every stage, as asked
-            plan = plan.with_(stages=tuple(replace(st, checkpointing=None) for st in plan.stages))
+def state_bytes(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state (local shards only)."""
+    def nbytes(t) -> int:
+        t = _local(t)
+        return t.numel() * t.element_size()
 
-    problem = tp_problem(spec.model, plan, spec.cluster)
-    if problem:
-        raise GeotrainError(f"plan {plan.name!r}: {problem}")
-    if plan.mixed_tp and getattr(spec.model, "tie_embeddings", False) and plan.pp > 1:
-        raise GeotrainError(f"plan {plan.name!r}: tied embeddings with stages of different tp "
-                            f"({plan.tp_label()}) are not supported (the first and last stage's copies are "
-                            "summed TP index by TP index); pin job.tp")
-    if max(plan.stage_tps) > 1 and plan.sharding == "zero1":
-        raise GeotrainError(f"plan {plan.name!r}: sharding zero1 is not supported with tp={plan.tp_label()} "
-                            "(use replicate, zero2 or zero3)")
-    if plan.num_microbatches < 1 or plan.micro_batch < 1:
-        raise GeotrainError("the plan needs at least one micro-batch of at least one sequence")
-    schedule = schedule_for_plan(plan)  # a schedule the builders refuse is a user error, found before any rank starts
-    selective = sorted({plan.stage_checkpointing(s) for s in range(plan.pp)} & set(SELECTIVE))
-    if selective and _splits_backward(schedule):
-        raise GeotrainError(f"plan {plan.name!r}: selective checkpointing cannot run under the {plan.schedule} "
-                            f"schedule's split backward ({', '.join(selective)}: PyTorch allows one backward "
-                            "through a selectively checkpointed region); use checkpointing full or none")
-    return spec, plan, schedule
+    opt = getattr(optimizer, "optim", optimizer)  # ZeRO-1: the local partition's optimizer
+    ostate = sum(nbytes(v) for st in opt.state.values() for v in st.values()
+                 if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {"params": sum(nbytes(p) for p in params),
+            "grads": sum(nbytes(p.grad) for p in params if p.grad is not None), "optimizer": ostate}
 
 
-def _splits_backward(schedule) -> bool:
-    """Whether the schedule runs a stage's backward as two autograd passes (input, then weights)."""
-    return any(a.op == Op.BACKWARD_INPUT for actions in schedule.actions for a in actions)
+@dataclass(frozen=True)
+class StepGroup:
+    """How the ranks of a plan agree on a step. The loss lives on the last stage: its DP replicas
+    sum it inside their group (`dp_group`, `dp` of them). Only fp16 needs the world: one all-reduce
+    of the overflow flag, so every rank skips the same steps, with the loss riding along (counted
+    `loss_copies` times over the world: every TP rank of the last stage holds the whole loss)."""
+
+    dp_group: dist.ProcessGroup | None
+    dp: int
+    loss_copies: int
+    holds_loss: bool
+    device: torch.device
+
+    def overflow(self, found: bool, loss_local: float) -> tuple[bool, float]:
+        stats = torch.tensor([1.0 if found else 0.0, loss_local], dtype=torch.float64)
+        dist.all_reduce(stats)
+        return bool(stats[0] > 0), float(stats[1]) / self.loss_copies
+
+    def loss(self, loss_local: float) -> float | None:
+        if not self.holds_loss:
+            return None
+        t = torch.tensor([loss_local], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self.dp_group)
+        return float(t) / self.dp
 
 
-def train(cfg: RunConfig, bubble_hook: BubbleHookFactory | None = None, resolved=None) -> dict[str, Any]:
-    """Train on this rank (an initialized process group): a short loop over `rank_run.RankRun`'s
-    named steps. Returns a small result dict (losses on the rank that owns them,
-    `rank_run.report_rank`; {} elsewhere).
+@dataclass(frozen=True)
+class StepResult:
+    loss: float | None      # the step's mean loss where known (the last stage; every rank in fp16)
+    skipped: bool           # fp16 overflow: no optimizer step was taken
 
-    `bubble_hook(conf, rank, recorder)` builds what runs in this rank's pipeline bubbles when
-    `cfg.bubbletea` is set; the caller installs it (`orchestrate.rank_entry` installs BubbleTea's), so the
-    runtime never imports what plugs into it. `resolved`: `resolve_run(cfg)` where the caller has it
-    already (under torchrun the command resolved it in this process)."""
-    spec, plan, schedule = resolved or resolve_run(cfg)
-    run = RankRun(cfg, spec, plan, schedule, bubble_hook)
-    start = run.resume()
-    log = LossLog(run, start)
-    run_start = time.time()
-    try:
-        for step in range(start + 1, run.steps + 1):
-            run.fail_if_injected(step)
-            seconds = run.train_step(step)
-            log.record(step, seconds)
-            run.checkpoint_if_due(step)
-    except BaseException as e:
-        # When this rank failed, stamped before closing its transport makes its peers fail in turn:
-        # the launcher names the earliest failure (worker.write_error), and the peers' "closed its
-        # transport" errors must not come out earlier than their cause.
-        if not hasattr(e, FAILED_AT):
-            setattr(e, FAILED_AT, time.time())
-        run.close_transport()
-        raise
-    finally:
-        run.close_hooks()
-        log.close()
-    return run.finish(wall=time.time() - run_start, losses=log.rows)
+
+class Trainer:
+    """Owns one rank's training step: the runner, the optimizer and its parameters, the loss scaler."""
+
+    def __init__(self, runner: Runner, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                 scaler: GlobalLossScaler | None = None, *, tied: TiedCopies | None = None,
+                 group: StepGroup | None = None, recorder: Recorder | None = None, stage: int = 0,
+                 inject_inf: Iterable[int] = ()):
+        self.runner, self.params, self.optimizer = runner, params, optimizer
+        self.scaler = scaler or GlobalLossScaler(False)
+        self.tied, self.group, self.stage = tied, group, stage
+        self.recorder = recorder or Recorder(0, 0.0, enabled=False)
+        self.inject_inf = set(inject_inf)      # test hook: steps whose first gradient becomes inf
+        self.optimizer_steps = 0
+        self.memory: dict[str, int] = {}       # state_bytes after the first optimizer step
+
+    def step(self, step: int, batches: Batches) -> StepResult:
+        """One optimizer step on `batches` (this rank's micro-batches; {} where it holds neither end)."""
+        loss_local = self.runner.run_iteration(batches, loss_scale=self.scaler.scale)
+        if step in self.inject_inf:
+            self._poison_a_gradient()
+        if self.tied is not None:
+            self.tied.sum_grads()           # tied embeddings: the first and last stage's copies stay equal
+        skipped, loss = self._overflow(loss_local)
+        rec = self.recorder
+        t = rec.now()
+        if not skipped:
+            self.optimizer.step()
+            self.optimizer_steps += 1
+            if self.optimizer_steps == 1:
+                self.memory = state_bytes(self.params, self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.update(skipped)
+        rec.add("optimizer", t, rec.now(), stage=self.stage)
+        if loss is None:
+            loss = self.group.loss(loss_local) if self.group is not None else loss_local
+        return StepResult(loss, skipped)
+
+    def _overflow(self, loss_local: float) -> tuple[bool, float | None]:
+        """(skip this step, the loss if the decision already reduced it): fp16 only."""
+        if not self.scaler.enabled:
+            return False, None
+        rec = self.recorder
+        t = rec.now()
+        found = self.scaler.local_found_inf(self.params)     # unscales this rank's gradients
+        if self.group is None:
+            return found, loss_local
+        skipped, loss = self.group.overflow(found, loss_local)   # the one world-wide collective of a step
+        rec.add("recv_wait", t, rec.now(), stage=-1)
+        return skipped, loss
+
+    def _poison_a_gradient(self) -> None:
+        g = next(p.grad for p in self.params if p.grad is not None and _local(p.grad).numel())
+        _local(g).view(-1)[0] = float("inf")

@@ -25,9 +25,10 @@ import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
 from geotrain.process import exit_skipping_teardown
-from geotrain.runtime.rank_run import rank_device
+from geotrain.runtime.rank_model import rank_device
+from geotrain.runtime.rank_run import FAILED_AT, BubbleHookFactory, run_rank
 from geotrain.runtime.runfile import read_run_config
-from geotrain.runtime.trainer import FAILED_AT, BubbleHookFactory, RunConfig, train
+from geotrain.runtime.train_config import RunConfig, resolve_run
 
 
 def _die_with_parent() -> None:
@@ -62,12 +63,13 @@ def init_distributed() -> None:
 
 def run_cases(cases: list[RunConfig], bubble_hook: BubbleHookFactory | None = None,
               resolved: list | None = None) -> list[dict]:
-    """Train each case in turn on this rank; `resolved`: each case's `trainer.resolve_run`, where the
-    caller has them (else each is resolved in `train`)."""
+    """Train each case in turn on this rank; `resolved`: each case's `train_config.resolve_run`, where the
+    caller has them (else each is resolved here)."""
     torch.set_num_threads(int(os.environ.get("GEOTRAIN_THREADS", 1)))
     init_distributed()
     try:
-        return [train(c, bubble_hook, r) for c, r in zip(cases, resolved or [None] * len(cases), strict=True)]
+        return [run_rank(c, *(r or resolve_run(c)), bubble_hook)
+                for c, r in zip(cases, resolved or [None] * len(cases), strict=True)]
     finally:
         dist.destroy_process_group()
 
@@ -78,7 +80,7 @@ def write_error(e: BaseException) -> None:
     if not err_dir:
         return
     rank = int(os.environ.get("RANK", -1))
-    failed_at = getattr(e, FAILED_AT, None) or time.time()   # train() stamps it before closing the transport
+    failed_at = getattr(e, FAILED_AT, None) or time.time()   # run_rank stamps it before closing the transport
     doc = {"rank": rank, "time": failed_at, "type": type(e).__name__, "message": str(e).strip().splitlines()[0]
            if str(e).strip() else "", "user_error": isinstance(e, GeotrainError), "traceback": traceback.format_exc()}
     path = Path(err_dir) / f"rank{rank}.json"

@@ -1,0 +1,105 @@
+"""losses.jsonl and the progress display, on the rank that owns the loss (`rank_model.report_rank`).
+
+A resumed run keeps the loss lines up to its checkpoint (its own, or those of the run it resumed
+from: the curve continues on the new layout) and recomputes the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+class LossLog:
+    """The loss rows of a run (`active` on the reporting rank only; elsewhere every call is a no-op)."""
+
+    def __init__(self, out: Path, active: bool, steps: int, start: int, tokens_per_step: int, t0: float,
+                 progress: bool = True, resume_from: Path | None = None):
+        self.tokens_per_step, self.t0 = tokens_per_step, t0
+        self.bar = None
+        self.file = None
+        self.rows: list[dict] = []          # what losses.jsonl holds, kept for the summary (no read-back)
+        if not active:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        if resume_from is not None and resume_from.resolve() != out.resolve():
+            self.rows = _carry_losses(resume_from / "losses.jsonl", out / "losses.jsonl", start)
+        else:
+            self.rows = _trim_losses(out / "losses.jsonl", start)
+        self.file = open(out / "losses.jsonl", "a")  # noqa: SIM115 -- closed in close()
+        if progress:
+            if sys.stdout.isatty():
+                self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", file=sys.stdout,
+                                dynamic_ncols=True)
+            else:
+                self.bar = _LineProgress(steps, start)
+
+    def record(self, step: int, loss: float | None, skipped: bool, loss_scale: float, seconds: float,
+               **extra) -> None:
+        """One step's row; `extra`: more fields of the row (BubbleTea's `prefill`, a resume's layout)."""
+        if self.file is not None:
+            row = {"step": step, "loss": loss, "skipped": skipped, "loss_scale": loss_scale,
+                   "step_time_s": seconds, "tokens": self.tokens_per_step, "time": time.time() - self.t0,
+                   "wall": time.time(), **extra}
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+            self.rows.append(row)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{self.tokens_per_step / seconds:,.0f}",
+                                 **({"skipped": "yes"} if skipped else {}))
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.file is not None:
+            self.file.close()
+
+
+class _LineProgress:
+    """Progress for logs and pipes: one plain line every tenth of the run, where tqdm's
+    carriage-return redraws would pile up into one unreadable line."""
+
+    def __init__(self, total: int, initial: int = 0):
+        self.total, self.n, self.every = total, initial, max(1, total // 10)
+        self.first, self.t0, self.postfix = initial, time.time(), {}
+
+    def set_postfix(self, **kw: str) -> None:
+        self.postfix = kw
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        if self.n % self.every == 0 or self.n == self.total:
+            extra = "  ".join(f"{key} {val}" for key, val in self.postfix.items())
+            took = time.time() - self.t0
+            eta = took / max(1, self.n - self.first) * (self.total - self.n)
+            print(f"train step {self.n}/{self.total}  {extra}  ({took:.1f} s, ETA {eta:.0f} s)", flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _trim_losses(path: Path, start: int) -> list[dict]:
+    """On resume, drop loss lines past the checkpoint (they are recomputed); fresh run: start empty.
+    Returns the rows kept."""
+    if start == 0 or not path.exists():
+        path.write_text("")
+        return []
+    return _keep_losses(path.read_text().splitlines(), path, start)
+
+
+def _carry_losses(source: Path, path: Path, start: int) -> list[dict]:
+    """Resumed from another run: its loss lines up to the checkpoint open this run's curve."""
+    return _keep_losses(source.read_text().splitlines() if source.exists() else [], path, start)
+
+
+def _keep_losses(lines: list[str], path: Path, start: int) -> list[dict]:
+    """Write to `path` the loss lines up to step `start`; returns them parsed."""
+    keep = [(line, json.loads(line)) for line in lines if line.strip()]
+    keep = [(line, row) for line, row in keep if row["step"] <= start]
+    path.write_text("".join(line + "\n" for line, _ in keep))
+    return [row for _, row in keep]
