@@ -269,7 +269,7 @@ def test_drop_warmup_keeps_later_iterations():
 def test_message_overhead_follows_the_probed_latency_curve_and_queued_messages_pay_the_gap(spec, unit_profile):
     """The calibration run's overhead (at its link's 5 ms) is the level; the probe's curve gives the
     change with latency; the probe's back-to-back gap becomes link time, taken off the overhead."""
-    from geotrain.calibrate.calibrated_costs import message_overhead_s
+    from geotrain.calibrate.calibrated_links import message_overhead_s
 
     rt = {**unit_profile["runtime"], "wan_message_overhead_s": 2e-3,
           "calibration_run": {**unit_profile["runtime"].get("calibration_run", {}), "latency_ms": 5.0},

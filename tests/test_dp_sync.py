@@ -13,13 +13,13 @@ import pytest
 from geotrain.costs import CostModel, comm
 from geotrain.costs.comm import GBIT, hierarchical_half
 from geotrain.layout.plan import Plan, StagePlan
+from geotrain.layout.stage_costs import StageCosts
 from geotrain.planner.context import PlanningContext
 from geotrain.planner.manual import plan_from_job
 from geotrain.planner.plan_score import plan_stage_costs
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import schedule_for_plan
 from geotrain.sim import simulate
-from geotrain.sim.simulate import tied_sum
 from geotrain.spec.load import load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "examples" / "tiny_2dc.toml"
@@ -50,7 +50,7 @@ def test_the_sync_inside_a_dc_counts_every_gather_fsdp2_runs(sharding, precision
     plan = plan_from_job(spec).with_(sharding=sharding, precision=precision)
     assert plan.dp == 2 and plan.num_microbatches == 4 and not plan.replica_dcs
     cost = CostModel(spec.model, precision=precision)
-    tied = tied_sum(cost, spec.cluster, plan)
+    tied = StageCosts(cost, spec.cluster).plan_tied_sum(plan)
     want = []
     for s, st in enumerate(plan.stages):
         dc = spec.cluster.dc(st.dc)
@@ -68,7 +68,7 @@ def test_a_region_plans_sync_counts_every_gather_across_the_wan():
     cost = CostModel(spec.model, precision=plan.precision)
     link = spec.cluster.link("east", "west")
     rate, lat = link.rate_gbps(1) * GBIT, link.latency_ms * 1e-3   # one replica (tp 1) per DC owns a shard
-    tied = tied_sum(cost, spec.cluster, plan)
+    tied = StageCosts(cost, spec.cluster).plan_tied_sum(plan)
     want = [sum(b / 2 / rate + lat for b in _halves(cost, st, "zero3", plan.num_microbatches)) + tied
             for st in plan.stages]
     assert len(_halves(cost, plan.stages[0], "zero3", 4)) == 6   # 1 reduce-scatter + 5 gathers

@@ -1,5 +1,6 @@
 """Calibrated simulation: the simulator's inputs built from a measured profile, with the effects the
-plain cost model leaves out modelled explicitly.
+plain cost model leaves out modelled explicitly -- `CalibratedCosts`, the analytic StageCosts
+(layout.stage_costs) with what the profile measures in their place.
 
 What is modelled (each from a number in the profile's "runtime" part, see profile.py):
   * compute per virtual stage: the sum of its units' measured forward/backward (CostModel with the
@@ -15,16 +16,8 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     own, `calibration_run.allreduce_factor_run`; the first stage's and the other stages' apart,
     "allreduce_first_stage" / "allreduce_other_stages", where the profile has them);
   * the optimizer step: measured fixed + per-parameter cost;
-  * intra-DC point-to-point: the cluster's intra-DC latency and bandwidth replaced by the measured
-    gloo isend/irecv fit;
-  * WAN messages: the user-space WAN hands each message through several threads (dispatcher,
-    writers, reader, delay timer, the waiting rank), each of which waits for a core on a busy
-    machine; the profile's calibration run measures this per-message overhead off its trace
-    (`wan_message_overhead_s`, messages.py) at the spec's latency, the profile's isolated probe
-    how it changes with latency (`wan_messages`, message_overhead_s); added to the link latency
-    and scaled with the CPU sharing of each run. A message queued behind another on the same
-    connections pays the dispatcher/writer hand-off again as link time (the probe's back-to-back
-    `gap_s`): the link's rate for boundary tensors is lowered by that much;
+  * intra-DC point-to-point and WAN messages: the measured gloo p2p and per-message transport
+    overhead in the cluster's numbers (calibrated_links.py);
   * the ACK wait: a send completes when the receiver's ACK is back (transport/striped_send.py) and every
     rank waits for its sends before its optimizer step -- one round trip after the last byte left
     over the kernel WAN, only the hand-offs over the user-space shaper, which ACKs before it holds
@@ -59,13 +52,15 @@ from typing import Any
 
 import numpy as np
 
+from geotrain.calibrate.calibrated_links import calibrated_cluster, slowdown
 from geotrain.calibrate.profile_file import cost_profile
 from geotrain.calibrate.waits import ack_delays, global_sync_s
-from geotrain.costs import CostModel, comm
+from geotrain.costs import CostModel, StageTimes, comm
 from geotrain.costs.memory import fsdp_gather_bytes_per_param
+from geotrain.layout.stage_costs import StageCosts, plan_inputs
 from geotrain.layout.wan_bytes import collective_bytes
 from geotrain.schedule.actions import Op
-from geotrain.sim import StageCost, simulate_costs
+from geotrain.sim import simulate_costs
 from geotrain.sim.simulate import plan_schedule
 from geotrain.trace.metrics import WAN_COLLECTIVE_BYTES, trace_columns
 from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
@@ -77,18 +72,12 @@ CONTENTION_ROUNDS = 3
 class CalibratedInputs:
     cluster: Any
     stage_costs: list            # geotrain.sim.StageCost per virtual stage
-    allreduce: list[float]       # per physical stage
+    allreduce: list[float]       # per physical stage (the tied sum included)
     optimizer: list[float]       # per physical stage: the step itself (CPU work)
     tokens: int
     global_sync: float = 0.0     # the world-wide loss/overflow all-reduce before each step (waiting, not CPU)
     ack_s: dict[str, float] | None = None   # per WAN direction: last byte out -> ACK at the sender (None: RTT)
-
-
-def slowdown(concurrent: float, background: float, cores: int) -> float:
-    """Processor sharing: `concurrent` of our ranks computing at once beside `background` runnable
-    threads of other work on `cores` cores each get cores / (concurrent + background) of a core,
-    at most one."""
-    return max(1.0, (concurrent + background) / max(1, cores))
+    costs: CalibratedCosts | None = None    # what priced them (the simulator's transfers too)
 
 
 def core_slowdown(spec, plan, profile: dict, background: float, residual: float) -> list[float] | None:
@@ -106,94 +95,6 @@ def core_slowdown(spec, plan, profile: dict, background: float, residual: float)
         return None
     units = plan.pp * plan.dp
     return [1.0] + [residual * slowdown(k * plan.tp * threads, background, ncores) for k in range(1, units + 1)]
-
-
-def calibrated_cluster(spec, profile: dict, background: float | None = None, mode: str = "shaper",
-                       boundary_bytes: int = 0, message_scale: float | None = None, plan=None):
-    """The spec's cluster with intra-DC latency/bandwidth replaced by the measured gloo p2p, and each
-    WAN message's transport overhead (thread hand-offs in the user-space WAN, which wait for a core
-    when the machine is busy) added to the WAN latency, scaled by the CPU sharing at `background`
-    (processor sharing), or by `message_scale` when the run's CPU sharing was measured (predict)."""
-    rt = profile.get("runtime", {})
-    cluster = spec.cluster
-    p2p = rt.get("p2p")
-    if p2p:
-        dcs = []
-        for dc in cluster.datacenters:
-            upd = {"intra_dc_latency_us": p2p["alpha_s"] * 1e6}
-            if p2p["per_byte_s"] > 0:
-                upd["intra_dc_gbps"] = 8 / p2p["per_byte_s"] / 1e9
-            dcs.append(dc.model_copy(update=upd))
-        cluster = cluster.model_copy(update={"datacenters": dcs})
-    if mode == "off" and cluster.wan_links:
-        # `--wan off`: no emulated WAN, every pair on gloo over loopback like a pair inside a DC.
-        dc0 = cluster.datacenters[0]
-        links = [wl.model_copy(update={"latency_ms": dc0.intra_dc_latency_us * 1e-3, "capacity_gbps": dc0.intra_dc_gbps,
-                                       "per_connection_gbps": dc0.intra_dc_gbps}) for wl in cluster.wan_links]
-        return cluster.model_copy(update={"wan_links": links})
-    if cluster.wan_links and (rt.get("wan_message_overhead_s") or rt.get("wan_messages")):
-        ncores = int(rt.get("cores", 1))
-        b0 = float(rt.get("calibration_run", {}).get("background_runnable", 0.0))
-        b = b0 if background is None else background
-        scale = slowdown(1, b, ncores) / slowdown(1, b0, ncores) if message_scale is None else message_scale
-        links = []
-        for wl in cluster.wan_links:
-            extra, gap = message_overhead_s(profile, wl.latency_ms)
-            if mode != "shaper":
-                # The kernel queues the next message's bytes while the transport hands it on: a
-                # queued message pays no gap (measured: back-to-back arrivals size / rate apart).
-                extra, gap = extra + gap, 0.0
-            upd = {"latency_ms": wl.latency_ms + 1e3 * extra * scale}
-            if gap > 0 and boundary_bytes:
-                # Each message holds its connections for its stripe's size / rate + gap (a queued
-                # message pays the hand-off again, whatever the number of stripes): the link's rate
-                # for boundary-sized messages.
-                lp = plan.link_between(*wl.between) if plan is not None else None
-                stripe = boundary_bytes / (max(1, lp.connections) if lp is not None else 1)
-                per_conn = stripe / (stripe / (wl.per_connection_gbps * 1e9 / 8) + gap * scale)
-                upd["per_connection_gbps"] = per_conn * 8 / 1e9
-                upd["capacity_gbps"] = wl.capacity_gbps * per_conn * 8 / 1e9 / wl.per_connection_gbps
-            links.append(wl.model_copy(update=upd))
-        cluster = cluster.model_copy(update={"wan_links": links})
-    return cluster
-
-
-def message_overhead_s(profile: dict, latency_ms: float) -> tuple[float, float]:
-    """(per-message overhead, per-queued-message gap) in seconds on a WAN link of `latency_ms`.
-
-    The level comes from the calibration run (`wan_message_overhead_s`, read off its trace at the
-    spec's link latency L0, messages.py); how it changes with latency from the profile's isolated
-    probe (`wan_messages.overhead_s` at PROBE_LATENCIES_MS, profile._wan_messages): the run's value
-    times probe(L) / probe(L0), probe interpolated linearly in latency and flat past the ends. The
-    hand-offs of a message wake threads that slept about one latency (reader, delay timer, the
-    waiting rank); measured, the cost rises from 2 to 40 ms links and levels off (the validation
-    traces: median 1.4 / 2.3 / 3.3 ms at 2 / 10 / 40 ms over five runs; an isolated probe
-    0.7 / 0.9 / 1.3 ms on a loaded machine, 2.9 / 3.5 / 4.4 ms on a quiet one).
-
-    The gap is charged as link time (calibrated_cluster lowers the link's rate for boundary-sized
-    messages), so it is taken off the per-message overhead here: a message nobody queues behind
-    costs the measured overhead in total, each one queued behind another pays the gap again. The
-    probe's gap is scaled like its overhead (run / probe at L0): in the run the sender computes while
-    its dispatcher and writer hand the next message on."""
-    rt = profile.get("runtime", {})
-    level = float(rt.get("wan_message_overhead_s", 0.0))
-    probe = rt.get("wan_messages") or {}
-    curve = sorted((float(k), float(v)) for k, v in probe.get("overhead_s", {}).items())
-    gap = float(probe.get("gap_s", 0.0))
-    if curve and all(v > 0 for _, v in curve):
-        l0 = float(rt.get("calibration_run", {}).get("latency_ms", latency_ms))
-        ref = _interp(curve, l0)
-        # The run's hand-offs cost `in_run` times the probe's (the peer computes, the cores are
-        # shared); the queued message's gap is made of the same hand-offs.
-        in_run = level / ref if level > 0 else 1.0
-        level, gap = in_run * _interp(curve, latency_ms), in_run * gap
-    gap = min(gap, level)
-    return max(0.0, level - gap), gap
-
-
-def _interp(points: list[tuple[float, float]], x: float) -> float:
-    xs, ys = zip(*points)
-    return float(np.interp(x, xs, ys))
 
 
 def profile_mode(profile: dict) -> str:
@@ -227,72 +128,80 @@ def fsdp_gather_s(plan, cost, units: range, rt: dict) -> tuple[float, float]:
     return gathers / m, 0.0
 
 
-def calibrated_inputs(spec, plan, profile: dict, background: float | None = None,
-                      mode: str | None = None, message_scale: float | None = None) -> CalibratedInputs:
-    """Per-stage costs for `geotrain.sim.simulate_costs`, before contention (see module docstring)."""
-    rt = profile.get("runtime", {})
-    cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
-                     optimizer=spec.job.optimizer, profile=cost_profile(profile))
-    mode = mode or profile_mode(profile)
-    boundary = cost.boundary_bytes(plan.micro_batch)   # what the runtime sends: the training dtype
-    cluster = calibrated_cluster(spec, profile, background, mode, boundary, message_scale, plan)
-    sched = plan_schedule(plan)
-    per_action = float(rt.get("per_action_s", 0.0))
-    factor = rt.get("compute_factor", {})
-    split = rt.get("split_backward")
-    # Interpreter time per compute action: its own plus its share of the stage's non-compute actions.
-    compute_ops = {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT}
-    share = []
-    for acts in sched.actions:
-        n_comp = sum(1 for a in acts if a.op in compute_ops)
-        share.append(per_action * len(acts) / max(1, n_comp))
-    last = plan.pp * plan.virtual_per_stage - 1
-    stage_costs = []
-    for v, (a, b) in enumerate(plan.virtual_units()):
-        dc = cluster.dc(plan.stages[v % plan.pp].dc)
-        t = cost.with_checkpointing(plan.stage_checkpointing(v % plan.pp)).stage_times(  # the stage's own mode
-            range(a, b), cluster.gpu(dc.gpu_type), plan.micro_batch)
-        o = share[v % plan.pp]
+class CalibratedCosts(StageCosts):
+    """The analytic costs (layout.stage_costs) of one plan with what the profile measures in their
+    place (see the module docstring): per-unit times through the cost model's profile, the
+    runtime's compute factors, per-action overhead, FSDP gathers and backward split (`stage_compute`),
+    the fitted DP all-reduce (`stage_sync`), the optimizer step, the measured p2p and per-message
+    WAN overhead (its cluster) and the ACK wait (`wan`). TP all-reduces, the tied embedding's sum,
+    boundary bytes and the turn rule are the analytic ones."""
+
+    def __init__(self, spec, plan, profile: dict, background: float | None = None, mode: str | None = None,
+                 message_scale: float | None = None):
+        self.rt = rt = profile.get("runtime", {})
+        cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
+                         optimizer=spec.job.optimizer, profile=cost_profile(profile))
+        self.mode = mode or profile_mode(profile)
+        boundary = cost.boundary_bytes(plan.micro_batch)   # what the runtime sends: the training dtype
+        super().__init__(cost, calibrated_cluster(spec, profile, background, self.mode, boundary, message_scale, plan))
+        self.ack = ack_delays(spec, self.cluster, self.mode)
+        self.global_sync = global_sync_s(spec, plan, profile, self.mode)
+        # Interpreter time per compute action: its own plus its share of the stage's non-compute actions.
+        per_action = float(rt.get("per_action_s", 0.0))
+        compute_ops = {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT}
+        self.share = [per_action * len(acts) / max(1, sum(1 for a in acts if a.op in compute_ops))
+                      for acts in plan_schedule(plan).actions]
+
+    def stage_compute(self, plan, v: int) -> StageTimes:
+        t = super().stage_compute(plan, v)       # the profile's per-unit times
+        factor, split = self.rt.get("compute_factor", {}), self.rt.get("split_backward")
+        a, b = plan.virtual_units()[v]
+        o = self.share[v % plan.pp]
         ff, fb = factor.get("forward", 1.0), factor.get("backward", 1.0)
-        g_fwd, g_bwd = fsdp_gather_s(plan, cost, range(a, b), rt)
+        g_fwd, g_bwd = fsdp_gather_s(plan, self.base, range(a, b), self.rt)
         b_in, b_w = t.backward_input, t.backward_weight
         if split:       # measured zero-bubble split (profile.time_split_backward)
             b_in, b_w = t.backward * split["input"], t.backward * split["weight"]
         b_in += g_bwd   # FSDP re-gathers at the first backward pass
         if v == 0:      # the runtime defers the first stage's whole backward to W (no input gradient to send)
             b_in, b_w = 0.0, t.backward + g_bwd
-        stage_costs.append(StageCost(forward=(t.forward + g_fwd) * ff + o, backward=(t.backward + g_bwd) * fb + o,
-                                     backward_input=b_in * fb + o / 2,
-                                     backward_weight=b_w * fb + o / 2,
-                                     send_bytes=boundary if v < last else 0))
-    allreduce, optimizer = [], []
-    sync = global_sync_s(spec, plan, profile, mode)
-    ar = rt.get("allreduce", {})
-    opt = rt.get("optimizer")
-    for s, st in enumerate(plan.stages):
-        dc = cluster.dc(st.dc)
-        params = cost.stage_params(st.units)
-        if plan.dp <= 1:
-            allreduce.append(0.0)
-        elif str(plan.dp) in ar:
-            fit = ar[str(plan.dp)]
-            key = "allreduce_first_stage" if s == 0 else "allreduce_other_stages"
-            f = factor.get(key, factor.get("allreduce", 1.0))
-            # replicated DP reduces in the training dtype (runtime.parallelize.allreduce_grads)
-            allreduce.append((fit["alpha_s"] + cost.dtype_bytes * params * fit["per_byte_s"]) * f)
-        else:
-            # FSDP2's gathers are in the compute above (fsdp_gather_s): the sync is the reduction
-            reduce = [c for c in cost.sync_collectives([st.units], plan.sharding, plan.num_microbatches)
-                      if plan.sharding in ("replicate", "zero1") or c[0] == "reduce-scatter"]
-            allreduce.append(comm.dp_sync_time(reduce, plan.dp, dc))
-        if opt:
-            step = (opt["fixed_s"] + params * opt["per_param_s"]) * factor.get("optimizer", 1.0)
-        else:
-            step = cost.optimizer_time(st.units, cluster.gpu(dc.gpu_type), plan.sharding, plan.dp)
-        optimizer.append(step)
-    return CalibratedInputs(cluster, stage_costs, allreduce, optimizer, plan.global_batch * spec.model.seq_len, sync,
-                            ack_delays(spec, cluster, mode))
+        return StageTimes(forward=(t.forward + g_fwd) * ff + o, backward=(t.backward + g_bwd) * fb + o,
+                          backward_input=b_in * fb + o / 2, backward_weight=b_w * fb + o / 2)
 
+    def stage_sync(self, plan, s: int, spread=None) -> float:
+        """The measured gloo all-reduce fit at the plan's dp, times its in-run factor; FSDP2's
+        gathers are in the compute (fsdp_gather_s), so this is the reduction. Without a fit at
+        that dp, the analytic sync."""
+        fit = self.rt.get("allreduce", {}).get(str(plan.dp))
+        if plan.dp <= 1 or not fit:
+            return super().stage_sync(plan, s, spread)
+        factor = self.rt.get("compute_factor", {})
+        f = factor.get("allreduce_first_stage" if s == 0 else "allreduce_other_stages", factor.get("allreduce", 1.0))
+        # replicated DP reduces in the training dtype (runtime.parallelize.allreduce_grads)
+        params = self.base.stage_params(plan.stages[s].units)
+        return (fit["alpha_s"] + self.base.dtype_bytes * params * fit["per_byte_s"]) * f
+
+    def stage_optimizer(self, plan, s: int) -> float:
+        opt = self.rt.get("optimizer")
+        if not opt:
+            return super().stage_optimizer(plan, s)
+        params = self.base.stage_params(plan.stages[s].units)
+        return (opt["fixed_s"] + params * opt["per_param_s"]) * self.rt.get("compute_factor", {}).get("optimizer", 1.0)
+
+    def wan(self, a: str, b: str, connections: int, sharing: str, pipelines: int, copies: int = 1):
+        w = super().wan(a, b, connections, sharing, pipelines, copies)
+        if w is None or self.ack is None:
+            return w
+        return replace(w, ack_s=self.ack.get(f"{a}->{b}", w.ack_s))
+
+
+def calibrated_inputs(spec, plan, profile: dict, background: float | None = None,
+                      mode: str | None = None, message_scale: float | None = None) -> CalibratedInputs:
+    """Per-stage costs for `geotrain.sim.simulate_costs`, before contention (see module docstring)."""
+    costs = CalibratedCosts(spec, plan, profile, background, mode, message_scale)
+    inp = plan_inputs(costs, plan)
+    return CalibratedInputs(costs.cluster, inp.stage_costs, inp.allreduce, inp.optimizer,
+                            plan.global_batch * spec.model.seq_len, costs.global_sync, costs.ack, costs)
 
 
 def compute_concurrency(result, plan) -> list[float]:
@@ -387,7 +296,7 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
         # unscaled by CPU sharing (its ranks wait on the network, they do not compute).
         opt = [t * f + inp.global_sync for t, f in zip(inp.optimizer, factors)]
         res = simulate_costs(plan, inp.cluster, costs, inp.allreduce, opt, inp.tokens, iterations=iterations,
-                             ack_s=inp.ack_s, core_slowdown=pool)
+                             core_slowdown=pool, costs=inp.costs)
         if not contention or measured or pool is not None:
             break
         conc = compute_concurrency(res, plan)

@@ -49,7 +49,7 @@ from geotrain.schedule.builders import build_schedule
 from geotrain.sim.simulate import StageCost, simulate_costs
 from geotrain.spec import Cluster
 from geotrain.transport.auth import SECRET_ENV, new_secret, run_secret, write_secret_file
-from geotrain.transport.turns import concurrent_turns, link_handoff, turns_via_store
+from geotrain.transport.turns import link_handoff, turn_slots, turns_via_store
 
 DCS = ("east", "west")
 SHARINGS = ("fair", "temporal")
@@ -154,10 +154,10 @@ def _stage(index: int, case: PipelineCase, role: int, replica: int, hosts: list[
     d, me = case.d, hosts[role]
     store = TCPStore(hosts[0], STORE_PORT, is_master=False, timeout=timedelta(seconds=60))
     link = cluster.wan_links[0]
-    slots = concurrent_turns(link.capacity_gbps, link.rate_gbps(case.connections))
-    handoff = link_handoff(link.capacity_gbps, link.rate_gbps(case.connections), link.latency_ms, slots)
+    slots = turn_slots("temporal", link.capacity_gbps, link.rate_gbps(case.connections), d)
     client = arbiter = None
-    if slots < d:          # as runtime.cross_dc.build_transport decides: else every pipeline always has a slot
+    if slots:              # as runtime.cross_dc.build_transport decides: else every pipeline always has a slot
+        handoff = link_handoff(link.capacity_gbps, link.rate_gbps(case.connections), link.latency_ms, slots)
         # Replica 0's process serves the direction's arbiter (over TCP, the run's secret); all are clients.
         inner, arbiter = turns_via_store(store, f"c{index}/turns/{role}", replica, list(range(d)), host=me,
                                          is_host=replica == 0, timeout_s=120, slots=slots, secret=secret,

@@ -164,7 +164,7 @@ def _wan_messages(rank: int, wan: dict, nbytes: int, repeats: int = 6, burst: in
     * "overhead_s": {latency_ms: median arrival - (send + size / rate + latency)} at each of
       PROBE_LATENCIES_MS -- the thread hand-offs of one message (caller -> dispatcher -> writer ->
       pacing -> reader -> delay timer -> waiting rank). It rises with the latency, i.e. with how long
-      the delay-timer and reader threads sleep before they must run (see costs.message_overhead_s).
+      the delay-timer and reader threads sleep before they must run (see calibrated_links.message_overhead_s).
     * "gap_s": per message of a back-to-back burst, the arrival spacing beyond size / rate. The
       transport's dispatcher hands a destination's messages to the writers one at a time and waits
       until the last byte is written, and the pacer restarts from "now", so each message queued

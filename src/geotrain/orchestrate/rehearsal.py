@@ -44,7 +44,7 @@ from pathlib import Path
 from geotrain.emulation.network import WanEmulation, emulation_available
 from geotrain.errors import GeotrainError
 from geotrain.trace.schema import Trace
-from geotrain.transport.turns import concurrent_turns
+from geotrain.transport.turns import turn_slots
 
 RDZV_PORT = 29400          # inside the first DC's namespace (a fresh network stack: always free)
 LISTENING = re.compile(r"geotrain wan: rank (\d+) \(([^)]*)\) -> stage \d+ \([^)]*\): StripedTransport, .*"
@@ -189,8 +189,8 @@ def link_reports(spec, plan, trace_path: Path, conns: dict[tuple[str, str, int],
         k = max(1, int(lp.connections)) if lp is not None else 1
         sharing = lp.sharing if lp is not None else "fair"
         wl = spec.cluster.link(a, b)
-        slots = concurrent_turns(wl.capacity_gbps, wl.rate_gbps(k)) if wl is not None else 1
-        temporal = sharing == "temporal" and slots < plan.dp
+        slots = turn_slots(sharing, wl.capacity_gbps, wl.rate_gbps(k), plan.dp) if wl is not None else 0
+        temporal = slots > 0
         turns = [e for e in trace.events if e.kind == "turn" and e.link == name]
         senders: dict[int, set[int]] = defaultdict(set)
         for e in xfer:

@@ -51,7 +51,7 @@ from geotrain.errors import GeotrainError
 from geotrain.runtime import p2p as T
 from geotrain.transport.auth import run_secret
 from geotrain.transport.striped import StripedTransport
-from geotrain.transport.turns import concurrent_turns, link_handoff, turns_via_store
+from geotrain.transport.turns import link_handoff, turn_slots, turns_via_store
 
 MODES = ("auto", "kernel", "shaper", "off")
 RANK_MODES = ("kernel", "shaper", "direct")    # what a rank's wan config may say ("direct": a real WAN)
@@ -206,8 +206,8 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
     for peer_stage, lp in links.items():
         turn = None
         wl = spec.cluster.link(lp.src_dc, lp.dst_dc)
-        slots = concurrent_turns(wl.capacity_gbps, wl.rate_gbps(lp.connections)) if wl is not None else 1
-        if lp.sharing == "temporal" and slots < plan.dp:   # else every pipeline always has a slot: no turns
+        slots = turn_slots(lp.sharing, wl.capacity_gbps, wl.rate_gbps(lp.connections), plan.dp) if wl is not None else 0
+        if slots:   # else every pipeline always has a slot (or the link is fair): no turns
             order = turn_order(lp, plan.dp)
             # With tp > 1 each TP index has its own boundary traffic (same t to same t): its own ring of turns.
             key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.stage_tp(stage) > 1 else "")

@@ -25,13 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from geotrain.costs.comm import ring_half
 from geotrain.errors import InfeasibleError
 from geotrain.layout.plan import LinkPlan, Plan
+from geotrain.layout.stage_costs import StageCosts
 from geotrain.schedule.actions import Op, Schedule
-from geotrain.spec import Cluster
 from geotrain.trace.metrics import KIND_CODE
-from geotrain.transport.turns import TURN_OVERHEAD_S, concurrent_turns
 
 # Engine op codes.
 COMPUTE = 0      # occupies the GPU for dur
@@ -88,28 +86,18 @@ class Program:
     link_meta: dict[str, dict[str, float | str]]
 
 
-def _wan_direction(cluster: Cluster, plan: Plan, a: str, b: str, ack_s: dict[str, float] | None,
-                   copies: int = 1) -> WanDirection:
-    wl = cluster.link(a, b)
-    if wl is None:
-        raise InfeasibleError(f"the schedule sends between datacenters {a} and {b}, which no WAN link joins")
+def _wan_direction(costs: StageCosts, plan: Plan, a: str, b: str, copies: int = 1) -> WanDirection:
     lp = plan.link_between(a, b) or LinkPlan(src_dc=a, dst_dc=b)
+    # `copies` parallel flows (one per receiving TP rank), each on its own connections.
+    w = costs.wan(a, b, lp.connections, lp.sharing, plan.dp, copies)
+    if w is None:
+        raise InfeasibleError(f"the schedule sends between datacenters {a} and {b}, which no WAN link joins")
     if lp.sharing not in ("fair", "temporal"):
         raise InfeasibleError(f"link {a}-{b}: unknown sharing {lp.sharing!r} (known: fair, temporal)")
     order = {d: i for i, d in enumerate(lp.order)}
     prio = tuple(order.get(d, len(order) + d) for d in range(plan.dp))
-    name = f"{a}->{b}"
-    # The runtime's transport completes a send when the receiver's ACK is back (transport/striped_send.py),
-    # and waits for its sends before the optimizer step: one round trip after the last byte left.
-    ack = (ack_s or {}).get(name, 2 * wl.latency_ms * 1e-3)
-    # Turns cost their overhead only where the runtime takes them: fewer slots than pipelines (per
-    # TP index's ring, runtime/cross_dc.py). `copies` parallel flows (one per receiving TP rank), each on
-    # its own connections.
-    turns = lp.sharing == "temporal" and concurrent_turns(wl.capacity_gbps, wl.rate_gbps(lp.connections)) < plan.dp
-    flow = min(copies * wl.rate_gbps(lp.connections), wl.capacity_gbps)
-    return WanDirection(name=name, capacity=wl.capacity_gbps * GBPS, flow_rate=flow * GBPS,
-                        latency=wl.latency_ms * 1e-3, sharing=lp.sharing, priority=prio, ack_s=ack,
-                        turn_s=TURN_OVERHEAD_S if turns else 0.0)
+    return WanDirection(name=f"{a}->{b}", capacity=w.capacity, flow_rate=w.flow_rate, latency=w.latency,
+                        sharing=lp.sharing, priority=prio, ack_s=w.ack_s, turn_s=w.turn_s)
 
 
 def _append(p: StageProgram, code: int, dur: float, kind: int, v: int, mb: int, it: int, nb: int) -> None:
@@ -126,10 +114,10 @@ def _append(p: StageProgram, code: int, dur: float, kind: int, v: int, mb: int, 
     p.wan.append(-1)
 
 
-def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_costs: list, allreduce_time: list[float],
-                    optimizer_time: list[float], iterations: int, ack_s: dict[str, float] | None = None) -> Program:
-    """ack_s: per WAN direction ("A->B"), seconds from a transfer's last byte leaving until its sender
-    holds the ACK (default one round trip); each OPTIMIZER is preceded by a WAIT_ACKS slot."""
+def compile_program(plan: Plan, costs: StageCosts, schedule: Schedule, stage_costs: list, allreduce_time: list[float],
+                    optimizer_time: list[float], iterations: int) -> Program:
+    """`costs` prices the transfers (intra-DC, WAN directions with their ACK wait, TP gathers);
+    each OPTIMIZER is preceded by a WAIT_ACKS slot."""
     pp, vps = plan.pp, schedule.virtual_per_stage
     if schedule.num_stages != pp:
         raise ValueError(f"schedule has {schedule.num_stages} stages, plan has {pp}")
@@ -150,11 +138,11 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
             link_id[name] = len(link_names)
             link_names.append(name)
             if a == b:
-                dc = cluster.dc(a)
+                dc = costs.dc(a)
                 meta[name] = {"kind": "intra", "bandwidth_Bps": dc.intra_dc_gbps * GBPS,
                               "latency_s": dc.intra_dc_latency_us * 1e-6}
             else:
-                w = _wan_direction(cluster, plan, a, b, ack_s, copies)
+                w = _wan_direction(costs, plan, a, b, copies)
                 wan_id[name] = len(wan)
                 wan.append(w)
                 meta[name] = {"kind": "wan", "capacity_Bps": w.capacity, "flow_rate_Bps": w.flow_rate,
@@ -192,9 +180,7 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
                     if sender != s and plan.boundary_scattered(sender, s):
                         # the receiver all-gathers the 1/tp slices in its TP group before the tensor is whole
                         src_v = a.peer if op == Op.RECV_ACT else v
-                        d = cluster.dc(dcs[s])
-                        gather = ring_half(stage_costs[src_v].send_bytes, plan.stage_tp(s), d.intra_node_gbps * GBPS,
-                                           d.intra_dc_latency_us * 1e-6)
+                        gather = costs.tp_gather(dcs[s], stage_costs[src_v].send_bytes, plan.stage_tp(s))
                         _append(p, RECV, 0.0, kind, v, a.mb, it, 0)
                         code, dur = COMPUTE, gather
                 elif op in (Op.SEND_ACT, Op.SEND_GRAD):
@@ -228,8 +214,7 @@ def compile_program(plan: Plan, cluster: Cluster, schedule: Schedule, stage_cost
         if wid >= 0:
             p.ops[slot], p.wan[slot] = SEND_WAN, wid
         else:   # the flows leave from different GPUs in parallel: one flow's time
-            dc = cluster.dc(a)
-            p.dur[slot] = dc.intra_dc_latency_us * 1e-6 + one / (dc.intra_dc_gbps * GBPS)
+            p.dur[slot] = costs.intra_transfer(a, one)
     if recv_slot:
         (is_act, frm, to, mb, it), _ = next(iter(recv_slot.items()))
         what = "activation" if is_act else "gradient"

@@ -1,14 +1,12 @@
-"""Entry points: simulate a plan from the cost model, or from explicit per-stage costs."""
+"""Entry points: simulate a plan from its costs (`layout.stage_costs`), or from explicit per-stage costs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import chain
 
-from geotrain.costs import CostModel, comm
-from geotrain.errors import GeotrainError
 from geotrain.layout.peaks import stage_peaks
 from geotrain.layout.plan import Plan
+from geotrain.layout.stage_costs import StageCost, StageCosts, plan_inputs
 from geotrain.layout.wan_bytes import collective_bytes
 from geotrain.schedule.actions import Schedule
 from geotrain.schedule.builders import schedule_for_plan
@@ -24,16 +22,7 @@ from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
 _TRAINING_CODES = frozenset(KIND_CODE[k] for k in TRAINING_COMPUTE_KINDS)
 _OPTIMIZER_CODE = KIND_CODE["optimizer"]
 
-
-@dataclass
-class StageCost:
-    """Per VIRTUAL stage, seconds per micro-batch and bytes."""
-
-    forward: float
-    backward: float
-    backward_input: float
-    backward_weight: float
-    send_bytes: int   # activation bytes sent to the next virtual stage per micro-batch (gradient back: same size)
+__all__ = ["SimResult", "StageCost", "plan_schedule", "simulate", "simulate_costs"]
 
 
 class SimResult:
@@ -105,21 +94,22 @@ def plan_schedule(plan: Plan) -> Schedule:
 def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], allreduce_time: list[float],
                    optimizer_time: list[float], tokens_per_iteration: int, iterations: int = 1,
                    schedule: Schedule | None = None, progress: bool = False,
-                   peak_memory: dict[int, float] | None = None, ack_s: dict[str, float] | None = None,
-                   core_slowdown: list[float] | None = None) -> SimResult:
+                   peak_memory: dict[int, float] | None = None, core_slowdown: list[float] | None = None,
+                   costs: StageCosts | None = None) -> SimResult:
     """The core: run `iterations` iterations of the plan's schedule with explicit costs.
 
     stage_costs: one per virtual stage; allreduce_time, optimizer_time: one per physical stage.
-    peak_memory (per rank, bytes) is passed through to the metrics. ack_s: per WAN direction
-    ("A->B"), seconds from a transfer's last byte leaving until its sender holds the ACK (default:
-    one round trip, program.compile_program). core_slowdown: for a CPU-emulated run whose ranks
+    peak_memory (per rank, bytes) is passed through to the metrics. costs: what prices the
+    transfers (a calibrated StageCosts: measured latencies and ACK waits); None: the analytic one
+    over `cluster`. core_slowdown: for a CPU-emulated run whose ranks
     outnumber the host's cores, how much slower each of k units computing at once runs
     ([unused, k=1, k=2, ...], sim.cores): compute then shares the cores (processor sharing);
     None (GPU runs, or a core per rank): each unit computes alone."""
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
     sched = schedule if schedule is not None else plan_schedule(plan)
-    prog = compile_program(plan, cluster, sched, stage_costs, allreduce_time, optimizer_time, iterations, ack_s)
+    costs = costs if costs is not None else StageCosts(None, cluster)
+    prog = compile_program(plan, costs, sched, stage_costs, allreduce_time, optimizer_time, iterations)
     offsets = list(plan.pipeline_offsets) + [0.0] * (plan.dp - len(plan.pipeline_offsets))
     offsets = offsets[:plan.dp]
     pool = CorePool(core_slowdown) if core_slowdown is not None else None
@@ -137,82 +127,25 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     return SimResult(trace, sched, plan, fast, tokens_per_iteration, peak_memory)
 
 
-def _sync_spread(cluster: Cluster, plan: Plan) -> list[tuple[str, int]] | None:
-    """(DC, replicas) a region plan's DP groups spread over, checked once against the cluster
-    (named DCs, every pair linked); None for an ordinary plan (each stage's DP inside its DC)."""
-    if not plan.replica_dcs:
-        return None
-    spread = plan.replicas_per_dc()
-    names = [d for d, _ in spread]
-    known = {d.name for d in cluster.datacenters}
-    if any(n not in known for n in names):
-        raise GeotrainError(f"plan {plan.name!r}: replica_dcs names {sorted(set(names) - known)}, not datacenters "
-                            f"of cluster {cluster.name}")
-    if any(cluster.link(a, b) is None for i, a in enumerate(names) for b in names[i + 1:]):
-        raise GeotrainError(f"plan {plan.name!r} spreads DP over {', '.join(names)}, which are not all linked")
-    return spread
-
-
-def tied_sum(cost, cluster: Cluster, plan: Plan) -> float:
-    """Seconds per iteration the tied embedding's gradient sum adds to the first and the last
-    stage (costs.comm.tied_sum_time); 0 for an untied model or one stage."""
-    pairs = plan.dp * min(plan.stage_tp(0), plan.stage_tp(plan.pp - 1))   # (replica, TP index) on both ends
-    return comm.pipeline_tied_sum_time(cost.tied_grad_bytes(plan.sharding, plan.dp), pairs,
-                                       (st.dc for st in plan.stages), cluster.dc, cluster.link)
-
-
-def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = False) -> SimResult:
-    """Simulate `plan` on `spec.cluster` with times and bytes from the cost model.
-
-    Per virtual stage: the cost model's compute times on the stage DC's GPU at the stage's tp,
-    plus tensor-parallel communication (half in the forward, half in the backward's
-    input-gradient part, where it sits on the critical path); per physical stage: the DP sync
-    (every collective FSDP2 runs, zero3's per-micro-batch gathers too) and the optimizer step;
-    per rank: peak memory as `layout.peaks.stage_peaks` predicts it. Boundary copies (one per
-    receiving TP rank) are counted by program.py."""
-    cluster = spec.cluster
-    if cost is None:
-        cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
-                         optimizer=spec.job.optimizer)
+def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = False,
+             costs: StageCosts | None = None) -> SimResult:
+    """Simulate `plan` on `spec.cluster` with times and bytes from `costs` (`layout.stage_costs`:
+    default the analytic ones from the cost model, `cost` when given): per virtual stage its compute
+    with the TP all-reduces, per physical stage its DP sync (every collective FSDP2 runs, the tied
+    embedding's gradient sum) and optimizer step; per rank peak memory as `layout.peaks.stage_peaks`
+    predicts it. Boundary copies (one per receiving TP rank) are counted by program.py."""
+    if costs is None:
+        costs = StageCosts.for_plan(spec, plan, cost)
     sched = plan_schedule(plan)
-    pp, vps, mb = plan.pp, plan.virtual_per_stage, plan.micro_batch
-    vunits = plan.virtual_units()
-    last = pp * vps - 1
-    stage_costs = []
-    for v, (a, b) in enumerate(vunits):
-        dc = cluster.dc(plan.stages[v % pp].dc)
-        tp = plan.stage_tp(v % pp)
-        units = range(a, b)
-        t = cost.with_checkpointing(plan.stage_checkpointing(v % pp)).stage_times(units, cluster.gpu(dc.gpu_type),
-                                                                                   mb, tp)
-        tpc = cost.tp_comm_time(units, mb, tp, dc) if tp > 1 else 0.0
-        stage_costs.append(StageCost(
-            forward=t.forward + tpc / 2, backward=t.backward + tpc / 2,
-            backward_input=t.backward_input + tpc / 2, backward_weight=t.backward_weight,
-            send_bytes=cost.boundary_bytes(mb) if v < last else 0))
-    allreduce, optimizer, peak_memory = [], [], {}
-    spread = _sync_spread(cluster, plan)
-    peaks = stage_peaks(spec, plan, sched, cost)  # as the runtime's prediction: chunks weighed, B-W counted
-    for s, st in enumerate(plan.stages):
-        dc = cluster.dc(st.dc)
-        gpu = cluster.gpu(dc.gpu_type)
-        units = st.units
-        tp = plan.stage_tp(s)
-        # the stage's DP sync (each tp rank reduces its slice with the other replicas' same slice):
-        # the collectives FSDP2 runs, inside its DC or across a region's (one function with the planner)
-        collectives = cost.sync_collectives([range(a, b) for a, b in st.chunks], plan.sharding, plan.num_microbatches,
-                                            tp)
-        allreduce.append(comm.region_sync_time(collectives, spread or [(st.dc, plan.dp)], cluster.dc, cluster.link, tp)
-                         if plan.dp > 1 else 0.0)
-        optimizer.append(cost.optimizer_time(units, gpu, plan.sharding, plan.dp, tp))
+    inputs = plan_inputs(costs, plan)
+    peak_memory = {}
+    peaks = stage_peaks(spec, plan, sched, costs.base)  # as the runtime's prediction: chunks weighed, B-W counted
+    for s in range(plan.pp):
         peak_memory.update(dict.fromkeys(chain.from_iterable(plan.rank_table[s]), peaks[s][0].total))
-    tied = tied_sum(cost, cluster, plan)
-    if tied:   # the first and last stage sum their tied embedding copies' gradients before the step
-        allreduce[0] += tied
-        allreduce[-1] += tied
     tokens = plan.global_batch * spec.model.seq_len
-    res = simulate_costs(plan, cluster, stage_costs, allreduce, optimizer, tokens, iterations=iterations,
-                         schedule=sched, progress=progress, peak_memory=peak_memory)
+    res = simulate_costs(plan, costs.cluster, inputs.stage_costs, inputs.allreduce, inputs.optimizer, tokens,
+                         iterations=iterations, schedule=sched, progress=progress, peak_memory=peak_memory,
+                         costs=costs)
     # The trace moves no bytes for the collectives: their WAN bytes come from the one definition
     # (layout.wan_bytes), which trace.metrics adds to the transfers' bytes.
     res.trace.meta[WAN_COLLECTIVE_BYTES] = sum(collective_bytes(spec, plan).values())

@@ -99,6 +99,19 @@ def concurrent_turns(capacity: float, flow_rate: float) -> int:
     return max(1, math.ceil(capacity / flow_rate - 1e-9))
 
 
+def turn_slots(sharing: str, capacity: float, flow_rate: float, pipelines: int) -> int:
+    """The take-turns-or-share-fairly rule of one link direction that `pipelines` DP pipelines send
+    over, each transfer (one TP index's ring: its connections) reaching `flow_rate` of `capacity`:
+    under temporal sharing, when fewer transfers than pipelines fill the link (`concurrent_turns`),
+    the pipelines take turns, that many at once -- the count is returned; else 0, no turns: every
+    pipeline sends when ready and the link is shared fairly. The runtime's arbiters, the simulator,
+    the planner's estimate, the rehearsal's check and the link-sharing measurement all decide here."""
+    if sharing != "temporal":
+        return 0
+    slots = concurrent_turns(capacity, flow_rate)
+    return slots if slots < pipelines else 0
+
+
 @dataclass(frozen=True)
 class Handoff:
     """When a turn may pass: once at most `bytes_per_s` x (`rtt_s` + `lead_s`) bytes of the
