@@ -38,16 +38,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveFloat, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
-from geotrain.costs.unit_times import PROFILE_KEYS
+from geotrain.costs.unit_times import PROFILE_KEYS, Profile
 from geotrain.errors import GeotrainError
 
 RUNTIME_KEY = "runtime"
 PROFILE_FORMAT, PROFILE_VERSION = "geotrain-profile", 1
-UnitTable = dict[str, tuple[NonNegativeFloat, NonNegativeFloat]]   # micro-batch -> [forward_s, backward_s]
+# "MICRO_BATCH" or "MICRO_BATCH,TP" -> [forward_s, backward_s] or [forward_s, backward_s, activation_bytes]
+# (costs.unit_times: what the keys and the optional third number mean)
+UnitTable = dict[str, Annotated[list[NonNegativeFloat], Field(min_length=2, max_length=3)]]
 
 
 class ProfileFile(BaseModel):
@@ -63,6 +65,7 @@ class ProfileFile(BaseModel):
     memory_bytes_per_s: PositiveFloat | None = None
     reference_gpu: dict[str, Any] | None = None
     runtime: dict[str, Any] = {}
+    source: str | None = None   # where an imported profile came from (calibrate.gpu_runs)
 
 
 def save_profile(profile: dict[str, Any], path: str | Path) -> None:
@@ -97,7 +100,12 @@ def load_profile(path: str | Path) -> dict[str, Any]:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
         raise GeotrainError(f"{path}: {where}: {err['msg']}") from None
-    return {k: v for k, v in doc.items() if k not in ("format", "version")}
+    profile = {k: v for k, v in doc.items() if k not in ("format", "version")}
+    try:
+        Profile(cost_profile(profile))   # the table keys and interpolation points (costs.unit_times)
+    except ValueError as e:
+        raise GeotrainError(f"{path}: {e}") from None
+    return profile
 
 
 def cost_profile(profile: dict[str, Any]) -> dict[str, Any]:

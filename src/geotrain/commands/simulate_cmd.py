@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from geotrain.console import format_table, human_bytes, human_rate, human_seconds
-from geotrain.errors import GeotrainError
+from geotrain.errors import GeotrainError, SpecError
 from geotrain.layout.tp_check import tp_problem
 from geotrain.trace.schema import Trace
 
@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=1, metavar="N", help="iterations to simulate (default 1)")
     p.add_argument("--no-compare", action="store_true", help="skip simulating the other schedule kinds")
     p.add_argument("--no-progress", action="store_true", help="never show progress bars")
+    p.add_argument("--profile", metavar="JSON", help="simulate with measured per-unit times (a `geotrain profile` "
+                                                    "file or the geotrain.costs.unit_times format: tables at "
+                                                    "(micro-batch, tp) points, interpolated) instead of FLOPs")
     p.add_argument("--bubbletea", metavar="WORKLOAD", nargs="?", const="spec",
                    help="also serve prefill requests from the bubbles: a TOML file, key=value pairs "
                         "(e.g. load=0.8,mean_prompt=512,inference_model=llama2-7b) or nothing for the "
@@ -71,6 +74,20 @@ def check_plan_for_spec(spec, plan) -> None:
             raise GeotrainError(f"{where}: needs {n} GPUs in {dc}, which has {have}")
 
 
+def _profile(path: str) -> dict:
+    """The measured profile at `path`, checked (one-line error otherwise)."""
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
+    from geotrain.commands.estimate_cmd import _load_profile
+    from geotrain.costs.unit_times import Profile
+
+    profile = _load_profile(path)
+    try:
+        Profile(profile)
+    except ValueError as e:
+        raise SpecError(path, "profile", str(e)) from None
+    return profile
+
+
 def run(args: argparse.Namespace) -> int:
     # lazy: matplotlib, numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
     from geotrain.layout.plan import load_plan, plan_spec, save_plan
@@ -109,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise GeotrainError(f"--out {out}: cannot create the directory ({e.strerror or e})") from None
+    profile = _profile(args.profile) if args.profile else None
     if plan_file is not None or args.plan:
         plan = plan_file or load_plan(args.plan)[0]
         if args.schedule:
@@ -120,13 +138,21 @@ def run(args: argparse.Namespace) -> int:
         # What `geotrain plan SPEC` chooses -- also for a job that pins pp/dp, so plan, simulate and
         # train place it alike (the estimate-only pick can differ from the simulated one).
         print(f"planning {spec.name} (pass --plan to simulate another plan)", flush=True)
-        plan = make_plan(spec).plan
+        plan = make_plan(spec, profile=profile).plan
         if args.schedule:
             plan, _ = schedule_variant(plan, args.schedule, spec.model.num_units, spec)
     check_plan_for_spec(spec, plan)
     show = False if args.no_progress else None
+    cost = None
+    if profile is not None:
+        # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
+        from geotrain.costs import CostModel
+
+        cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
+                         optimizer=spec.job.optimizer, profile=profile)
     try:
-        res = simulate(spec, plan, iterations=args.iterations, progress=bool(show is None and sys.stderr.isatty()))
+        res = simulate(spec, plan, iterations=args.iterations, progress=bool(show is None and sys.stderr.isatty()),
+                       cost=cost)
     except ValueError as e:
         raise GeotrainError(f"cannot simulate plan {plan.name}: {e}") from None
     m = res.metrics
@@ -137,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
 
     schedules = None
     if not args.no_compare:
-        schedules = compare_schedules(spec, plan, args.iterations, known={plan.schedule: m}, progress=show)
+        schedules = compare_schedules(spec, plan, args.iterations, known={plan.schedule: m}, progress=show, cost=cost)
     layout = rank_layout(res.trace, plan)
     gpu_mem = gpu_memory_per_dc(spec)
     tokens = plan.global_batch * spec.model.seq_len
@@ -146,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     (out / "metrics.json").write_text(json.dumps(doc, indent=1) + "\n")
     files = build_report(out, res.trace, m, plan=plan, schedules=schedules, gpu_memory=gpu_mem,
                          tokens_per_iteration=tokens, title=f"geotrain simulate: {spec.name} ({plan.name})",
-                         notes=[f"spec {spec.path}", f"{args.iterations} iteration(s) simulated"])
+                         notes=[f"spec {spec.path}", f"{args.iterations} iteration(s) simulated"]
+                         + ([f"measured profile {args.profile}"] if profile is not None else []))
 
     bs = bubble_summary(m, len(layout))
     print(f"simulated {plan.name}: {plan.schedule}, pp={plan.pp} x dp={plan.dp}"

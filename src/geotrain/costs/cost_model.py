@@ -6,7 +6,7 @@ stage reduces to (has embedding, number of blocks, has head): each query is a ha
 multiply-adds, whatever the stage's length -- the closed form of a prefix sum over units.
 
 What each number means, and the conventions behind it, are documented in `units.py` (FLOPs,
-saved bytes), `memory.py` (training state), `comm.py` (collectives) and `profile.py` (measured
+saved bytes), `memory.py` (training state), `comm.py` (collectives) and `unit_times.py` (measured
 times). Times are compute only: the caller adds tensor-parallel communication (`tp_comm_time`)
 and WAN transfers where its schedule exposes them.
 """
@@ -166,7 +166,13 @@ class CostModel:
         if a is None:
             acts = kind_activations(self.model, micro_batch, self.dtype_bytes, self.checkpointing)
             none = kind_activations(self.model, micro_batch, self.dtype_bytes, "none")[BLOCK]
-            a = self._acts[key] = tuple(acts[k].per_gpu(tp) for k in KINDS) + (none.per_gpu(tp),)
+            a = tuple(acts[k].per_gpu(tp) for k in KINDS) + (none.per_gpu(tp),)
+            if self.profile is not None and self.checkpointing == "none":
+                # measured saved bytes (costs.unit_times) replace the derived ones; what a
+                # checkpointing mode keeps stays derived
+                measured = [self.profile.activation_bytes(k, micro_batch, tp) for k in KINDS]
+                a = tuple(m if m is not None else d for m, d in zip(measured + [measured[1]], a))
+            self._acts[key] = a
         return a
 
     def microbatch_activation_bytes(self, units: Sequence[int], micro_batch: int, tp: int = 1) -> float:
@@ -213,21 +219,22 @@ class CostModel:
         training dtype). With tp > 1 each tensor-parallel rank reduces its own 1/tp slice."""
         return int(self.stage_params(units) * self.dtype_bytes / tp)
 
-    def _kind_times(self, gpu: GPUType, micro_batch: int) -> tuple:
-        """Per kind (forward, backward_input incl. recompute, backward_weight) seconds at tp=1."""
-        key = (id(gpu), micro_batch)
+    def _kind_times(self, gpu: GPUType, micro_batch: int, tp: int = 1) -> tuple:
+        """Per kind (forward, backward_input incl. recompute, backward_weight) seconds on one GPU of
+        a `tp`-way group: the FLOP estimate / tp, or the profile's time at (micro_batch, tp)."""
+        key = (id(gpu), micro_batch, tp)
         hit = self._times.get(key)
         if hit is not None and hit[0] is gpu:
             return hit[1]
         flops = self._kind_flops(micro_batch)
-        rate = gpu.achieved_flops(self.precision)
+        rate = gpu.achieved_flops(self.precision) * tp
         out = []
-        elementwise = self._elementwise_recompute(gpu, micro_batch)
+        elementwise = self._elementwise_recompute(gpu, micro_batch) / tp
         for kind in KINDS:
             f = flops[kind]
             recompute_share = _recompute_share(self.checkpointing, f) if kind == BLOCK else 0.0
             if self.profile is not None and self.profile.has(kind):
-                fwd, bwd = self.profile.times(kind, micro_batch)
+                fwd, bwd = self.profile.times(kind, micro_batch, tp)
                 ratio = self.profile.speed_ratio(gpu, self.precision)
                 fwd, bwd = fwd * ratio, bwd * ratio
                 # Measured backward split like the FLOPs; the embedding has no input gradient
@@ -253,10 +260,10 @@ class CostModel:
 
     def stage_times(self, units: Sequence[int], gpu: GPUType, micro_batch: int, tp: int = 1) -> StageTimes:
         e, n, h = self._counts(units)
-        (f0, i0, w0), (f1, i1, w1), (f2, i2, w2) = self._kind_times(gpu, micro_batch)
-        fwd = (e * f0 + n * f1 + h * f2) / tp
-        b_in = (e * i0 + n * i1 + h * i2) / tp
-        b_w = (e * w0 + n * w1 + h * w2) / tp
+        (f0, i0, w0), (f1, i1, w1), (f2, i2, w2) = self._kind_times(gpu, micro_batch, tp)
+        fwd = e * f0 + n * f1 + h * f2
+        b_in = e * i0 + n * i1 + h * i2
+        b_w = e * w0 + n * w1 + h * w2
         return StageTimes(forward=fwd, backward=b_in + b_w, backward_input=b_in, backward_weight=b_w)
 
     def stage_memory(self, units: Sequence[int], gpu: GPUType, micro_batch: int, inflight: int,
@@ -374,8 +381,8 @@ class CostModel:
         """Megatron tensor parallelism, per micro-batch (forward + backward; half each): every
         block all-reduces its activation twice in the forward (after attention, after the MLP)
         and twice in the backward, each of boundary_bytes(micro_batch)."""
-        if tp <= 1:
-            return 0.0
+        if tp <= 1 or (self.profile is not None and self.profile.includes_tp_comm(BLOCK, tp)):
+            return 0.0   # a block profiled at tp > 1 holds its all-reduces (costs.unit_times)
         _, n, _ = self._counts(units)
         return 4 * n * comm.allreduce_time(self.boundary_bytes(micro_batch), tp, dc.gpus_per_node, dc)
 

@@ -20,9 +20,10 @@ from geotrain.trace.metrics import Metrics
 
 
 def compare_schedules(spec: Any, plan: Plan, iterations: int = 1, known: dict[str, Metrics] | None = None,
-                      progress: bool | None = None) -> list[ScheduleRow]:
+                      progress: bool | None = None, cost: Any = None) -> list[ScheduleRow]:
     """Simulate `plan` under every registered schedule kind. `known` holds metrics already
-    computed (the main run's), which are reused instead of simulated again."""
+    computed (the main run's), which are reused instead of simulated again; `cost`: the cost model
+    to simulate with (a measured profile's), default the spec's."""
     known = known or {}
     rows: list[ScheduleRow] = []
     kinds = list(BUILDERS)
@@ -32,7 +33,7 @@ def compare_schedules(spec: Any, plan: Plan, iterations: int = 1, known: dict[st
             continue
         try:
             variant, note = schedule_variant(plan, kind, spec.model.num_units, spec)
-            res = simulate(spec, variant, iterations=iterations)
+            res = simulate(spec, variant, iterations=iterations, cost=cost)
         except (ValueError, GeotrainError) as e:
             rows.append(ScheduleRow(kind, None, None, None, None, None, f"not applicable: {e}"))
             continue
