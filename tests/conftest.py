@@ -1,9 +1,17 @@
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _token_cache(tmp_path_factory):
+    """Tokenized data goes to a folder of the session (ranks inherit it), never to ~/.cache."""
+    if "GEOTRAIN_CACHE_DIR" not in os.environ:
+        os.environ["GEOTRAIN_CACHE_DIR"] = str(tmp_path_factory.mktemp("token_cache"))
 
 
 @pytest.fixture

@@ -75,14 +75,15 @@ def test_user_file_and_directory(tmp_path):
     text = tree.tokens.tobytes()
     assert text.index(b"first") < text.index(b"second") < text.index(b"third")
     assert b"binary" not in text and b"secret" not in text
-    assert len(load_corpus(tmp_path / "d", max_bytes=7)) == 7
+    assert text == b"first\0second\0third\0"            # each file one document, NUL after each
+    assert len(load_corpus(tmp_path / "d", max_bytes=7)) == len(tree)    # the cap is the built-in corpus's only
 
 
 def test_bad_user_data_is_a_one_line_user_error(tmp_path):
     with pytest.raises(GeotrainError, match="no such file"):
         load_corpus(tmp_path / "missing.txt")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(GeotrainError, match="no text"):
+    with pytest.raises(GeotrainError, match="no readable files"):
         load_corpus(tmp_path / "empty")
 
 

@@ -59,7 +59,7 @@ def test_text_jsonl_and_directory_tokenized_once_into_a_memmap(tmp_path):
     assert isinstance(c.tokens, np.memmap)
     want = [i for t in TEXTS[:3] for i in tok.encode(t) + [tok.eos_id]]
     assert c.tokens.tolist() == want
-    cached = list((tmp_path / "cache").iterdir())
+    cached = list((tmp_path / "cache").glob("*.uint16"))
     assert len(cached) == 1
     stamp = cached[0].stat().st_mtime_ns
     corpus_module._CACHE.clear()
@@ -76,7 +76,7 @@ def test_text_jsonl_and_directory_tokenized_once_into_a_memmap(tmp_path):
 def test_jsonl_with_the_byte_tokenizer(tmp_path):
     f = tmp_path / "d.jsonl"
     f.write_text(json.dumps({"text": "ab"}) + "\n" + json.dumps({"text": "cd"}) + "\n")
-    assert bytes(load_corpus(f).tokens) == b"ab\n\ncd\n\n"
+    assert bytes(load_corpus(f).tokens) == b"ab\0cd\0"
 
 
 def test_chat_completions_with_a_templated_tokenizer_and_not_without(tmp_path):
@@ -135,4 +135,4 @@ def test_train_from_an_hf_dir_uses_its_tokenizer_on_jsonl_text(tmp_path, capfd):
     assert rc == 0, out + err
     losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "losses.jsonl").read_text().splitlines()]
     assert len(losses) == 2 and all(0 < x < 10 for x in losses)
-    assert len(list((tmp_path / "cache").iterdir())) == 1       # tokenized once, by the launcher
+    assert len(list((tmp_path / "cache").glob("*.uint16"))) == 1       # tokenized once, by the launcher

@@ -1,49 +1,55 @@
-"""Training text as one flat array of byte tokens.
+"""Training text as one flat array of token ids per source.
 
 The built-in default needs no download: the Python standard library's own `.py` sources, found
 next to the `os` module, read in sorted path order (so every process on a machine builds the
-same array), without test suites and installed packages, capped at `max_bytes`. Users can give
-plain-text files or directories instead.
+same array), without test suites and installed packages, each file one document, capped at
+`max_bytes` (the built-in corpus's own cap; a user's data has none). Users give files or folders
+in any format `formats` reads; they are tokenized once into the token cache (`token_cache`),
+with the byte tokenizer as with a model's tokenizer.json.
 
-The array is built once per process and cached: every rank and every loader reuses it, and the
-build stays well under a second (a few hundred files, ~8 MB).
+A corpus is built once per process and cached: every rank and every loader reuses it.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from geotrain.data.token_cache import jsonl_texts, tokenize_files
+from geotrain.data.formats import DocumentReader, Reading, resolve
+from geotrain.data.token_cache import tokenize_source
+from geotrain.data.tokenizer import ByteTokenizer
 from geotrain.errors import GeotrainError
 
 DEFAULT_MAX_BYTES = 8 * 2**20
 BUILTIN = "stdlib"
 # Directories of the standard library that are not the library itself (or are huge test data).
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__", "lib2to3", "turtledemo"}
-_SEPARATOR = b"\n\n"
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """Token ids (a read-only uint8 array of bytes, or a memory-mapped array of tokenizer ids)
-    and where they came from."""
+    """Token ids (a read-only array: bytes, or a tokenizer's ids) and where they came from."""
 
     tokens: np.ndarray
     files: tuple[str, ...]
     source: str
+    documents: int = 0
+    counts: dict = field(default_factory=dict)      # per-file counts and files left out (token_cache)
 
     def __len__(self) -> int:
         return int(self.tokens.size)
 
     def describe(self) -> str:
-        return f"{self.source}: {len(self.files)} files, {len(self) / 2**20:.1f} MiB of byte tokens"
+        skipped = len(self.counts.get("skipped_files") or [])
+        return (f"{self.source}: {len(self.files)} files, {self.documents:,} documents, {len(self):,} tokens"
+                + (f" ({skipped} files of unknown type left out)" if skipped else ""))
 
 
-_CACHE: dict[tuple[str, int], Corpus] = {}
+_CACHE: dict[tuple, Corpus] = {}
 
 
 def stdlib_root() -> Path:
@@ -60,81 +66,68 @@ def stdlib_files() -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
-def _text_files(path: Path) -> list[Path]:
-    """A file, or every non-hidden file under a directory, in sorted order."""
-    if path.is_file():
-        return [path]
-    out = []
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        out += [Path(dirpath) / f for f in filenames if not f.startswith(".")]
-    return sorted(out, key=lambda p: p.relative_to(path).as_posix())
-
-
-def _looks_binary(head: bytes) -> bool:
-    return b"\x00" in head
-
-
-def _concat(files: list[Path], max_bytes: int, skip_binary: bool) -> tuple[np.ndarray, tuple[str, ...]]:
+def _builtin_bytes(max_bytes: int) -> tuple[np.ndarray, tuple[str, ...], int]:
+    """The built-in corpus in byte tokens, in memory: each file's bytes and a NUL, up to the cap."""
     chunks, used, total = [], [], 0
-    for f in files:
+    for f in stdlib_files():
         if total >= max_bytes:
             break
         try:
             data = f.read_bytes()
         except OSError:
             continue
-        if not data or (skip_binary and _looks_binary(data[:8192])):
+        if not data or b"\x00" in data[:8192]:
             continue
-        if f.suffix == ".jsonl":            # JSON lines: the documents are the lines' "text" fields
-            data = _SEPARATOR.join(t.encode("utf-8", "replace") for t in jsonl_texts(data, "text"))
-            if not data:
-                continue
-        piece = data + _SEPARATOR
-        chunks.append(piece[: max_bytes - total])
+        piece = (data + b"\x00")[: max_bytes - total]
+        chunks.append(piece)
         used.append(str(f))
-        total += len(chunks[-1])
-    arr = np.frombuffer(b"".join(chunks), dtype=np.uint8)
-    return arr, tuple(used)
+        total += len(piece)
+    return np.frombuffer(b"".join(chunks), dtype=np.uint8), tuple(used), len(used)
 
 
-def load_corpus(source: str | Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES, tokenizer=None) -> Corpus:
-    """The built-in corpus (`source` None or "stdlib") or a user's text file / directory (plain
-    text files, `.jsonl` files with a "text" field, or a directory of either).
+def chat_renderer(tokenizer):
+    """How a chat's messages become training text: the tokenizer's chat template (None: refused)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    return lambda messages: tokenizer.apply_chat_template(messages, add_generation_prompt=False)
 
-    tokenizer: None for byte tokens (uint8, in memory); an `HFTokenizer` for its ids, tokenized
-    once into a memory-mapped cache file (data.token_cache).
-    Raises GeotrainError (one line, exit 2 from the CLI) for a missing path or empty text."""
+
+def load_corpus(source: str | Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES, tokenizer=None, *,
+                field: str = "text", split: str = "train", progress: bool = True) -> Corpus:
+    """The built-in corpus (`source` None or "stdlib", capped at `max_bytes`) or a user's file or
+    folder (`formats`: text, JSONL, JSON, Parquet, Arrow, datasets folders, compressed text), read
+    whole. tokenizer: None for bytes, or an `HFTokenizer` (see load_tokenizer).
+    Raises GeotrainError (one line, exit 2 from the CLI) for data that cannot be read right."""
     if max_bytes <= 0:
         raise ValueError("max_bytes must be positive")
+    tokenizer = tokenizer or ByteTokenizer()
     builtin = source is None or str(source) == BUILTIN
-    key = (BUILTIN if builtin else str(Path(source).resolve()), max_bytes, str(getattr(tokenizer, "path", "")))
+    key = (BUILTIN if builtin else str(Path(source).resolve()), max_bytes if builtin else None,
+           tokenizer.fingerprint, field, split)
     if key in _CACHE:
         return _CACHE[key]
-    if tokenizer is not None and hasattr(tokenizer, "path"):
-        if not builtin and not Path(source).exists():
-            raise GeotrainError(f"data: {source}: no such file or directory")
-        files = stdlib_files() if builtin else _text_files(Path(source))
-        tokens = tokenize_files(files, tokenizer, max_bytes, skip_binary=builtin or Path(source).is_dir())
-        label = f"{'built-in corpus' if builtin else source} tokenized by {tokenizer.path}"
-        corpus = Corpus(tokens=tokens, files=tuple(map(str, files)), source=label)
-        _CACHE[key] = corpus
-        return corpus
-    if builtin:
-        tokens, files = _concat(stdlib_files(), max_bytes, skip_binary=True)
-        label = f"Python {'.'.join(map(str, __import__('sys').version_info[:2]))} standard library"
+    reader = DocumentReader(field, chat_renderer(tokenizer))
+    if builtin and isinstance(tokenizer, ByteTokenizer):
+        tokens, files, docs = _builtin_bytes(max_bytes)
+        corpus = Corpus(tokens, files, f"Python {'.'.join(map(str, sys.version_info[:2]))} standard library", docs)
+    elif builtin:
+        reading = Reading(stdlib_files())
+        tokens, counts = tokenize_source(reading, reader, tokenizer, root=stdlib_root(), settings={"builtin": 1},
+                                         label="built-in corpus", max_bytes=max_bytes, progress=progress)
+        corpus = Corpus(tokens, tuple(f["path"] for f in counts.get("files", [])),
+                        f"built-in corpus tokenized by {tokenizer.path}", counts.get("documents", 0), counts)
     else:
         path = Path(source)
-        if not path.exists():
-            raise GeotrainError(f"data: {path}: no such file or directory")
-        files_in = _text_files(path)
-        # A file named explicitly is used as given; inside a directory, binary files are skipped.
-        tokens, files = _concat(files_in, max_bytes, skip_binary=path.is_dir())
-        label = str(path)
-    if tokens.size == 0:
-        raise GeotrainError(f"data: {label}: no text found")
-    tokens.flags.writeable = False
-    corpus = Corpus(tokens=tokens, files=files, source=label)
+        reading = resolve(path, split)
+        root = path if path.is_dir() else path.parent
+        tokens, counts = tokenize_source(reading, reader, tokenizer, root=root,
+                                         settings={"field": field, "split": split}, label=str(path),
+                                         progress=progress)
+        corpus = Corpus(tokens, tuple(map(str, reading.files)), str(path), counts.get("documents", 0), counts)
+    if corpus.tokens.size == 0:
+        raise GeotrainError(f"data: {corpus.source}: no text found")
+    if isinstance(corpus.tokens, np.ndarray) and not isinstance(corpus.tokens, np.memmap):
+        corpus.tokens.flags.writeable = False
     _CACHE[key] = corpus
     return corpus
 

@@ -24,11 +24,16 @@ DOCUMENT_KEYS = {"name", "cluster", "model", "job", "bubbletea", "source"}
 def spec_document(spec: Spec) -> dict[str, Any]:
     """The spec as plain data; `job.data` (a path relative to the spec) made absolute."""
     job = spec.job.model_dump()
-    data = job.get("data")
-    if data not in (None, "stdlib", "synthetic") and spec.path is not None:
-        p = Path(data).expanduser()
-        near = spec.path.parent / p
-        job["data"] = str((near if near.exists() else p).resolve())
+    if spec.job.data_sources and spec.path is not None:
+        def absolute(data: str) -> str:
+            p = Path(data).expanduser()
+            near = spec.path.parent / p
+            return str((near if near.exists() else p).resolve())
+
+        if isinstance(job["data"], str):
+            job["data"] = absolute(job["data"])
+        else:
+            job["data"] = [{**src, "path": absolute(src["path"])} for src in job["data"]]
     return {"name": spec.name, "source": str(spec.path.resolve()) if spec.path else None,
             "cluster": spec.cluster.model_dump(mode="json"), "model": spec.model.model_dump(mode="json"),
             "job": job, "bubbletea": spec.bubbletea}

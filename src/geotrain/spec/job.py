@@ -40,6 +40,22 @@ MAX_MICRO_BATCH = 2**16
 # Micro-batches per pipeline per step. Schedules, simulation and estimates hold per-micro-batch
 # actions and events; past this count they would need gigabytes for a plan no one runs.
 MAX_MICROBATCHES = 4096
+# Names of the built-in streams `data` may give instead of a path.
+DATA_BUILTINS = ("stdlib", "synthetic")
+
+
+class DataSource(Strict):
+    """One source of training text (`[[job.data]]`, or `data = { path = ... }`): a file or a folder
+    in any format `geotrain.data.formats` reads, drawn in proportion to `weight` among the job's
+    sources."""
+
+    path: str = Field(min_length=1)
+    weight: bounded_float(1e-9, 1e9) = 1.0
+    # The record field (JSONL / JSON / Parquet / Arrow column) holding the text, or a chat's
+    # list of {role, content} messages (rendered with the tokenizer's chat template).
+    field: str = Field("text", min_length=1)
+    split: str = Field("train", min_length=1)      # which split of a `datasets` DatasetDict folder
+
 
 
 class JobSpec(Strict):
@@ -59,7 +75,30 @@ class JobSpec(Strict):
     lr: bounded_float(1e-12, 10.0) = 3e-4
     seed: bounded_int(0, 2**63 - 1) = 0
     checkpoint_every: int = Field(0, ge=0, le=10**9)
-    data: str | None = None
+    # A path (file or folder), "stdlib" (the built-in corpus, the default) or "synthetic"; or one
+    # table / a list of tables (DataSource) to set the field or mix sources with weights.
+    data: str | list[DataSource] | None = None
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _data(cls, v: object) -> object:
+        if isinstance(v, dict):                 # `data = { path = ... }`: one source
+            return [v]
+        if isinstance(v, str):
+            if not v:
+                raise ValueError("must not be empty")
+            return v
+        if v is None or (isinstance(v, list) and v and all(isinstance(x, dict) for x in v)):
+            return v
+        raise ValueError('must be a path, "stdlib", "synthetic", a table or a list of tables '
+                         f"([[job.data]] with path, weight, field, split); got {v!r:.60}")
+
+    @property
+    def data_sources(self) -> list[DataSource] | None:
+        """The user's sources (None: a built-in stream, `data` None / "stdlib" / "synthetic")."""
+        if self.data is None or self.data in DATA_BUILTINS:
+            return None
+        return [DataSource(path=self.data)] if isinstance(self.data, str) else list(self.data)
 
     @field_validator("sharding", mode="before")
     @classmethod

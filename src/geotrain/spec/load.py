@@ -249,13 +249,13 @@ def load_spec(path: str | Path) -> Spec:
 
 
 def _check_data_path(job: JobSpec, path: Path, file: str) -> None:
-    """`data` names text files for `geotrain train` (relative to the spec, like `cluster`);
+    """`data` names files or folders for `geotrain train` (relative to the spec, like `cluster`);
     "stdlib" or nothing is the built-in corpus. A typo should fail here, not minutes into a launch."""
-    if job.data is None or job.data == "stdlib":
-        return
-    p = Path(job.data).expanduser()
-    if not ((path.parent / p).exists() or p.exists()):
-        raise SpecError(file, "job.data", f"no such file or directory: {job.data}")
+    for i, src in enumerate(job.data_sources or []):
+        p = Path(src.path).expanduser()
+        if not ((path.parent / p).exists() or p.exists()):
+            where = "job.data" if isinstance(job.data, str) else f"job.data[{i}].path"
+            raise SpecError(file, where, f"no such file or directory: {src.path}")
 
 
 def check_shape(spec: Spec) -> None:
