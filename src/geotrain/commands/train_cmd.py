@@ -249,12 +249,14 @@ def run(args: argparse.Namespace) -> int:
 
         exit_skipping_teardown(0)
     spec, plan = resolve(cfg)  # user errors surface here, before any process starts
-    if spec.model.hf and (Path(spec.model.hf) / "tokenizer.json").is_file() and cfg.data != "synthetic":
+    data = cfg.data if cfg.data is not None else spec.job.data
+    if data not in (None, "stdlib", "synthetic") or spec.model.hf:
         # lazy: numpy, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
         from geotrain.runtime.batches import make_source
 
-        # Tokenize the text once here, into the memory-mapped cache every rank then opens.
-        make_source(spec, plan, cfg.data if cfg.data is not None else spec.job.data, spec.job.seed)
+        # Read and tokenize the data once here (bad data is refused before any rank starts), into the
+        # memory-mapped cache every rank then opens.
+        make_source(spec, plan, data, spec.job.seed, progress=not args.no_progress)
     # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.calibrate.wanrun import RunSampling
     from geotrain.report.build import MACHINE_LOAD_NAME

@@ -8,9 +8,12 @@ rank, a resumed run, a single-process reference -- can reproduce exactly the sam
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
-from geotrain.data import ByteTokenizer, load_tokenizer, open_batches
+from geotrain.data import TokenBatches, data_report, describe_data, load_tokenizer, open_batches
 from geotrain.errors import GeotrainError
 
 
@@ -43,9 +46,10 @@ class SyntheticTokens:
         self.seed = int(state["seed"])
 
 
-def make_source(spec, plan, data: str | None, seed: int):
-    """The batch source: "synthetic" (SyntheticTokens), else geotrain.data's corpus loader
-    (None / "stdlib": the built-in corpus; a path: the user's text)."""
+def make_source(spec, plan, data, seed: int, progress: bool = True):
+    """The batch source: "synthetic" (SyntheticTokens), else geotrain.data's loader over the job's
+    sources (None / "stdlib": the built-in corpus; a path or [[job.data]] tables: the user's data),
+    tokenized by the model directory's tokenizer.json, else in bytes."""
     if data == "synthetic":
         return SyntheticTokens(spec.model.vocab, spec.model.seq_len, plan.micro_batch, plan.num_microbatches,
                                plan.dp, seed)
@@ -59,10 +63,20 @@ def make_source(spec, plan, data: str | None, seed: int):
                             "symbols; use a model with a larger vocab or data = \"synthetic\"")
     try:
         return open_batches(data, seq_len=spec.model.seq_len, global_batch=plan.global_batch, dp=plan.dp,
-                            micro_batch=plan.micro_batch, seed=seed, spec_path=spec.path,
-                            tokenizer=None if isinstance(tokenizer, ByteTokenizer) else tokenizer)
+                            micro_batch=plan.micro_batch, seed=seed, spec_path=spec.path, tokenizer=tokenizer,
+                            progress=progress)
     except ValueError as e:
         raise GeotrainError(f"data: {e}") from None
+
+
+def write_data_report(source, out: Path, steps: int, show: bool) -> None:
+    """RUN_DIR/data.json (files, documents, tokens, epochs the run covers) and its console line."""
+    if not isinstance(source, TokenBatches):
+        return
+    report = data_report(source, steps)
+    (out / "data.json").write_text(json.dumps(report, indent=1) + "\n")
+    if show:
+        print(describe_data(report), flush=True)
 
 
 class RankBatches:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import save_plan
-from geotrain.runtime.batches import RankBatches, make_source
+from geotrain.runtime.batches import RankBatches, make_source, write_data_report
 from geotrain.runtime.checkpoint import Checkpointer
 from geotrain.runtime.cross_dc import build_transport, start_delay
 from geotrain.runtime.interpreter import PipelineRank
@@ -119,6 +119,8 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
     bubble = _bubble(cfg, bubble_hook, me, recorder)
     transport, trainer = _build_trainer(cfg, spec, plan, schedule, me, optimizer, scaler, recorder, bubble)
     start, resumed = _resume(cfg, spec, plan, ckpt, data, every, me.rank == report_rank(plan))
+    if me.rank == report_rank(plan):
+        write_data_report(data.source, out, steps, show=cfg.progress)
     tokens_per_step = plan.global_batch * spec.model.seq_len
     log = LossLog(out, me.rank == report_rank(plan), steps, start, tokens_per_step, recorder.t0,
                   progress=cfg.progress, resume_from=Path(cfg.resume_from) if cfg.resume_from else None)
