@@ -216,8 +216,10 @@ def test_bad_data_is_one_line_naming_the_file(tmp_path, case):
         "gz-not-gzip": ("d.jsonl.gz", recs), "gz-truncated": ("d.jsonl.gz", gzip.compress(recs)[:-20]),
         "gz-binary": ("d.txt.gz", gzip.compress(bytes(range(256)) * 4)), "binary-txt": ("d.txt", b"ab\x00cd"),
         "unknown-ext": ("d.bin", b"hello"), "json-object": ("d.json", b'{"a": 1}'),
-        "jsonl-no-field": ("d.jsonl", jsonl([{"body": "x"}])), "xz-damaged": ("d.txt.xz", lzma.compress(b"x" * 999)[:40]),
-        "zst-not-zstd": ("d.txt.zst", gzip.compress(b"hello")), "arrow-damaged": ("d.arrow", b"\xff\xff\xff\xff" + b"x" * 64),
+        "jsonl-no-field": ("d.jsonl", jsonl([{"body": "x"}])),
+        "xz-damaged": ("d.txt.xz", lzma.compress(b"x" * 999)[:40]),
+        "zst-not-zstd": ("d.txt.zst", gzip.compress(b"hello")),
+        "arrow-damaged": ("d.arrow", b"\xff\xff\xff\xff" + b"x" * 64),
     }
     if case.startswith("parquet"):
         name = "d.parquet"
@@ -263,4 +265,5 @@ def test_cache_key_is_the_tokenizer_and_the_contents(tmp_path, bpe):
     corpus_module._CACHE.clear()
     assert load_corpus(f).tokens.tolist() == list(b"wxyz\0")
     assert load_corpus(f, tokenizer=bpe).tokens.tolist() == reference(["wxyz"], bpe)
-    assert len(list((tmp_path / "cache").glob("*.uint8"))) == 2 and len(list((tmp_path / "cache").glob("*.uint16"))) == 1
+    cache = tmp_path / "cache"
+    assert len(list(cache.glob("*.uint8"))) == 2 and len(list(cache.glob("*.uint16"))) == 1
