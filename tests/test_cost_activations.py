@@ -118,9 +118,8 @@ def test_a_split_backward_keeps_the_deferred_bytes_until_w(precision, checkpoint
     """Zero-bubble's B as the runtime runs it (`stage_backward_input`, the gradient received into a
     boundary-dtype buffer, the output's boundary copy kept by its send): what stays alive after B
     beyond the forward's bytes is `CostModel.deferred_bytes`; W then frees it."""
-    from torch.distributed.pipelining._backward import stage_backward_input
-
     from geotrain.runtime.activation_ckpt import weight_gradients_in_one_pass
+    from geotrain.torch_compat import stage_backward_input
 
     spec = PRESETS["tiny"]
     cost = CostModel(spec, precision=precision, checkpointing=checkpointing)
@@ -147,9 +146,8 @@ def test_a_split_backward_keeps_the_deferred_bytes_until_w(precision, checkpoint
 def test_one_pass_weight_gradients_equal_a_plain_backward():
     """W in one autograd pass (checkpointed chunks under a split backward) gives the gradients a
     plain backward gives."""
-    from torch.distributed.pipelining._backward import stage_backward_input
-
     from geotrain.runtime.activation_ckpt import weight_gradients_in_one_pass
+    from geotrain.torch_compat import stage_backward_input
 
     spec = PRESETS["tiny"]
     x = unit_input(spec, 1).detach()

@@ -15,12 +15,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from geotrain.models.llama import INIT_BLOCK_ROWS, build_units
 from geotrain.models.presets import PRESETS
 from geotrain.runtime.materialize import build_chunk
+from geotrain.torch_compat import TorchDispatchMode, tree_flatten
 
 DP, RANK = 4, 3
 

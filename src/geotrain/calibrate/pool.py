@@ -30,6 +30,7 @@ from geotrain.process import exit_skipping_teardown
 from geotrain.runtime.cross_dc import MIN_CHUNK_BYTES
 from geotrain.runtime.launch import launch_ranks
 from geotrain.runtime.worker import write_error
+from geotrain.torch_compat import default_store
 from geotrain.transport.striped import StripedTransport
 
 
@@ -125,7 +126,7 @@ def _p2p(rank: int, task: dict) -> list[tuple[int, float]]:
 
 def _wan_rates(rank: int, wan: dict) -> dict[str, float]:
     """Achieved Gbit/s of one transfer over the user-space WAN with n connections (ranks 0 -> 1)."""
-    store = dist.distributed_c10d._get_default_store()
+    store = default_store()
     out = {}
     for n in wan["connections"]:
         # The runtime's shaper mode: both caps, exact pacing, 4 KB stripes (runtime.cross_dc.build_transport).
@@ -171,7 +172,7 @@ def _wan_messages(rank: int, wan: dict, nbytes: int, repeats: int = 6, burst: in
       behind another pays one dispatcher + writer hand-off of link time again.
 
     Timestamps are CLOCK_MONOTONIC, the same clock in both processes; the send time travels on gloo."""
-    store = dist.distributed_c10d._get_default_store()
+    store = default_store()
     rate = min(wan["per_connection_gbps"], wan["aggregate_gbps"]) * 1e9 / 8
     ser = nbytes / rate
     x = torch.ones(max(1, nbytes // 4))

@@ -23,7 +23,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from geotrain.costs.units import BLOCK, EMBEDDING, HEAD
 from geotrain.models.llama import build_units
@@ -31,6 +30,7 @@ from geotrain.runtime.interpreter import lm_loss
 from geotrain.runtime.parallelize import autocast_context
 from geotrain.runtime.rank_model import rank_device
 from geotrain.runtime.trainer import make_optimizer
+from geotrain.torch_compat import stage_backward_input, stage_backward_weight
 
 
 class HostTimer:

@@ -259,8 +259,8 @@ def run(args: argparse.Namespace) -> int:
         make_source(spec, plan, data, spec.job.seed, progress=not args.no_progress)
     # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.calibrate.wanrun import RunSampling
-    from geotrain.report.build import MACHINE_LOAD_NAME
     from geotrain.runtime.launch import run_with_wan
+    from geotrain.trace.metrics import MACHINE_LOAD_NAME
 
     if not args.no_progress:
         print(f"training {spec.model.name} on {plan.num_ranks} local processes: pp={plan.pp} x dp={plan.dp}"

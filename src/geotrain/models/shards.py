@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from geotrain.torch_compat import compute_local_shape_and_global_offset
 
 Block = tuple[tuple[int, ...], tuple[int, ...]]          # (shape, offset) in the full tensor
 

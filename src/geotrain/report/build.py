@@ -26,13 +26,12 @@ from geotrain.report.html import write_html
 from geotrain.report.prefill import bubbletea_rows
 from geotrain.report.timeline import draw_timeline, draw_timelines
 from geotrain.trace.chrome import write_chrome
-from geotrain.trace.metrics import LINK_COUNTERS_NAME, Metrics, compute_metrics
+from geotrain.trace.metrics import LINK_COUNTERS_NAME, MACHINE_LOAD_NAME, Metrics, compute_metrics
 from geotrain.trace.rank_roles import num_ranks, plan_of, rank_layout
 from geotrain.trace.schema import Trace
 
 PREDICTED_NAMES = ("predicted_trace.jsonl", "trace.jsonl")
 MEASURED_NAME = "measured_trace.jsonl"
-MACHINE_LOAD_NAME = "machine_load.json"   # what else the machine ran during a training run (geotrain train)
 
 
 @dataclass

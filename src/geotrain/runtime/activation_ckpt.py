@@ -17,14 +17,10 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from geotrain.costs.activations import CHECKPOINTING
 from geotrain.errors import GeotrainError
 from geotrain.models.llama import Block, UnitStack
+from geotrain.torch_compat import attention_ops, get_grad_fn_or_grad_acc
 
 _MATMUL_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
-_ATTENTION_OPS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-    torch.ops.aten._scaled_dot_product_efficient_attention.default,
-    torch.ops.aten._scaled_dot_product_flash_attention.default,
-    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-}
+_ATTENTION_OPS = attention_ops()
 # Per selective policy, the ops whose outputs a block keeps; everything else in the block is
 # recomputed in backward. Norms, RoPE, SiLU and elementwise products are cheap FLOPs with large
 # outputs, so every policy recomputes them; the policies differ in the expensive ops they keep.
@@ -84,10 +80,7 @@ def weight_gradients_in_one_pass(weights: Iterable[torch.nn.Parameter], param_gr
     whose activations are 0.65 MB). One pass recomputes each region once. Each intermediate's
     incoming gradient is clamped to the one B saved, as torch does for groups of several
     intermediates, so a gradient reaching an intermediate through another is not counted twice."""
-    # torch.distributed.pipelining takes seconds to import: only a split backward needs it
-    from torch.distributed.pipelining._backward import _get_grad_fn_or_grad_acc
-
-    weight_of = {_get_grad_fn_or_grad_acc(w): w for w in weights}
+    weight_of = {get_grad_fn_or_grad_acc(w): w for w in weights}
     edges, grads_out, targets, handles = [], [], [], []
     for group in param_groups:
         for saved, node in zip(group.pop("grads", None) or (), group.pop("intermediates"), strict=False):

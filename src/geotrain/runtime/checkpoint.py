@@ -44,7 +44,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     _init_optim_state,
@@ -57,6 +56,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from geotrain.errors import GeotrainError
 from geotrain.runtime.scaler import GlobalLossScaler
+from geotrain.torch_compat import flatten_state_dict
 
 STEP_DIR = re.compile(r"^step_(\d{8})(?:\.r(\d+))?$")
 PROBE = ".shared-probe"

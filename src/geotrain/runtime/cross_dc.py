@@ -49,6 +49,7 @@ import torch.distributed as dist
 from geotrain.emulation.ports import spread_port_connections
 from geotrain.errors import GeotrainError
 from geotrain.runtime import p2p as T
+from geotrain.torch_compat import default_store
 from geotrain.transport.auth import run_secret
 from geotrain.transport.striped import StripedTransport
 from geotrain.transport.turns import link_handoff, turn_slots, turns_via_store
@@ -194,7 +195,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
         # cross-DC peer, and skipping the barrier there made ranks 1 and 2 lose their gloo peers).
         return T.RoutedTransport(default)
 
-    store = dist.distributed_c10d._get_default_store()
+    store = default_store()
     run = f"geotrain/rt{_BUILT[0]}"
     my_dc = plan.dc_of(stage, replica)
     host = wan["hosts"][my_dc] if wan["mode"] == "kernel" else wan.get("bind", "127.0.0.1")

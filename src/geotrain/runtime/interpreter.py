@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from geotrain.layout.plan import Plan
 from geotrain.runtime.activation_ckpt import weight_gradients_in_one_pass
@@ -31,6 +30,7 @@ from geotrain.runtime.parallelize import allreduce_grads, fsdp_no_sync, fsdp_red
 from geotrain.runtime.recorder import Recorder
 from geotrain.schedule.actions import Action, Op, Schedule
 from geotrain.schedule.posting import RECVS, RUNTIME_LOOKAHEAD, post_points
+from geotrain.torch_compat import stage_backward_input, stage_backward_weight
 
 ACT, GRAD = 0, 1
 

@@ -22,8 +22,8 @@ import weakref
 from collections.abc import Iterable, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+from geotrain.torch_compat import TorchDispatchMode, fsdp_param_groups, tree_flatten
 
 
 def _storage(t: torch.Tensor):
@@ -82,8 +82,8 @@ def fsdp_gathered_storages(modules: Iterable[torch.nn.Module]) -> list:
     for root in modules:
         for sub in root.modules():
             get_state = getattr(sub, "_get_fsdp_state", None)
-            group = getattr(get_state(), "_fsdp_param_group", None) if get_state is not None else None
-            for fp in getattr(group, "fsdp_params", ()) or ():
+            groups = fsdp_param_groups(get_state()) if get_state is not None else []
+            for fp in (fp for group in groups for fp in getattr(group, "fsdp_params", ()) or ()):
                 for t in [*getattr(fp, "all_gather_outputs", ()), *getattr(fp, "_unsharded_inner_tensors", ())]:
                     if isinstance(t, torch.Tensor):
                         out.append(t.untyped_storage())

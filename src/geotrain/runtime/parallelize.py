@@ -21,6 +21,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from geotrain.errors import GeotrainError
 from geotrain.models.llama import Attention, Block, UnitStack
 from geotrain.runtime.scaler import _local
+from geotrain.torch_compat import fsdp_post_backward_now
 
 SHARDINGS = ("replicate", "zero1", "zero2", "zero3")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -143,11 +144,7 @@ def fsdp_reduce_grads(module: nn.Module) -> None:
     module.set_is_last_backward(True)
     module.set_reshard_after_backward(True)
     module.set_requires_gradient_sync(True)
-    state = fully_shard.state(module)
-    for st in state._state_ctx.all_states:
-        for group in st._fsdp_param_groups:
-            group.post_backward()
-    state._root_post_backward_final_callback()
+    fsdp_post_backward_now(fully_shard.state(module))
 
 
 def allreduce_grads(params: Iterator[nn.Parameter], group: dist.ProcessGroup, size: int,

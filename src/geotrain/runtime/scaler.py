@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 import torch
 
+from geotrain.torch_compat import amp_unscale_
+
 
 class GlobalLossScaler:
     def __init__(self, enabled: bool, init_scale: float = 2.0**16, growth_factor: float = 2.0,
@@ -36,7 +38,7 @@ class GlobalLossScaler:
         # pipeline stages -- and keeps found_inf in private per-optimizer state, so the world-wide MAX
         # below could not be applied through its public API. Public per-tensor ops (isfinite, mul_)
         # would do the same at two kernels per gradient tensor. Present since torch 1.6, also in 2.11.
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+        amp_unscale_(grads, found, inv)
         return bool(found.item())
 
     def update(self, found_inf: bool) -> None:

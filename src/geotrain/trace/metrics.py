@@ -40,6 +40,7 @@ KINDS: tuple[str, ...] = ("forward", "backward", "backward_input", "backward_wei
                           "allreduce", "recv_wait", "transfer")
 KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(KINDS)}
 WAN_COLLECTIVE_BYTES = "wan_collective_bytes_per_iteration"   # trace meta key, see wan_bytes above
+MACHINE_LOAD_NAME = "machine_load.json"   # RUN_DIR file: what else the machine ran during `geotrain train`
 LINK_COUNTERS_NAME = "wan_bytes.json"   # RUN_DIR file: per DC, bytes the emulated WAN links counted, whole run
 
 
