@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.sim.engine import EngineResult
-from geotrain.sim.program import ALLREDUCE, COMPUTE, RECV, SEND_INTRA, SEND_WAN, Program
+from geotrain.sim.program import ALLREDUCE, COMPUTE, RECV, SEND_INTRA, SEND_SYNC, SEND_WAN, Program
 from geotrain.trace.metrics import KINDS, Columns, columns_from_events
 from geotrain.trace.schema import Event, Trace
 
@@ -81,7 +81,7 @@ def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
         m = ops == RECV
         if m.any():
             add({**pick(m), "unit": unit, "start": S[:, m], "end": B[:, m]}, tp, keep=B[:, m] > S[:, m])
-        m = (ops == SEND_INTRA) | (ops == SEND_WAN)
+        m = (ops == SEND_INTRA) | (ops == SEND_WAN) | (ops == SEND_SYNC)
         if m.any():
             ds = np.array(p.dst_stage)[m]
             dslot = np.array(p.dst_slot)[m]

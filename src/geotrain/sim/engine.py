@@ -21,6 +21,11 @@ runtime does (its transport completes a send on the receiver's ACK): a WAIT_ACKS
 while any of its transfers is undelivered, then until the latest ACK is back (delivery plus the
 direction's `ack_s`, one round trip by default).
 
+Blocking sends (SEND_SYNC, `p2p="blocking"`: DeepSpeed's pipe engine): a send and its receive meet.
+The first to arrive waits -- a receive as always (its slot), a send by leaving an offer keyed by
+the receive's (unit, slot); the second starts the transfer at the later of the two clocks and both
+go on when it ends (dur later).
+
 CPU cores (`cores`, a sim.cores.CorePool; CPU-emulated runs whose ranks outnumber the host's
 cores only): each compute action then needs a core -- it is posted on the heap at the time its
 unit reaches it (phase 0, code _CORE_START) and ends when the pool says its work is done at the
@@ -44,7 +49,17 @@ from heapq import heappop, heappush
 from geotrain.errors import GeotrainError
 from geotrain.sim.cores import CorePool
 from geotrain.sim.links import FairLink, TemporalLink
-from geotrain.sim.program import ALLREDUCE, COMPUTE, RECV, SEND_INTRA, SEND_LOCAL, SEND_WAN, WAIT_ACKS, Program
+from geotrain.sim.program import (
+    ALLREDUCE,
+    COMPUTE,
+    RECV,
+    SEND_INTRA,
+    SEND_LOCAL,
+    SEND_SYNC,
+    SEND_WAN,
+    WAIT_ACKS,
+    Program,
+)
 from geotrain.transport.turns import concurrent_turns
 
 _ARRIVE, _FAIR_DONE, _DISPATCH, _CORE_START, _CORE_DONE = 0, 1, 2, 3, 4
@@ -68,7 +83,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
     P = len(prog.stages)
     U = P * dp
     assert ALLREDUCE == 5 and COMPUTE == 0 and RECV == 1 and SEND_LOCAL == 2 and SEND_INTRA == 3 and SEND_WAN == 4
-    assert WAIT_ACKS == 6
+    assert WAIT_ACKS == 6 and SEND_SYNC == 8
     sdata = []
     for s, p in enumerate(prog.stages):
         ddst = [(ds - s) * dp if ds >= 0 else 0 for ds in p.dst_stage]
@@ -80,7 +95,8 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
     end = [[-1.0] * lengths[u // dp] for u in range(U)] if cores is not None else None
     pcs = [0] * U
     clock = [float(offsets[u % dp]) if offsets else 0.0 for u in range(U)]
-    wait = [-1] * U            # slot a unit is blocked on (-1 running/runnable, -2 in a collective, -3 acks)
+    # slot a unit is blocked on (-1 running/runnable, -2 in a collective, -3 acks, -4 a core, -5 a blocking send)
+    wait = [-1] * U
     # WAN sends not yet delivered, and when the latest delivered one's ACK reaches its sender.
     unacked = [0] * U
     acked = [0.0] * U
@@ -95,6 +111,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
     nbytes_of = [p.nbytes for p in prog.stages]
     ddst_of = [d[2] for d in sdata]
     collectives: dict[int, list] = {}
+    offers: dict[tuple[int, int], tuple[int, int, float, float]] = {}   # blocking sends waiting for their receive
     heap: list[tuple] = []
     seq = 0
     heap_events = 0
@@ -134,8 +151,17 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
                 elif op == 1:                    # RECV
                     a = mbox[pc]
                     if a < 0.0:
-                        wait[u] = pc
-                        break
+                        offer = offers.pop((u, pc), None) if offers else None
+                        if offer is None:
+                            wait[u] = pc
+                            break
+                        w, wslot, ts, d = offer      # a blocking sender waits here: meet, transfer
+                        a = mbox[pc] = (ts if ts > t else t) + d
+                        start[w][wslot] = a - d
+                        pcs[w] = wslot + 1
+                        clock[w] = a
+                        wait[w] = -1
+                        stack.append(w)
                     mst[pc] = t
                     if a > t:
                         t = a
@@ -181,6 +207,19 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
                     mst[pc] = t
                     if acked[u] > t:
                         t = acked[u]
+                elif op == 8:                    # SEND_SYNC: a rendezvous with the receive
+                    v = u + ddst[pc]
+                    j = dslot[pc]
+                    if wait[v] != j:                 # the receiver is not there yet: wait for it
+                        offers[(v, j)] = (u, pc, t, dur[pc])
+                        wait[u] = -5
+                        break
+                    t0 = clock[v] if clock[v] > t else t
+                    mst[pc] = t0
+                    t = t0 + dur[pc]
+                    box[v][j] = t
+                    wait[v] = -1
+                    stack.append(v)
                 elif op == _POOLED:              # COMPUTE on a shared core: the pool says when it ends
                     mst[pc] = t
                     wait[u] = -4

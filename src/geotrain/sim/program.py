@@ -39,6 +39,7 @@ SEND_INTRA = 3   # inside a DC: arrives after dur = latency + bytes / bandwidth 
 SEND_WAN = 4     # queued on a WAN link direction (fair or temporal sharing)
 ALLREDUCE = 5    # DP collective: starts when every replica of the stage reached it
 WAIT_ACKS = 6    # before the optimizer step: until every WAN send so far is acknowledged (see below)
+SEND_SYNC = 8    # inside a DC, blocking (p2p="blocking"): a rendezvous with the receive, then dur for both
 
 GBPS = 1e9 / 8   # bytes/s per Gbit/s
 
@@ -115,9 +116,11 @@ def _append(p: StageProgram, code: int, dur: float, kind: int, v: int, mb: int, 
 
 
 def compile_program(plan: Plan, costs: StageCosts, schedule: Schedule, stage_costs: list, allreduce_time: list[float],
-                    optimizer_time: list[float], iterations: int) -> Program:
+                    optimizer_time: list[float], iterations: int, blocking: bool = False) -> Program:
     """`costs` prices the transfers (intra-DC, WAN directions with their ACK wait, TP gathers);
-    each OPTIMIZER is preceded by a WAIT_ACKS slot."""
+    each OPTIMIZER is preceded by a WAIT_ACKS slot. `blocking`: sends between stages are blocking
+    rendezvous (SEND_SYNC, a runtime with blocking NCCL send/recv such as DeepSpeed's pipe engine):
+    sender and receiver both wait until the other side is there and the transfer is done."""
     pp, vps = plan.pp, schedule.virtual_per_stage
     if schedule.num_stages != pp:
         raise ValueError(f"schedule has {schedule.num_stages} stages, plan has {pp}")
@@ -212,9 +215,13 @@ def compile_program(plan: Plan, costs: StageCosts, schedule: Schedule, stage_cos
         p.nbytes[slot] = p.nbytes[slot] * plan.boundary_copies(s, ds)   # one tensor if scattered
         one = p.nbytes[slot] // flows                                   # what each flow carries
         if wid >= 0:
+            if blocking:
+                raise InfeasibleError(f"blocking P2P across the WAN ({a} -> {b}) is not modelled")
             p.ops[slot], p.wan[slot] = SEND_WAN, wid
         else:   # the flows leave from different GPUs in parallel: one flow's time
             p.dur[slot] = costs.intra_transfer(a, one)
+            if blocking:
+                p.ops[slot] = SEND_SYNC
     if recv_slot:
         (is_act, frm, to, mb, it), _ = next(iter(recv_slot.items()))
         what = "activation" if is_act else "gradient"

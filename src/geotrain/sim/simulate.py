@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from itertools import chain
 
+from geotrain.errors import GeotrainError
 from geotrain.layout.peaks import stage_peaks
 from geotrain.layout.plan import Plan
 from geotrain.layout.stage_costs import StageCost, StageCosts, plan_inputs
 from geotrain.layout.wan_bytes import collective_bytes
 from geotrain.schedule.actions import Schedule
 from geotrain.schedule.builders import schedule_for_plan
+from geotrain.schedule.deepspeed import deepspeed_1f1b
 from geotrain.sim.columns import SimTrace
 from geotrain.sim.cores import CorePool
 from geotrain.sim.engine import run_engine
@@ -19,6 +21,7 @@ from geotrain.spec import Cluster
 from geotrain.trace.metrics import KIND_CODE, WAN_COLLECTIVE_BYTES, Metrics, compute_metrics
 from geotrain.trace.schema import TRAINING_COMPUTE_KINDS
 
+P2P_MODES = ("overlapped", "blocking")
 _TRAINING_CODES = frozenset(KIND_CODE[k] for k in TRAINING_COMPUTE_KINDS)
 _OPTIMIZER_CODE = KIND_CODE["optimizer"]
 
@@ -95,7 +98,7 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
                    optimizer_time: list[float], tokens_per_iteration: int, iterations: int = 1,
                    schedule: Schedule | None = None, progress: bool = False,
                    peak_memory: dict[int, float] | None = None, core_slowdown: list[float] | None = None,
-                   costs: StageCosts | None = None) -> SimResult:
+                   costs: StageCosts | None = None, p2p: str = "overlapped") -> SimResult:
     """The core: run `iterations` iterations of the plan's schedule with explicit costs.
 
     stage_costs: one per virtual stage; allreduce_time, optimizer_time: one per physical stage.
@@ -104,12 +107,23 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     over `cluster`. core_slowdown: for a CPU-emulated run whose ranks
     outnumber the host's cores, how much slower each of k units computing at once runs
     ([unused, k=1, k=2, ...], sim.cores): compute then shares the cores (processor sharing);
-    None (GPU runs, or a core per rank): each unit computes alone."""
+    None (GPU runs, or a core per rank): each unit computes alone. p2p: how the runtime moves
+    boundary tensors -- "overlapped" (geotrain's: a send does not wait for its receive) or
+    "blocking" (DeepSpeed's pipe engine: blocking NCCL send/recv in its TrainSchedule's order,
+    `schedule.deepspeed`; 1F1B plans inside one DC only)."""
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
-    sched = schedule if schedule is not None else plan_schedule(plan)
+    if p2p not in P2P_MODES:
+        raise ValueError(f"unknown p2p mode {p2p!r} (known: {', '.join(P2P_MODES)})")
+    if p2p == "blocking":
+        if plan.schedule != "1f1b" or plan.virtual_per_stage != 1:
+            raise GeotrainError(f"blocking P2P is DeepSpeed's 1F1B: plan {plan.name} runs {plan.schedule}")
+        sched = deepspeed_1f1b(plan.pp, plan.num_microbatches)
+    else:
+        sched = schedule if schedule is not None else plan_schedule(plan)
     costs = costs if costs is not None else StageCosts(None, cluster)
-    prog = compile_program(plan, costs, sched, stage_costs, allreduce_time, optimizer_time, iterations)
+    prog = compile_program(plan, costs, sched, stage_costs, allreduce_time, optimizer_time, iterations,
+                           blocking=p2p == "blocking")
     offsets = list(plan.pipeline_offsets) + [0.0] * (plan.dp - len(plan.pipeline_offsets))
     offsets = offsets[:plan.dp]
     pool = CorePool(core_slowdown) if core_slowdown is not None else None
@@ -128,12 +142,13 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
 
 
 def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = False,
-             costs: StageCosts | None = None) -> SimResult:
+             costs: StageCosts | None = None, p2p: str = "overlapped") -> SimResult:
     """Simulate `plan` on `spec.cluster` with times and bytes from `costs` (`layout.stage_costs`:
     default the analytic ones from the cost model, `cost` when given): per virtual stage its compute
     with the TP all-reduces, per physical stage its DP sync (every collective FSDP2 runs, the tied
     embedding's gradient sum) and optimizer step; per rank peak memory as `layout.peaks.stage_peaks`
-    predicts it. Boundary copies (one per receiving TP rank) are counted by program.py."""
+    predicts it. Boundary copies (one per receiving TP rank) are counted by program.py. p2p: see
+    `simulate_costs` ("blocking": a DeepSpeed run's pipe engine)."""
     if costs is None:
         costs = StageCosts.for_plan(spec, plan, cost)
     sched = plan_schedule(plan)
@@ -145,7 +160,7 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
     tokens = plan.global_batch * spec.model.seq_len
     res = simulate_costs(plan, costs.cluster, inputs.stage_costs, inputs.allreduce, inputs.optimizer, tokens,
                          iterations=iterations, schedule=sched, progress=progress, peak_memory=peak_memory,
-                         costs=costs)
+                         costs=costs, p2p=p2p)
     # The trace moves no bytes for the collectives: their WAN bytes come from the one definition
     # (layout.wan_bytes), which trace.metrics adds to the transfers' bytes.
     res.trace.meta[WAN_COLLECTIVE_BYTES] = sum(collective_bytes(spec, plan).values())
