@@ -179,7 +179,7 @@ def test_score_plan_prices_each_stage_at_its_own_tp_in_one_dc(tmp_path: Path) ->
     stage at its own tp (compute, TP all-reduces, sync, optimizer) as the simulator does, and the
     tp 2 -> 1 boundary as one whole tensor inside the DC (not scattered: the tps differ)."""
     from geotrain.costs.comm import GBIT
-    from geotrain.planner.analytic import BoundaryCosts, StageCosts, estimate
+    from geotrain.planner.analytic import BoundaryCosts, StageTerms, estimate
     from geotrain.planner.context import PlanningContext
     from geotrain.planner.plan_score import plan_stage_costs, score_plan
 
@@ -211,7 +211,7 @@ intra_dc_latency_us = 50
     def first(s: int, kind: str) -> float:
         return next(e.duration for e in res.trace.events if e.rank == plan.rank(s, 0) and e.kind == kind)
 
-    sim = [StageCosts(first(s, "forward"), first(s, "backward"), 0.0, 0.0, first(s, "allreduce"),
+    sim = [StageTerms(first(s, "forward"), first(s, "backward"), 0.0, 0.0, first(s, "allreduce"),
                       first(s, "optimizer")) for s in range(2)]
     costs = plan_stage_costs(PlanningContext(spec), plan)
     for got, want in zip(costs, sim):

@@ -7,8 +7,8 @@ measure.py   -- `measure_profile(spec)`, in order: timers.py (per-unit compute t
                 contention between ranks, the DP all-reduce, p2p and the achieved WAN rate with n
                 connections, on the runtime's launcher), calibration_run.py (a real 2-stage pipeline;
                 for a dp = 1 job also at dp = 2, for the DP all-reduce's in-run factor).
-costs.py     -- `calibrated_costs(spec, plan, profile)`: the StageCosts, all-reduce and optimizer
-                times that `geotrain.sim.simulate_costs` takes, with the measured effects modelled;
+calibrated_costs.py -- `CalibratedCosts`: the analytic StageCosts (layout.stage_costs) with what the
+                profile measures in their place (calibrated_links.py: its p2p and WAN messages);
                 `predict(spec, plan, profile)` simulates with them.
 wanrun.py    -- `run_plan`: run a plan for real through the runtime's own launcher and WAN path
                 (runtime.launch.run_with_wan, mode "shaper" or "kernel"), sampling the machine's load;

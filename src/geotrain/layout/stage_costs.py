@@ -186,10 +186,12 @@ class StageCosts:
                              plan.sharding, plan.dp)
 
 
-def with_tp_comm(t: StageTimes, tpc: float) -> tuple[float, float, float, float]:
-    """(forward, backward, backward input, backward weight) with a micro-batch's TP all-reduces:
-    half in the forward, half in the backward's input-gradient part (on the critical path)."""
-    return t.forward + tpc / 2, t.backward + tpc / 2, t.backward_input + tpc / 2, t.backward_weight
+def with_tp_comm(forward: float, backward: float, backward_input: float, backward_weight: float,
+                 tpc: float) -> tuple[float, float, float, float]:
+    """A micro-batch's compute with its TP all-reduces `tpc`: half in the forward, half in the
+    backward's input-gradient part (on the critical path). The simulator and the planner add them here."""
+    half = tpc / 2
+    return forward + half, backward + half, backward_input + half, backward_weight
 
 
 def sync_spread(cluster: Cluster, plan) -> list[tuple[str, int]] | None:
@@ -220,7 +222,8 @@ def plan_inputs(costs: StageCosts, plan) -> PlanInputs:
         s = v % pp
         tp = plan.stage_tp(s)
         tpc = costs.tp_comm(range(a, b), mb, tp, plan.stages[s].dc)
-        f, bwd, b_in, b_w = with_tp_comm(costs.stage_compute(plan, v), tpc)
+        t = costs.stage_compute(plan, v)
+        f, bwd, b_in, b_w = with_tp_comm(t.forward, t.backward, t.backward_input, t.backward_weight, tpc)
         stage_costs.append(StageCost(forward=f, backward=bwd, backward_input=b_in, backward_weight=b_w,
                                      send_bytes=costs.boundary_bytes(mb) if v < last else 0))
     spread = sync_spread(costs.cluster, plan)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 
 @dataclass(frozen=True)
-class StageCosts:
+class StageTerms:
     """Per micro-batch, one GPU of a physical stage (all its chunks), plus per-iteration costs."""
 
     forward: float
@@ -114,7 +114,7 @@ class PipelinePart:
     fill: float
 
 
-def pipeline_part(stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts], m: int, kind: str,
+def pipeline_part(stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts], m: int, kind: str,
                   v: int = 1, extra: Sequence[int] = ()) -> PipelinePart:
     pp = len(stages)
     steps = [s.step for s in stages]
@@ -140,7 +140,7 @@ def pipeline_part(stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts],
     return PipelinePart(pipe, period, t_max, bw, lat, fill + comm_fill)
 
 
-def finish(part: PipelinePart, stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts],
+def finish(part: PipelinePart, stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts],
            offsets: float = 0.0, wan_latency: float = 0.0) -> Estimate:
     """Add the tail: stage s finishes its last backward before stage 0 by the drain through stages < s."""
     tail, slack = 0.0, 0.0
@@ -153,7 +153,7 @@ def finish(part: PipelinePart, stages: Sequence[StageCosts], bounds: Sequence[Bo
                     tail=tail, offsets=offsets, wan_latency=wan_latency)
 
 
-def estimate(stages: Sequence[StageCosts], bounds: Sequence[BoundaryCosts], m: int, kind: str,
+def estimate(stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts], m: int, kind: str,
              v: int = 1, extra: Sequence[int] = (), offsets: float = 0.0,
              wan_latency: float = 0.0) -> Estimate:
     return finish(pipeline_part(stages, bounds, m, kind, v, extra), stages, bounds, offsets, wan_latency)

@@ -1,10 +1,11 @@
-"""Cached cost-model look-ups for the planner.
+"""Cached cost look-ups for the planner.
 
 The search asks the same questions many times (the time of units a..b on an H100 at micro-batch
 2, the memory of that stage under ZeRO-1 at dp=64, ...). Per-unit times are turned once into
 prefix sums per (GPU type, micro-batch, checkpointing), so a stage's time is two subtractions;
-memory, all-reduce and optimizer answers are memoised. All numbers come from
-`geotrain.costs.CostModel`; nothing here models hardware itself.
+memory, all-reduce and optimizer answers are memoised. Times and bytes come from the one cost
+interface, `layout.stage_costs.StageCosts` (the simulator's too), memory from its
+`costs.CostModel`; nothing here models hardware itself.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from geotrain.costs import CostModel, comm
+from geotrain.layout.stage_costs import StageCosts
 from geotrain.planner.split import prefix_sums
 from geotrain.spec.cluster import Datacenter, GPUType, WanLink
 from geotrain.spec.load import Spec
@@ -127,15 +129,13 @@ class PlanningContext:
         smallest = tp_assignments(spec)[0] if tps else self.tps
         self._raised = [names for names in dcs_by_kind(spec).values()
                         if self.tps[names[0]] != smallest.get(names[0])]
-        self._cost_cls = CostModel
-        self._costs: dict[str, object] = {}
+        self.costs = StageCosts(CostModel(self.model, precision=self.job.precision, checkpointing="none",
+                                          optimizer=self.job.optimizer, profile=profile), spec.cluster)
         self._tables: dict[tuple[str, int, str, int], UnitTable] = {}
         self._dc_tables: dict[tuple[str, int, str], UnitTable] = {}
         self._memo: dict[tuple, float] = {}
         self._shapes: dict[tuple, tuple[int, int, int]] = {}
         self.memory_calls = 0
-        self._dcs = {d.name: d for d in spec.cluster.datacenters}
-        self._links: dict[tuple[str, str], WanLink | None] = {}
         self._gpus = {d.name: spec.cluster.gpu(d.gpu_type) for d in spec.cluster.datacenters}
 
     def for_plan(self, plan) -> PlanningContext:
@@ -177,29 +177,20 @@ class PlanningContext:
         listing them here too would only repeat them)."""
         return all(any(n in dcs for n in names) for names in self._raised)
 
-    def cost(self, checkpointing: str):
-        cm = self._costs.get(checkpointing)
-        if cm is None:
-            cm = self._cost_cls(self.model, precision=self.job.precision, checkpointing=checkpointing,
-                                optimizer=self.job.optimizer, profile=self.profile)
-            self._costs[checkpointing] = cm
-        return cm
+    def cost(self, checkpointing: str) -> CostModel:
+        return self.costs.cost(checkpointing)
 
     # -- cluster -----------------------------------------------------------------------------
     def dc(self, name: str) -> Datacenter:
-        return self._dcs[name]
+        return self.costs.dc(name)
 
     def gpu(self, dc_name: str) -> GPUType:
         return self._gpus[dc_name]
 
     def link(self, a: str, b: str) -> WanLink | None:
         """The link joining a and b (memoised: the search asks for the same pairs tens of thousands
-        of times, and the cluster scans its link list)."""
-        key = (a, b)
-        hit = self._links.get(key, False)
-        if hit is False:
-            hit = self._links[key] = self.cluster.link(a, b)
-        return hit
+        of times)."""
+        return self.costs.link(a, b)
 
     # -- compute -----------------------------------------------------------------------------
     def table(self, gpu_type: str, micro_batch: int, checkpointing: str, tp: int | None = None) -> UnitTable:
@@ -209,9 +200,7 @@ class PlanningContext:
         key = (gpu_type, micro_batch, checkpointing, tp)
         t = self._tables.get(key)
         if t is None:
-            cm = self.cost(checkpointing)
-            gpu = self.cluster.gpu(gpu_type)
-            st = [cm.stage_times([u], gpu, micro_batch, tp) for u in range(self.num_units)]
+            st = [self.costs.compute([u], gpu_type, micro_batch, tp, checkpointing) for u in range(self.num_units)]
             t = UnitTable(
                 forward=prefix_sums([x.forward for x in st]),
                 backward=prefix_sums([x.backward for x in st]),
@@ -293,10 +282,8 @@ class PlanningContext:
         key = ("ar", self.shape(chunks), len(chunks), dp, dc_name, sharding, _gathering(sharding, microbatches))
         v = self._memo.get(key)
         if v is None:
-            tp = self.tps[dc_name]
-            collectives = self.cost("none").sync_collectives([range(a, b) for a, b in chunks], sharding, microbatches,
-                                                             tp)
-            v = self._memo[key] = comm.region_sync_time(collectives, [(dc_name, dp)], self.dc, self.link, tp)
+            v = self._memo[key] = self.costs.dp_sync([range(a, b) for a, b in chunks], [(dc_name, dp)], sharding,
+                                                     microbatches, self.tps[dc_name])
         return v
 
     def allreduce_span(self, chunks: tuple[tuple[int, int], ...], span: tuple[str, ...], replicas: tuple[int, ...],
@@ -306,11 +293,9 @@ class PlanningContext:
         key = ("ars", self.shape(chunks), len(chunks), span, replicas, sharding, _gathering(sharding, microbatches))
         v = self._memo.get(key)
         if v is None:
-            tp = self.tps[span[0]]
-            collectives = self.cost("none").sync_collectives([range(a, b) for a, b in chunks], sharding, microbatches,
-                                                             tp)
-            v = self._memo[key] = comm.region_sync_time(collectives, list(zip(span, replicas, strict=True)), self.dc,
-                                                        self.link, tp)
+            v = self._memo[key] = self.costs.dp_sync([range(a, b) for a, b in chunks],
+                                                     list(zip(span, replicas, strict=True)), sharding, microbatches,
+                                                     self.tps[span[0]])
         return v
 
     def tied_sum(self, stage_dcs: tuple[str, ...], sharding: str, dp: int) -> float:
@@ -320,9 +305,8 @@ class PlanningContext:
         key = ("tied", tuple(chain), sharding, dp)
         v = self._memo.get(key)
         if v is None:
-            pairs = dp * min(self.tps[chain[0]], self.tps[chain[-1]])   # (replica, TP index) on both ends
-            v = self._memo[key] = comm.pipeline_tied_sum_time(self.cost("none").tied_grad_bytes(sharding, dp),
-                                                              pairs, stage_dcs, self.dc, self.link)
+            v = self._memo[key] = self.costs.tied_sum(stage_dcs, (self.tps[chain[0]], self.tps[chain[-1]]), sharding,
+                                                      dp)
         return v
 
     def optimizer(self, chunks: tuple[tuple[int, int], ...], dc_name: str, sharding: str, dp: int) -> float:
@@ -330,15 +314,12 @@ class PlanningContext:
         key = ("opt", self.shape(chunks), self.dc(dc_name).gpu_type, sharding, dp, tp)
         v = self._memo.get(key)
         if v is None:
-            cm = self.cost("none")
-            units = _units(chunks)
-            v = cm.optimizer_time(units, self.gpu(dc_name), sharding, dp, tp)
-            self._memo[key] = v
+            v = self._memo[key] = self.costs.optimizer(_units(chunks), dc_name, sharding, dp, tp)
         return v
 
     @lru_cache(maxsize=64)  # noqa: B019 -- one context per planning run
     def boundary_bytes(self, micro_batch: int) -> int:
-        return self.cost("none").boundary_bytes(micro_batch)
+        return self.costs.boundary_bytes(micro_batch)
 
     def tp_comm(self, chunks: tuple[tuple[int, int], ...], micro_batch: int, dc_name: str) -> float:
         """TP all-reduces of a stage per micro-batch (forward and backward) at its DC's tp."""
@@ -348,10 +329,7 @@ class PlanningContext:
         key = ("tp", self.shape(chunks), micro_batch, dc_name)
         v = self._memo.get(key)
         if v is None:
-            cm = self.cost("none")
-            units = _units(chunks)
-            v = cm.tp_comm_time(units, micro_batch, tp, self.dc(dc_name))
-            self._memo[key] = v
+            v = self._memo[key] = self.costs.tp_comm(_units(chunks), micro_batch, tp, dc_name)
         return v
 
     def copies(self, a: str, b: str) -> int:
@@ -369,12 +347,10 @@ class PlanningContext:
 
     def tp_gather(self, dc_name: str, nbytes: int) -> float:
         """The receiver's all-gather of a scattered boundary tensor in its TP group (inside the node)."""
-        tp, d = self.tps[dc_name], self.dc(dc_name)
-        return comm.ring_half(nbytes, tp, d.intra_node_gbps * GBIT, d.intra_dc_latency_us * 1e-6)
+        return self.costs.tp_gather(dc_name, nbytes, self.tps[dc_name])
 
     def intra_dc_transfer(self, dc_name: str, nbytes: int) -> float:
-        d = self.dc(dc_name)
-        return d.intra_dc_latency_us * 1e-6 + nbytes / (d.intra_dc_gbps * GBIT)
+        return self.costs.intra_transfer(dc_name, nbytes)
 
 
 def _units(chunks: tuple[tuple[int, int], ...]):

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from geotrain.costs import comm
 from geotrain.layout.plan import Plan
-from geotrain.planner.analytic import StageCosts, estimate
+from geotrain.planner.analytic import StageTerms, estimate
 from geotrain.planner.candidate import Candidate
 from geotrain.planner.chains import Layout
 from geotrain.planner.context import PlanningContext
@@ -51,7 +50,7 @@ def stage_contexts(ctx: PlanningContext, plan: Plan) -> list[PlanningContext] | 
     return out
 
 
-def plan_stage_costs(ctx: PlanningContext, plan: Plan, scorer: Scorer | None = None) -> list[StageCosts]:
+def plan_stage_costs(ctx: PlanningContext, plan: Plan, scorer: Scorer | None = None) -> list[StageTerms]:
     """An existing plan's per-stage costs as the search prices them: each stage at its own
     checkpointing mode and tp, the DP sync across the region's DCs for a region plan."""
     scorer = scorer or Scorer(ctx, kinds=(plan.schedule,))
@@ -63,11 +62,7 @@ def plan_stage_costs(ctx: PlanningContext, plan: Plan, scorer: Scorer | None = N
     costs = [c for s in range(plan.pp)   # one stage at a time, each in the context of its tp
              for c in Scorer(ctxs[s], kinds=(plan.schedule,)).stage_costs(
                  [dcs[s]], (chunks[s],), plan.micro_batch, (modes[s],), plan.sharding, plan.dp, lay)]
-    tied = 0.0
-    if plan.pp > 1:   # the first and last stage's gradient sum, as sim.simulate.tied_sum pairs them
-        pairs = plan.dp * min(plan.stage_tp(0), plan.stage_tp(plan.pp - 1))
-        tied = comm.pipeline_tied_sum_time(ctx.cost("none").tied_grad_bytes(plan.sharding, plan.dp), pairs, dcs,
-                                           ctx.dc, ctx.link)
+    tied = ctx.costs.plan_tied_sum(plan)   # the first and last stage's gradient sum, as the simulator adds it
     if tied:
         costs[0] = replace(costs[0], allreduce=costs[0].allreduce + tied)
         costs[-1] = replace(costs[-1], allreduce=costs[-1].allreduce + tied)

@@ -14,7 +14,8 @@ import math
 from dataclasses import replace
 
 from geotrain.costs.activations import SELECTIVE
-from geotrain.planner.analytic import BoundaryCosts, StageCosts, finish, held, pipeline_part
+from geotrain.layout.stage_costs import with_tp_comm
+from geotrain.planner.analytic import BoundaryCosts, StageTerms, finish, held, pipeline_part
 from geotrain.planner.candidate import Candidate
 from geotrain.planner.chains import Layout, schedule_kinds
 from geotrain.planner.context import GBIT, PlanningContext
@@ -22,7 +23,7 @@ from geotrain.planner.sharing import offsets_span
 from geotrain.planner.split import balanced_split, split_even
 from geotrain.planner.stage_checkpointing import stage_modes
 from geotrain.planner.warmup import fit_warmup, wanted_warmup
-from geotrain.transport.turns import TURN_OVERHEAD_S, concurrent_turns
+from geotrain.transport.turns import concurrent_turns, turn_slots
 
 
 class Scorer:
@@ -39,7 +40,7 @@ class Scorer:
         self.even_split = even_split
         self._splits: dict[tuple, tuple[tuple[tuple[int, int], ...], ...]] = {}
         self._compute: dict[tuple, list] = {}
-        self._layout_costs: dict[tuple, list[StageCosts]] = {}   # per layout being scored (_costs)
+        self._layout_costs: dict[tuple, list[StageTerms]] = {}   # per layout being scored (_costs)
         self._variant_memo: dict[tuple, list] = {}
         self._split_of: dict[tuple, tuple] = {}
         self.scored = 0
@@ -76,20 +77,20 @@ class Scorer:
         return out
 
     def stage_costs(self, dcs: list[str], chunks, mb: int, ckpt: str | tuple[str, ...], sharding: str, dp: int,
-                    lay: Layout) -> list[StageCosts]:
+                    lay: Layout) -> list[StageTerms]:
         """Per-stage costs; `ckpt` one mode for every stage or one per stage."""
         ctx = self.ctx
         modes = (ckpt,) * len(dcs) if isinstance(ckpt, str) else ckpt
         per_mode = {md: self.compute_costs(dcs, chunks, mb, md) for md in set(modes)}   # one lookup a mode
         compute = [per_mode[md][s] for s, md in enumerate(modes)]
-        return self._with_tied([StageCosts(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding),
+        return self._with_tied([StageTerms(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding),
                                            ctx.optimizer(ch, dc, sharding, dp))
                                 for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)],
                                dcs, sharding, dp)
 
-    def _with_tied(self, costs: list[StageCosts], dcs, sharding: str, dp: int) -> list[StageCosts]:
+    def _with_tied(self, costs: list[StageTerms], dcs, sharding: str, dp: int) -> list[StageTerms]:
         """The first and last stage's sync plus the tied embedding's gradient sum (as the
-        simulator adds it: sim.simulate.tied_sum)."""
+        simulator adds it: layout.stage_costs.plan_inputs)."""
         t = self.ctx.tied_sum(tuple(dcs), sharding, dp) if len(costs) > 1 else 0.0
         if t:
             costs[0] = replace(costs[0], allreduce=costs[0].allreduce + t)
@@ -137,25 +138,22 @@ class Scorer:
                 share = one // ta if scattered else one
                 out.append(BoundaryCosts(False, ctx.intra_dc_transfer(a, share) + gather, 0.0))
                 continue
-            link = ctx.link(a, b)
             n = conns[wan_i]
             wan_i += 1
-            lat = link.latency_ms * 1e-3
             copies = ta if ta > tb else tb        # context.copies, wan_copies at these two tps
             nbytes = one * (1 if ta == tb else copies)
-            flow = min(copies * link.rate_gbps(n), link.capacity_gbps)
+            w = ctx.costs.wan(a, b, n, sharing, dp, copies)   # as the simulator prices the direction
+            lat, flow, cap = w.latency, w.flow_gbps, w.capacity_gbps
             if sharing == "temporal" and dp > 1:
-                # Work-conserving turns: a few transfers at once fill the link (concurrent_turns).
-                slots = min(dp, concurrent_turns(link.capacity_gbps, flow))
-                rate = min(flow, link.capacity_gbps / slots) * GBIT   # turn_rate_gbps, of copies flows
-                # the runtime takes turns only where one TP index's ring has fewer slots than pipelines
-                ring = concurrent_turns(link.capacity_gbps, link.rate_gbps(n))
-                turn = TURN_OVERHEAD_S if ring < dp else 0.0
-                delay = lat + nbytes / rate + turn + gather
+                # Work-conserving turns: a few transfers at once fill the link (concurrent_turns);
+                # each turn costs w.turn_s where the runtime takes turns (transport.turns.turn_slots).
+                slots = min(dp, concurrent_turns(cap, flow))
+                rate = min(flow, cap / slots) * GBIT   # turn_rate_gbps, of copies flows
+                delay = lat + nbytes / rate + w.turn_s + gather
                 occ = dp * nbytes / (slots * rate)
                 stagger = max(stagger, nbytes / rate)
             else:
-                agg = min(dp * flow, link.capacity_gbps) * GBIT
+                agg = min(dp * flow, cap) * GBIT
                 delay = lat + nbytes * dp / agg + gather
                 occ = dp * nbytes / agg
             if not self.wan_aware:
@@ -215,8 +213,8 @@ class Scorer:
         """Temporal only where it can differ: some link whose turns hold fewer than dp transfers."""
         ctx, dp = self.ctx, lay.dp
         if len(lay.chain) > 1 and dp > 1 and any(
-                concurrent_turns(ctx.link(a, b).capacity_gbps, ctx.copies(a, b) * ctx.link(a, b).rate_gbps(
-                    self.connections(a, b, dp, "temporal"))) < dp for a, b in zip(lay.chain, lay.chain[1:])):
+                turn_slots("temporal", ctx.link(a, b).capacity_gbps, ctx.copies(a, b) * ctx.link(a, b).rate_gbps(
+                    self.connections(a, b, dp, "temporal")), dp) for a, b in zip(lay.chain, lay.chain[1:])):
             return self.sharing
         return ("fair",)
 
@@ -251,12 +249,11 @@ class Scorer:
                 tf, tb, tbi, tbw = tab.times(a, e)
                 f, b, bi, bw = f + tf, b + tb, bi + tbi, bw + tbw
             if ctx.tp_of(dc) > 1:
-                c = ctx.tp_comm(ch, mb, dc) / 2
-                f, b, bi = f + c, b + c, bi + c
+                f, b, bi, bw = with_tp_comm(f, b, bi, bw, ctx.tp_comm(ch, mb, dc))
             out.append((f, b, bi, bw))
         return out
 
-    def _costs(self, compute, chunks, dcs, ckpt: str, v: int, sharding: str, dp: int, lay: Layout) -> list[StageCosts]:
+    def _costs(self, compute, chunks, dcs, ckpt: str, v: int, sharding: str, dp: int, lay: Layout) -> list[StageTerms]:
         """Per-stage costs of the layout being scored: the same for every schedule kind of one
         chunking and both WAN sharings, so built once per (checkpointing, chunking, sharding)."""
         key = (ckpt, v, sharding)
@@ -264,7 +261,7 @@ class Scorer:
         if hit is None:
             ctx = self.ctx
             hit = self._layout_costs[key] = self._with_tied([
-                StageCosts(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
+                StageTerms(f, b, bi, bw, self._sync(lay, ch, dp, dc, sharding), ctx.optimizer(ch, dc, sharding, dp))
                 for (f, b, bi, bw), ch, dc in zip(compute, chunks, dcs, strict=True)], dcs, sharding, dp)
         return hit
 
