@@ -41,12 +41,14 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from geotrain.costs import StageTimes
 from geotrain.emulation.network import WanEmulation
 from geotrain.emulation.ports import spread_port_connections
 from geotrain.layout.plan import LinkPlan, Plan, StagePlan
+from geotrain.layout.stage_costs import StageCosts, plan_inputs
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import build_schedule
-from geotrain.sim.simulate import StageCost, simulate_costs
+from geotrain.sim.simulate import simulate_costs
 from geotrain.spec import Cluster
 from geotrain.transport.auth import SECRET_ENV, new_secret, run_secret, write_secret_file
 from geotrain.transport.turns import link_handoff, turn_slots, turns_via_store
@@ -89,13 +91,40 @@ def case_plan(case: PipelineCase, sharing: str) -> Plan:
                 name=f"sharing-d{case.d}-{sharing}")
 
 
+class CaseCosts(StageCosts):
+    """A case's costs: its compute (sleeps, in the runs) and boundary tensor as given, no DP sync
+    or optimizer step; the link priced as every plan's is."""
+
+    def __init__(self, case: PipelineCase, cluster: Cluster):
+        super().__init__(None, cluster)
+        self.case = case
+
+    def stage_compute(self, plan, v: int) -> StageTimes:
+        b = self.case.backward_s
+        return StageTimes(forward=self.case.forward_s, backward=b, backward_input=b / 2, backward_weight=b / 2)
+
+    def tp_comm(self, units, micro_batch: int, tp: int, dc: str) -> float:
+        return 0.0
+
+    def stage_sync(self, plan, s: int, spread=None) -> float:
+        return 0.0
+
+    def stage_optimizer(self, plan, s: int) -> float:
+        return 0.0
+
+    def plan_tied_sum(self, plan) -> float:
+        return 0.0
+
+    def boundary_bytes(self, micro_batch: int) -> int:
+        return self.case.nbytes
+
+
 def simulated(case: PipelineCase, sharing: str, cluster: Cluster, iterations: int = 3) -> float:
     """The simulator's steady-state iteration time (s) for the case."""
-    costs = [StageCost(forward=case.forward_s, backward=case.backward_s, backward_input=case.backward_s / 2,
-                       backward_weight=case.backward_s / 2, send_bytes=case.nbytes if v == 0 else 0)
-             for v in range(2)]
-    res = simulate_costs(case_plan(case, sharing), cluster, costs, [0.0, 0.0], [0.0, 0.0],
-                         tokens_per_iteration=1, iterations=iterations)
+    plan, costs = case_plan(case, sharing), CaseCosts(case, cluster)
+    inp = plan_inputs(costs, plan)
+    res = simulate_costs(plan, cluster, inp.stage_costs, inp.allreduce, inp.optimizer, tokens_per_iteration=1,
+                         iterations=iterations, costs=costs)
     return res.metrics.iteration_time
 
 
