@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=1, metavar="N", help="iterations to simulate (default 1)")
     p.add_argument("--no-compare", action="store_true", help="skip simulating the other schedule kinds")
     p.add_argument("--no-progress", action="store_true", help="never show progress bars")
+    p.add_argument("--p2p", choices=("overlapped", "blocking"), default="overlapped",
+                   help="how the runtime moves pipeline tensors: overlapped (geotrain's: a send does not wait "
+                        "for its receive, the default) or blocking (DeepSpeed's pipe engine: blocking send/recv in "
+                        "its TrainSchedule order; 1F1B inside one DC)")
     p.add_argument("--profile", metavar="JSON", help="simulate with measured per-unit times (a `geotrain profile` "
                                                     "file or the geotrain.costs.unit_times format: tables at "
                                                     "(micro-batch, tp) points, interpolated) instead of FLOPs")
@@ -152,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                          optimizer=spec.job.optimizer, profile=profile)
     try:
         res = simulate(spec, plan, iterations=args.iterations, progress=bool(show is None and sys.stderr.isatty()),
-                       cost=cost)
+                       cost=cost, p2p=args.p2p)
     except ValueError as e:
         raise GeotrainError(f"cannot simulate plan {plan.name}: {e}") from None
     m = res.metrics
@@ -162,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     save_plan(out / "plan.json", plan, spec=spec)
 
     schedules = None
-    if not args.no_compare:
+    if not args.no_compare and args.p2p == "overlapped":   # the other kinds run geotrain's own P2P
         schedules = compare_schedules(spec, plan, args.iterations, known={plan.schedule: m}, progress=show, cost=cost)
     layout = rank_layout(res.trace, plan)
     gpu_mem = gpu_memory_per_dc(spec)

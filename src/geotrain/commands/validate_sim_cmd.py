@@ -28,6 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated runtime WAN modes (kernel, shaper, auto), each with its own calibration "
                         "run; the first is the headline (default kernel,shaper)")
     p.add_argument("--runs", type=int, default=1, help="repeat the whole set this many times (default 1)")
+    p.add_argument("--gpu-runs", metavar="DIR",
+                   help="instead: predict the published GPU training runs in DIR (bench/data/gpu_runs: Sailor's "
+                        "OPT-350 on GH200 nodes) from their specs, pinned plans and measured profiles, beside "
+                        "the measured iteration time, gradient reduction and memory; writes DIR_OUT/GPU_VALIDATION.md, "
+                        "gpu_results.json and per run its spec, plan.json and the imported profile")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from geotrain.calibrate.profile_file import load_profile
     from geotrain.calibrate.validation import run_validation
 
+    if args.gpu_runs:
+        return _gpu_runs(args)
     if args.warmup < 0 or args.steps <= args.warmup or args.runs < 1:
         raise GeotrainError("--steps must be larger than --warmup (and --warmup >= 0), --runs >= 1")
     profile = load_profile(args.profile) if args.profile else None
@@ -43,4 +50,24 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(md)
     print(f"wrote {Path(args.out) / 'VALIDATION.md'} and results.json")
+    return 0
+
+
+def _gpu_runs(args: argparse.Namespace) -> int:
+    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
+    import json
+
+    from geotrain.calibrate.gpu_runs import load_gpu_runs
+    from geotrain.calibrate.gpu_table import gpu_markdown
+    from geotrain.calibrate.gpu_validation import validate_gpu_runs
+
+    out = Path(args.out)
+    result = validate_gpu_runs(load_gpu_runs(args.gpu_runs), out / "gpu_runs")
+    md = gpu_markdown(result)
+    (out / "GPU_VALIDATION.md").write_text(md)
+    (out / "gpu_results.json").write_text(json.dumps(result.as_dict(), indent=1) + "\n")
+    print(md)
+    print(f"wrote {out / 'GPU_VALIDATION.md'}, {out / 'gpu_results.json'} and per run {out / 'gpu_runs'}/RUN/ "
+          "(spec.toml, plan.json; `geotrain simulate RUN/plan.json --p2p blocking --profile "
+          f"{out / 'gpu_runs'}/profile-...json` repeats one)")
     return 0
