@@ -18,9 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["OLDEST_TORCH", "TorchDispatchMode", "amp_unscale_", "attention_ops",
-           "compute_local_shape_and_global_offset", "default_store", "flatten_state_dict", "fsdp_param_groups",
-           "fsdp_post_backward_now", "get_grad_fn_or_grad_acc", "stage_backward_input", "stage_backward_weight",
-           "torch_version", "tree_flatten"]
+           "compute_local_shape_and_global_offset", "default_store", "flatten_state_dict", "fsdp_comm_bases",
+           "fsdp_param_groups", "fsdp_post_backward_now", "get_grad_fn_or_grad_acc", "stage_backward_input",
+           "stage_backward_weight", "torch_version", "tree_flatten"]
 
 OLDEST_TORCH = (2, 11)          # the GPU machine's torch; pyproject's lower bound, tested in CI
 
@@ -50,6 +50,15 @@ def fsdp_post_backward_now(root_state) -> None:
         for group in fsdp_param_groups(st):
             group.post_backward()
     root_state._root_post_backward_final_callback()
+
+
+def fsdp_comm_bases() -> tuple[type, type]:
+    """FSDP2's AllGather and ReduceScatter interfaces, which `FSDPModule.set_custom_all_gather` /
+    `set_custom_reduce_scatter` take (the classes live in a private module)."""
+    # lazy: FSDP2's internals only where a custom communication is built
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+    return AllGather, ReduceScatter
 
 
 # -- torch.distributed ----------------------------------------------------------------------------

@@ -169,16 +169,19 @@ class RecordedTurns:
 
 
 def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
-                    p2p_groups: dict | None = None, recorder=None):
+                    p2p_groups: dict | None = None, recorder=None, staged_peers=frozenset()):
     """The transport for this rank: plain gloo/NCCL without a WAN config; else a RoutedTransport with
     StripedTransport on the cross-DC peers (see module docstring). p2p_groups: the per-direction
     process groups (default: `transport.directed_groups`, a collective every rank enters);
-    recorder: where the temporal turns taken are recorded (`RecordedTurns`)."""
+    recorder: where the temporal turns taken are recorded (`RecordedTurns`); staged_peers: peers on
+    this rank's own GPU, reached through host memory over gloo (NCCL refuses them: `shared_gpu`)."""
 
     _BUILT[0] += 1
     if p2p_groups is None:
         p2p_groups = T.directed_groups(plan, schedule)      # collective: every rank, same order
-    default = T.TorchTransport(groups=p2p_groups)
+    plain = T.TorchTransport(groups=p2p_groups)
+    # Always routed (every rank then has close(), so every rank enters the closing barrier alike).
+    default = T.RoutedTransport(plain, dict.fromkeys(staged_peers, T.HostStaging(plain)))
     stage, replica, t = plan.coords(rank)
     links = cross_dc_links(plan, schedule, stage, replica)
     if not wan:

@@ -102,6 +102,7 @@ class PipelineRank:
     # so bit-identical, with 1/tp of the bytes on the link. Mixed-tp boundaries send whole copies.
     tp_group: dist.ProcessGroup | None = None
     dp_group: dist.ProcessGroup | None = None
+    dp_staged: bool = False                      # the DP group shares a GPU: reduce through host memory (shared_gpu)
     lookahead: int = RUNTIME_LOOKAHEAD
     boundary_dtype: torch.dtype = torch.float32
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -316,4 +317,4 @@ class PipelineRank:
             else:
                 plain.extend(chunk.parameters())
         if plain and self.plan.dp > 1:
-            allreduce_grads(plain, self.dp_group, self.plan.dp, dtype=self.boundary_dtype)
+            allreduce_grads(plain, self.dp_group, self.plan.dp, dtype=self.boundary_dtype, staged=self.dp_staged)

@@ -35,6 +35,7 @@ from geotrain.errors import GeotrainError
 from geotrain.runtime.cross_dc import open_wan
 from geotrain.runtime.rank_model import report_rank
 from geotrain.runtime.runfile import write_run_config
+from geotrain.runtime.shared_gpu import check_local_devices
 from geotrain.runtime.train_config import RunConfig, resolve
 from geotrain.trace.metrics import LINK_COUNTERS_NAME
 from geotrain.transport.auth import SECRET_ENV, new_secret, write_secret_file
@@ -133,6 +134,8 @@ def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int 
     every poll (rehearsals cut a datacenter's ranks from it). `plan`: the first case's, where the
     caller resolved it already (else it is resolved here, to know which rank prints)."""
     check_local_world_size(world_size)  # before anything is written
+    if plan is not None:
+        check_local_devices(plan)       # ranks sharing a GPU in a communicator NCCL cannot have
     if wan is not None and wan.rank_config() is not None:
         cases = [replace(c, wan=wan.rank_config()) for c in cases]
     logs = Path(run_dir) / "logs"
@@ -235,6 +238,7 @@ def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = 
     on_wan(wan), if given, sees the WAN before the ranks start (a rehearsal that cuts a link needs it);
     tls: cross-DC connections in TLS keyed by the run secret (geotrain.transport.tls)."""
     check_local_world_size(plan.num_ranks)  # before any WAN emulation is set up
+    check_local_devices(plan)
     wan = open_wan(mode, spec, plan, rate_scale, say=say, tls=tls,
                    **({"timeout_s": outage_limit_s} if outage_limit_s is not None else {}))
     try:

@@ -21,6 +21,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from geotrain.errors import GeotrainError
 from geotrain.models.llama import Attention, Block, UnitStack
 from geotrain.runtime.scaler import _local
+from geotrain.runtime.shared_gpu import all_reduce_staged
 from geotrain.torch_compat import fsdp_post_backward_now
 
 SHARDINGS = ("replicate", "zero1", "zero2", "zero3")
@@ -148,11 +149,12 @@ def fsdp_reduce_grads(module: nn.Module) -> None:
 
 
 def allreduce_grads(params: Iterator[nn.Parameter], group: dist.ProcessGroup, size: int,
-                    bucket_bytes: int = 25 * 2**20, dtype: torch.dtype = torch.float32) -> None:
+                    bucket_bytes: int = 25 * 2**20, dtype: torch.dtype = torch.float32, staged: bool = False) -> None:
     """Replicated DP: average gradients over the group in flat buckets (one collective per bucket),
     reduced in `dtype` (the training dtype: the bytes the cost model counts; fp32 gradients are
     rounded for the trip, as FSDP2's reduce_dtype does). A TP-sharded parameter's gradient is a
-    DTensor: its local shard is what the replicas average."""
+    DTensor: its local shard is what the replicas average. `staged`: through a host copy, over the
+    group's gloo backend (ranks sharing a GPU: `runtime.shared_gpu`)."""
 
     grads = [_local(p.grad) for p in params if p.grad is not None]
     bucket: list[torch.Tensor] = []
@@ -163,7 +165,7 @@ def allreduce_grads(params: Iterator[nn.Parameter], group: dist.ProcessGroup, si
         if not bucket:
             return
         flat = torch.cat([g.reshape(-1) for g in bucket]).to(dtype)     # one buffer, one collective
-        dist.all_reduce(flat, group=group)
+        all_reduce_staged(flat, group, staged)
         flat = flat.float().div_(size)
         for g, synced in zip(bucket, torch.split(flat, [g.numel() for g in bucket]), strict=True):
             g.copy_(synced.view_as(g))

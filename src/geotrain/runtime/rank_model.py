@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from geotrain.errors import GeotrainError
 from geotrain.runtime.materialize import build_chunk
 from geotrain.runtime.meshes import stage_mesh
+from geotrain.runtime.shared_gpu import SharedDevices, device_key, exchange_keys, stage_fsdp
 from geotrain.runtime.tied import TiedCopies
 
 
@@ -48,6 +49,7 @@ class RankModel:
     mesh: DeviceMesh
     chunks: dict[int, nn.Module]
     tied: TiedCopies
+    shared: SharedDevices       # the communicators staged through host memory (ranks sharing a GPU)
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -70,6 +72,8 @@ def build_rank_model(spec, plan) -> RankModel:
                             f"x tp={plan.tp_label()}) but {world} were started")
     stage, replica, tp_rank = plan.coords(rank)
     device = rank_device()
+    shared = SharedDevices.of(plan, rank, exchange_keys(device_key(device)))   # collective; refuses TP/ZeRO-1 sharing
+    shared.say(rank)
     torch.manual_seed(spec.job.seed)
     # One (pp, dp, tp) mesh holding the plan's rank table, so its "dp" slices are each stage's replicas
     # whatever the numbering. FSDP2 over "dp" and TP over "tp" must be slices of the same mesh to compose.
@@ -77,4 +81,8 @@ def build_rank_model(spec, plan) -> RankModel:
     stage_plan = plan.with_(checkpointing=plan.stage_checkpointing(stage))  # this stage's own mode
     chunks = {c * plan.pp + stage: build_chunk(spec.model, a, b, stage_plan, mesh, device, hf=spec.model.hf)
               for c, (a, b) in enumerate(plan.stages[stage].chunks)}
-    return RankModel(rank, stage, replica, tp_rank, device, mesh, chunks, TiedCopies(plan, spec.model, rank, chunks))
+    if shared.dp:
+        for chunk in chunks.values():
+            stage_fsdp(chunk)            # FSDP2's collectives through host memory (no-op without FSDP2)
+    return RankModel(rank, stage, replica, tp_rank, device, mesh, chunks,
+                     TiedCopies(plan, spec.model, rank, chunks, staged=shared.tied), shared)

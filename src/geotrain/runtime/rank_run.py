@@ -78,15 +78,16 @@ def _bubble(cfg, factory, me: RankModel, recorder: Recorder):
 
 def _build_trainer(cfg, spec, plan, schedule, me: RankModel, optimizer, scaler, recorder, bubble):
     """The pipeline interpreter over this rank's transport, and the Trainer stepping it."""
-    transport = build_transport(cfg.wan, spec, plan, schedule, me.rank, recorder=recorder)
+    transport = build_transport(cfg.wan, spec, plan, schedule, me.rank, recorder=recorder, staged_peers=me.shared.peers)
     runner = PipelineRank(plan=plan, schedule=schedule, stage=me.stage, replica=me.replica, tp_rank=me.tp_rank,
                           tp_group=me.tp_group(plan), chunks=me.chunks, transport=transport, recorder=recorder,
                           autocast=autocast_context(plan.precision, me.device),
                           boundary_shape=(plan.micro_batch, spec.model.seq_len, spec.model.hidden),
                           boundary_dtype=precision_dtype(plan.precision), device=me.device,
-                          dp_group=me.dp_group, bubble=bubble)
+                          dp_group=me.dp_group, dp_staged=me.shared.dp, bubble=bubble)
     group = StepGroup(dp_group=me.dp_group, dp=plan.dp, loss_copies=plan.dp * plan.stage_tp(plan.pp - 1),
-                      holds_loss=schedule.num_virtual - 1 in me.chunks, device=me.device)
+                      holds_loss=schedule.num_virtual - 1 in me.chunks,
+                      device=torch.device("cpu") if me.shared.dp else me.device)   # sharing a GPU: sum over gloo
     inject = {s for r, s in _parse_hook("GEOTRAIN_INJECT_INF") | {tuple(x) for x in cfg.inject_inf} if r == me.rank}
     trainer = Trainer(runner, me.params, optimizer, scaler, tied=me.tied, group=group, recorder=recorder,
                       stage=min(me.chunks), inject_inf=inject)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from geotrain.runtime.scaler import _local
+from geotrain.runtime.shared_gpu import all_reduce_staged
 
 EMBEDDING = "units.0.tok.weight"
 
@@ -29,8 +30,9 @@ class TiedCopies:
     """This rank's copies of a tied matrix, and the group that keeps them equal. Every rank must
     construct it (creating process groups is collective), tied or not, in the same order."""
 
-    def __init__(self, plan, model, rank: int, chunks: dict[int, nn.Module]):
+    def __init__(self, plan, model, rank: int, chunks: dict[int, nn.Module], staged: bool = False):
         self.group: dist.ProcessGroup | None = None
+        self.staged = staged            # the two copies' ranks share a GPU: sum through host memory (shared_gpu)
         self.params: list[nn.Parameter] = []
         if not getattr(model, "tie_embeddings", False):
             return
@@ -60,6 +62,6 @@ class TiedCopies:
             grads[0].add_(grads[1])
             grads[1].copy_(grads[0])
         if self.group is not None and grads:
-            dist.all_reduce(grads[0], group=self.group)
+            all_reduce_staged(grads[0], self.group, self.staged)
             for g in grads[1:]:
                 g.copy_(grads[0])

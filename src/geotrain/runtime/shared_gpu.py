@@ -1,0 +1,218 @@
+"""Ranks sharing one GPU: which communicators would hold two ranks on one device, and what runs instead.
+
+Each rank works on `cuda:LOCAL_RANK % GPUs` (`rank_run.rank_device`), so a host with fewer GPUs than
+ranks -- the demo's four ranks on a one-GPU box, the GPU check's pp=2 -- puts several ranks on one
+device, and NCCL refuses a communicator holding two of them ("Duplicate GPU detected"). Every rank's
+device identity (a hash of its GPU's UUID; 0 for a CPU rank) is exchanged once over gloo, and from that
+table every rank takes the same decision for every group (`SharedDevices`):
+
+* pipeline transfers between two ranks on one device: host-staged over gloo (`p2p.HostStaging`);
+* a DP group with two ranks on one device: FSDP2's all-gather and reduce-scatter (`StagedAllGather`,
+  `StagedReduceScatter`, through FSDP2's public custom-comm hooks), the replicated all-reduce and the
+  loss sum run on host copies, over the group's gloo backend ("cpu:gloo,cuda:nccl");
+* the tied-embedding sum likewise;
+* a TP group, or a ZeRO-1 group, with two ranks on one device: refused in one line (DTensor's
+  collectives and ZeroRedundancyOptimizer's broadcasts go to NCCL with no hook to stage them).
+
+Our launcher checks a plan against this host's GPU count before any rank starts (`device_problem`).
+`GEOTRAIN_FAKE_GPUS=N` makes CPU ranks report N devices (rank LOCAL_RANK % N), so the staged paths run
+on CPU in the tests (staging then copies host to host).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from geotrain.errors import GeotrainError
+from geotrain.torch_compat import fsdp_comm_bases
+
+FAKE_GPUS_ENV = "GEOTRAIN_FAKE_GPUS"
+_AllGather, _ReduceScatter = fsdp_comm_bases()
+
+
+def _key(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "big") + 1
+
+
+def device_key(device: torch.device) -> int:
+    """This rank's device identity as a positive int64 (0: a CPU rank, which shares nothing NCCL sees)."""
+    fake = os.environ.get(FAKE_GPUS_ENV)
+    if fake:
+        return _key(f"{socket.gethostname()}:{int(os.environ.get('LOCAL_RANK', 0)) % max(1, int(fake))}")
+    if device.type != "cuda":
+        return 0
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    return _key(str(uuid) if uuid is not None else f"{socket.gethostname()}:{device.index}")
+
+
+def exchange_keys(key: int) -> list[int]:
+    """Every rank's `device_key`, on every rank (one all-gather of an int64 over gloo)."""
+    mine = torch.tensor([key], dtype=torch.int64)
+    out = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [int(t) for t in out]
+
+
+def shares(keys: list[int], members) -> bool:
+    """Whether two of `members` (ranks) sit on one device."""
+    on_gpu = [keys[r] for r in members if keys[r]]
+    return len(on_gpu) != len(set(on_gpu))
+
+
+def _dp_group(plan, stage: int, t: int) -> list[int]:
+    return [plan.rank(stage, d, t) for d in range(plan.dp)]
+
+
+def _tp_group(plan, stage: int, replica: int) -> list[int]:
+    return [plan.rank(stage, replica, t) for t in range(plan.stage_tp(stage))]
+
+
+def _tied_group(plan, replica: int, t: int) -> list[int]:
+    return [plan.rank(0, replica, t), plan.rank(plan.pp - 1, replica, t)]
+
+
+def _ranks(rs) -> str:
+    return ", ".join(map(str, rs))
+
+
+def sharing_problem(plan, keys: list[int]) -> str | None:
+    """One line naming the first communicator that cannot run with two ranks on one device, or None."""
+    for s in range(plan.pp):
+        for d in range(plan.dp):
+            g = _tp_group(plan, s, d)
+            if len(g) > 1 and shares(keys, g):
+                return (f"plan {plan.name!r}: the TP group of stage {s} (ranks {_ranks(g)}) has two ranks on one GPU, "
+                        "and NCCL refuses that (tensor parallelism has no host-staged path): give each TP rank its "
+                        "own GPU, or pin tp = 1")
+        if plan.sharding == "zero1":
+            for t in range(plan.stage_tp(s)):
+                g = _dp_group(plan, s, t)
+                if len(g) > 1 and shares(keys, g):
+                    return (f"plan {plan.name!r}: the ZeRO-1 group of stage {s} (ranks {_ranks(g)}) has two ranks "
+                            "on one GPU, and NCCL refuses that (ZeroRedundancyOptimizer's broadcasts have no "
+                            "host-staged path): use sharding replicate, zero2 or zero3, or one GPU per rank")
+    return None
+
+
+def device_problem(plan, gpus: int) -> str | None:
+    """The launcher's check before any rank starts: this host runs every rank (LOCAL_RANK = rank) on
+    `gpus` GPUs; the sharing problem, if any (`sharing_problem`), with the host's numbers."""
+    if gpus < 1 or plan.num_ranks <= gpus:
+        return None
+    problem = sharing_problem(plan, [_key(f"local:{r % gpus}") for r in range(plan.num_ranks)])
+    return f"{problem} ({plan.num_ranks} ranks on {gpus} GPU(s) here)" if problem else None
+
+
+def host_gpus() -> int:
+    """GPUs this host gives its ranks (GEOTRAIN_FAKE_GPUS where set: the tests' CPU stand-in)."""
+    fake = os.environ.get(FAKE_GPUS_ENV)
+    if fake:
+        return max(1, int(fake))
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_local_devices(plan) -> None:
+    """Before our launcher starts any rank: refuse, in one line, a plan whose every rank runs on this host
+    and puts two ranks of a communicator that cannot be staged (TP, ZeRO-1) on one GPU."""
+    problem = device_problem(plan, host_gpus())
+    if problem:
+        raise GeotrainError(problem)
+
+
+@dataclass
+class SharedDevices:
+    """What this rank stages through host memory because its communicator would share a device."""
+
+    dp: bool = False                     # its DP group (FSDP2 comms, replicated all-reduce, loss sum)
+    tied: bool = False                   # its tied-embedding group
+    peers: set[int] = field(default_factory=set)     # pipeline peers on its own device
+    note: str = ""                       # one line for the log (empty: nothing staged anywhere)
+
+    @classmethod
+    def of(cls, plan, rank: int, keys: list[int]) -> SharedDevices:
+        """The decision for `rank` (every rank decides the same for each group: it reads the same table)."""
+        problem = sharing_problem(plan, keys)
+        if problem:
+            raise GeotrainError(problem)
+        stage, replica, t = plan.coords(rank)
+        out = cls(dp=shares(keys, _dp_group(plan, stage, t)),
+                  tied=plan.pp > 1 and shares(keys, _tied_group(plan, replica, t)),
+                  peers={r for r in range(plan.num_ranks) if r != rank and keys[r] and keys[r] == keys[rank]})
+        staged_dp = any(shares(keys, _dp_group(plan, s, tt))
+                        for s in range(plan.pp) for tt in range(plan.stage_tp(s)))
+        staged_pp = any(keys[a] and keys[a] == keys[b] for a in range(plan.num_ranks) for b in range(a)
+                        if plan.coords(a)[0] != plan.coords(b)[0])
+        if staged_dp or staged_pp:
+            what = [w for w, on in (("DP groups (FSDP2 all-gather/reduce-scatter, all-reduces, the loss sum)",
+                                     staged_dp), ("pipeline transfers between ranks on one GPU", staged_pp)) if on]
+            out.note = (f"geotrain: {plan.num_ranks} ranks share {len(set(k for k in keys if k))} GPU(s): "
+                        f"{' and '.join(what)} run over gloo through host memory (NCCL refuses two ranks of a "
+                        "communicator on one GPU)")
+        return out
+
+    def say(self, rank: int) -> None:
+        if self.note and rank == 0:
+            print(self.note, file=sys.stderr, flush=True)
+
+
+# -- host staging ----------------------------------------------------------------------------------
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of `t` (always a copy: the result is written back with `from_host`)."""
+    return torch.empty(t.shape, dtype=t.dtype, device="cpu").copy_(t)
+
+
+def all_reduce_staged(t: torch.Tensor, group, staged: bool, op=dist.ReduceOp.SUM) -> None:
+    """dist.all_reduce(t) -- through a host copy over the group's gloo backend when `staged`."""
+    if not staged:
+        dist.all_reduce(t, op=op, group=group)
+        return
+    host = to_host(t)
+    dist.all_reduce(host, op=op, group=group)
+    t.copy_(host)
+
+
+class StagedAllGather(_AllGather):
+    """FSDP2's all-gather through host memory: the group's CPU (gloo) backend, synchronously. FSDP2
+    calls it on its all-gather stream, where the copies are ordered after the copy-in."""
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        out = torch.empty(output_tensor.shape, dtype=output_tensor.dtype, device="cpu")
+        work = dist.all_gather_into_tensor(out, to_host(input_tensor), group=group, async_op=async_op)
+        if work is not None:
+            work.wait()
+        output_tensor.copy_(out)
+        return work
+
+
+class StagedReduceScatter(_ReduceScatter):
+    """FSDP2's reduce-scatter through host memory (see StagedAllGather)."""
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        out = torch.empty(output_tensor.shape, dtype=output_tensor.dtype, device="cpu")
+        work = dist.reduce_scatter_tensor(out, to_host(input_tensor), op=op, group=group, async_op=async_op)
+        if work is not None:
+            work.wait()
+        output_tensor.copy_(out)
+        return work
+
+
+def stage_fsdp(module: torch.nn.Module) -> None:
+    """Send every FSDP2 group of a chunk's collectives through host memory (public FSDP2 hooks)."""
+    for sub in module.modules():
+        if hasattr(sub, "set_custom_all_gather"):
+            sub.set_custom_all_gather(StagedAllGather())
+            sub.set_custom_reduce_scatter(StagedReduceScatter())
