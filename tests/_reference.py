@@ -10,6 +10,7 @@ import torch
 from geotrain.models.llama import build_model
 from geotrain.runtime.batches import SyntheticTokens
 from geotrain.runtime.interpreter import lm_loss
+from geotrain.runtime.recipe import lr_at, param_groups
 from geotrain.runtime.trainer import make_optimizer
 from geotrain.spec.load import load_spec
 
@@ -18,17 +19,29 @@ from geotrain.spec.load import load_spec
 def single_process_losses(spec_path: Path, micro_batch: int, m: int, dp: int, steps: int) -> list[float]:
     """One process, whole model, the global batch of every step (dp x m micro-batches of
     `micro_batch` sequences), the job's optimizer."""
+    return reference_run(spec_path, micro_batch, m, dp, steps)[0]
+
+
+@functools.cache
+def reference_run(spec_path: Path, micro_batch: int, m: int, dp: int, steps: int) -> tuple[list[float], list[float]]:
+    """(losses, gradient norms before clipping) of the textbook loop: the job's AdamW over its
+    weight-decay groups, `torch.nn.utils.clip_grad_norm_` to job.grad_clip, the job's lr schedule."""
     spec = load_spec(spec_path)
-    torch.manual_seed(spec.job.seed)
+    job = spec.job
+    torch.manual_seed(job.seed)
     model = build_model(spec.model)
-    opt = make_optimizer(list(model.parameters()), spec.job)
-    src = SyntheticTokens(spec.model.vocab, spec.model.seq_len, micro_batch, m, dp, spec.job.seed)
-    out = []
+    opt = make_optimizer(param_groups([model], job), job)
+    src = SyntheticTokens(spec.model.vocab, spec.model.seq_len, micro_batch, m, dp, job.seed)
+    losses, norms = [], []
     for step in range(steps):
         x, y = src.global_batch(step)
         loss = lm_loss(model(x), y)
         loss.backward()
+        if job.grad_clip > 0:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip)))
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step + 1, job)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        out.append(loss.item())
-    return out
+        losses.append(loss.item())
+    return losses, norms

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _reference import single_process_losses
+from _reference import reference_run, single_process_losses
 
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch
@@ -39,6 +39,21 @@ CASES = [
 ]
 
 
+def recipe_spec(tmp: Path, clip: float = 0.4) -> Path:
+    """tiny_2dc with a recipe that acts in 5 steps: warm-up, cosine decay, weight decay, clipping
+    below the tiny model's gradient norms (~0.5)."""
+    text = SPEC.read_text().replace('cluster = "clusters/', f'cluster = "{SPEC.parent}/clusters/')
+    text = text.replace("[job]\n", f"[job]\nwarmup_steps = 2\ngrad_clip = {clip}\nweight_decay = 0.1\n")
+    path = tmp / "tiny_2dc_recipe.toml"
+    path.write_text(text)
+    return path
+
+
+def reference(spec: Path, steps: int) -> tuple[list[float], list[float]]:
+    plan = plan_from_job(load_spec(spec))
+    return reference_run(spec, plan.micro_batch, plan.num_microbatches, plan.dp, steps)
+
+
 def reference_losses(steps: int) -> list[float]:
     plan = plan_from_job(load_spec(SPEC))
     return single_process_losses(SPEC, plan.micro_batch, plan.num_microbatches, plan.dp, steps)
@@ -48,17 +63,17 @@ def read_losses(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines() if line.strip()]
 
 
-def _case_config(tmp: Path, name: str, overrides: dict, vps: int) -> RunConfig:
-    spec = load_spec(SPEC)
+def _case_config(tmp: Path, spec_path: Path, name: str, overrides: dict, vps: int) -> RunConfig:
+    spec = load_spec(spec_path)
     plan = plan_from_job(spec, virtual_per_stage=vps).with_(precision="fp32", **overrides)
-    return RunConfig(spec=str(SPEC), out=str(tmp / name), plan=plan.to_dict(), steps=STEPS, data="synthetic",
+    return RunConfig(spec=str(spec_path), out=str(tmp / name), plan=plan.to_dict(), steps=STEPS, data="synthetic",
                      progress=False, checkpoint_every=0)
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("runtime")
-    cases = [_case_config(tmp, n, o, v) for n, o, v in CASES]
+    cases = [_case_config(tmp, recipe_spec(tmp), n, o, v) for n, o, v in CASES]
     spec = load_spec(SPEC)
     fp16 = RunConfig(spec=str(SPEC), out=str(tmp / "fp16"), steps=6, data="synthetic", progress=False,
                      checkpoint_every=0, overrides={"precision": "fp16", "sharding": "zero3"},
@@ -71,11 +86,17 @@ def launched(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_pipeline_matches_single_process(launched: Path, name: str) -> None:
-    got = [x["loss"] for x in read_losses(launched / name)]
-    want = reference_losses(STEPS)
+    """Losses, and the global gradient norm the run clipped with (pp2 x dp2, every sharding: the sum
+    over both stages, across the WAN), equal the single process's under warm-up, cosine decay,
+    weight decay and clipping that acts (norms ~0.5 > 0.4)."""
+    rows = read_losses(launched / name)
+    got, norms = [x["loss"] for x in rows], [x["grad_norm"] for x in rows]
+    want, want_norms = reference(launched / "tiny_2dc_recipe.toml", STEPS)
     assert len(got) == STEPS
-    for g, w in zip(got, want):
-        assert abs(g - w) <= 1e-5 * abs(w), (name, got, want)
+    assert all(n > 0.4 for n in want_norms[:3])                    # the clipping acted
+    for g, w in zip(got + norms, want + want_norms):
+        assert abs(g - w) <= 1e-5 * abs(w), (name, got, want, norms, want_norms)
+    assert [x["lr"] for x in rows[:2]] == [5e-4, 1e-3]          # warm-up over 2 steps
     # The model learned something, so equal losses are not equal by accident of a frozen model.
     assert got[-1] < got[0]
 

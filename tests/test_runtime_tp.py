@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from _reference import single_process_losses
+from _reference import reference_run
+from test_runtime_pipeline import recipe_spec
 
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan, StagePlan
@@ -51,18 +52,15 @@ CASES = [
 ]
 
 
-def reference_losses(dp: int, m: int, steps: int) -> list[float]:
-    return single_process_losses(SPEC, MICRO_BATCH, m, dp, steps)
-
-
-def read_losses(run_dir: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run_dir / "losses.jsonl").read_text().splitlines() if line.strip()]
+def read_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("runtime_tp")
-    cases = [RunConfig(spec=str(SPEC), out=str(tmp / name), plan=_plan(pp, dp, m, **kw).to_dict(), steps=STEPS,
+    spec = recipe_spec(tmp)          # warm-up, cosine, weight decay, clipping that acts
+    cases = [RunConfig(spec=str(spec), out=str(tmp / name), plan=_plan(pp, dp, m, **kw).to_dict(), steps=STEPS,
                        data="synthetic", progress=False, checkpoint_every=0)
              for name, pp, dp, m, kw in CASES]
     launch(cases, 4, tmp / "launch", timeout_s=120)
@@ -72,12 +70,15 @@ def launched(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_tp_matches_single_process(launched: Path, case) -> None:
+    """Losses and the clipped global gradient norm (TP shards summed, replicated norms counted once,
+    FSDP2 shards summed, across the stages) equal the single process's."""
     name, pp, dp, m, _ = case
-    got = read_losses(launched / name)
-    want = reference_losses(dp, m, STEPS)
-    assert len(got) == STEPS
-    for g, w in zip(got, want):
-        assert abs(g - w) <= 1e-5 * abs(w), (name, got, want)
+    rows = read_rows(launched / name)
+    got, norms = [x["loss"] for x in rows], [x["grad_norm"] for x in rows]
+    want, want_norms = reference_run(launched / "tiny_2dc_recipe.toml", MICRO_BATCH, m, dp, STEPS)
+    assert len(got) == STEPS and want_norms[0] > 0.4
+    for g, w in zip(got + norms, want + want_norms):
+        assert abs(g - w) <= 1e-5 * abs(w), (name, got, want, norms, want_norms)
     assert got[-1] < got[0]  # the model learned: equal losses are not equal by accident of a frozen model
 
 
@@ -191,7 +192,7 @@ lr = 1e-3
     out = tmp_path / "run"
     assert main(["train", str(spec), "--out", str(out), "--wan", "shaper", "--no-progress",
                  "--checkpoint-every", "0"]) == 0, capsys.readouterr().err
-    losses = read_losses(out)
+    losses = [x["loss"] for x in read_rows(out)]
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["optimizer_steps_per_rank"] == [3] * 4

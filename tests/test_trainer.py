@@ -10,6 +10,7 @@ from _reference import single_process_losses
 
 from geotrain.models.llama import build_model
 from geotrain.runtime.batches import SyntheticTokens
+from geotrain.runtime.recipe import param_groups
 from geotrain.runtime.scaler import GlobalLossScaler
 from geotrain.runtime.trainer import Trainer, make_optimizer
 from geotrain.runtime.whole_model import WholeModel
@@ -23,7 +24,8 @@ def _trainer(**kw):
     torch.manual_seed(spec.job.seed)
     model = build_model(spec.model)
     params = list(model.parameters())
-    return spec, Trainer(WholeModel(model), params, make_optimizer(params, spec.job), **kw)
+    return spec, Trainer(WholeModel(model), params, make_optimizer(param_groups([model], spec.job), spec.job),
+                         job=spec.job, **kw)
 
 
 def test_one_process_trainer_matches_the_reference_bit_for_bit():

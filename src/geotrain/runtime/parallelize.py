@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from geotrain.errors import GeotrainError
@@ -49,14 +48,6 @@ def apply_tp(stack: UnitStack, tp_mesh) -> None:
             raise GeotrainError(f"tp={tp} does not divide heads={attn.heads} and kv_heads={attn.kv_heads}")
         # Contiguous shards keep GQA's grouping: local q head h still maps to local kv head h // (heads/kv).
         attn.heads, attn.kv_heads = attn.heads // tp, attn.kv_heads // tp
-
-
-def optimizer_param_groups(params: list[nn.Parameter]) -> list[dict]:
-    """Params split into DTensor (TP-sharded) and plain groups: foreach optimizer kernels refuse a
-    list mixing torch.Tensor and DTensor (they are the default on GPUs)."""
-    dtensors = [p for p in params if isinstance(p, DTensor)]
-    plain = [p for p in params if not isinstance(p, DTensor)]
-    return [{"params": g} for g in (dtensors, plain) if g]
 
 
 def precision_dtype(precision: str) -> torch.dtype:

@@ -34,8 +34,9 @@ from geotrain.runtime.loss_log import LossLog
 from geotrain.runtime.measured_memory import StepPeak, fsdp_gathered_storages, state_tensors
 from geotrain.runtime.meshes import tp_code
 from geotrain.runtime.outputs import write_outputs
-from geotrain.runtime.parallelize import autocast_context, optimizer_param_groups, precision_dtype
+from geotrain.runtime.parallelize import autocast_context, precision_dtype
 from geotrain.runtime.rank_model import RankModel, build_rank_model, report_rank
+from geotrain.runtime.recipe import GradNorm, param_groups
 from geotrain.runtime.recorder import Recorder
 from geotrain.runtime.scaler import GlobalLossScaler
 from geotrain.runtime.trainer import StepGroup, Trainer, make_optimizer
@@ -89,8 +90,11 @@ def _build_trainer(cfg, spec, plan, schedule, me: RankModel, optimizer, scaler, 
                       holds_loss=schedule.num_virtual - 1 in me.chunks,
                       device=torch.device("cpu") if me.shared.dp else me.device)   # sharing a GPU: sum over gloo
     inject = {s for r, s in _parse_hook("GEOTRAIN_INJECT_INF") | {tuple(x) for x in cfg.inject_inf} if r == me.rank}
+    # The gradient norm's exchange (clipping on, bf16/fp32: fp16 folds it into its overflow all-reduce).
+    norm = GradNorm(plan, me.rank, me.device) if spec.job.grad_clip > 0 and plan.precision != "fp16" else None
+    head_copies = me.tied.params if plan.pp > 1 and me.stage == plan.pp - 1 else []   # counted on stage 0
     trainer = Trainer(runner, me.params, optimizer, scaler, tied=me.tied, group=group, recorder=recorder,
-                      stage=min(me.chunks), inject_inf=inject)
+                      stage=min(me.chunks), inject_inf=inject, job=spec.job, norm=norm, norm_skip=head_copies)
     return transport, trainer
 
 
@@ -105,8 +109,8 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
     steps = cfg.steps or job.steps
     every = job.checkpoint_every if cfg.checkpoint_every is None else cfg.checkpoint_every
     me = build_rank_model(spec, plan)
-    optimizer = make_optimizer(optimizer_param_groups(me.params) if plan.stage_tp(me.stage) > 1 else me.params,
-                               job, plan.sharding, me.dp_group)
+    optimizer = make_optimizer(param_groups(me.chunks.values(), job, embeddings=me.tied.params), job,
+                               plan.sharding, me.dp_group)
     scaler = GlobalLossScaler(plan.precision == "fp16")
     data = RankBatches(make_source(spec, plan, cfg.data if cfg.data is not None else job.data, job.seed),
                        me.replica, plan.num_microbatches, me.device,
@@ -151,7 +155,8 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
                 extra.update(resumed_from=str(cfg.resume_from),
                              layout={"pp": plan.pp, "dp": plan.dp, "tp": plan.tp, "sharding": plan.sharding},
                              resume_wall={**resumed, "step_start": step_start, "step_end": time.time()})
-            log.record(step, result.loss, result.skipped, scaler.scale, seconds, **extra)
+            log.record(step, result.loss, result.skipped, scaler.scale, seconds, lr=result.lr,
+                       grad_norm=result.grad_norm, **extra)
             if every and (step % every == 0 or step == steps):
                 ckpt.save(step, data.state_dict())
     except BaseException as e:

@@ -73,6 +73,28 @@ class JobSpec(Strict):
     # Training-run settings (used by `geotrain train`).
     steps: bounded_int(1, 10**9) = 20
     lr: bounded_float(1e-12, 10.0) = 3e-4
+    # The recipe (runtime.recipe): the learning rate is a pure function of the optimizer step -- a
+    # linear warm-up over `warmup_steps`, then `decay` from lr down to min_lr (or lr x min_lr_ratio)
+    # at step `steps` (wsd: constant, then linear over the last `wsd_decay_fraction` of the steps
+    # after warm-up); so a resumed or resharded run continues the same curve.
+    warmup_steps: int = Field(0, ge=0, le=10**9)
+    decay: Literal["cosine", "linear", "wsd", "constant"] = "cosine"
+    wsd_decay_fraction: float = Field(0.2, gt=0, le=1)
+    min_lr: float | None = Field(None, ge=0, le=10)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    # AdamW's decoupled weight decay (Adam / SGD: L2), on weight matrices only unless these say so.
+    weight_decay: float = Field(0.1, ge=0, le=10)
+    weight_decay_embeddings: bool = False
+    weight_decay_norms: bool = False
+    weight_decay_biases: bool = False
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2)
+    eps: float = Field(1e-8, gt=0, le=1)
+    grad_clip: float = Field(1.0, ge=0, le=1e6)     # the largest global gradient norm; 0: no clipping
+    # Held-out loss every `eval_every` steps (0: never) over `eval_batches` global batches of a split
+    # (`eval_split` of each source's windows) that training never reads.
+    eval_every: int = Field(0, ge=0, le=10**9)
+    eval_batches: int = Field(4, ge=1, le=10**6)
+    eval_split: float = Field(0.01, gt=0, lt=0.5)
     seed: bounded_int(0, 2**63 - 1) = 0
     checkpoint_every: int = Field(0, ge=0, le=10**9)
     # A path (file or folder), "stdlib" (the built-in corpus, the default) or "synthetic"; or one
@@ -112,6 +134,28 @@ class JobSpec(Strict):
         if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_MICRO_BATCH):
             return v
         raise ValueError(f'must be a positive integer or "auto", at most {MAX_MICRO_BATCH} (got {v!r:.40})')
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: list[float]) -> list[float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"each must be in [0, 1) (got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _check_recipe(self) -> JobSpec:
+        if self.min_lr is not None and "min_lr_ratio" in self.model_fields_set:
+            raise ValueError("min_lr: give min_lr or min_lr_ratio, not both")
+        if self.min_lr is not None and self.min_lr > self.lr:
+            raise ValueError(f"min_lr: {self.min_lr:g} is above lr={self.lr:g}")
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps: {self.warmup_steps} is more than steps={self.steps}")
+        return self
+
+    @property
+    def final_lr(self) -> float:
+        """The learning rate the decay ends at."""
+        return self.min_lr if self.min_lr is not None else self.lr * self.min_lr_ratio
 
     @model_validator(mode="after")
     def _check_batch(self) -> JobSpec:

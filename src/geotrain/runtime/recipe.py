@@ -1,0 +1,160 @@
+"""The training recipe around a step: learning-rate schedule, weight-decay groups, global gradient clipping.
+
+`lr_at(step, job)` is a pure function of the (1-based) optimizer step and the job -- warm-up, then
+cosine / linear / WSD / constant decay to `job.final_lr` at `job.steps` -- so a resumed, resharded
+or elastic run continues the same curve. `param_groups` decays weight matrices only (embeddings,
+norms and biases when the job says so); a tied head counts as the embedding it is. `GradNorm`
+gives the norm of the WHOLE model's gradient from every rank's local pieces: each rank sums the
+squares of what it holds, weighted by the share of the stage's ranks holding the same values (a
+DTensor's sharded mesh dims hold distinct pieces; Replicate dims, DP replicas and TP copies of plain
+tensors are the same numbers), so the sum over a stage's ranks is that stage's sum of squares
+counted once. Stages then exchange their totals: inside the stage one all-reduce (inside a DC),
+across the stages one scalar per peer stage by `batch_isend_irecv`, sent as soon as this stage's
+gradients are final -- the later stages finish their backward first, so their partials are on
+the way while the first stage still computes. fp16 folds the partial into the overflow
+all-reduce the step already runs (`trainer.StepGroup`). Clipping then scales every gradient by
+min(1, max_norm / (norm + 1e-6)), as `torch.nn.utils.clip_grad_norm_` does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from geotrain.runtime.scaler import _local
+
+NORM_TAG = 0x6E6F  # the gradient-norm exchange's p2p tag (apart from the pipeline's boundary tags)
+
+
+def lr_at(step: int, job, horizon: int | None = None) -> float:
+    """The learning rate of optimizer step `step` (1-based) of `job`; the decay ends at `horizon`
+    (default job.steps) and stays at job.final_lr after it."""
+    horizon = job.steps if horizon is None else horizon
+    peak, final, warm = job.lr, job.final_lr, job.warmup_steps
+    if step <= warm:
+        return peak * step / warm
+    if job.decay == "constant":
+        return peak
+    p = min(1.0, (step - warm) / max(1, horizon - warm))
+    if job.decay == "cosine":
+        return final + (peak - final) * 0.5 * (1.0 + math.cos(math.pi * p))
+    if job.decay == "wsd":
+        stable = 1.0 - job.wsd_decay_fraction
+        p = 0.0 if p <= stable else (p - stable) / job.wsd_decay_fraction
+    return peak - (peak - final) * p
+
+
+def _kind(module: nn.Module, name: str, p: nn.Parameter, embeddings: set[int]) -> str:
+    if id(p) in embeddings or isinstance(module, nn.Embedding):
+        return "embeddings"
+    if "norm" in type(module).__name__.lower():
+        return "norms"
+    if name == "bias":
+        return "biases"
+    return "matrices" if p.dim() >= 2 else "norms"
+
+
+def param_groups(modules: Iterable[nn.Module], job, embeddings: Iterable[nn.Parameter] = ()) -> list[dict]:
+    """The optimizer's parameter groups: weight decay on matrices (and embeddings / norms / biases
+    where the job says), none elsewhere; DTensors apart from plain tensors (foreach kernels refuse a
+    mix). `embeddings`: more parameters that are embeddings (a tied head's copy)."""
+    decayed = {"matrices"} | {k for k in ("embeddings", "norms", "biases") if getattr(job, f"weight_decay_{k}")}
+    emb = {id(p) for p in embeddings}
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    seen: set[int] = set()
+    for module in modules:
+        for sub in module.modules():
+            for name, p in sub.named_parameters(recurse=False):
+                if id(p) in seen or not p.requires_grad:
+                    continue
+                seen.add(id(p))
+                key = (_kind(sub, name, p, emb) in decayed, isinstance(p, DTensor))
+                groups.setdefault(key, []).append(p)
+    return [{"params": ps, "weight_decay": job.weight_decay if decay else 0.0}
+            for (decay, _), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))]
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _distinct_pieces(t: torch.Tensor) -> int:
+    """How many different pieces of a parameter exist over its mesh (1 for a plain tensor)."""
+    if not isinstance(t, DTensor):
+        return 1
+    n = 1
+    for dim, placement in enumerate(t.placements):
+        if not placement.is_replicate():        # Shard, and FSDP2 + TP's _StridedShard (not a Shard)
+            n *= t.device_mesh.size(dim)
+    return n
+
+
+def local_sq_sum(params: Iterable[nn.Parameter], stage_ranks: int, device: torch.device,
+                 skip: Iterable[nn.Parameter] = ()) -> torch.Tensor:
+    """This rank's weighted sum of squared gradients (fp64): summed over a stage's `stage_ranks`
+    ranks it is the stage's sum of squares, each value counted once. `skip`: copies counted
+    elsewhere (a tied head's, counted with the embedding)."""
+    skipped = {id(p) for p in skip}
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for p in params:
+        if p.grad is None or id(p) in skipped:
+            continue
+        g = _local(p.grad)
+        if g.numel():
+            w = _distinct_pieces(p.grad) / stage_ranks
+            total += torch.linalg.vector_norm(g, dtype=torch.float64) ** 2 * w
+    return total
+
+
+@torch.no_grad()
+def clip_(params: Iterable[nn.Parameter], norm: float, max_norm: float) -> None:
+    """Scale every gradient by min(1, max_norm / (norm + 1e-6)) (clip_grad_norm_'s rule)."""
+    coef = min(1.0, max_norm / (norm + 1e-6))
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                _local(p.grad).mul_(coef)
+
+
+class GradNorm:
+    """The global gradient norm on one rank of a plan (see the module docstring). Construct on
+    every rank, in the same order: it creates each stage's process group."""
+
+    def __init__(self, plan, rank: int, device: torch.device):
+        stage, replica, t = plan.coords(rank)
+        self.device, self.stage_ranks = device, plan.dp * plan.stage_tp(stage)
+        self.stage_group = None
+        for s in range(plan.pp):
+            ranks = sorted(plan.rank(s, r, u) for r in range(plan.dp) for u in range(plan.stage_tp(s)))
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            if s == stage:
+                self.stage_group = group
+        tp = plan.stage_tp(stage)
+        # Rank (k, replica, t) takes stage j's total from (j, replica, t mod tp_j); so this rank sends
+        # to every (k, replica, u) with u mod tp == t.
+        self.stage = stage
+        self.recv_from = [plan.rank(j, replica, t % plan.stage_tp(j)) for j in range(plan.pp) if j != stage]
+        self.send_to = [plan.rank(k, replica, u) for k in range(plan.pp) if k != stage
+                        for u in range(plan.stage_tp(k)) if u % tp == t]
+
+    def total(self, local: torch.Tensor) -> float:
+        """The norm over every stage, from this rank's `local_sq_sum`."""
+        stage = local.reshape(1).clone()
+        if self.stage_group is not None:
+            dist.all_reduce(stage, group=self.stage_group)        # inside the stage (its DC)
+        if not self.recv_from:
+            return math.sqrt(float(stage))
+        bufs = [torch.empty_like(stage) for _ in self.recv_from]
+        ops = [dist.P2POp(dist.isend, stage, peer, tag=NORM_TAG) for peer in self.send_to]
+        ops += [dist.P2POp(dist.irecv, buf, peer, tag=NORM_TAG) for buf, peer in zip(bufs, self.recv_from)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        totals = [float(b) for b in bufs]
+        totals.insert(self.stage, float(stage))
+        return math.sqrt(sum(totals))        # in stage order on every rank: the same float everywhere
