@@ -5,8 +5,9 @@ uninterrupted to step 15 (the reference), and the 10-step run continued from its
 step 15 on the same layout. Launch 2
 (2 ranks) resumes the same checkpoint with `resume_from` on pp=2 x dp=1 (a different layer split,
 replicated) and on pp=1 x dp=2 (zero1, whose optimizer partitions regroup by parameter name).
-Same global batch and micro-batch, so the same math: steps 11-15 must equal the reference's,
-and step 11 must continue the curve rather than start again from the initial loss.
+Same global batch and micro-batch, so the same math: steps 11-15 must equal the reference's --
+losses, the learning rate (warm-up then cosine over the job's 30 steps: a function of the step)
+and the clipped gradient norm -- and step 11 must continue the curve rather than start again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_runtime_pipeline import recipe_spec
 
 from geotrain.layout.plan import StagePlan
 from geotrain.planner.manual import plan_from_job
@@ -33,8 +35,8 @@ def _losses(run: Path) -> dict[int, dict]:
 def _cfg(out: Path, plan, steps: int, **kw) -> RunConfig:
     if "predict" in RunConfig.__dataclass_fields__:     # no simulated prediction: not what is tested
         kw["predict"] = False
-    return RunConfig(spec=str(SPEC), out=str(out), plan=plan.to_dict(), steps=steps, data="synthetic",
-                     progress=False, trace=False, checkpoint_every=10, **kw)
+    return RunConfig(spec=str(recipe_spec(out.parent)), out=str(out), plan=plan.to_dict(), steps=steps,
+                     data="synthetic", progress=False, trace=False, checkpoint_every=10, **kw)
 
 
 @pytest.mark.slow
@@ -66,8 +68,12 @@ def test_checkpoint_resumes_on_other_layouts(tmp_path: Path) -> None:
         assert got[11]["resumed_from"] == str(first)
         assert all(got[step] == before[step] for step in range(1, 11))   # carried over, not trained again
         for step in range(11, 16):
-            assert abs(got[step]["loss"] - want[step]["loss"]) <= 1e-5 * abs(want[step]["loss"]), \
-                (run.name, step, got[step]["loss"], want[step]["loss"])
+            for key in ("loss", "grad_norm"):
+                assert abs(got[step][key] - want[step][key]) <= 1e-5 * abs(want[step][key]), \
+                    (run.name, step, key, got[step][key], want[step][key])
+            assert got[step]["lr"] == want[step]["lr"], (run.name, step)     # the same schedule, continued
+    lrs = [want[step]["lr"] for step in range(1, 16)]
+    assert lrs[0] < lrs[1] and lrs[10] > lrs[14] > 1e-4     # warmed up, then decaying (cosine to lr/10 at 30)
     # Continues the curve: step 11 is near step 10, far below where training started.
     l1, l10, l11 = want[1]["loss"], want[10]["loss"], want[11]["loss"]
     assert l1 - l10 > 0.1, (l1, l10)
