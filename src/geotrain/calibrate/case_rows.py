@@ -29,11 +29,34 @@ class CaseRow:
     predicted_bubble_rank: dict[int, float] = field(default_factory=dict)   # per rank, s per iteration
     measured_bubble_rank: dict[int, float] = field(default_factory=dict)
     posthoc_iteration_s: float | None = None   # predicted after the run, with its measured CPU share
+    # replay (calibrate.replay): the run's own measured compute in the model of everything else
+    replay_iteration_s: float | None = None
+    replay_bubble_rank: dict[int, float] = field(default_factory=dict)
 
     @property
     def posthoc_error(self) -> float:
         return rel_error(self.posthoc_iteration_s, self.measured_iteration_s) \
             if self.posthoc_iteration_s is not None else float("nan")
+
+    @property
+    def replay_error(self) -> float:
+        return rel_error(self.replay_iteration_s, self.measured_iteration_s) \
+            if self.replay_iteration_s is not None else float("nan")
+
+    @property
+    def replay_bubble_error(self) -> float:
+        """The ranks' mean bubble time, replayed against measured."""
+        ranks = sorted(set(self.replay_bubble_rank) & set(self.measured_bubble_rank))
+        if not ranks:
+            return float("nan")
+        return rel_error(sum(self.replay_bubble_rank[r] for r in ranks),
+                         sum(self.measured_bubble_rank[r] for r in ranks))
+
+    @property
+    def replay_worst_rank_error(self) -> float:
+        ranks = sorted(set(self.replay_bubble_rank) & set(self.measured_bubble_rank))
+        errs = [abs(rel_error(self.replay_bubble_rank[r], self.measured_bubble_rank[r])) for r in ranks]
+        return max(errs) if errs else float("nan")
 
     @property
     def iteration_error(self) -> float:
@@ -62,7 +85,8 @@ class CaseRow:
         d = asdict(self)
         d.update(iteration_error=self.iteration_error, bubble_error=self.bubble_error,
                  busy_error_pp=self.busy_error_pp, worst_rank_bubble_error=self.worst_rank_bubble_error,
-                 posthoc_error=self.posthoc_error)
+                 posthoc_error=self.posthoc_error, replay_error=self.replay_error,
+                 replay_bubble_error=self.replay_bubble_error)
         return d
 
 

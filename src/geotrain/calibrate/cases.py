@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from geotrain.calibrate.calibrated_costs import predict
-from geotrain.calibrate.case_rows import compare_case, drop_warmup, measured_metrics
+from geotrain.calibrate.case_rows import bubble_per_rank, compare_case, drop_warmup, measured_metrics
+from geotrain.calibrate.replay import replay_run
 from geotrain.calibrate.timers import time_unit
 from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
 from geotrain.costs import CostModel
@@ -43,11 +44,13 @@ class Case:
     capacity_mbps: float = 1000.0
     connections: int = 1
     sharing: str = "fair"
+    checkpointing: str = "none"
 
     @property
     def description(self) -> str:
         return (f"pp{self.pp}x dp{self.dp}, {self.schedule}, m={self.num_microbatches}, {self.latency_ms:g} ms, "
-                f"{self.per_connection_mbps:g} Mb/s x{self.connections} conn, {self.sharing}")
+                f"{self.per_connection_mbps:g} Mb/s x{self.connections} conn, {self.sharing}"
+                + ("" if self.checkpointing == "none" else f", checkpointing {self.checkpointing}"))
 
 
 CASES: list[Case] = [
@@ -98,7 +101,7 @@ model = "tiny"
 global_batch = {case.dp * case.micro_batch * case.num_microbatches}
 micro_batch = {case.micro_batch}
 precision = "bf16"
-checkpointing = "none"
+checkpointing = "{case.checkpointing}"
 sharding = "replicate"
 schedule = "{case.schedule}"
 pp = {case.pp}
@@ -185,6 +188,9 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     background, slow = cond["background_runnable"], cond["rank_slowdown"]
     posthoc, _ = predict(spec, plan, profile, iterations=steps - warmup, mode=cond["mode"], rank_slowdown=slow)
     row.posthoc_iteration_s = posthoc.metrics.iteration_time
+    replayed = replay_run(spec, plan, profile, measured, warmup, mode=cond["mode"])   # after the run: not a prediction
+    row.replay_iteration_s = replayed.metrics.iteration_time
+    row.replay_bubble_rank = bubble_per_rank(replayed.metrics)
     details.update(predicted_at=predicted_at, run_started_after_prediction=True, run_wall_s=cond["wall_s"],
                    background_runnable=background, background_cores_used=cond["background_cores"],
                    steal_cores=cond.get("steal_cores", 0.0), background_sessions=cond.get("background_sessions"),

@@ -121,3 +121,48 @@ def validation_markdown(all_runs: list[dict], modes, conditions: dict) -> str:
                "run(s) only." if others and conditions.get('other_mode_runs', runs) < runs else "") + "\n")
     return table + "\n" + summary + foot
 
+
+
+def replay_stats(rows: list[CaseRow]) -> dict[str, float]:
+    """Mean and worst |error| of the replays (calibrate.replay) in `rows`: iteration time, the
+    ranks' bubble time, and the worst single rank's bubble."""
+    rows = [r for r in rows if r.replay_iteration_s is not None]
+    it = [abs(r.replay_error) for r in rows]
+    bub = [abs(r.replay_bubble_error) for r in rows]
+    nan = float("nan")
+    return {"iteration_mean": _mean(it), "iteration_worst": max(it, default=nan), "bubble_mean": _mean(bub),
+            "bubble_worst": max(bub, default=nan),
+            "rank_worst": max((r.replay_worst_rank_error for r in rows), default=nan), "cases": len(rows)}
+
+
+def replay_markdown(all_runs: list[dict], mode: str) -> str:
+    """Replay vs measurement per case (each run's own replay), then per run and over all runs."""
+    runs = [r for r in all_runs if mode in r]
+    if not runs:
+        return ""
+    cases = [r.case for r in runs[0][mode]["rows"]]
+    rk = "runs 1-" + str(len(runs)) if len(runs) > 1 else "run"
+    cols = ["case", "setup", f"iteration meas (ms), {rk}", "replay (ms)", "error", "bubble per rank meas (ms), run 1",
+            "replay (ms)", "bubble error (ranks' mean)", "worst rank's bubble error"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for i, name in enumerate(cases):
+        rows = [r[mode]["rows"][i] for r in runs]
+        r0 = rows[0]
+        lines.append("| " + " | ".join([
+            name, r0.description, " / ".join(_ms(r.measured_iteration_s) for r in rows),
+            " / ".join(_ms(r.replay_iteration_s) if r.replay_iteration_s else "-" for r in rows),
+            " / ".join(_pct(r.replay_error) for r in rows), _ranks(r0.measured_bubble_rank),
+            _ranks(r0.replay_bubble_rank), " / ".join(_pct(r.replay_bubble_error) for r in rows),
+            " / ".join(f"{100 * r.replay_worst_rank_error:.1f}%" for r in rows)]) + " |")
+    scol = ["run", "iteration mean / worst (%)", "bubble mean / worst (%)", "worst rank's bubble (%)"]
+    slines = ["| " + " | ".join(scol) + " |", "|" + "---|" * len(scol)]
+    for label, picked in [(str(k), [r]) for k, r in enumerate(runs, 1)] + ([("**all**", runs)] if len(runs) > 1
+                                                                                 else []):
+        st = replay_stats([x for r in picked for x in r[mode]["rows"]])
+        slines.append(f"| {label} | {_pair(st, 'iteration')} | {_pair(st, 'bubble')} | {100 * st['rank_worst']:.1f} |")
+    st = replay_stats([x for r in runs for x in r[mode]["rows"]])
+    foot = (f"\nReplay ({mode} WAN, {len(runs)} run(s) x {len(cases)} cases): mean |iteration-time error| "
+            f"{100 * st['iteration_mean']:.1f}%, worst {100 * st['iteration_worst']:.1f}%; bubble "
+            f"{100 * st['bubble_mean']:.1f}% / {100 * st['bubble_worst']:.1f}%. A replay is NOT a prediction: each "
+            "case's measured compute durations (per op, per rank) are put back into the model of everything else.\n")
+    return "\n".join(lines) + "\n\n" + "\n".join(slines) + "\n" + foot

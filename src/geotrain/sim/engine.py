@@ -77,18 +77,27 @@ class EngineResult:
 
 
 def run_engine(prog: Program, offsets: list[float], progress: bool = False,
-               cores: CorePool | None = None) -> EngineResult:
+               cores: CorePool | None = None, unit_dur: list[list[float]] | None = None) -> EngineResult:
+    """Run the program (see the module docstring). `unit_dur`: per unit (stage * dp + replica), per
+    slot, its own durations instead of its stage's -- a replay of measured compute, where every
+    rank's every action took its own time (calibrate.replay); `end` then holds each slot's end."""
     t_wall = time.perf_counter()
     dp = prog.dp
     P = len(prog.stages)
     U = P * dp
     assert ALLREDUCE == 5 and COMPUTE == 0 and RECV == 1 and SEND_LOCAL == 2 and SEND_INTRA == 3 and SEND_WAN == 4
     assert WAIT_ACKS == 6 and SEND_SYNC == 8
-    sdata = []
+    stage_data = []
     for s, p in enumerate(prog.stages):
         ddst = [(ds - s) * dp if ds >= 0 else 0 for ds in p.dst_stage]
         ops = p.ops if cores is None else [_POOLED if op == COMPUTE else op for op in p.ops]
-        sdata.append((ops, p.dur, ddst, p.dst_slot, len(p)))
+        stage_data.append((ops, p.dur, ddst, p.dst_slot, len(p)))
+    if unit_dur is not None and (len(unit_dur) != U or any(len(d) != len(prog.stages[u // dp])
+                                                               for u, d in enumerate(unit_dur))):
+        raise ValueError("unit_dur needs one duration per slot of every unit's program")
+    # per unit: its stage's program (replicas share the lists) with its own durations under a replay
+    sdata = [stage_data[u // dp] if unit_dur is None else stage_data[u // dp][:1] + (unit_dur[u],)
+             + stage_data[u // dp][2:] for u in range(U)]
     lengths = [len(p) for p in prog.stages]
     start = [[0.0] * lengths[u // dp] for u in range(U)]
     box = [[-1.0] * lengths[u // dp] for u in range(U)]
@@ -109,7 +118,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
     ]
     wan_of = [p.wan for p in prog.stages]
     nbytes_of = [p.nbytes for p in prog.stages]
-    ddst_of = [d[2] for d in sdata]
+    ddst_of = [d[2] for d in stage_data]
     collectives: dict[int, list] = {}
     offers: dict[tuple[int, int], tuple[int, int, float, float]] = {}   # blocking sends waiting for their receive
     heap: list[tuple] = []
@@ -127,7 +136,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
     shown = 0
 
     def deliver(u: int, slot: int, when: float) -> None:
-        _, _, ddst, dslot, _ = sdata[u // dp]
+        _, _, ddst, dslot, _ = sdata[u]
         v = u + ddst[slot]
         j = dslot[slot]
         box[v][j] = when
@@ -138,7 +147,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
     while True:
         while stack:
             u = stack.pop()
-            ops, dur, ddst, dslot, L = sdata[u // dp]
+            ops, dur, ddst, dslot, L = sdata[u]
             pc = pc0 = pcs[u]
             t = clock[u]
             mst = start[u]
@@ -274,7 +283,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
                 seq += 1
                 heappush(heap, (link.next_completion(), 0, seq, _FAIR_DONE, x, link.version))
         elif code == _CORE_START:
-            cores.add(now, x, y, sdata[x // dp][1][y])
+            cores.add(now, x, y, sdata[x][1][y])
             seq += 1
             heappush(heap, (cores.next_completion(), 0, seq, _CORE_DONE, cores.version, 0))
         elif code == _CORE_DONE:
@@ -310,5 +319,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
         what = "a collective" if wait[u] == -2 else f"slot {pc} (virtual stage {p.vstage[pc]}, micro-batch {p.mb[pc]})"
         raise GeotrainError(f"the schedule deadlocks: {len(stuck)} GPUs never finish; stage {s} replica {d} "
                             f"waits at {what}")
+    if unit_dur is not None and end is None:
+        end = [[st + d for st, d in zip(start[u], unit_dur[u])] for u in range(U)]
     return EngineResult(start=start, arrival=box, actions=executed, wan_events=heap_events,
                         wall_s=time.perf_counter() - t_wall, end=end)
