@@ -116,7 +116,7 @@ def test_an_untied_checkpoint_exports_untied(tmp_path):
     ref = make_hf_dir(tmp_path / "hf", "gqa-untied", layers=LAYERS)
     spec = load_model(tmp_path / "hf")
     model = build_model(spec)
-    load_hf_weights(model, spec.hf, spec.layers, spec.tie_embeddings)
+    load_hf_weights(model, spec.hf, spec.tie_embeddings)
     root = tmp_path / "run" / "checkpoints"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)    # "torch.distributed is uninitialized": one process

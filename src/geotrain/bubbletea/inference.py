@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from geotrain.models.llama import Attention, Block, Embedding, Head, UnitStack, apply_rope
+from geotrain.models.llama import Attention, Block, Embedding, Head, UnitStack
 
 
 @dataclass
@@ -47,15 +46,14 @@ class KVCache:
         return cls(keys=list(flat[0].unbind(0)), values=list(flat[1].unbind(0)))
 
 
-def _attend(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-            layer: int) -> torch.Tensor:
-    B, n, _ = x.shape
+def _attend(block: Block, x: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
+    """The block's attention for queries at [p, p + n) after the p cached positions, caching their
+    keys and values (the model's own projections, norms, RoPE tables and window)."""
+    attn: Attention = block.attn
+    n = x.shape[1]
     p = cache.keys[layer].shape[2] if layer < len(cache.keys) else 0
-    q = attn.wq(x).view(B, n, attn.heads, attn.head_dim).transpose(1, 2)
-    k = attn.wk(x).view(B, n, attn.kv_heads, attn.head_dim).transpose(1, 2)
-    v = attn.wv(x).view(B, n, attn.kv_heads, attn.head_dim).transpose(1, 2)
-    q = apply_rope(q, cos[p:p + n], sin[p:p + n])
-    k = apply_rope(k, cos[p:p + n], sin[p:p + n])
+    cos, sin = block.rope(p + n)
+    q, k, v = attn.qkv(x, cos[p:p + n], sin[p:p + n])
     if layer < len(cache.keys):
         k = torch.cat([cache.keys[layer], k], dim=2)
         v = torch.cat([cache.values[layer], v], dim=2)
@@ -63,10 +61,7 @@ def _attend(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     else:
         cache.keys.append(k)
         cache.values.append(v)
-    qpos = torch.arange(p, p + n).unsqueeze(1)
-    mask = torch.arange(p + n).unsqueeze(0) <= qpos  # (n, p + n): attend to keys at or before
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=attn.kv_heads != attn.heads)
-    return attn.wo(out.transpose(1, 2).reshape(B, n, -1))
+    return attn.attend(q, k, v, q_start=p)
 
 
 @torch.no_grad()
@@ -81,7 +76,7 @@ def forward_with_cache(model: UnitStack, tokens: torch.Tensor, cache: KVCache) -
         if isinstance(unit, Embedding):
             x = unit(x)
         elif isinstance(unit, Block):
-            x = x + _attend(unit.attn, unit.attn_norm(x), unit.rope_cos, unit.rope_sin, cache, layer)
+            x = x + _attend(unit, unit.attn_norm(x), cache, layer)
             x = x + unit.ffn(unit.ffn_norm(x))
             layer += 1
         elif isinstance(unit, Head):

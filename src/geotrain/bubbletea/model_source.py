@@ -55,7 +55,7 @@ def load_inference_model(ref: str) -> InferenceModel:
     model = build_model(spec).eval()
     if getattr(spec, "hf", None):        # presets are bare shapes: no weights to load
         try:
-            load_hf_weights(model, spec.hf, spec.layers, spec.tie_embeddings)
+            load_hf_weights(model, spec.hf, spec.tie_embeddings, spec.allow_missing)
             tokenizer = load_tokenizer(spec.hf)
         except (HFWeightsError, ValueError) as e:
             raise GeotrainError(f"--prefill-model: {e}") from None

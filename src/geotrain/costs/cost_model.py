@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from geotrain.costs import comm
-from geotrain.costs.activations import SELECTIVE, deferred_weight_bytes, stage_input_bytes
+from geotrain.costs.activations import SELECTIVE, deferred_weight_bytes, mlp_rows, rope_table_bytes, stage_input_bytes
 from geotrain.costs.memory import (
     DTYPE_BYTES,
     OPTIMIZERS,
@@ -307,7 +307,7 @@ class CostModel:
             per_mb -= n * block_copy if self.checkpointing == "none" else 0.0
             recompute -= block_copy if recompute else 0.0
         # A block's backward peaks in the MLP: two T x ffn gradients live before its saved tensors go.
-        mlp_grads = 2.0 * self.dtype_bytes * T * self.model.ffn / tp if n else 0.0
+        mlp_grads = 2.0 * self.dtype_bytes * T * mlp_rows(self.model) / tp if n else 0.0
         fwd_ws = max(recompute, h * (self.dtype_bytes + (4 if autocast else 0)) * T * V / tp)
         bwd_ws = max(recompute + mlp_grads, h * (8 + (self.dtype_bytes if autocast else 0)) * T * V / tp)
         if inflight <= 0:
@@ -327,7 +327,7 @@ class CostModel:
             gathered = e * self._params[0] + min(n, 1) * self._params[1] + h * self._params[2]
         buffers += gathered * state["gathered"] / tp
         data = 16.0 * T * (num_microbatches or inflight) if (e or h) else 0.0
-        buffers += n * 4.0 * self.model.seq_len * self.model.head_dim  # each block's fp32 RoPE tables
+        buffers += n * rope_table_bytes(self.model)  # each block's fp32 RoPE tables
         return MemoryBreakdown(params=P * state["params"] / tp, grads=grads_held,
                                optimizer=P * state["optimizer"] / tp, activations=acts, buffers=buffers,
                                transient=transient, data=data)

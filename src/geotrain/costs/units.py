@@ -29,8 +29,10 @@ from geotrain.costs.activations import (  # noqa: F401 -- re-exported: the unit 
     EMBEDDING,
     HEAD,
     KindActivations,
+    attention_pairs,
     kind_activations,
 )
+from geotrain.models.shape import as_shape
 from geotrain.spec.model import ModelSpec
 
 KINDS = (EMBEDDING, BLOCK, HEAD)
@@ -47,18 +49,25 @@ def unit_kind(spec: ModelSpec, unit: int) -> str:
 
 
 def kind_params(spec: ModelSpec) -> dict[str, int]:
-    """Parameters of one unit of each kind (what llama.py allocates)."""
+    """Parameters of one unit of each kind (what llama.py allocates: biases, q/k norms, every expert)."""
     h = spec.hidden
     return {
         EMBEDDING: spec.vocab * h,
-        BLOCK: block_matmul_params(spec) + 2 * h,
+        BLOCK: as_shape(spec).block_params(),
         HEAD: h + h * spec.vocab,
     }
 
 
 def block_matmul_params(spec: ModelSpec) -> int:
-    h, kv = spec.hidden, spec.kv_heads * spec.head_dim
-    return 2 * h * h + 2 * h * kv + 3 * h * spec.ffn  # wq, wo; wk, wv; gate, up, down
+    """Matmul parameters one token of a block computes with: attention's projections and the MLP's,
+    of a mixture of experts the router, the k experts it picks and the shared one."""
+    h = spec.hidden
+    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    attention = 2 * h * q + 2 * h * kv                                 # wq, wo; wk, wv
+    if spec.experts:
+        shared = 3 * h * spec.shared_expert_ffn + h if spec.shared_expert_ffn else 0
+        return attention + h * spec.experts + 3 * h * spec.experts_per_token * spec.expert_ffn + shared
+    return attention + 3 * h * spec.ffn                                # gate, up, down
 
 
 def kind_matmul_params(spec: ModelSpec) -> dict[str, int]:
@@ -67,8 +76,8 @@ def kind_matmul_params(spec: ModelSpec) -> dict[str, int]:
 
 
 def attention_forward_flops(spec: ModelSpec, micro_batch: int) -> float:
-    """QK^T and (softmax)V of one block: 2 * 2 * b * s^2 * (heads * head_dim)."""
-    return 4.0 * micro_batch * spec.seq_len * spec.seq_len * spec.hidden
+    """QK^T and (softmax)V of one block: 2 * 2 * b * (score pairs) * (heads * head_dim)."""
+    return 4.0 * micro_batch * attention_pairs(spec) * spec.heads * spec.head_dim
 
 
 @dataclass(frozen=True)

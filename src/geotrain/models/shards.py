@@ -15,6 +15,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 from geotrain.torch_compat import compute_local_shape_and_global_offset
 
+from geotrain.models.llama import initial_rows
+
 Block = tuple[tuple[int, ...], tuple[int, ...]]          # (shape, offset) in the full tensor
 
 
@@ -48,3 +50,16 @@ def fill_shard(param, full: Callable[[], torch.Tensor], block: Callable[[Block],
         return
     whole = full().to(device=local.device, dtype=param.dtype)
     local.copy_(distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None).to_local())
+
+
+def fill_initial(param, spec, unit: int, name: str) -> None:
+    """The deterministic init (`llama.initial_rows`) into `param`; a shard draws only its own rows
+    (and keeps its columns)."""
+    full_shape = tuple(param.shape)
+
+    def rows(b):
+        (shape, offset) = b
+        cols = tuple(slice(o, o + n) for o, n in zip(offset[1:], shape[1:], strict=True))
+        return initial_rows(spec, unit, name, full_shape, offset[0], offset[0] + shape[0])[(slice(None), *cols)]
+
+    fill_shard(param, lambda: initial_rows(spec, unit, name, full_shape), rows)

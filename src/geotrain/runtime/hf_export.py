@@ -21,7 +21,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from geotrain.errors import GeotrainError
-from geotrain.models.hf_weights import hf_config, to_hf_state
+from geotrain.models.families import hf_config
+from geotrain.models.hf_weights import to_hf_state
 
 _EXPORT_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json"}
@@ -96,7 +97,7 @@ def export_hf(run_dir: str | Path, out: str | Path, model_spec, tokenizer_dir: s
     if dtype not in ("float32", "bfloat16", "float16"):
         raise GeotrainError(f"--dtype: {dtype!r} is not float32, bfloat16 or float16")
     tied = bool(getattr(model_spec, "tie_embeddings", False))   # written tied: no lm_head, tie_word_embeddings
-    state = {k: t.to(getattr(torch, dtype)) for k, t in to_hf_state(tensors.items(), model_spec.layers, tied).items()}
+    state = {k: t.to(getattr(torch, dtype)) for k, t in to_hf_state(tensors.items(), model_spec, tied).items()}
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

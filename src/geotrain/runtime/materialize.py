@@ -14,12 +14,13 @@ from the same weights -- the plain model's -- and no rank ever holds a zero2/zer
 
 from __future__ import annotations
 
+import sys
+
 import torch
-from torch import nn
 
 from geotrain.models.hf_weights import load_hf_weights
-from geotrain.models.llama import Block, UnitStack, build_units, initial_rows
-from geotrain.models.shards import fill_shard
+from geotrain.models.llama import Block, UnitStack, build_units
+from geotrain.models.shards import fill_initial
 from geotrain.runtime.activation_ckpt import apply_checkpointing
 from geotrain.runtime.parallelize import apply_fsdp, apply_tp
 
@@ -49,23 +50,15 @@ def materialize(module: UnitStack, model, device: torch.device, hf: str | None =
         if isinstance(unit, Block):
             unit.reset_rope()
     if hf:
-        load_hf_weights(module, hf, model.layers, model.tie_embeddings)
+        _, fresh = load_hf_weights(module, hf, model.tie_embeddings, getattr(model, "allow_missing", False))
+        if fresh:
+            print(f"geotrain: allow_missing: {len(fresh)} parameter(s) of units [{module.start}, {module.end}) "
+                  f"are not in {hf} and start from the init: {', '.join(fresh[:4])}"
+                  f"{', ...' if len(fresh) > 4 else ''}", file=sys.stderr, flush=True)
         return
     for name, param in module.named_parameters():
         _, unit, rest = name.split(".", 2)          # "units.3.attn.wq.weight"
         unit = int(unit)
         if getattr(model, "tie_embeddings", False) and unit == model.num_units - 1 and rest == "out.weight":
             unit, rest = 0, "tok.weight"            # a tied head's copy starts as the embedding
-        _fill(param, model, unit, rest)
-
-
-def _fill(param: nn.Parameter, model, unit: int, name: str) -> None:
-    """The deterministic init into `param`; a shard draws only its own rows (and keeps its columns)."""
-    full_shape = tuple(param.shape)
-
-    def rows(b):
-        (shape, offset) = b
-        cols = tuple(slice(o, o + n) for o, n in zip(offset[1:], shape[1:], strict=True))
-        return initial_rows(model, unit, name, full_shape, offset[0], offset[0] + shape[0])[(slice(None), *cols)]
-
-    fill_shard(param, lambda: initial_rows(model, unit, name, full_shape), rows)
+        fill_initial(param, model, unit, rest)

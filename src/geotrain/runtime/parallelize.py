@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from geotrain.errors import GeotrainError
 from geotrain.models.llama import Attention, Block, UnitStack
+from geotrain.models.moe import MoE
 from geotrain.runtime.scaler import _local
 from geotrain.runtime.shared_gpu import all_reduce_staged
 from geotrain.torch_compat import fsdp_post_backward_now
@@ -27,25 +28,39 @@ SHARDINGS = ("replicate", "zero1", "zero2", "zero3")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 def apply_tp(stack: UnitStack, tp_mesh) -> None:
-    """Megatron-style TP inside each transformer block: wq/wk/wv and w_gate/w_up column-parallel,
-    wo and w_down row-parallel (one all-reduce after attention and one after the MLP, in forward
-    and in backward). Block inputs and outputs stay full, replicated plain tensors, so norms,
-    embedding, head and pipeline boundaries are unchanged; their gradients come out identical on
-    every TP rank (the column-parallel input's gradient is all-reduced), so they need no TP sync.
+    """Megatron-style TP inside each transformer block: wq/wk/wv and w_gate/w_up column-parallel
+    (their biases split with their rows), wo and w_down row-parallel (a bias added once, after the
+    all-reduce): one all-reduce after attention and one after the MLP, in forward and in backward.
+    Block inputs and outputs stay full, replicated plain tensors, so norms, embedding, head and
+    pipeline boundaries are unchanged; their gradients come out identical on every TP rank (the
+    column-parallel input's gradient is all-reduced), so they need no TP sync. Qwen3's q/k norms
+    see only the rank's heads: their weights are replicated DTensors over the heads dim
+    (SequenceParallel over it), so each rank's partial weight gradient is summed over TP.
+    A mixture-of-experts block splits its attention and shared expert; the router and the routed
+    experts stay whole on every TP rank (expert parallelism splits the experts: `apply_ep`).
 
     The attention module then sees only its shard of the heads: like torchtitan, we set its head
     counts to the per-shard numbers after sharding (the model file stays free of TP)."""
     tp = tp_mesh.size()
-    plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
-            "attn.wo": RowwiseParallel(), "ffn.w_gate": ColwiseParallel(), "ffn.w_up": ColwiseParallel(),
-            "ffn.w_down": RowwiseParallel()}
+    attention = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+                 "attn.wo": RowwiseParallel()}
+    mlp = {"w_gate": ColwiseParallel(), "w_up": ColwiseParallel(), "w_down": RowwiseParallel()}
     for unit in stack.units.values():
         if not isinstance(unit, Block):
             continue
-        parallelize_module(unit, tp_mesh, plan)
         attn: Attention = unit.attn
         if attn.heads % tp or attn.kv_heads % tp:
             raise GeotrainError(f"tp={tp} does not divide heads={attn.heads} and kv_heads={attn.kv_heads}")
+        plan = dict(attention)
+        if attn.q_norm is not None:     # input (B, T, local heads, head_dim): sharded on dim 2
+            sp = SequenceParallel(sequence_dim=2, use_local_output=True)
+            plan |= {"attn.q_norm": sp, "attn.k_norm": sp}
+        if isinstance(unit.ffn, MoE):
+            if unit.ffn.shared is not None:
+                plan |= {f"ffn.shared.{k}": v for k, v in mlp.items()}
+        else:
+            plan |= {f"ffn.{k}": v for k, v in mlp.items()}
+        parallelize_module(unit, tp_mesh, plan)
         # Contiguous shards keep GQA's grouping: local q head h still maps to local kv head h // (heads/kv).
         attn.heads, attn.kv_heads = attn.heads // tp, attn.kv_heads // tp
 

@@ -13,13 +13,14 @@ user fixes one line at a time and a wall of pydantic output hides the one that m
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from geotrain.errors import SpecError
+from geotrain.models.hf_files import HFWeightsError, check_tensor_names, has_weights
 from geotrain.models.presets import PRESETS
 from geotrain.spec.cluster import Cluster
 from geotrain.spec.hf_config import HFConfigError, is_hf_dir, read_hf_config
@@ -140,14 +141,14 @@ def _model_from_dict(data: dict[str, Any], file: str, prefix: str = "", default_
         if not isinstance(preset, str) or preset not in PRESETS:
             raise SpecError(file, _join(prefix, "preset"),
                             f"unknown model preset {_short(preset)} (known: {', '.join(PRESETS)})")
-        data = {**asdict(PRESETS[preset]), **data}
+        data = {**PRESETS[preset].fields_dict(), **data}
     elif default_name is not None and "name" not in data:
         data["name"] = default_name
     return _validate(ModelSpec, data, file, prefix)
 
 
 # Keys a model table may set beside `hf`: everything else comes from the weights' config.json.
-_HF_OVERRIDES = {"hf", "name", "seq_len"}
+_HF_OVERRIDES = {"hf", "name", "seq_len", "allow_missing"}
 
 
 def _hf_model(data: dict[str, Any], file: str, prefix: str, default_name: str | None) -> ModelSpec:
@@ -159,7 +160,7 @@ def _hf_model(data: dict[str, Any], file: str, prefix: str, default_name: str | 
     extra = sorted(set(data) - _HF_OVERRIDES)
     if extra:
         raise SpecError(file, _join(prefix, extra[0]), "the shape comes from the hf directory's config.json; "
-                                                       "only name and seq_len may be set beside hf")
+                                                       "only name, seq_len and allow_missing may be set beside hf")
     path = Path(ref).expanduser()
     if not path.is_absolute():
         path = Path(file).parent / path
@@ -175,7 +176,16 @@ def _hf_model(data: dict[str, Any], file: str, prefix: str, default_name: str | 
         raise SpecError(file, _join(prefix, "seq_len"), f"{seq_len} is past the model's max_position_embeddings "
                                                         f"{shape['seq_len']}")
     name = data.get("name", default_name or path.name)
-    return _validate(ModelSpec, {**shape, "name": name, "seq_len": seq_len, "hf": str(path.resolve())}, file, prefix)
+    fields = {**shape, "name": name, "seq_len": seq_len, "hf": str(path.resolve())}
+    if "allow_missing" in data:
+        fields["allow_missing"] = data["allow_missing"]
+    model = _validate(ModelSpec, fields, file, prefix)
+    if has_weights(path):   # their names against the model's, from the safetensors headers alone
+        try:
+            check_tensor_names(model.shape, path, model.tie_embeddings, model.allow_missing)
+        except HFWeightsError as e:
+            raise SpecError(file, _join(prefix, "hf"), str(e)) from None
+    return model   # (a config.json alone plans and simulates; training then says what is missing)
 
 
 def load_cluster(path: str | Path, *, referred_from: str | None = None, field: str = "") -> Cluster:
@@ -190,7 +200,7 @@ def load_model(ref: str | Path, base: Path | None = None, *, referred_from: str 
                field: str = "") -> ModelSpec:
     """A model from a preset name or a TOML file path (relative to `base` when given)."""
     if str(ref) in PRESETS:
-        return ModelSpec(**asdict(PRESETS[str(ref)]))
+        return ModelSpec(**PRESETS[str(ref)].fields_dict())
     path = Path(ref) if base is None else base / ref
     if path.is_dir():
         return _model_from_dict({"hf": str(path.resolve())}, referred_from or str(path), field)

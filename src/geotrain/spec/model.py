@@ -1,4 +1,4 @@
-"""Model spec: the validated shape of a decoder-only (Llama-style) transformer.
+"""Model spec: the validated shape of a decoder-only transformer (the families of `models.families`).
 
 `ModelSpec` checks what a user wrote; `shape` hands the model package its own `ModelShape`,
 which also holds the shape's arithmetic (head size, units, parameters) so it exists once."""
@@ -10,8 +10,11 @@ from functools import cached_property
 
 from pydantic import Field, model_validator
 
-from geotrain.models.shape import ModelShape
+from geotrain.models.families import family_problem
+from geotrain.models.shape import ModelShape, shape_problem
 from geotrain.spec.base import Strict, bounded_int
+
+RopeValue = float | int | str | bool | list[float | int]
 
 
 class ModelSpec(Strict):
@@ -25,21 +28,45 @@ class ModelSpec(Strict):
     seq_len: bounded_int(1, 2**24)
     norm_eps: float = Field(1e-5, gt=0, le=1)
     rope_theta: float = Field(10000.0, gt=0, le=1e12)
-    # A Hugging Face Llama directory (config.json + safetensors) the weights come from; the shape
+    # The family's switches (models.shape.ModelShape documents each); a family fixes some of them.
+    family: str = "llama"
+    head_size: int = Field(0, ge=0, le=2**14)
+    max_positions: int = Field(0, ge=0, le=2**24)
+    rope_scaling: dict[str, RopeValue] | None = None
+    partial_rotary: float = Field(1.0, gt=0, le=1)
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int = Field(0, ge=0, le=2**24)
+    act: str = "silu"
+    norm_offset: bool = False
+    embed_scale: bool = False
+    experts: int = Field(0, ge=0, le=2**14)
+    experts_per_token: int = Field(0, ge=0, le=2**14)
+    expert_ffn: int = Field(0, ge=0, le=2**22)
+    shared_expert_ffn: int = Field(0, ge=0, le=2**22)
+    norm_topk: bool = True
+    router_aux_coef: float = Field(0.0, ge=0, le=100)
+    # A Hugging Face directory (config.json + safetensors) the weights come from; the shape
     # fields above are then read from its config.json (spec.hf_config). None: deterministic init.
     hf: str | None = None
     # The HF checkpoint ties the output head to the embedding: trained as one matrix (a pipeline
     # keeps a copy on its first and last stage and sums their gradients: runtime.tied).
     tie_embeddings: bool = False
+    # Tensors the model needs that the hf directory lacks start from the deterministic init
+    # (said at load) instead of being an error.
+    allow_missing: bool = False
+    # The tokenizer's special tokens as the HF config.json says (kept by an export).
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
 
     @model_validator(mode="after")
     def _check_shape(self) -> ModelSpec:
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden: {self.hidden} is not divisible by heads={self.heads}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads: heads={self.heads} is not divisible by kv_heads={self.kv_heads}")
-        if (self.hidden // self.heads) % 2:
-            raise ValueError("hidden: head dimension must be even for rotary embeddings")
+        problem = shape_problem(self.shape) or family_problem(self.shape)
+        if problem:
+            raise ValueError(f"{problem[0]}: {problem[1]}")
         return self
 
     @cached_property
@@ -51,6 +78,10 @@ class ModelSpec(Strict):
     @property
     def head_dim(self) -> int:
         return self.shape.head_dim
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
 
     @property
     def num_units(self) -> int:
