@@ -13,9 +13,8 @@ from collections.abc import Callable
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from geotrain.torch_compat import compute_local_shape_and_global_offset
-
 from geotrain.models.llama import initial_rows
+from geotrain.torch_compat import compute_local_shape_and_global_offset
 
 Block = tuple[tuple[int, ...], tuple[int, ...]]          # (shape, offset) in the full tensor
 
