@@ -51,8 +51,10 @@ def write_docs(md: str, results: dict, cmd: str) -> None:
         print(f"note: README.md has no {README_BEGIN} ... {README_END} section; not updated", file=sys.stderr)
         return
     modes = results["conditions"]["modes"]
-    lines = [f"Latest validation ({stamp}, `{cmd}`, {results['conditions']['wall_s']:.0f} s; "
-             "predictions made before each run from a profile taken once at the start):", ""]
+    lines = [f"Predictive CPU runs on this drifting 2-core VM -- not the headline ({stamp}, `{cmd}`, "
+             f"{results['conditions']['wall_s']:.0f} s; predictions made before each run from a profile taken once at "
+             "the start; the machine's drift beside each run: one block timed before each case over the profile's "
+             "time):", ""]
     for k, run in enumerate(results["runs"], 1):
         parts = []
         for m in (m for m in modes if m in run):
@@ -61,7 +63,11 @@ def write_docs(md: str, results: dict, cmd: str) -> None:
                          f"{100 * st['iteration_worst']:.1f} % worst, bubble {100 * st['bubble_mean']:.1f} % / "
                          f"{100 * st['bubble_worst']:.1f} %")
         bg = [d["background_runnable"] for m in run for d in run[m]["details"].values()]
-        lines.append(f"- run {k}: " + "; ".join(parts) + f" (other runnable threads {sum(bg) / len(bg):.1f})")
+        drift = [d["unit_time_vs_profile"] for m in run for d in run[m]["details"].values()
+                 if d.get("unit_time_vs_profile")]
+        lines.append(f"- run {k}: " + "; ".join(parts) + f" (other runnable threads {sum(bg) / len(bg):.1f}"
+                     + (f"; drift: block time {min(drift):.2f}-{max(drift):.2f}x the profile's" if drift else "")
+                     + ")")
     lines += ["", "Goal: mean <= 5 %, worst <= 10 %, on a quiet machine (other runnable threads well under 1). "
               "Per case and per rank: `docs/VALIDATION.md`."]
     block = README_BEGIN + "\n" + "\n".join(lines) + "\n" + README_END

@@ -106,7 +106,8 @@ def validation_markdown(all_runs: list[dict], modes, conditions: dict) -> str:
         slines.append(srow("**all**", all_runs))
     summary = "\n".join(slines) + "\n"
     overall = stats([x for r in all_runs for x in r[head_mode]["rows"]])
-    foot = (f"\nHeadline ({head_mode} WAN, {runs} run(s) x {len(cases)} cases): mean |iteration-time error| "
+    foot = (f"\nPredictive CPU set on this drifting 2-core VM ({head_mode} WAN, {runs} run(s) x {len(cases)} cases): "
+            f"mean |iteration-time error| "
             f"{100 * overall['iteration_mean']:.1f}%, worst {100 * overall['iteration_worst']:.1f}%; mean "
             f"|bubble-time error| {100 * overall['bubble_mean']:.1f}%, worst {100 * overall['bubble_worst']:.1f}%.\n\n"
             f"Predictions were made from the profile alone (profile-<mode>.json, taken once before the runs) and "
