@@ -316,11 +316,19 @@ def run(args: argparse.Namespace) -> int:
         # What else ran on this machine meanwhile (RUN_DIR/machine_load.json): the report names it when
         # a prediction is off, since no profile taken before the run can know that load.
         with RunSampling(None, period_s=0.5) as sampling:
-            last["wan"] = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan,
-                                       rate_scale=args.wan_rate_scale, describe=describe,
-                                       say=lambda line: print(line, flush=True), entry=entry, watch=watch,
-                                       outage_limit_s=args.outage_limit, on_wan=getattr(watch, "attach", None),
-                                       env=collective_limit, tls=args.wan_tls)
+            if plan.num_workers > 1:      # DiLoCo: one job per worker (runtime.diloco_launch)
+                # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
+                from geotrain.runtime.diloco_launch import run_workers
+
+                last["wan"] = run_workers(cfg, spec, plan, Path(cfg.out), mode=args.wan, rate_scale=args.wan_rate_scale,
+                                          say=lambda line: print(line, flush=True), entry=entry, tls=args.wan_tls,
+                                          outage_limit_s=args.outage_limit, env=collective_limit)
+            else:
+                last["wan"] = run_with_wan([cfg], spec, plan, Path(cfg.out), mode=args.wan,
+                                           rate_scale=args.wan_rate_scale, describe=describe,
+                                           say=lambda line: print(line, flush=True), entry=entry, watch=watch,
+                                           outage_limit_s=args.outage_limit, on_wan=getattr(watch, "attach", None),
+                                           env=collective_limit, tls=args.wan_tls)
         (Path(cfg.out) / MACHINE_LOAD_NAME).write_text(json.dumps(sampling.machine_load()) + "\n")
 
     try:

@@ -16,7 +16,6 @@ read one table built once per plan (`rank_table`), so nothing else computes a ra
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -24,8 +23,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from geotrain.costs.activations import CHECKPOINTING
 from geotrain.errors import GeotrainError, SpecError
+from geotrain.layout.plan_fields import plan_field_problem
+from geotrain.layout.workers import OuterPlan
 from geotrain.spec.document import spec_document, spec_from_document
 from geotrain.spec.load import Spec, load_spec
 
@@ -65,6 +65,10 @@ class LinkPlan:
     sharing: str = "fair"
     order: tuple[int, ...] = ()
     stagger_s: float = 0.0
+    # Pipeline boundaries crossing this link sent compressed (costs.compression): "none", "bf16",
+    # "fp8-e4m3", "fp8-e5m2", "int8"; rank > 0 sends a rank-`rank` factorisation instead.
+    compression: str = "none"
+    rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,35 @@ class Plan:
     replica_dcs: tuple[str, ...] = ()        # region plan: the DC of each DP pipeline (else the stage's DC)
     name: str = "plan"
     notes: tuple[str, ...] = field(default=())
+    outer: OuterPlan | None = None           # DiLoCo across workers (None: one synchronous job)
+    worker: int = 0                          # which worker's view this is (stages in its DCs)
+
+    @property
+    def num_workers(self) -> int:
+        return self.outer.num_workers if self.outer is not None else 1
+
+    def worker_plan(self, w: int) -> Plan:
+        """Worker w's view of a DiLoCo plan: its stages in its DCs, the links among them; the
+        ranks of one worker form one torch.distributed job (num_ranks of them)."""
+        if self.outer is None:
+            if w != 0:
+                raise ValueError("a plan without workers has only worker 0")
+            return self
+        dcs = self.outer.workers[w]
+        mine = set(dcs)
+        return replace(self, stages=tuple(replace(st, dc=dc) for st, dc in zip(self.stages, dcs, strict=True)),
+                       links=tuple(lp for lp in self.links if {lp.src_dc, lp.dst_dc} <= mine), worker=w)
+
+    def inner_plan(self) -> Plan:
+        """This worker's layout as an ordinary plan (no workers): what one worker runs per step."""
+        return replace(self, outer=None, worker=0,
+                       links=tuple(lp for lp in self.links if {lp.src_dc, lp.dst_dc} <= {st.dc for st in self.stages}))
+
+    def worker_dcs(self) -> list[str]:
+        """Every DC a worker of the plan uses, worker by worker (each once)."""
+        if self.outer is None:
+            return self.dcs_by_rank()
+        return list(dict.fromkeys(dc for w in range(self.num_workers) for dc in self.worker_plan(w).dcs_by_rank()))
 
     @property
     def pp(self) -> int:
@@ -129,7 +162,8 @@ class Plan:
 
     @property
     def global_batch(self) -> int:
-        return self.dp * self.micro_batch * self.num_microbatches
+        """Sequences per step over every worker (a DiLoCo plan's workers each train dp x m x mb)."""
+        return self.num_workers * self.dp * self.micro_batch * self.num_microbatches
 
     @cached_property
     def rank_table(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
@@ -186,6 +220,11 @@ class Plan:
 
     def gpus_per_dc(self) -> dict[str, int]:
         out: dict[str, int] = {}
+        if self.outer is not None:      # every worker's GPUs (one worker's: inner_plan())
+            for w in range(self.num_workers):
+                for dc, n in self.worker_plan(w).inner_plan().gpus_per_dc().items():
+                    out[dc] = out.get(dc, 0) + n
+            return out
         if self.replica_dcs:
             for dc in self.replica_dcs:
                 out[dc] = out.get(dc, 0) + sum(self.stage_tps)
@@ -239,6 +278,10 @@ class Plan:
             for s in d["stages"]
         )
         d["links"] = tuple(LinkPlan(**{**lp, "order": tuple(lp.get("order", ()))}) for lp in d.get("links", ()))
+        if d.get("outer") is not None:
+            o = dict(d["outer"])
+            o["workers"] = tuple(tuple(w) for w in o.get("workers", ()))
+            d["outer"] = OuterPlan(**o)
         for k in ("extra_warmup", "pipeline_offsets", "replica_dcs", "notes"):
             d[k] = tuple(d.get(k, ()))
         return cls(**d)
@@ -314,7 +357,7 @@ def load_plan(path: str | Path) -> tuple[Plan, dict[str, Any]]:
         plan = Plan.from_dict(doc["plan"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise SpecError(where, "plan", f"malformed plan file ({e})") from None
-    problem = _plan_field_problem(plan)
+    problem = plan_field_problem(plan)
     if problem:
         raise SpecError(where, problem[0], problem[1])
     return plan, doc
@@ -331,49 +374,3 @@ def plan_spec(doc: dict[str, Any], path: str | Path) -> Spec:
     if not spec_path.is_absolute() and not spec_path.exists():
         spec_path = Path(path).parent / spec_path
     return load_spec(spec_path)
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _plan_field_problem(plan: Plan) -> tuple[str, str] | None:
-    """(field, reason) for the first field of a loaded plan with a wrong type or impossible value."""
-    if not plan.stages:
-        return "plan.stages", "a plan needs at least one stage"
-    for name in ("dp", "micro_batch", "num_microbatches", "tp"):
-        if not _is_int(getattr(plan, name)):
-            return f"plan.{name}", f"must be an integer (got {getattr(plan, name)!r})"
-    for s, st in enumerate(plan.stages):
-        if not isinstance(st.dc, str):
-            return f"plan.stages[{s}].dc", f"must be a datacenter name (got {st.dc!r})"
-        if not st.chunks or any(len(c) != 2 or not all(_is_int(u) for u in c) for c in st.chunks):
-            return f"plan.stages[{s}].chunks", f"must be [start, end) pairs of unit indices (got {st.chunks!r})"
-        if st.tp is not None and (not _is_int(st.tp) or st.tp < 1):
-            return f"plan.stages[{s}].tp", f"must be an integer >= 1 or absent for the plan's tp (got {st.tp!r})"
-        if st.checkpointing is not None and st.checkpointing not in CHECKPOINTING:
-            return (f"plan.stages[{s}].checkpointing",
-                    f"must be one of {', '.join(CHECKPOINTING)} (got {st.checkpointing!r})")
-    for i, lp in enumerate(plan.links):
-        if not _is_int(lp.connections) or lp.connections < 1:
-            return f"plan.links[{i}].connections", f"must be an integer >= 1 (got {lp.connections!r})"
-        if not _is_number(lp.stagger_s) or lp.stagger_s < 0:
-            return f"plan.links[{i}].stagger_s", f"must be a finite number >= 0 (got {lp.stagger_s!r})"
-        if not all(_is_int(x) for x in lp.order):
-            return f"plan.links[{i}].order", f"must list DP pipeline indices (got {list(lp.order)!r})"
-    if plan.replica_dcs:
-        if len(plan.replica_dcs) != plan.dp or not all(isinstance(x, str) for x in plan.replica_dcs):
-            return "plan.replica_dcs", (f"must name the DC of each of the {plan.dp} DP pipelines "
-                                        f"(got {list(plan.replica_dcs)!r})")
-        if len({st.dc for st in plan.stages}) > 1 or plan.stages[0].dc != plan.replica_dcs[0]:
-            return "plan.replica_dcs", ("a region plan keeps each pipeline in one DC: every stage's dc must be "
-                                        "replica_dcs[0]")
-    if not all(_is_int(x) and x >= 0 for x in plan.extra_warmup):
-        return "plan.extra_warmup", f"must be integers >= 0 (got {list(plan.extra_warmup)!r})"
-    if not all(_is_number(x) and x >= 0 for x in plan.pipeline_offsets):
-        return "plan.pipeline_offsets", f"must be finite seconds >= 0 (got {list(plan.pipeline_offsets)!r})"
-    return None

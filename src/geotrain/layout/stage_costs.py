@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from geotrain.costs import CostModel, StageTimes, comm
 from geotrain.errors import GeotrainError
+from geotrain.layout.wan_bytes import boundary_message_bytes
 from geotrain.spec.cluster import Cluster, Datacenter, WanLink
 from geotrain.transport.turns import TURN_OVERHEAD_S, turn_slots
 
@@ -137,6 +138,14 @@ class StageCosts:
     # -- transfers --------------------------------------------------------------------------------
     def boundary_bytes(self, micro_batch: int) -> int:
         return self.base.boundary_bytes(micro_batch)
+
+    def boundary_wire_bytes(self, plan, sender: int, receiver: int, nbytes: int) -> int:
+        """A boundary message of `nbytes` from physical stage `sender` to `receiver` on the wire:
+        every copy, compressed as the plan's link says (layout.wan_bytes.boundary_message_bytes).
+        Without a cost model (explicit compute times) a link cannot be compressed: no hidden size."""
+        if self.base is None:
+            return nbytes * plan.boundary_copies(sender, receiver)
+        return boundary_message_bytes(plan, sender, receiver, nbytes, self.base.dtype_bytes, self.base.model.hidden)
 
     def intra_transfer(self, dc: str, nbytes: float) -> float:
         d = self.dc(dc)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from geotrain.costs import CostModel
 from geotrain.costs.comm import pipeline_chain, tied_route
+from geotrain.costs.compression import boundary_wire_bytes
 from geotrain.layout.plan import Plan
 from geotrain.spec.load import Spec
 
@@ -65,16 +66,36 @@ def _add(out: dict[Direction, float], a: str, b: str, nbytes: float) -> None:
         out[(a, b)] = out.get((a, b), 0.0) + nbytes
 
 
+def boundary_message_bytes(plan: Plan, sender: int, receiver: int, nbytes: int, elem_bytes: int, row: int) -> int:
+    """Bytes one boundary tensor of `nbytes` (in the training precision, `elem_bytes` per value)
+    puts on the wire from physical stage `sender` to `receiver`, every copy or slice counted
+    (Plan.boundary_copies), compressed where the link between their DCs says so
+    (LinkPlan.compression / rank, costs.compression: what runtime.compress encodes)."""
+    copies = plan.boundary_copies(sender, receiver)
+    a, b = plan.stages[sender].dc, plan.stages[receiver].dc
+    lp = plan.link_between(a, b) if a != b else None
+    if lp is None or (lp.compression == "none" and lp.rank == 0):
+        return nbytes * copies
+    numel = nbytes // elem_bytes
+    if plan.boundary_scattered(sender, receiver):     # tp slices of ceil(numel / tp) values each
+        tp = plan.stage_tp(sender)
+        return tp * boundary_wire_bytes(-(-numel // tp), elem_bytes, lp.compression, row, lp.rank)
+    return copies * boundary_wire_bytes(numel, elem_bytes, lp.compression, row, lp.rank)
+
+
 def pipeline_bytes(spec: Spec, plan: Plan) -> dict[Direction, float]:
-    """Activations forward and their gradients back across DC boundaries, per iteration."""
+    """Activations forward and their gradients back across DC boundaries, per iteration (as
+    compressed as each link's plan says)."""
     cost = _cost(spec, plan)
     out: dict[Direction, float] = {}
     pp, nv = plan.pp, plan.pp * plan.virtual_per_stage
-    per_copy = plan.dp * plan.num_microbatches * cost.boundary_bytes(plan.micro_batch)
+    one = cost.boundary_bytes(plan.micro_batch)
+    per = plan.dp * plan.num_microbatches
     for v in range(nv - 1):   # virtual stage v hands over to v + 1
         a, b = v % pp, (v + 1) % pp
-        _add(out, plan.stages[a].dc, plan.stages[b].dc, per_copy * plan.boundary_copies(a, b))
-        _add(out, plan.stages[b].dc, plan.stages[a].dc, per_copy * plan.boundary_copies(b, a))
+        for x, y in ((a, b), (b, a)):
+            _add(out, plan.stages[x].dc, plan.stages[y].dc,
+                 per * boundary_message_bytes(plan, x, y, one, cost.dtype_bytes, spec.model.hidden))
     return out
 
 

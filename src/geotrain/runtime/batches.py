@@ -50,9 +50,10 @@ def make_source(spec, plan, data, seed: int, progress: bool = True):
     """The batch source: "synthetic" (SyntheticTokens), else geotrain.data's loader over the job's
     sources (None / "stdlib": the built-in corpus; a path or [[job.data]] tables: the user's data),
     tokenized by the model directory's tokenizer.json, else in bytes."""
+    dp = plan.dp * plan.num_workers      # DiLoCo: worker w's replica d reads replica w * dp + d's data
     if data == "synthetic":
         return SyntheticTokens(spec.model.vocab, spec.model.seq_len, plan.micro_batch, plan.num_microbatches,
-                               plan.dp, seed)
+                               dp, seed)
 
     try:
         tokenizer = load_tokenizer(spec.model.hf)        # the model directory's tokenizer.json, else bytes
@@ -62,7 +63,7 @@ def make_source(spec, plan, data, seed: int, progress: bool = True):
         raise GeotrainError(f"model vocab={spec.model.vocab} is smaller than the tokenizer's {tokenizer.vocab_size} "
                             "symbols; use a model with a larger vocab or data = \"synthetic\"")
     try:
-        return open_batches(data, seq_len=spec.model.seq_len, global_batch=plan.global_batch, dp=plan.dp,
+        return open_batches(data, seq_len=spec.model.seq_len, global_batch=plan.global_batch, dp=dp,
                             micro_batch=plan.micro_batch, seed=seed, spec_path=spec.path, tokenizer=tokenizer,
                             progress=progress)
     except ValueError as e:

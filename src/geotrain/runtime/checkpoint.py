@@ -133,8 +133,10 @@ def prune(root: Path, keep: int) -> None:
 
 class Checkpointer:
     def __init__(self, root: Path, stage: int, replica: int, chunks: dict[int, nn.Module],
-                 optimizer: torch.optim.Optimizer, scaler: GlobalLossScaler, layout: tuple[int, ...] = ()):
+                 optimizer: torch.optim.Optimizer, scaler: GlobalLossScaler, layout: tuple[int, ...] = (),
+                 outer=None):
         self.root, self.stage, self.replica = Path(root), stage, replica
+        self.outer = outer                        # DiLoCo's state (runtime.diloco): saved under "outer"
         self.layout = tuple(layout)               # (pp, dp, tp): decides whether per-rank RNG states map back
         self.container = nn.ModuleDict({f"v{v}": m for v, m in sorted(chunks.items())})
         self.optimizer, self.scaler = optimizer, scaler
@@ -185,7 +187,8 @@ class Checkpointer:
                           "scale": torch.tensor(self.scaler.scale, dtype=torch.float64),
                           "growth": torch.tensor(self.scaler.growth_tracker, dtype=torch.int64),
                           "layout": torch.tensor(self.layout, dtype=torch.int64)},
-                "rng": {f"rank{dist.get_rank()}": rng}}
+                "rng": {f"rank{dist.get_rank()}": rng},
+                **({"outer": self.outer.state_dict()} if self.outer is not None else {})}
 
     # -- start -------------------------------------------------------------------------------
     def begin(self, resume: bool, saving: bool, source: Path | None = None) -> tuple[int, dict | None]:
@@ -272,6 +275,7 @@ class Checkpointer:
         rank = dist.get_rank()
         state = self._state(0)
         rng = state.pop("rng")[f"rank{rank}"]
+        outer = state.pop("outer", None)
         saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
         problem = _mismatch(state, saved)        # a one-line reason instead of DCP's traceback
         if problem:
@@ -295,6 +299,12 @@ class Checkpointer:
             torch.set_rng_state(rng["cpu"])
             if "cuda" in rng:
                 torch.cuda.set_rng_state(rng["cuda"])
+        if outer is not None:      # DiLoCo's outer state, or (a checkpoint of a run without it) the model's
+            if any(k.startswith("outer.") for k in saved):
+                dcp.load({"outer": outer}, checkpoint_id=str(path))
+                self.outer.loaded(outer)
+            else:
+                self.outer.restart_from_params()
         train = state["train"]
         self.scaler.scale = float(train["scale"])
         self.scaler.growth_tracker = int(train["growth"])

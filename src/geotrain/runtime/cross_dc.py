@@ -49,6 +49,7 @@ import torch.distributed as dist
 from geotrain.emulation.ports import spread_port_connections
 from geotrain.errors import GeotrainError
 from geotrain.runtime import p2p as T
+from geotrain.runtime.compress import CompressedTransport
 from geotrain.torch_compat import default_store
 from geotrain.transport.auth import run_secret
 from geotrain.transport.striped import StripedTransport
@@ -261,11 +262,23 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
         how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
         print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.dc_of(peer_stage, replica)}): "
               f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']}"
+              f"{_compression_note(lp)}"
               f"{', TLS' if striped.tls is not None else ''} "
               f"(listening on {host}:{striped.port})\n", end="", file=sys.stderr, flush=True)   # one write per line
     clients = list({id(t): t for t in turns.values()}.values())
     wan_transport = T.HostStaging(striped)     # sockets move host memory; CUDA tensors are staged (pinned)
-    return T.RoutedTransport(default, dict.fromkeys(conns, wan_transport), also_close=[*clients, *arbiters])
+    per_peer = dict.fromkeys(conns, wan_transport)
+    for peer_stage, lp in links.items():       # a link the plan compresses: encoded before the sockets
+        if lp.compression != "none" or lp.rank > 0:
+            packed = CompressedTransport(wan_transport, lp.compression, spec.model.hidden, lp.rank)
+            per_peer.update({p: packed for p in conns if plan.coords(p)[0] == peer_stage})
+    return T.RoutedTransport(default, per_peer, also_close=[*clients, *arbiters])
+
+
+def _compression_note(lp) -> str:
+    if lp.rank > 0:
+        return f", boundaries low-rank {lp.rank} (bf16 factors)"
+    return f", boundaries {lp.compression}" if lp.compression != "none" else ""
 
 
 # ----------------------------------------------------------------------------- launcher side
@@ -327,14 +340,19 @@ def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = 
     if rate_scale <= 0:
         raise GeotrainError("--wan-rate-scale must be positive")
     rank_dc = [plan.dc_of_rank(r) for r in range(plan.num_ranks)]
-    used = plan.dcs_by_rank()
+    used = plan.worker_dcs()           # a DiLoCo plan: every worker's DCs
     if mode == "off" or len(used) < 2:
         if mode != "off":
             say("WAN: none (every rank is in one datacenter)")
         return WanLaunch("off", rank_dc)
     # Pipelines cross the links between consecutive stages' DCs; a region plan's gradient
-    # reduction rings over every pair of its DCs.
+    # reduction rings over every pair of its DCs; DiLoCo's outer exchange joins each stage's DCs.
     pairs = [(a, b) for i, a in enumerate(used) for b in used[i + 1:]] if plan.replica_dcs else zip(used, used[1:])
+    if plan.outer is not None:
+        ws = plan.outer.workers
+        pairs = {(w[s], w[s + 1]) for w in ws for s in range(len(w) - 1)} | \
+                {(a[s], b[s]) for i, a in enumerate(ws) for b in ws[i + 1:] for s in range(len(a))}
+        pairs = sorted((a, b) for a, b in pairs if a != b)
     for a, b in pairs:
         if spec.cluster.link(a, b) is None:
             what = "DP pipelines" if plan.replica_dcs else "stages"

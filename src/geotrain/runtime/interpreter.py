@@ -254,6 +254,7 @@ class PipelineRank:
         rec = self.recorder
         for work, t_start, nbytes, link, dst, a in sends:
             work.wait()
+            nbytes = getattr(work, "wire_bytes", nbytes)     # a compressed link: what went on the wire
             if link:
                 done = getattr(work, "finished_at", None)
                 began = getattr(work, "started_at", None)

@@ -29,6 +29,7 @@ from geotrain.layout.plan import save_plan
 from geotrain.runtime.batches import RankBatches, make_source, write_data_report
 from geotrain.runtime.checkpoint import Checkpointer
 from geotrain.runtime.cross_dc import build_transport, start_delay
+from geotrain.runtime.diloco_setup import build_diloco
 from geotrain.runtime.interpreter import PipelineRank
 from geotrain.runtime.loss_log import LossLog
 from geotrain.runtime.measured_memory import StepPeak, fsdp_gathered_storages, state_tensors
@@ -113,12 +114,13 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
                                plan.sharding, me.dp_group)
     scaler = GlobalLossScaler(plan.precision == "fp16")
     data = RankBatches(make_source(spec, plan, cfg.data if cfg.data is not None else job.data, job.seed),
-                       me.replica, plan.num_microbatches, me.device,
+                       plan.worker * plan.dp + me.replica, plan.num_microbatches, me.device,
                        needed=any(v in me.chunks for v in (0, schedule.num_virtual - 1)))
     recorder = Recorder(me.rank, common_clock(), enabled=cfg.trace,
                         sync=torch.cuda.synchronize if me.device.type == "cuda" else None)
+    outer = build_diloco(cfg, spec, plan, me, recorder)      # DiLoCo's outer loop (None: no workers)
     ckpt = Checkpointer(out / "checkpoints", me.stage, me.replica, me.chunks, optimizer, scaler,
-                        layout=(plan.pp, plan.dp, tp_code(plan)))
+                        layout=(plan.pp, plan.dp, tp_code(plan)), outer=outer)
     fail_at = {s for r, s in _parse_hook("GEOTRAIN_FAIL_AT") | {tuple(x) for x in cfg.fail_at} if r == me.rank}
     peak = StepPeak(me.device)     # measured on one steady-state step: the second (optimizer state exists)
     bubble = _bubble(cfg, bubble_hook, me, recorder)
@@ -126,7 +128,7 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
     start, resumed = _resume(cfg, spec, plan, ckpt, data, every, me.rank == report_rank(plan))
     if me.rank == report_rank(plan):
         write_data_report(data.source, out, steps, show=cfg.progress)
-    tokens_per_step = plan.global_batch * spec.model.seq_len
+    tokens_per_step = plan.inner_plan().global_batch * spec.model.seq_len     # this worker's
     log = LossLog(out, me.rank == report_rank(plan), steps, start, tokens_per_step, recorder.t0,
                   progress=cfg.progress, resume_from=Path(cfg.resume_from) if cfg.resume_from else None)
     run_start = time.time()
@@ -155,10 +157,16 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
                 extra.update(resumed_from=str(cfg.resume_from),
                              layout={"pp": plan.pp, "dp": plan.dp, "tp": plan.tp, "sharding": plan.sharding},
                              resume_wall={**resumed, "step_start": step_start, "step_end": time.time()})
+            if outer is not None:
+                outer.after_step(step)
             log.record(step, result.loss, result.skipped, scaler.scale, seconds, lr=result.lr,
                        grad_norm=result.grad_norm, **extra)
             if every and (step % every == 0 or step == steps):
+                if outer is not None:
+                    outer.settle()
                 ckpt.save(step, data.state_dict())
+        if outer is not None:
+            outer.finish()
     except BaseException as e:
         # When this rank failed, stamped before closing its transport makes its peers fail in turn:
         # the launcher names the earliest failure (worker.write_error), and the peers' "closed its
@@ -171,6 +179,8 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
     finally:
         if bubble is not None:
             bubble.close()
+        if outer is not None:
+            outer.close()
         log.close()
     result = write_outputs(cfg, spec, plan, schedule, recorder, out, wall=time.time() - run_start,
                            steps_run=steps - start, tokens_per_step=tokens_per_step,

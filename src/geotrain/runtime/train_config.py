@@ -46,6 +46,10 @@ class RunConfig:
     # The WAN between the plan's DCs (set by the launcher, see runtime.cross_dc): {"mode": "kernel"|"shaper",
     # "rate_scale", "timeout_s", "hosts": {dc: address}}. None: gloo for every pair (no emulated WAN).
     wan: dict[str, Any] | None = None
+    # DiLoCo (a plan with workers): which worker this job is and where the workers meet, set by the
+    # launcher (runtime.diloco_setup): {"worker", "store": "host:port", "secret_file", "incarnation",
+    # "dead_after_s", "bind"}. None: the plan has no workers.
+    diloco: dict[str, Any] | None = None
 
 
 def resolve(cfg: RunConfig):

@@ -212,7 +212,10 @@ def compile_program(plan: Plan, costs: StageCosts, schedule: Schedule, stage_cos
         flows = plan.stage_tp(ds)   # one flow to each receiving TP rank (see the module docstring)
         lid, wid = link_of(a, b, flows)
         p.link[slot] = lid
-        p.nbytes[slot] = p.nbytes[slot] * plan.boundary_copies(s, ds)   # one tensor if scattered
+        if wid >= 0:     # every copy (one tensor if scattered), compressed where the link plan says
+            p.nbytes[slot] = costs.boundary_wire_bytes(plan, s, ds, p.nbytes[slot])
+        else:
+            p.nbytes[slot] = p.nbytes[slot] * plan.boundary_copies(s, ds)
         one = p.nbytes[slot] // flows                                   # what each flow carries
         if wid >= 0:
             if blocking:

@@ -1,0 +1,188 @@
+"""DiLoCo on one rank: the outer loop around the Trainer's inner steps (Plan.outer).
+
+The rank keeps, for its own parameters (a DTensor's local shard under FSDP2 / TP), the outer
+parameters at the last sync (`anchor`) and the outer optimizer's momentum, both in the
+parameters' dtype and layout so the checkpoint (DCP, runtime.checkpoint) stores them like the
+model. Its parameters are cut into F fragments (contiguous in name order, balanced by size; each
+rank of every stage cuts its own, so fragment f is the union of every rank's f-th part). After
+inner step t, fragment f starts an exchange when `OuterPlan.syncs_after(t)` names it (F = 1: every
+H steps; streaming: fragment f at (f+1) H/F, then every H): the pseudo-gradient anchor - theta is
+averaged over the workers (runtime.outer_group, compressed as the plan says) and, `overlap` inner
+steps later (0: at once), applied by Nesterov SGD:
+    m = mu m + avg;  anchor -= lr (avg + mu m)   (plain momentum: lr m);  theta = anchor
+-- with overlap, theta = mix theta_now + (1 - mix) anchor keeps part of the steps taken meanwhile.
+
+DP replicas inside a worker that hold the same parameters (replicate, zero1) split the exchange:
+replica d exchanges slice d of the fragment and they all-gather the averages (on the training
+thread, between steps: never beside the step's own collectives); FSDP2 ranks each hold a
+different shard and exchange it whole.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from geotrain.runtime.outer_group import OuterGroup
+from geotrain.runtime.scaler import _local
+
+
+def fragments_of(sizes: list[int], f: int) -> list[list[int]]:
+    """Indices 0..n-1 cut into `f` contiguous groups of about equal total size (a group may be empty)."""
+    total, out, acc = sum(sizes), [[] for _ in range(f)], 0
+    for i, n in enumerate(sizes):
+        g = min(f - 1, int(f * (acc + n / 2) / total)) if total else 0
+        out[g].append(i)
+        acc += n
+    return out
+
+
+class DiLoCo:
+    def __init__(self, outer, named: list[tuple[str, nn.Parameter]], group: OuterGroup | None,
+                 replicated_dp: int = 1, replica: int = 0, dp_group=None, recorder=None):
+        self.o, self.group = outer, group
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.dp, self.replica, self.dp_group = replicated_dp, replica, dp_group
+        self.recorder = recorder
+        with torch.no_grad():
+            self.anchor = {n: p.detach().clone() for n, p in named}
+            self.momentum = {n: torch.zeros_like(p) for n, p in named}
+            self.pending = {n: torch.zeros_like(p) for n, p in named}   # averages waiting to be applied
+        self.frags = fragments_of([_local(p).numel() for p in self.params], outer.fragments)
+        self.due: dict[int, int] = {}                 # fragment -> inner step its average is applied after
+        self.inflight: dict[int, Future] = {}
+        self.ready: set[int] = set()                  # fragments whose average sits in self.pending
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="outer") if outer.overlap else None
+        self.syncs: list[tuple[int, int]] = []        # (step, fragment) of every exchange started
+
+    # -- the schedule ---------------------------------------------------------------------------
+    def after_step(self, step: int) -> None:
+        """Called after inner step `step` (1-based): apply what is due, start what the plan starts."""
+        for f in sorted(f for f, at in self.due.items() if at == step):
+            self._apply(f)
+        for f in self.o.syncs_after(step):
+            self._start(f, step)
+            if not self.o.overlap:
+                self._apply(f)
+
+    def finish(self) -> None:
+        """The end of training: apply every average still in flight or waiting, now."""
+        for f in sorted(self.due):
+            self._apply(f)
+
+    def settle(self) -> None:
+        """Wait for exchanges in flight (a checkpoint stores their averages, applied when due)."""
+        for f in list(self.inflight):
+            self._collect(f)
+
+    # -- one fragment -----------------------------------------------------------------------------
+    def _vector(self, f: int) -> torch.Tensor:
+        """Fragment f's pseudo-gradient on this rank (flat fp32), or this replica's slice of it."""
+        with torch.no_grad():
+            parts = [(_local(self.anchor[self.names[i]]) - _local(self.params[i])).reshape(-1).float()
+                     for i in self.frags[f]]
+        v = torch.cat(parts) if parts else torch.zeros(0)
+        if self.dp > 1:
+            v = self._slices(v)[self.replica]
+        return v.cpu()
+
+    def _slices(self, v: torch.Tensor) -> list[torch.Tensor]:
+        k = -(-v.numel() // self.dp)
+        return list(torch.nn.functional.pad(v, (0, k * self.dp - v.numel())).split(k))
+
+    def _start(self, f: int, step: int) -> None:
+        self.syncs.append((step, f))
+        v = self._vector(f)
+        t0 = self.recorder.now() if self.recorder is not None else 0.0
+        if self._pool is None:
+            fut: Future = Future()
+            fut.set_result(self._timed(v, t0))
+        else:
+            fut = self._pool.submit(self._timed, v, t0)
+        self.inflight[f] = fut
+        self.due[f] = step + self.o.overlap
+
+    def _timed(self, v: torch.Tensor, t0: float) -> tuple[torch.Tensor, float, float]:
+        avg = self._average(v)
+        return avg, t0, self.recorder.now() if self.recorder is not None else 0.0
+
+    def _average(self, v: torch.Tensor) -> torch.Tensor:
+        if self.group is None:          # one worker: the average is its own
+            return v
+        return self.group.average(v, self.o.compression)
+
+    def _collect(self, f: int) -> None:
+        """The exchange's average into self.pending (the DP replicas' slices gathered)."""
+        fut = self.inflight.pop(f)
+        waited = self.recorder.now() if self.recorder is not None and not fut.done() else None
+        avg, t0, t1 = fut.result()
+        if self.recorder is not None:      # the exchange on the WAN; the part the training thread waited for
+            self.recorder.add("outer_sync", t0, t1, stage=f, nbytes=avg.numel() * 4)
+            if waited is not None:
+                self.recorder.add("outer_wait", waited, self.recorder.now(), stage=f)
+        if self.dp > 1:
+            k = avg.numel()
+            parts = [torch.empty(k) for _ in range(self.dp)]
+            dist.all_gather(parts, avg.contiguous(), group=self.dp_group)
+            avg = torch.cat(parts)
+        at = 0
+        with torch.no_grad():
+            for i in self.frags[f]:
+                dst = _local(self.pending[self.names[i]])
+                dst.copy_(avg[at:at + dst.numel()].view(dst.shape).to(dst.dtype))
+                at += dst.numel()
+        self.ready.add(f)
+
+    def _apply(self, f: int) -> None:
+        if f in self.inflight:
+            self._collect(f)
+        self.due.pop(f, None)
+        self.ready.discard(f)
+        o, mix = self.o, (self.o.mix if self.o.overlap else 0.0)
+        with torch.no_grad():
+            for i in self.frags[f]:
+                n = self.names[i]
+                avg, m, anchor, p = (_local(t) for t in (self.pending[n], self.momentum[n], self.anchor[n],
+                                                         self.params[i]))
+                m.mul_(o.momentum).add_(avg)
+                step = avg.add(m, alpha=o.momentum) if o.nesterov else m
+                anchor.sub_(step, alpha=o.lr)
+                if mix:
+                    p.mul_(mix).add_(anchor, alpha=1 - mix)
+                else:
+                    p.copy_(anchor)
+                avg.zero_()
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Tensors for DCP, keyed by the model's plain names (`runtime.checkpoint`): call settle() first."""
+        due = [self.due.get(f, -1) if f in self.ready else -1 for f in range(self.o.fragments)]
+        return {"anchor": dict(self.anchor), "momentum": dict(self.momentum), "pending": dict(self.pending),
+                "due": torch.tensor(due, dtype=torch.int64),
+                "exchanges": torch.tensor(self.group.exchanges if self.group else 0, dtype=torch.int64)}
+
+    def loaded(self, state: dict) -> None:
+        """After DCP filled state_dict()'s tensors in place: the schedule's part."""
+        for f, at in enumerate(int(x) for x in state["due"]):
+            if at >= 0:
+                self.due[f] = at
+                self.ready.add(f)
+        if self.group is not None:
+            self.group.exchanges = int(state["exchanges"])
+
+    def restart_from_params(self) -> None:
+        """No outer state in the checkpoint (a run that was not DiLoCo): the parameters are the anchor."""
+        with torch.no_grad():
+            for n, p in zip(self.names, self.params, strict=True):
+                _local(self.anchor[n]).copy_(_local(p))
+                _local(self.momentum[n]).zero_()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.group is not None:
+            self.group.close()

@@ -1,0 +1,138 @@
+"""Start a DiLoCo plan's workers on this machine: each worker its own torch.distributed job.
+
+A worker is the plan's layout in its own DCs (`Plan.worker_plan`), started like any plan
+(`launch.launch`: one process per rank, inside its DC's namespace under the kernel emulation),
+with its own rendezvous -- so a worker that dies takes none of the others' process groups with it.
+What the workers share is the outer store (`runtime.outer_store`, a process of its own in the
+first worker's DC) and a secret (a 0600 file) that keys their outer transport. Worker 0 writes
+into RUN_DIR, worker w > 0 into RUN_DIR/worker<w>.
+
+A worker that fails is reported in one line and the others go on (runtime.outer_group drops it
+from the exchanges once its heartbeat stops); the run fails only if every worker failed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from geotrain.errors import GeotrainError
+from geotrain.runtime.cross_dc import open_wan
+from geotrain.runtime.launch import WAN_BYTES_NAME, free_port, launch
+from geotrain.runtime.outer_store import READY
+from geotrain.transport.auth import new_secret, write_secret_file
+
+STORE_START_S = 60.0
+
+
+def worker_dir(run_dir: Path, w: int) -> Path:
+    return Path(run_dir) if w == 0 else Path(run_dir) / f"worker{w}"
+
+
+class _Stop(Exception):
+    """Raised in a worker's watch: the launcher is stopping (Ctrl-C)."""
+
+
+def _start_store(wan, dc: str, run_dir: Path) -> tuple[subprocess.Popen, str]:
+    """The outer store's process, in `dc`'s namespace under the kernel emulation; its "host:port"."""
+    host = wan.emulation.address(dc) if wan.emulation is not None else "127.0.0.1"
+    argv = [sys.executable, "-m", "geotrain.runtime.outer_store", host, str(free_port())]
+    if wan.emulation is not None:
+        argv = ["ip", "netns", "exec", wan.emulation.netns(dc), *argv]
+    log = open(Path(run_dir) / "logs" / "outer_store.log", "w")  # noqa: SIM115 -- the process keeps it
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    deadline = time.time() + STORE_START_S
+    line = ""
+    while time.time() < deadline and proc.poll() is None:
+        line = proc.stdout.readline()
+        if line.startswith(READY):
+            return proc, line.split(" on ", 1)[1].strip()
+    proc.kill()
+    raise GeotrainError(f"the DiLoCo workers' store did not start ({line.strip() or 'no output'}; see "
+                        f"{Path(run_dir) / 'logs' / 'outer_store.log'})")
+
+
+def run_workers(cfg, spec, plan, run_dir: Path, mode: str = "auto", rate_scale: float = 1.0, say=print,
+                tls: bool = False, dead_after_s: float | None = None, outage_limit_s: float | None = None,
+                watch=None, **kw):
+    """Train DiLoCo plan `plan` (every worker) from run config `cfg`; returns the WanLaunch (closed),
+    with `.lost` the workers that failed ({worker: message})."""
+    run_dir = Path(run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    wan = open_wan(mode, spec, plan, rate_scale, say=say, tls=tls,
+                   **({"timeout_s": outage_limit_s} if outage_limit_s is not None else {}))
+    secret_file = run_dir / "logs" / "outer_secret"
+    secret_file.unlink(missing_ok=True)
+    write_secret_file(secret_file, new_secret())
+    store = None
+    stop = threading.Event()
+    lost: dict[int, str] = {}
+    try:
+        store, address = _start_store(wan, plan.stages[0].dc, run_dir)
+        W = plan.num_workers
+        say(f"DiLoCo: {W} workers ({'; '.join('+'.join(dict.fromkeys(w)) for w in plan.outer.workers)}), "
+            f"H={plan.outer.inner_steps}, fragments {plan.outer.fragments}, outer {plan.outer.compression}; "
+            f"their store at {address}")
+
+        def one(w: int) -> None:
+            wplan = plan.worker_plan(w)
+            out = worker_dir(run_dir, w)
+            extra = {"dead_after_s": dead_after_s} if dead_after_s is not None else {}
+            # test hook: a fail_at entry [rank, step, worker] fails that worker only ([rank, step]: every worker)
+            fail = [x[:2] for x in cfg.fail_at if len(x) < 3 or x[2] == w]
+            case = replace(cfg, plan=wplan.to_dict(), out=str(out), fail_at=fail,
+                           diloco={"worker": w, "store": address, "secret_file": str(secret_file.resolve()),
+                                   "incarnation": 0, **extra})
+            view = replace(wan, rank_dc=[wplan.dc_of_rank(r) for r in range(wplan.num_ranks)])
+
+            def watching(procs) -> None:
+                if stop.is_set():
+                    raise _Stop
+                if watch is not None:
+                    watch(w, procs)
+
+            try:
+                launch([case], wplan.num_ranks, out, wan=view, plan=wplan, watch=watching, rank0_stdout=w == 0,
+                       describe=lambda r: f"worker {w} rank {r}, {wplan.dc_of_rank(r)}", **kw)
+            except _Stop:
+                lost[w] = "stopped"
+            except GeotrainError as e:
+                lost[w] = str(e)
+                say(f"DiLoCo: worker {w} lost: {e}")
+
+        threads = [threading.Thread(target=one, args=(w,), name=f"worker{w}") for w in range(W)]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+        except BaseException:
+            stop.set()
+            for t in threads:
+                t.join()
+            raise
+        if len(lost) == W:
+            raise GeotrainError("every DiLoCo worker failed: " + "; ".join(f"worker {w}: {m}"
+                                                                          for w, m in sorted(lost.items())))
+        if lost:
+            say(f"DiLoCo: worker(s) {', '.join(map(str, sorted(lost)))} lost; the others finished")
+    finally:
+        if store is not None and store.poll() is None:
+            store.terminate()
+            try:
+                store.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                store.kill()
+        wan.close()
+        secret_file.unlink(missing_ok=True)
+        if wan.link_bytes:
+            (run_dir / WAN_BYTES_NAME).write_text(json.dumps(wan.link_bytes, indent=2) + "\n")
+    wan.lost = lost
+    return wan

@@ -1,0 +1,76 @@
+"""Build a rank's DiLoCo part (runtime.diloco) from its run config: the outer store's clients, the
+outer transport (StripedTransport: the plan's connections per peer, the run's secret shared by
+every worker, the emulated WAN's instruments where there is one), the OuterGroup and DiLoCo.
+
+Identities: the outer transport of rank i of worker w (incarnation n) is
+`OuterGroup.ident` = (n W + w) R + i, R the ranks of one worker; its DC is the one the plan puts
+that rank in, in that worker.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from geotrain.emulation.ports import spread_port_connections
+from geotrain.errors import GeotrainError
+from geotrain.runtime.diloco import DiLoCo
+from geotrain.runtime.outer_group import OuterGroup
+from geotrain.runtime.outer_store import connect
+from geotrain.transport.auth import read_secret_file
+from geotrain.transport.striped import StripedTransport
+
+DEFAULT_DEAD_AFTER_S = 30.0
+
+
+def named_parameters(chunks) -> list[tuple[str, Any]]:
+    """This rank's parameters by the model's plain names (as the checkpoint keys them), chunk by chunk."""
+    return [(name, p) for _v, m in sorted(chunks.items()) for name, p in m.named_parameters()]
+
+
+def build_diloco(cfg, spec, plan, me, recorder) -> DiLoCo | None:
+    """The rank's DiLoCo, or None for a plan without workers."""
+    if plan.outer is None:
+        return None
+    o = plan.outer
+    replicated = plan.dp if plan.sharding in ("replicate", "zero1") else 1
+    named = named_parameters(me.chunks)
+    if o.num_workers == 1:
+        return DiLoCo(o, named, None, replicated, me.replica, me.dp_group, recorder)
+    d = cfg.diloco or {}
+    if not d.get("store") or not d.get("secret_file"):
+        raise GeotrainError(f"plan {plan.name!r} trains {o.num_workers} DiLoCo workers, but this rank was not told "
+                            "where they meet (start it with `geotrain train`, which launches every worker)")
+    R, W = plan.num_ranks, o.num_workers
+    secret = read_secret_file(Path(d["secret_file"]))
+    wan = cfg.wan or {}
+    my_dc = plan.dc_of_rank(me.rank)
+    host = wan["hosts"][my_dc] if wan.get("mode") == "kernel" else d.get("bind") or wan.get("bind", "127.0.0.1")
+    full = plan.with_(worker=0)
+
+    def dc_of(ident: int) -> str:
+        return full.worker_plan((ident // R) % W).dc_of_rank(ident % R)
+
+    hooks: dict[str, Any] = {}
+    if wan.get("mode") == "shaper":
+        # lazy: pydantic only when called (importers that never call it stay free of it)
+        from geotrain.emulation.fallback import fallback_shaper
+
+        hooks["shaper"] = fallback_shaper(spec.cluster, dc_of, my_dc, float(wan.get("rate_scale", 1.0)))
+    elif wan.get("mode") == "kernel":     # buckets past the pipeline transports' (rank * their stride)
+        hooks["connect"] = functools.partial(spread_port_connections, first_bucket=(R + me.rank) * o.connections)
+    timeout = float(wan.get("timeout_s", 300.0))
+    params = sum(p.numel() for _, p in named)
+
+    def transport(ident: int) -> StripedTransport:
+        return StripedTransport(ident, store, secret=secret, host=host, connections=o.connections,
+                                prefix=f"geotrain/outer/r{me.rank}/striped", min_chunk_bytes=4096, timeout_s=timeout,
+                                max_message_bytes=4 * params + 4096, tls=bool(wan.get("tls")),
+                                describe=lambda r: f"worker {(r // R) % W} rank {r % R} ({dc_of(r)})", **hooks)
+
+    store, beats = connect(d["store"]), connect(d["store"])
+    group = OuterGroup(store, beats, transport, worker=plan.worker, workers=W, inner_rank=me.rank, inner_ranks=R,
+                       dead_after_s=float(d.get("dead_after_s", DEFAULT_DEAD_AFTER_S)),
+                       incarnation=int(d.get("incarnation", 0)))
+    return DiLoCo(o, named, group, replicated, me.replica, me.dp_group, recorder)

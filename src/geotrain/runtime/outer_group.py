@@ -1,0 +1,209 @@
+"""The outer exchange of DiLoCo: one rank per worker (the same rank of every worker's layout, so
+the same parameters) averaging a vector over the authenticated striped transport.
+
+An exchange is a reduce-scatter and an all-gather done directly between the members (one hop
+each, 2 (k-1)/k of the vector per member over the WAN, like a ring but without its k-1 chained
+latencies): member j owns part j, receives every member's (compressed) part j, sums it in fp32 in
+member order, encodes the mean once and sends those bytes back to every member -- so every
+worker decodes the same bytes and holds the same average, bit for bit, whatever the codec.
+
+Membership survives a lost worker. Every member heartbeats in the outer store (a counter it
+increments; a peer is dead when its counter stands still for `dead_after_s` of the observer's own
+clock -- no clocks compared across hosts). An attempt (exchange `seq`, try `a`) is decided exactly
+once in the store by compare-and-set: "commit" once every member has written its `done` key (each
+writes it after all its receives arrived and its sends were acknowledged), or "abort" by a member
+that found another dead; the aborter then writes the next attempt's members (the dead removed),
+and everyone retries with them. So survivors either all apply an attempt's average or all retry:
+their parameters never diverge. A member that finds itself removed raises `WorkerDropped`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from geotrain.costs.compression import outer_wire_bytes
+from geotrain.errors import GeotrainError
+from geotrain.runtime.compress import decode_outer, encode_outer
+
+POLL_S = 0.25           # how often a waiting member looks at the store (abort decided? a peer dead?)
+Member = tuple[int, int]   # (worker, incarnation)
+
+
+class WorkerDropped(GeotrainError):
+    """The other workers went on without this one (it was found dead, or too slow to be alive)."""
+
+
+class OuterGroup:
+    """Rank `inner_rank` of worker `worker` among its counterparts in every worker.
+
+    `store` / `beat_store`: two clients of the outer store (the heartbeat thread has its own);
+    `transport(ident)` builds this member's StripedTransport under the identity `ident`."""
+
+    def __init__(self, store, beat_store, transport: Callable[[int], object], *, worker: int, workers: int,
+                 inner_rank: int, inner_ranks: int, dead_after_s: float = 30.0, incarnation: int = 0,
+                 members: list[Member] | None = None):
+        self.store, self.worker, self.workers = store, worker, workers
+        self.inner_rank, self.inner_ranks, self.incarnation = inner_rank, inner_ranks, incarnation
+        self.dead_after_s = dead_after_s
+        self.key = f"geotrain/outer/r{inner_rank}"
+        self.members: list[Member] = members or [(w, 0) for w in range(workers)]
+        self.me: Member = (worker, incarnation)
+        self.transport = transport(self.ident(self.me))
+        self._seen: dict[Member, tuple[int, float, float]] = {}   # counter, since (local), first seen
+        self._closed = threading.Event()
+        self._beat_store = beat_store
+        self._beat()
+        threading.Thread(target=self._beats, name="outer-heartbeat", daemon=True).start()
+        self.exchanges = 0
+
+    def ident(self, m: Member) -> int:
+        """The transport identity of member m: unique per worker, inner rank and incarnation."""
+        w, inc = m
+        return (inc * self.workers + w) * self.inner_ranks + self.inner_rank
+
+    # -- heartbeats ------------------------------------------------------------------------
+    def _hb(self, m: Member) -> str:
+        return f"{self.key}/hb/{m[0]}/{m[1]}"
+
+    def _beat(self) -> None:
+        self._beat_store.add(self._hb(self.me), 1)
+
+    def _beats(self) -> None:
+        while not self._closed.wait(self.dead_after_s / 6):
+            try:
+                self._beat()
+            except Exception:  # noqa: BLE001 -- the store gone at the end of a run: nothing to tell anyone
+                return
+
+    def _dead(self, m: Member) -> bool:
+        """Whether m's heartbeat stood still for dead_after_s (10x that before its first beat)."""
+        value = int(self.store.add(self._hb(m), 0))
+        now = time.monotonic()
+        old = self._seen.get(m)
+        if old is None or old[0] != value:
+            self._seen[m] = (value, now, old[2] if old else now)
+            return False
+        limit = self.dead_after_s if value > 0 else 10 * self.dead_after_s
+        return now - old[1] > limit
+
+    # -- the exchange -------------------------------------------------------------------------
+    def average(self, vec: torch.Tensor, codec: str) -> torch.Tensor:
+        """The members' mean of `vec` (flat fp32, same length everywhere), identical on every member."""
+        seq, a = self.exchanges, 0
+        members = list(self.members)
+        while True:
+            if self.me not in members:
+                raise WorkerDropped(f"worker {self.worker} was dropped from the outer exchange #{seq} (the others "
+                                    "found it unresponsive and went on)")
+            out = self._attempt(seq, a, members, vec, codec)
+            if out is not None:
+                self.members, self.exchanges = members, seq + 1
+                return out
+            a += 1
+            raw = self.store.get(f"{self.key}/m/{seq}/{a}")
+            members = [tuple(m) for m in json.loads(raw.decode() if isinstance(raw, bytes) else raw)]
+
+    def _attempt(self, seq: int, a: int, members: list[Member], vec: torch.Tensor, codec: str):
+        k = len(members)
+        pos = members.index(self.me)
+        parts = list(torch.tensor_split(vec.float(), k))
+        sizes = [p.numel() for p in parts]
+        tag = (seq * 256 + a) * 2
+        if k == 1:
+            out = decode_outer(encode_outer(vec.float(), codec), vec.numel(), codec)
+            return out if self._finish(seq, a, members) else None
+        others = [(j, m) for j, m in enumerate(members) if j != pos]
+        sends = [(m, self.transport.send(encode_outer(parts[j], codec), self.ident(m), tag)) for j, m in others]
+        got = {j: torch.empty(outer_wire_bytes(sizes[pos], codec), dtype=torch.uint8) for j, _ in others}
+        recvs = [(m, self.transport.recv(got[j], self.ident(m), tag)) for j, m in others]
+        if not self._wait(recvs, seq, a, members):
+            return None
+        total = torch.zeros(sizes[pos])
+        for j in range(k):
+            total += parts[pos] if j == pos else decode_outer(got[j], sizes[pos], codec)
+        payload = encode_outer(total / k, codec)
+        mine = decode_outer(payload, sizes[pos], codec)
+        sends += [(m, self.transport.send(payload, self.ident(m), tag + 1)) for _, m in others]
+        back = {j: torch.empty(outer_wire_bytes(sizes[j], codec), dtype=torch.uint8) for j, _ in others}
+        recvs = [(m, self.transport.recv(back[j], self.ident(m), tag + 1)) for j, m in others]
+        if not self._wait(recvs + sends, seq, a, members):
+            return None
+        out = torch.cat([mine if j == pos else decode_outer(back[j], sizes[j], codec) for j in range(k)])
+        return out if self._finish(seq, a, members) else None
+
+    def _wait(self, works, seq: int, a: int, members: list[Member]) -> bool:
+        """Until every work completed (True), or the attempt was aborted (False)."""
+        last = time.monotonic()
+        while True:
+            failed = [m for m, w in works if w.is_completed() and not _ok(w)]
+            if failed:
+                return self._abort(seq, a, members, failed)
+            if all(w.is_completed() for _, w in works):
+                return True
+            time.sleep(0.002)
+            if time.monotonic() - last > POLL_S:
+                last = time.monotonic()
+                if self._verdict(seq, a) == "abort":
+                    return False
+                waiting = {m for m, w in works if not w.is_completed()}
+                dead = [m for m in waiting if self._dead(m)]
+                if dead and not self._abort(seq, a, members, dead):
+                    return False
+
+    def _finish(self, seq: int, a: int, members: list[Member]) -> bool:
+        """Write this member's `done`; once every member's is there, commit (True) -- unless a dead
+        member made someone abort first (False)."""
+        self.store.set(f"{self.key}/done/{seq}/{a}/{self.me[0]}/{self.me[1]}", "1")
+        keys = [f"{self.key}/done/{seq}/{a}/{w}/{i}" for w, i in members]
+        while True:
+            verdict = self._verdict(seq, a)
+            if verdict:
+                return verdict == "commit"
+            missing = [m for m, key in zip(members, keys, strict=True) if not self.store.check([key])]
+            if not missing:
+                return self._decide(seq, a, "commit") == "commit"
+            dead = [m for m in missing if self._dead(m)]
+            if dead and not self._abort(seq, a, members, dead):
+                return False
+            time.sleep(0.01)
+
+    def _verdict(self, seq: int, a: int) -> str:
+        key = f"{self.key}/fin/{seq}/{a}"
+        if not self.store.check([key]):
+            return ""
+        raw = self.store.get(key)
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def _decide(self, seq: int, a: int, what: str) -> str:
+        raw = self.store.compare_set(f"{self.key}/fin/{seq}/{a}", "", what)
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def _abort(self, seq: int, a: int, members: list[Member], dead: list[Member]) -> bool:
+        """Try to abort the attempt without `dead`; False if aborted (by us or another), True if it
+        was committed meanwhile (every member finished: keep waiting, the bytes are on their way)."""
+        if self._decide(seq, a, "abort") == "commit":
+            return True
+        survivors = [m for m in members if m not in dead]
+        self.store.compare_set(f"{self.key}/m/{seq}/{a + 1}", "", json.dumps(survivors))
+        print(f"geotrain diloco: rank {self.inner_rank} of worker {self.worker}: outer exchange #{seq} goes on "
+              f"without worker(s) {', '.join(str(w) for w, _ in dead)} (no heartbeat for {self.dead_after_s:g} s)",
+              flush=True)
+        return False
+
+    def close(self) -> None:
+        self._closed.set()
+        if hasattr(self.transport, "close"):
+            self.transport.close()
+
+
+def _ok(work) -> bool:
+    try:
+        work.wait(timeout=0)
+    except Exception:  # noqa: BLE001 -- a failed transfer: the peer is gone
+        return False
+    return True

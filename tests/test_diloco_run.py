@@ -1,0 +1,145 @@
+"""DiLoCo trained for real (runtime.diloco_launch): every worker its own job, the outer exchange
+over the striped transport. Tiny model, fp32, CPU ranks, no WAN emulation (the exchange's bytes
+over the emulated WAN are bench/bench_cross_dc.py's).
+
+* H = 1 with an outer SGD of lr 1 and momentum 0 trains as synchronous DP over the workers'
+  replicas: with plain SGD inside, theta - mean_w(theta - theta_w) is theta - lr mean_w(g_w) up to
+  the rounding of the subtractions (~1 ulp), so the parameters agree to 1e-6 relative -- not bit
+  for bit: theta - (theta - lr g) is not lr g in floating point. Every worker holds the same
+  parameters bit for bit.
+* A run resumed from a checkpoint (taken with a fragment's average in flight) ends bit for bit
+  where the uninterrupted run ends.
+* A worker that dies does not stop the others.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from geotrain.layout.workers import OuterPlan
+from geotrain.planner.manual import plan_from_job
+from geotrain.runtime.diloco_launch import run_workers
+from geotrain.runtime.launch import run_with_wan
+from geotrain.runtime.train_config import RunConfig
+from geotrain.spec.load import load_spec
+
+pytestmark = pytest.mark.slow
+
+CLUSTER = """name = "three"
+""" + "".join(f"""
+[[datacenters]]
+name = "{n}"
+gpu_type = "cpu"
+gpus = 4
+gpus_per_node = 4
+intra_node_gbps = 40
+intra_dc_gbps = 40
+intra_dc_latency_us = 50
+""" for n in ("a", "b", "c")) + "".join(f"""
+[[wan_links]]
+between = ["{x}", "{y}"]
+latency_ms = 10
+capacity_gbps = 1.0
+per_connection_gbps = 0.25
+""" for x, y in (("a", "b"), ("a", "c"), ("b", "c")))
+
+
+def _spec(tmp: Path, optimizer: str = "sgd", pp: int = 1, dp: int = 1):
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "cluster.toml").write_text(CLUSTER)
+    (tmp / "spec.toml").write_text(f"""name = "dl"
+cluster = "cluster.toml"
+model = "tiny"
+
+[job]
+global_batch = {4 * dp}
+micro_batch = 2
+precision = "fp32"
+checkpointing = "none"
+sharding = "replicate"
+schedule = "1f1b"
+optimizer = "{optimizer}"
+pp = {pp}
+dp = {dp}
+steps = 4
+lr = 0.05
+""")
+    return load_spec(tmp / "spec.toml")
+
+
+def _cfg(spec_path: Path, out: Path, plan, steps: int, every: int, **kw) -> RunConfig:
+    return RunConfig(spec=str(spec_path), out=str(out), plan=plan.to_dict(), data="synthetic", progress=False,
+                     steps=steps, checkpoint_every=every, trace=False, **kw)
+
+
+def _model(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    dcp_to_torch_save(ckpt, tmp / "state.pt")
+    return torch.load(tmp / "state.pt")["model"]
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(x)["loss"] for x in (run / "losses.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_h1_outer_sgd_lr1_momentum0_trains_as_synchronous_dp(tmp_path):
+    spec = _spec(tmp_path, pp=1, dp=2)
+    base = plan_from_job(spec)
+    # two workers of dp 2 (replicated: each replica exchanges half and they all-gather) vs dp 4
+    plan = base.with_(outer=OuterPlan(workers=(("a",), ("b",)), inner_steps=1, lr=1.0, momentum=0.0,
+                                      nesterov=False, connections=2))
+    run_workers(_cfg(tmp_path / "spec.toml", tmp_path / "dl", plan, 4, 4), spec, plan, tmp_path / "dl", mode="off")
+    sync = base.with_(dp=4)
+    run_with_wan([_cfg(tmp_path / "spec.toml", tmp_path / "sync", sync, 4, 4)], spec, sync, tmp_path / "sync",
+                 mode="off")
+    step = "checkpoints/step_00000004"
+    w0, w1 = _model(tmp_path / "dl" / step, tmp_path), _model(tmp_path / "dl" / "worker1" / step, tmp_path)
+    ref = _model(tmp_path / "sync" / step, tmp_path)
+    assert w0.keys() == ref.keys()
+    for k in ref:
+        assert torch.equal(w0[k], w1[k]), k                   # the workers agree bit for bit
+        assert (w0[k] - ref[k]).abs().max() <= 1e-6 * ref[k].abs().max(), k
+    # the mean of the workers' losses is the synchronous run's (each worker's replicas see half the batch)
+    mean = [(a + b) / 2 for a, b in zip(_losses(tmp_path / "dl"), _losses(tmp_path / "dl" / "worker1"), strict=True)]
+    assert mean == pytest.approx(_losses(tmp_path / "sync"), rel=1e-6)
+
+
+def test_a_resumed_diloco_run_ends_where_the_uninterrupted_one_does(tmp_path):
+    spec = _spec(tmp_path, optimizer="adamw", pp=2)
+    # streaming: 2 fragments, each exchange applied one inner step later, int8 outer gradients;
+    # the checkpoint at step 4 holds fragment 1's average (started after step 4, due after step 5)
+    o = OuterPlan(workers=(("a", "b"), ("c", "c")), inner_steps=4, fragments=2, overlap=1, compression="int8",
+                  connections=2)
+    plan = plan_from_job(spec).with_(outer=o)
+    sp = tmp_path / "spec.toml"
+    run_workers(_cfg(sp, tmp_path / "full", plan, 8, 4), spec, plan, tmp_path / "full", mode="off")
+    run_workers(_cfg(sp, tmp_path / "part", plan, 4, 4), spec, plan, tmp_path / "part", mode="off")
+    run_workers(_cfg(sp, tmp_path / "part", plan, 8, 4, resume=True), spec, plan, tmp_path / "part", mode="off")
+    for w in ("", "worker1"):
+        full, part = tmp_path / "full" / w, tmp_path / "part" / w
+        assert _losses(part) == _losses(full)
+        last = "checkpoints/step_00000008"
+        a, b = _model(full / last, tmp_path), _model(part / last, tmp_path)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_lost_worker_does_not_stop_the_others(tmp_path):
+    spec = _spec(tmp_path)
+    o = OuterPlan(workers=(("a",), ("b",), ("c",)), inner_steps=2, connections=2)
+    plan = plan_from_job(spec).with_(outer=o)
+    said: list[str] = []
+    # worker 1's only rank fails at the start of step 3: workers 0 and 2 finish all 8 steps
+    cfg = _cfg(tmp_path / "spec.toml", tmp_path / "run", plan, 8, 0, fail_at=[[0, 3, 1]])
+    wan = run_workers(cfg, spec, plan, tmp_path / "run", mode="off", say=said.append, dead_after_s=3.0)
+    assert list(wan.lost) == [1] and "injected failure at step 3" in wan.lost[1]
+    for w in ("", "worker2"):
+        assert len(_losses(tmp_path / "run" / w)) == 8
+    assert len(_losses(tmp_path / "run" / "worker1")) == 2
+    logs = (tmp_path / "run" / "logs" / "rank0.log").read_text()
+    assert "outer exchange #1 goes on without worker(s) 1" in logs or "goes on without worker(s) 1" in \
+        (tmp_path / "run" / "worker2" / "logs" / "rank0.log").read_text()
+    assert any("worker(s) 1 lost; the others finished" in line for line in said)
