@@ -262,7 +262,8 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
         how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
         print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.dc_of(peer_stage, replica)}): "
               f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']}"
-              f"{_compression_note(lp)}"
+              f"{f', boundaries {lp.compression}' if lp.compression != 'none' else ''}"
+              f"{f', boundaries low-rank {lp.rank}' if lp.rank else ''}"
               f"{', TLS' if striped.tls is not None else ''} "
               f"(listening on {host}:{striped.port})\n", end="", file=sys.stderr, flush=True)   # one write per line
     clients = list({id(t): t for t in turns.values()}.values())
@@ -273,12 +274,6 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
             packed = CompressedTransport(wan_transport, lp.compression, spec.model.hidden, lp.rank)
             per_peer.update({p: packed for p in conns if plan.coords(p)[0] == peer_stage})
     return T.RoutedTransport(default, per_peer, also_close=[*clients, *arbiters])
-
-
-def _compression_note(lp) -> str:
-    if lp.rank > 0:
-        return f", boundaries low-rank {lp.rank} (bf16 factors)"
-    return f", boundaries {lp.compression}" if lp.compression != "none" else ""
 
 
 # ----------------------------------------------------------------------------- launcher side
