@@ -87,14 +87,21 @@ def run(plan: str, steps: int, warmup: int, priority: str | None, interval: floa
               for _ in range(clients)]
         for t in th:
             t.start()
-    done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode:
+    try:
+        done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         stop.set()
-        # the run folder is kept when training fails, for its logs
-        raise SystemExit(f"geotrain train failed ({done.returncode}): {done.stderr.strip()[-500:]} (run: {d})")
-    stop.set()
-    for t in th or []:
-        t.join(5)
+        for t in th or []:
+            t.join(5)
+        if done.returncode:       # the one-line error names the failing rank and its exception
+            raise SystemExit(f"geotrain train failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        return _measure(d, warmup, ttfts)
+    finally:
+        stop.set()
+        shutil.rmtree(d, ignore_errors=True)      # also when training failed: no bench-bt-* left behind
+
+
+def _measure(d: str, warmup: int, ttfts: list[float]) -> dict:
+    """Step times, prefill share and TTFTs of one finished run in directory `d`."""
     losses = [json.loads(x) for x in Path(d, "losses.jsonl").read_text().splitlines()]
     times = [x["step_time_s"] for x in losses][warmup:]
     on = [x["step_time_s"] for x in losses[warmup:] if x.get("prefill")]
@@ -108,7 +115,6 @@ def run(plan: str, steps: int, warmup: int, priority: str | None, interval: floa
             prefill += e["end"] - e["start"]
     nranks = len(list(Path(d, "trace").glob("rank*.jsonl"))) or 1
     total = sum(times) * nranks
-    shutil.rmtree(d, ignore_errors=True)
     return {"step": float(np.mean(times)), "prefill_frac": prefill / total if total else 0.0, "ttfts": ttfts,
             "on": on, "off": off}
 
@@ -126,10 +132,21 @@ def main() -> int:
     ap.add_argument("--duty", type=int, default=0, metavar="N",
                     help="also alternate N steps without and N with prefill inside each BubbleTea run "
                          "(`train --prefill-duty`): a side-by-side comparison free of run-to-run noise")
+    ap.add_argument("--json", default=None, metavar="FILE",
+                    help="also write the first BubbleTea arm's ratio, answered prompts and prefill share as JSON "
+                         "(scripts/gpu_check.py reads it)")
     args = ap.parse_args()
     arms = [None] + [p.strip() for p in args.priority.split(",") if p.strip()]
     work = tempfile.mkdtemp(prefix="bench-bt-plan-")
-    plan = str(Path(work, "plan.json"))
+    try:
+        res = _rounds(args, arms, str(Path(work, "plan.json")))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _report(args, arms, res)
+    return 0
+
+
+def _rounds(args, arms: list, plan: str) -> dict:
     done = subprocess.run(GEOTRAIN + ["plan", args.spec, "--out", plan], cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"geotrain plan failed: {done.stderr.strip()}")
@@ -142,7 +159,10 @@ def main() -> int:
             print(f"round {r + 1}: {name:<28} step {x['step'] * 1e3:6.1f} ms"
                   + (f", prefill {x['prefill_frac']:.1%} of rank time, {len(x['ttfts'])} answered"
                      if arm is not None else ""), flush=True)
-    shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def _report(args, arms: list, res: dict) -> None:
     base = float(np.mean([x["step"] for x in res[None]]))
     print(f"\nplan of {args.spec} (as the demo), WAN {args.wan}, {args.steps} steps x {args.rounds} rounds per arm, "
           "alternated")
@@ -165,7 +185,12 @@ def main() -> int:
                       f"without {np.mean(off) * 1e3:7.1f} ms, ratio {np.mean(on) / np.mean(off):.3f}  "
                       f"({len(on)} / {len(off)} steps)")
     print("target: ratio <= 1.03; prefill = rank time used by prefill (utilization gained)")
-    return 0
+    if args.json and len(arms) > 1:
+        arm = arms[1]
+        Path(args.json).write_text(json.dumps({
+            "ratio": float(np.mean([x["step"] for x in res[arm]])) / base, "base_step_s": base,
+            "answered": sum(len(x["ttfts"]) for x in res[arm]),
+            "prefill_frac": float(np.mean([x["prefill_frac"] for x in res[arm]]))}) + "\n")
 
 
 if __name__ == "__main__":

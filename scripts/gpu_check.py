@@ -3,24 +3,30 @@
 1. single: one rank trains bf16 under FSDP2 on the device; its losses must track the CPU fp32
    run of the same plan (same data, same init).
 2. wan2: two ranks on the one device in two emulated datacenters (pp=2), the cross-DC link over
-   the striped transport in user-space shaper mode (ranks sharing a GPU cannot use NCCL between
-   them; the GPU machine may not allow network namespaces): it must train, and the measured trace
-   must show the link's bytes.
-3. units: per-unit forward/backward times measured on the device (CUDA events) beside the cost
-   model's prediction for the cluster's GPU type -- the efficiency to put in the GPU type.
-4. bubbletea: training step time with vs without prefill in the bubbles (bench_bubbletea_runtime).
+   the striped transport in user-space shaper mode (the GPU machine may not allow network
+   namespaces): it must train, and the measured trace must show the link's bytes.
+3. units: per-unit forward/backward times measured on the device beside the cost model's
+   prediction for the cluster's GPU type -- the efficiency to put in the GPU type; it fails when
+   the efficiency that fits the block is outside the limits (faster than the datasheet's peak, or
+   far slower: a timing or device mistake).
+4. bubbletea: training step time with vs without prefill in the bubbles (bench_bubbletea_runtime);
+   it fails when nothing was answered, or (GPU mode) the ratio is outside its limits: slower than
+   the limit, or so much faster that the measurement is noise.
 
-Nothing is downloaded. Writes OUT/gpu_check.md (the tables) and exits 1 if a check fails.
+Nothing is downloaded. Prints one table, writes OUT/gpu_check.md (the table, then each check's
+details) and exits 1 if a check fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +35,17 @@ SIZES = {  # mode -> (model preset, steps, gpu type, micro-batch, global batch)
     "gpu": ("small", 15, "h100-80g", 4, 8),
     "cpu": ("tiny", 2, "cpu", 2, 4),
 }
+LOSS_LIMIT = 0.05                         # single: worst relative loss difference, bf16 device vs fp32 CPU
+EFFICIENCY = {"gpu": (0.02, 1.0), "cpu": (0.0, 1.0)}     # units: the block's efficiency that fits
+BUBBLETEA = {"gpu": (0.90, 1.05), "cpu": None}   # with / without prefill; CPU: ranks share cores, not judged
+
+
+@dataclass
+class Result:
+    ok: bool
+    measured: str
+    limit: str
+    details: list[str] = field(default_factory=list)
 
 
 def _cluster(gpu_type: str, dcs: int) -> str:
@@ -54,23 +71,10 @@ def _spec(out: Path, name: str, mode: str, precision: str, pp: int) -> Path:
 def _train(spec: Path, run: Path, *extra: str, cpu: bool = False, timeout: float = 240) -> list[dict]:
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if cpu else {})}
     r = subprocess.run([*GEOTRAIN, "train", str(spec), "--out", str(run), "--no-progress", "--data", "synthetic",
-                        *extra],
-                       env=env, capture_output=True, text=True, timeout=timeout)
+                        *extra], env=env, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"geotrain train {spec.name} failed: {(r.stderr or r.stdout).strip()[-800:]}")
     return [json.loads(x) for x in (run / "losses.jsonl").read_text().splitlines() if x.strip()]
-
-
-def check_single(out: Path, mode: str) -> tuple[bool, list[str]]:
-    ref = _train(_spec(out, "single_fp32", mode, "fp32", 1), out / "single_fp32", cpu=True)
-    dev = _train(_spec(out, "single_bf16", mode, "bf16", 1), out / "single_bf16", cpu=mode == "cpu")
-    worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(dev, ref))
-    ok = len(dev) == len(ref) and worst <= 0.05 and dev[-1]["loss"] < dev[0]["loss"]
-    rows = ["| step | CPU fp32 loss | device bf16 loss |", "| --- | --- | --- |"]
-    rows += [f"| {a['step']} | {b['loss']:.4f} | {a['loss']:.4f} |" for a, b in zip(dev, ref)]
-    rows.append(f"\nworst relative difference {worst:.2%} (limit 5%); device bf16 step time "
-                f"{_mean_step(dev):.3f} s, CPU fp32 {_mean_step(ref):.3f} s")
-    return ok, rows
 
 
 def _mean_step(rows: list[dict]) -> float:
@@ -78,19 +82,46 @@ def _mean_step(rows: list[dict]) -> float:
     return sum(r["step_time_s"] for r in tail) / len(tail)
 
 
-def check_wan2(out: Path, mode: str) -> tuple[bool, list[str]]:
+def single_verdict(dev: list[dict], ref: list[dict]) -> Result:
+    worst = max((abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(dev, ref)), default=math.inf)
+    ok = len(dev) == len(ref) > 0 and worst <= LOSS_LIMIT and dev[-1]["loss"] < dev[0]["loss"]
+    rows = ["| step | CPU fp32 loss | device bf16 loss |", "| --- | --- | --- |"]
+    rows += [f"| {a['step']} | {b['loss']:.4f} | {a['loss']:.4f} |" for a, b in zip(dev, ref)]
+    rows.append(f"\ndevice bf16 step time {_mean_step(dev):.3f} s, CPU fp32 {_mean_step(ref):.3f} s")
+    return Result(ok, f"worst loss difference {worst:.2%}, loss {dev[0]['loss']:.3f} -> {dev[-1]['loss']:.3f}",
+                  f"<= {LOSS_LIMIT:.0%}, loss falls", rows)
+
+
+def check_single(out: Path, mode: str) -> Result:
+    ref = _train(_spec(out, "single_fp32", mode, "fp32", 1), out / "single_fp32", cpu=True)
+    dev = _train(_spec(out, "single_bf16", mode, "bf16", 1), out / "single_bf16", cpu=mode == "cpu")
+    return single_verdict(dev, ref)
+
+
+def check_wan2(out: Path, mode: str) -> Result:
     run = out / "wan2"
     losses = _train(_spec(out, "wan2", mode, "bf16", 2), run, "--wan", "shaper", cpu=mode == "cpu")
     events = [json.loads(x) for x in (run / "measured_trace.jsonl").read_text().splitlines() if x.strip()]
     wan_bytes = sum(e.get("bytes", 0) for e in events if e.get("kind") == "transfer" and e.get("link"))
     ok = bool(losses) and losses[-1]["loss"] < losses[0]["loss"] + 0.5 and wan_bytes > 0
-    return ok, [f"pp=2 over the striped transport (shaper): {len(losses)} steps, loss "
-                f"{losses[0]['loss']:.4f} -> {losses[-1]['loss']:.4f}, mean step {_mean_step(losses):.3f} s, "
-                f"{wan_bytes / 1e6:.2f} MB over the link"]
+    return Result(ok, f"{wan_bytes / 1e6:.2f} MB over the link, loss {losses[0]['loss']:.3f} -> "
+                      f"{losses[-1]['loss']:.3f}, step {_mean_step(losses):.3f} s", "bytes > 0, trains",
+                  [f"pp=2 over the striped transport (shaper): {len(losses)} steps"])
 
 
-def check_units(mode: str) -> tuple[bool, list[str]]:
-    import torch
+def units_verdict(measured: dict[str, tuple[float, float]], fits: dict[str, float], mode: str) -> Result:
+    """ok when every unit's times are finite and positive and the block's efficiency that fits lies
+    within EFFICIENCY[mode] (a block faster than the datasheet's peak, or 50x slower, is a mistake)."""
+    lo, hi = EFFICIENCY[mode]
+    sane = all(f > 0 and b > 0 and math.isfinite(f + b) for f, b in measured.values())
+    block = fits.get("block", math.nan)
+    ok = sane and lo < block <= hi
+    return Result(ok, f"block efficiency that fits {block:.3g}" + ("" if sane else ", a time not positive/finite"),
+                  f"{lo:g} < e <= {hi:g}")
+
+
+def check_units(mode: str) -> Result:
+    import torch  # lazy: the check's set-up runs without torch until here
 
     from geotrain.costs.cost_model import CostModel
     from geotrain.models.llama import build_units
@@ -106,6 +137,7 @@ def check_units(mode: str) -> tuple[bool, list[str]]:
     rows = ["| unit | measured fwd / bwd (ms) | predicted fwd / bwd (ms) | efficiency that fits |",
             "| --- | --- | --- | --- |"]
     autocast = autocast_context("bf16", device)
+    measured, fits = {}, {}
     for name, unit in (("embedding", 0), ("block", 1), ("head", spec.layers + 1)):
         module = build_units(spec, unit, unit + 1).to(device)
         if unit == 0:
@@ -114,42 +146,88 @@ def check_units(mode: str) -> tuple[bool, list[str]]:
             x = torch.randn(mb, spec.seq_len, spec.hidden, device=device, requires_grad=True)
         fwd, bwd = _time_unit(module, x, autocast, device, repeats=20 if mode == "gpu" else 3)
         pred = cost.stage_times(range(unit, unit + 1), gpu, mb)
-        eff = gpu.efficiency * (pred.forward + pred.backward) / max(fwd + bwd, 1e-12)
+        measured[name] = (fwd, bwd)
+        if pred.forward + pred.backward > 0:       # the embedding is a lookup: the model prices it at ~0
+            fits[name] = gpu.efficiency * (pred.forward + pred.backward) / max(fwd + bwd, 1e-12)
         rows.append(f"| {name} | {fwd * 1e3:.3f} / {bwd * 1e3:.3f} | {pred.forward * 1e3:.3f} / "
-                    f"{pred.backward * 1e3:.3f} | {eff:.3g} |")
-    return True, rows
+                    f"{pred.backward * 1e3:.3f} | {f'{fits[name]:.3g}' if name in fits else '-'} |")
+    res = units_verdict(measured, fits, mode)
+    res.details = rows
+    return res
 
 
 def _time_unit(module, x, autocast, device, repeats: int) -> tuple[float, float]:
-    import torch
+    """Mean forward and backward seconds: CUDA events around each (read once at the end), wall clock on CPU."""
+    import torch  # lazy: as above
 
-    def clock() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    fwd = bwd = 0.0
+    cuda = device.type == "cuda"
+    marks = []
     for i in range(repeats + 2):          # two warm-up rounds
-        t0 = clock()
-        with autocast():
-            y = module(x)
-        t1 = clock()
-        y.float().sum().backward()
-        t2 = clock()
+        m = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if cuda else [0.0, 0.0, 0.0]
+        for k, step in enumerate(("f", "b", None)):
+            if cuda:
+                m[k].record()
+            else:
+                m[k] = time.perf_counter()
+            if step == "f":
+                with autocast():
+                    y = module(x)
+            elif step == "b":
+                y.float().sum().backward()
         if i >= 2:
-            fwd, bwd = fwd + t1 - t0, bwd + t2 - t1
-    return fwd / repeats, bwd / repeats
+            marks.append(m)
+    if cuda:
+        torch.cuda.synchronize()
+        spans = [(a.elapsed_time(b) / 1e3, b.elapsed_time(c) / 1e3) for a, b, c in marks]
+    else:
+        spans = [(b - a, c - b) for a, b, c in marks]
+    return sum(s[0] for s in spans) / repeats, sum(s[1] for s in spans) / repeats
 
 
-def check_bubbletea(out: Path, mode: str) -> tuple[bool, list[str]]:
-    spec = out / "wan2.toml"
+def bubbletea_verdict(doc: dict, mode: str, limits: tuple[float, float] | None) -> Result:
+    """doc: bench_bubbletea_runtime's --json. ok when prompts were answered and, where judged, the step
+    ratio (with / without prefill) lies within `limits`: above them prefill slows training; far below
+    1 the two arms' difference is noise (prefill cannot make training faster)."""
+    ratio, answered = float(doc.get("ratio", math.nan)), int(doc.get("answered", 0))
+    ok = answered > 0 and math.isfinite(ratio)
+    limit = "answered > 0 (ratio not judged on CPU: the ranks share cores)"
+    if limits is not None:
+        lo, hi = limits
+        ok = ok and lo <= ratio <= hi
+        limit = f"answered > 0, {lo:g} <= ratio <= {hi:g}"
+    return Result(ok, f"step ratio {ratio:.3f} (with / without prefill), {answered} answered, prefill "
+                      f"{doc.get('prefill_frac', 0.0):.1%} of rank time", limit)
+
+
+def check_bubbletea(out: Path, mode: str, limits: tuple[float, float] | None) -> Result:
+    spec, result = out / "wan2.toml", out / "bubbletea.json"
     steps, warmup = ("20", "5") if mode == "gpu" else ("3", "1")
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if mode == "cpu" else {})}
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_bubbletea_runtime.py"), "--spec", str(spec),
                         "--steps", steps, "--warmup", warmup, "--rounds", "1", "--priority", "normal",
-                        "--wan", "shaper", "--clients", "1"], env=env, capture_output=True, text=True, timeout=300)
+                        "--wan", "shaper", "--clients", "1", "--json", str(result)],
+                       env=env, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in r.stdout.splitlines() if ln.strip()][-8:]
-    return r.returncode == 0, ["```", *lines, "```"] if lines else [f"failed: {r.stderr.strip()[-500:]}"]
+    if r.returncode != 0 or not result.exists():
+        return Result(False, f"the bench failed: {(r.stderr or r.stdout).strip()[-300:]}", "runs", lines)
+    res = bubbletea_verdict(json.loads(result.read_text()), mode, limits)
+    res.details = ["```", *lines, "```"]
+    return res
+
+
+def table(results: dict[str, tuple[Result, float]]) -> list[str]:
+    rows = ["| check | result | measured | limit | seconds |", "| --- | --- | --- | --- | --- |"]
+    for name, (res, took) in results.items():
+        rows.append(f"| {name} | {'ok' if res.ok else 'FAILED'} | {res.measured} | {res.limit} | {took:.0f} |")
+    return rows
+
+
+def _where(mode: str) -> str:
+    import torch  # lazy: as above
+
+    dev = (f"{torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} GPU(s), CUDA {torch.version.cuda}"
+           if mode == "gpu" else "CPU")
+    return f"torch {torch.__version__}, Python {sys.version.split()[0]}, {dev}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,37 +235,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=["gpu", "cpu"], default="gpu")
     ap.add_argument("--out", default="runs/gpu_check")
     ap.add_argument("--skip", default="", help="comma-separated checks to skip (single, wan2, units, bubbletea)")
+    ap.add_argument("--deps", default="", help="what the set-up did (scripts/gpu_check.sh), for the report")
+    ap.add_argument("--bubbletea-limits", default=None, metavar="LO,HI",
+                    help="step ratio with / without prefill that passes (default: 0.9,1.05 on a GPU; not judged "
+                         "on CPU)")
     a = ap.parse_args(argv)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if a.mode == "gpu":
-        import torch
+    import torch  # lazy: the shell script checks the interpreter has torch before this runs
 
-        if not torch.cuda.is_available():
-            print("gpu_check: no CUDA device here (use --cpu for the CPU rehearsal)", file=sys.stderr)
-            return 2
+    if a.mode == "gpu" and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here (use --cpu for the CPU rehearsal)", file=sys.stderr)
+        return 2
+    limits = BUBBLETEA[a.mode] if a.bubbletea_limits is None else tuple(float(x) for x in a.bubbletea_limits.split(","))
     skip = set(filter(None, a.skip.split(",")))
     checks = [("single", lambda: check_single(out, a.mode)), ("wan2", lambda: check_wan2(out, a.mode)),
-              ("units", lambda: check_units(a.mode)), ("bubbletea", lambda: check_bubbletea(out, a.mode))]
-    report, failed = [f"# GPU check ({a.mode} mode)\n"], []
+              ("units", lambda: check_units(a.mode)), ("bubbletea", lambda: check_bubbletea(out, a.mode, limits))]
+    where = _where(a.mode)
+    print(f"gpu_check ({a.mode} mode): {where}" + (f"; {a.deps}" if a.deps else ""), flush=True)
+    results: dict[str, tuple[Result, float]] = {}
     for name, fn in checks:
         if name in skip:
             continue
         t0 = time.time()
         try:
-            ok, rows = fn()
+            res = fn()
         except Exception as e:  # noqa: BLE001 -- a failed check is reported, the others still run
-            ok, rows = False, [f"error: {type(e).__name__}: {e}"]
-        status = "ok" if ok else "FAILED"
-        print(f"gpu_check {name}: {status} ({time.time() - t0:.0f} s)", flush=True)
-        for row in rows:
-            print(f"  {row}", flush=True)
-        report += [f"## {name}: {status}\n", *rows, ""]
-        if not ok:
-            failed.append(name)
+            last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+            res = Result(False, f"error: {type(e).__name__}: {last}", "runs", [f"error: {type(e).__name__}: {e}"])
+        results[name] = (res, time.time() - t0)
+        print(f"gpu_check {name}: {'ok' if res.ok else 'FAILED'} ({time.time() - t0:.0f} s)", flush=True)
+    rows = table(results)
+    print("\n".join(rows), flush=True)
+    report = [f"# GPU check ({a.mode} mode)\n", where + (f"; {a.deps}" if a.deps else ""), "", *rows, ""]
+    for name, (res, _) in results.items():
+        report += [f"## {name}: {'ok' if res.ok else 'FAILED'}\n", *res.details, ""]
     (out / "gpu_check.md").write_text("\n".join(report) + "\n")
+    failed = [n for n, (res, _) in results.items() if not res.ok]
     print(f"gpu_check: {'all checks passed' if not failed else 'FAILED: ' + ', '.join(failed)} "
-          f"(tables in {out / 'gpu_check.md'})")
+          f"(details in {out / 'gpu_check.md'})")
     return 1 if failed else 0
 
 

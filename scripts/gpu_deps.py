@@ -22,11 +22,12 @@ from pathlib import Path
 
 WHEELS = Path(__file__).resolve().parent / "wheels"
 # What the package imports on the paths `geotrain train` and scripts/gpu_check.py take, besides torch
-# (pyproject's dependencies; tests/test_gpu_check.py keeps the two lists equal). matplotlib is only
-# drawn with (losses.png, the report's charts) and is not shipped: too big; it is checked, not needed.
+# (pyproject's dependencies; tests/test_gpu_check.py keeps the lists equal). OPTIONAL: imported only on
+# other paths (matplotlib draws losses.png and the report's charts; pyarrow and zstandard read Parquet/Arrow
+# and .zst training data) -- not shipped (big), reported when absent, never refused for.
 NEEDED = ["numpy>=1.24", "pydantic>=2.5", "tqdm>=4.66", "safetensors>=0.4", "tokenizers>=0.15", "fastapi>=0.110",
           "uvicorn>=0.29", "prometheus-client>=0.20", "jinja2>=3.1"]
-OPTIONAL = ["matplotlib>=3.7"]
+OPTIONAL = ["matplotlib>=3.7", "pyarrow>=14", "zstandard>=0.22"]
 SHIPPED_FOR = "3.12"          # the GPU machine's Python; pure-Python wheels fit any
 DOWNLOAD = ["pydantic>=2.5", "fastapi>=0.110", "uvicorn>=0.29"]
 
@@ -133,8 +134,8 @@ def ensure(target: Path, wheels: Path, quiet: bool = False) -> int:
             z.extractall(target)
     if not quiet:
         _, gaps = plan(OPTIONAL, {}, target)
-        what = f"unpacked {len(todo)} shipped wheel(s) into {target}: " + ", ".join(w.name.split("-")[0] for w in todo) \
-            if todo else "every dependency present"
+        names = ", ".join(w.name.split("-")[0] for w in todo)
+        what = f"unpacked {len(todo)} shipped wheel(s) into {target}: {names}" if todo else "every dependency present"
         print(f"gpu_check deps: {what}" + (f" (optional, absent: {', '.join(gaps)})" if gaps else ""))
     return 0
 
