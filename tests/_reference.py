@@ -23,16 +23,17 @@ def single_process_losses(spec_path: Path, micro_batch: int, m: int, dp: int, st
 
 
 @functools.cache
-def reference_run(spec_path: Path, micro_batch: int, m: int, dp: int, steps: int) -> tuple[list[float], list[float]]:
-    """(losses, gradient norms before clipping) of the textbook loop: the job's AdamW over its
-    weight-decay groups, `torch.nn.utils.clip_grad_norm_` to job.grad_clip, the job's lr schedule."""
+def reference_run(spec_path: Path, micro_batch: int, m: int, dp: int, steps: int):
+    """(losses, gradient norms before clipping, {step: held-out loss}) of the textbook loop: the job's
+    AdamW over its weight-decay groups, `torch.nn.utils.clip_grad_norm_` to job.grad_clip, the job's
+    lr schedule, the held-out loss every job.eval_every steps."""
     spec = load_spec(spec_path)
     job = spec.job
     torch.manual_seed(job.seed)
     model = build_model(spec.model)
     opt = make_optimizer(param_groups([model], job), job)
     src = SyntheticTokens(spec.model.vocab, spec.model.seq_len, micro_batch, m, dp, job.seed)
-    losses, norms = [], []
+    losses, norms, evals = [], [], {}
     for step in range(steps):
         x, y = src.global_batch(step)
         loss = lm_loss(model(x), y)
@@ -44,4 +45,8 @@ def reference_run(spec_path: Path, micro_batch: int, m: int, dp: int, steps: int
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    return losses, norms
+        if job.eval_every and ((step + 1) % job.eval_every == 0 or step + 1 == steps):
+            with torch.no_grad():
+                evals[step + 1] = sum(lm_loss(model(x), y).item() for x, y in map(src.eval_batch, range(
+                    job.eval_batches))) / job.eval_batches
+    return losses, norms, evals

@@ -46,13 +46,14 @@ def recipe_spec(tmp: Path, clip: float = 0.4) -> Path:
     """tiny_2dc with a recipe that acts in 5 steps: warm-up, cosine decay, weight decay, clipping
     below the tiny model's gradient norms (~0.5)."""
     text = SPEC.read_text().replace('cluster = "clusters/', f'cluster = "{SPEC.parent}/clusters/')
-    text = text.replace("[job]\n", f"[job]\nwarmup_steps = 2\ngrad_clip = {clip}\nweight_decay = 0.1\n")
+    text = text.replace("[job]\n", f"[job]\nwarmup_steps = 2\ngrad_clip = {clip}\nweight_decay = 0.1\n"
+                                    "eval_every = 5\neval_batches = 1\n")
     path = tmp / "tiny_2dc_recipe.toml"
     path.write_text(text)
     return path
 
 
-def reference(spec: Path, steps: int) -> tuple[list[float], list[float]]:
+def reference(spec: Path, steps: int):
     plan = plan_from_job(load_spec(spec))
     return reference_run(spec, plan.micro_batch, plan.num_microbatches, plan.dp, steps)
 
@@ -89,17 +90,20 @@ def launched(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_pipeline_matches_single_process(launched: Path, name: str) -> None:
-    """Losses, and the global gradient norm the run clipped with (pp2 x dp2, every sharding: the sum
-    over both stages, across the WAN), equal the single process's under warm-up, cosine decay,
-    weight decay and clipping that acts (norms ~0.5 > 0.4)."""
+    """Losses, the global gradient norm the run clipped with (pp2 x dp2, every sharding: the sum
+    over both stages, across the WAN) and the held-out loss equal the single process's under
+    warm-up, cosine decay, weight decay and clipping that acts (norms ~0.5 > 0.4)."""
     rows = read_losses(launched / name)
     got, norms = [x["loss"] for x in rows], [x["grad_norm"] for x in rows]
-    want, want_norms = reference(launched / "tiny_2dc_recipe.toml", STEPS)
+    want, want_norms, want_eval = reference(launched / "tiny_2dc_recipe.toml", STEPS)
     assert len(got) == STEPS
     assert all(n > 0.4 for n in want_norms[:3])                    # the clipping acted
     for g, w in zip(got + norms, want + want_norms):
         assert abs(g - w) <= 1e-5 * abs(w), (name, got, want, norms, want_norms)
     assert [x["lr"] for x in rows[:2]] == [5e-4, 1e-3]          # warm-up over 2 steps
+    # The held-out loss through the pipeline, forward only, at step 5 (eval_every = 5)
+    assert [x["step"] for x in rows if "eval_loss" in x] == [5] and list(want_eval) == [5]
+    assert abs(rows[4]["eval_loss"] - want_eval[5]) <= 1e-5 * want_eval[5], (name, rows[4], want_eval)
     # The model learned something, so equal losses are not equal by accident of a frozen model.
     assert got[-1] < got[0]
 

@@ -9,6 +9,7 @@ per step): nothing is updated on the request path, and each service has its own 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -19,24 +20,35 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-def last_step(losses: Path) -> dict | None:
-    """The last complete line of a losses.jsonl (read from its end: the file grows every step)."""
+def tail_rows(losses: Path) -> list[dict]:
+    """The complete rows at the end of a losses.jsonl (read from its end: the file grows every step)."""
     try:
         with open(losses, "rb") as f:
             f.seek(0, 2)
             size = f.tell()
-            f.seek(max(0, size - 8192))
+            f.seek(max(0, size - 65536))
             lines = f.read().split(b"\n")
     except OSError:
-        return None
-    for line in reversed(lines):
+        return []
+    rows = []
+    for line in lines:
         try:
             row = json.loads(line)
         except ValueError:
             continue
         if isinstance(row, dict) and "step" in row:
-            return row
-    return None
+            rows.append(row)
+    return rows
+
+
+def last_step(losses: Path) -> dict | None:
+    """The last complete line of a losses.jsonl."""
+    rows = tail_rows(losses)
+    return rows[-1] if rows else None
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -91,16 +103,33 @@ class ServiceCollector:
     def _training(self):
         if not self.svc.run_dir:
             return
-        row = last_step(Path(self.svc.run_dir) / "losses.jsonl")
-        if row is None:
+        rows = tail_rows(Path(self.svc.run_dir) / "losses.jsonl")
+        if not rows:
             return
+        row = rows[-1]
         p = "geotrain_train_"
         dt = float(row.get("step_time_s") or 0.0)
         yield GaugeMetricFamily(p + "step", "Last optimizer step finished.", value=float(row["step"]))
-        yield GaugeMetricFamily(p + "loss", "Training loss of the last step.", value=float(row.get("loss", 0.0)))
+        gauges = (("loss", "loss", "Training loss of the last step."),
+                  ("lr", "learning_rate", "Learning rate of the last step."),
+                  ("grad_norm", "grad_norm", "Global gradient norm of the last step, before clipping."))
+        for key, name, doc in gauges:
+            v = _number(row.get(key))
+            if v is not None:           # a NaN loss (null) or clipping off: no sample rather than a wrong one
+                yield GaugeMetricFamily(p + name, doc, value=v)
         yield GaugeMetricFamily(p + "step_time_seconds", "Wall time of the last step.", value=dt)
         yield GaugeMetricFamily(p + "tokens_per_second", "Training tokens/s of the last step.",
                                 value=float(row.get("tokens", 0)) / dt if dt > 0 else 0.0)
+        evals = [r for r in rows if _number(r.get("eval_loss")) is not None]
+        if evals:
+            self.last_eval = evals[-1]      # kept: the next evaluation may be further back than the tail
+        ev = getattr(self, "last_eval", None)
+        if ev is not None:
+            yield GaugeMetricFamily(p + "eval_loss", "Held-out loss at the last evaluation.",
+                                    value=float(ev["eval_loss"]))
+            yield GaugeMetricFamily(p + "eval_perplexity", "Held-out perplexity at the last evaluation.",
+                                    value=math.exp(min(float(ev["eval_loss"]), 50.0)))
+            yield GaugeMetricFamily(p + "eval_step", "Step of the last evaluation.", value=float(ev["step"]))
 
 
 def metrics_text(svc) -> bytes:

@@ -5,6 +5,7 @@
     compare_traces(predicted, measured) -> [CompareRow]
     build_report(dir, trace, metrics, ...)             timeline.png + report.html
     rebuild(run_dir)                                   `geotrain report`
+    draw_curves(run_dir)                               curves.png from losses.jsonl
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 _EXPORTS = {
     "ReportFiles": "build", "build_report": "build", "rebuild": "build",
     "CompareRow": "compare", "ScheduleRow": "compare", "compare_traces": "compare",
-    "draw_timeline": "timeline", "draw_timelines": "timeline",
+    "draw_timeline": "timeline", "draw_timelines": "timeline", "draw_curves": "curves",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -9,6 +9,7 @@ Run directory files:
   plan.json                               the plan (geotrain.layout.save_plan format; optional)
   metrics.json                            tokens per iteration, peak memory, GPU memory, schedule
                                           comparison -- what a trace alone cannot tell
+  losses.jsonl                            a training run's per-step rows (curves.png: loss, lr, grad norm, ...)
   trace.chrome.json, timeline.png, report.html
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan, load_plan
 from geotrain.report.compare import CompareRow, ScheduleRow, compare_metrics, explain_rows, steady_state
+from geotrain.report.curves import draw_curves, read_rows, summary_line
 from geotrain.report.html import write_html
 from geotrain.report.prefill import bubbletea_rows
 from geotrain.report.timeline import draw_timeline, draw_timelines
@@ -61,7 +63,8 @@ def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: P
                  schedules: list[ScheduleRow] | None = None, gpu_memory: dict[str, float] | None = None,
                  title: str | None = None, notes: list[str] | None = None,
                  tokens_per_iteration: int = 0, bubbletea: list[tuple[str, str]] | None = None,
-                 losses_png: Path | None = None) -> ReportFiles:
+                 losses_png: Path | None = None, curves_png: Path | None = None,
+                 curves_caption: str = "") -> ReportFiles:
     """Draw the timeline and write the HTML page into `out_dir`. With `measured`, both timelines
     are stacked and the page opens with the predicted-vs-measured table."""
     out = Path(out_dir)
@@ -82,7 +85,8 @@ def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: P
     html = write_html(out / "report.html", title=name, metrics=metrics, layout=layout, plan=plan,
                       timeline_png=png, schedules=schedules, comparison=comparison or None,
                       gpu_memory=gpu_memory, link_meta=link_meta, notes=(notes or []) + [prediction_note(trace)],
-                      metrics_label=metrics_label(trace), bubbletea=bubbletea, losses_png=losses_png)
+                      metrics_label=metrics_label(trace), bubbletea=bubbletea, losses_png=losses_png,
+                      curves_png=curves_png, curves_caption=curves_caption)
     return ReportFiles(png, html, comparison)
 
 
@@ -197,11 +201,14 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
 
     if measured_path is not None:
         write_measured_chrome(d, plan)
+    rows = read_rows(d / "losses.jsonl")
+    curves = draw_curves(d) if rows else None
     files = build_report(d, main, metrics, plan=plan, measured=measured, measured_metrics=measured_metrics,
                          schedules=schedules, tokens_per_iteration=tokens, bubbletea=bubbletea_rows(d),
                          gpu_memory=doc.get("gpu_memory_per_dc") or None,
                          notes=[f"rebuilt from {d}"] + ([f"measured trace: {measured_path.name}"] if measured else [])
-                         + _replan_notes(d), losses_png=d / "losses.png" if (d / "elastic.jsonl").exists() else None)
+                         + _replan_notes(d), losses_png=d / "losses.png" if (d / "elastic.jsonl").exists() else None,
+                         curves_png=curves, curves_caption=summary_line(rows) if rows else "")
     return (files, metrics, measured, main) if with_trace else (files, metrics, measured)
 
 

@@ -193,7 +193,7 @@ def render_html(*, title: str, metrics: Metrics, layout: list[RankInfo], plan: P
                 comparison: Sequence[CompareRow] | None = None, gpu_memory: dict[str, float] | None = None,
                 link_meta: dict[str, Any] | None = None, notes: Sequence[str] = (), embed: bool = True,
                 metrics_label: str = "", bubbletea: Sequence[tuple[str, str]] | None = None,
-                losses_png: Path | None = None) -> str:
+                losses_png: Path | None = None, curves_png: Path | None = None, curves_caption: str = "") -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
              f"<style>{CSS}</style></head><body>",
              f"<h1>{escape(title)}</h1>"]
@@ -208,6 +208,11 @@ def render_html(*, title: str, metrics: Metrics, layout: list[RankInfo], plan: P
     if timeline_png is not None and Path(timeline_png).exists():
         parts.append("<h2>Timeline</h2>")
         parts.append(image_html(timeline_png, embed))
+    if curves_png is not None and Path(curves_png).exists():
+        parts.append("<h2>Training curves <span class='muted'>(measured, losses.jsonl)</span></h2>")
+        if curves_caption:
+            parts.append(f"<p>{escape(curves_caption)}</p>")
+        parts.append(image_html(curves_png, embed, alt="training curves"))
     if losses_png is not None and Path(losses_png).exists():
         parts.append("<h2>Loss (re-plans shaded)</h2>")       # an elastic run: train --elastic
         parts.append(image_html(losses_png, embed, alt="loss"))

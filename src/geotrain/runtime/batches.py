@@ -34,6 +34,15 @@ class SyntheticTokens:
         seq = (start + stride * torch.arange(self.seq_len + 1)) % self.vocab
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
+    def eval_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held-out global batch `index`: drawn from a seed stream training never uses."""
+        rows = self.micro_batch * self.num_microbatches * self.dp
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + (1 << 48) + index)
+        start = torch.randint(0, self.vocab, (rows, 1), generator=g)
+        stride = torch.randint(1, 8, (rows, 1), generator=g)
+        seq = (start + stride * torch.arange(self.seq_len + 1)) % self.vocab
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
     def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole step's batch as one tensor pair (what single-process training would see)."""
         parts = [self.batch(step, r, j) for r in range(self.dp) for j in range(self.num_microbatches)]
@@ -65,7 +74,7 @@ def make_source(spec, plan, data, seed: int, progress: bool = True):
     try:
         return open_batches(data, seq_len=spec.model.seq_len, global_batch=plan.global_batch, dp=dp,
                             micro_batch=plan.micro_batch, seed=seed, spec_path=spec.path, tokenizer=tokenizer,
-                            progress=progress)
+                            holdout=spec.job.eval_split if spec.job.eval_every else 0.0, progress=progress)
     except ValueError as e:
         raise GeotrainError(f"data: {e}") from None
 
@@ -93,6 +102,15 @@ class RankBatches:
             return {}
         return {j: tuple(t.to(self.device) for t in self.source.batch(step - 1, self.replica, j))
                 for j in range(self.m)}
+
+    def for_eval(self, index: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """This replica's micro-batches of held-out global batch `index`."""
+        if not self.needed:
+            return {}
+        inputs, targets = self.source.eval_batch(index)
+        per = inputs.shape[0] // self.source.dp
+        mine = [t[self.replica * per:(self.replica + 1) * per].to(self.device) for t in (inputs, targets)]
+        return dict(enumerate(zip(*(t.split(per // self.m) for t in mine))))
 
     def state_dict(self) -> dict | None:
         return self.source.state_dict() if hasattr(self.source, "state_dict") else None

@@ -244,6 +244,42 @@ class PipelineRank:
             self.bubble.end_iteration()
         return float(loss_sum)
 
+    @torch.no_grad()
+    def evaluate(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """The held-out loss of `batches` through the pipeline, forward only: the action list's
+        receives, forwards and sends of activations, in its order (a subsequence of a deadlock-free
+        list whose dependencies all point forward), each receive waited at once, nothing recorded.
+        Returns what run_iteration does: this replica's loss sum / m (0.0 off the last stage)."""
+        m = self.schedule.num_microbatches
+        loss_sum = torch.zeros((), device=self.device)
+        outs: dict[tuple[int, int], torch.Tensor] = {}
+        self._acts, self._sends = {}, []
+        enabled, self.recorder.enabled = self.recorder.enabled, False
+        try:
+            for a in self.actions:
+                v, mb = a.stage, a.mb
+                if a.op == Op.RECV_ACT:
+                    shape = (self._slice_numel(),) if self._scattered(a.peer) else self.boundary_shape
+                    buf = torch.empty(shape, dtype=self.boundary_dtype, device=self.device)
+                    work = self.transport.recv(buf, self.rank_of(a.peer), self._tag(ACT, a.peer, mb))
+                    if work is not None:
+                        work.wait()
+                    self._acts[(v, mb)] = self._gather(buf) if self._scattered(a.peer) else buf
+                elif a.op == Op.FORWARD:
+                    inp = batches[mb][0] if v == 0 else self._acts.pop((v, mb)).to(torch.float32)
+                    with self.autocast():
+                        out = self.chunks[v](inp)
+                    if v == self.last_virtual:
+                        loss_sum += lm_loss(out, batches[mb][1]) / m
+                    else:
+                        outs[(v, mb)] = out
+                elif a.op == Op.SEND_ACT:
+                    self._send(ACT, a, outs.pop((v, mb)))
+            self._wait_sends()
+        finally:
+            self.recorder.enabled = enabled
+        return float(loss_sum)
+
     def _wait_sends(self) -> None:
         """Wait for this iteration's sends. A cross-DC send becomes a `transfer` event on its WAN
         link, from when the transport says it entered the link (`started_at`: after its temporal

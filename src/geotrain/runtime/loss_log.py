@@ -1,12 +1,17 @@
-"""losses.jsonl and the progress display, on the rank that owns the loss (`rank_model.report_rank`).
+"""losses.jsonl, TensorBoard event files and the progress display, on the rank that owns the loss
+(`rank_model.report_rank`).
 
-A resumed run keeps the loss lines up to its checkpoint (its own, or those of the run it resumed
-from: the curve continues on the new layout) and recomputes the rest.
+Each step's row: loss, learning rate, gradient norm (before clipping), step time, tokens, and the
+held-out loss and perplexity on eval steps. RUN_DIR/tb/ gets the same numbers through
+`torch.utils.tensorboard` (`tensorboard --logdir runs/`). A resumed run keeps the loss lines up to
+its checkpoint (its own, or those of the run it resumed from: the curve continues on the new
+layout) and recomputes the rest; TensorBoard drops its events past the checkpoint (purge_step).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -22,6 +27,7 @@ class LossLog:
         self.tokens_per_step, self.t0 = tokens_per_step, t0
         self.bar = None
         self.file = None
+        self.tb = None
         self.rows: list[dict] = []          # what losses.jsonl holds, kept for the summary (no read-back)
         if not active:
             return
@@ -31,6 +37,7 @@ class LossLog:
         else:
             self.rows = _trim_losses(out / "losses.jsonl", start)
         self.file = open(out / "losses.jsonl", "a")  # noqa: SIM115 -- closed in close()
+        self.tb = _tensorboard(out / "tb", start, self.rows)
         if progress:
             if sys.stdout.isatty():
                 self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", file=sys.stdout,
@@ -45,19 +52,67 @@ class LossLog:
             row = {"step": step, "loss": loss, "skipped": skipped, "loss_scale": loss_scale,
                    "step_time_s": seconds, "tokens": self.tokens_per_step, "time": time.time() - self.t0,
                    "wall": time.time(), **extra}
+            # Valid JSON whatever the numbers: a NaN or infinite loss / norm is written as null.
+            row = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
             self.file.write(json.dumps(row) + "\n")
             self.file.flush()
             self.rows.append(row)
+            if self.tb is not None:
+                _tb_row(self.tb, row)
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{self.tokens_per_step / seconds:,.0f}",
-                                 **({"skipped": "yes"} if skipped else {}))
+            more = {"skipped": "yes"} if skipped else {}
+            if extra.get("lr") is not None:
+                more["lr"] = f"{extra['lr']:.2e}"
+            if extra.get("eval_loss") is not None:
+                more["eval"] = f"{extra['eval_loss']:.4f}"
+            self.bar.set_postfix(loss=f"{loss:.4f}" if loss is not None else "-",
+                                 tok_s=f"{self.tokens_per_step / seconds:,.0f}", **more)
             self.bar.update(1)
+            if extra.get("eval_loss") is not None:
+                line = (f"eval at step {step}: held-out loss {extra['eval_loss']:.4f}"
+                        + (f", perplexity {extra['eval_perplexity']:.4g}" if extra.get("eval_perplexity") else ""))
+                (self.bar.write if hasattr(self.bar, "write") else print)(line)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         if self.file is not None:
             self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+# losses.jsonl key -> TensorBoard tag
+TB_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "step_time_s": "train/step_time_s",
+           "loss_scale": "train/loss_scale", "eval_loss": "eval/loss", "eval_perplexity": "eval/perplexity"}
+
+
+def _tensorboard(path: Path, start: int, carried: list[dict]):
+    """A SummaryWriter on RUN_DIR/tb (events past `start` purged on resume; rows carried over from
+    another run written first), or None where tensorboard is not installed."""
+    try:
+        # lazy: tensorboard (protobuf) only on the reporting rank
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("note: tensorboard is not installed; no RUN_DIR/tb/ (pip install tensorboard)", flush=True)
+        return None
+    fresh = not path.exists()
+    writer = SummaryWriter(str(path), purge_step=start + 1 if start else None)
+    if fresh:
+        for row in carried:
+            _tb_row(writer, row)
+    return writer
+
+
+def _tb_row(writer, row: dict) -> None:
+    step = row["step"]
+    for key, tag in TB_TAGS.items():
+        v = row.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            writer.add_scalar(tag, v, step)
+    if row.get("step_time_s"):
+        writer.add_scalar("train/tokens_per_s", row["tokens"] / row["step_time_s"], step)
+    writer.flush()
 
 
 class _LineProgress:

@@ -15,6 +15,7 @@ overflow flag (`trainer.StepGroup`).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable
@@ -151,6 +152,8 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
                 seconds = time.time() - step_start
                 del batches
             extra: dict[str, Any] = {}
+            if job.eval_every and (step % job.eval_every == 0 or step == steps):
+                extra.update(_evaluate(trainer, data, job.eval_batches))
             if bubble is not None:
                 extra["prefill"] = bubble.filling()      # BubbleTea was filling bubbles in this step
             if step == start + 1 and cfg.resume_from:    # the curve continues on a new layout here
@@ -190,6 +193,16 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
         dist.barrier()             # every rank's last transfer (and turn) is done before any closes
         transport.close()
     return result
+
+
+def _evaluate(trainer: Trainer, data: RankBatches, batches: int) -> dict[str, Any]:
+    """The held-out loss and perplexity over the first `batches` held-out global batches (the same
+    ones at every evaluation, so the curve compares like with like)."""
+    losses = [trainer.evaluate(data.for_eval(k)) for k in range(batches)]
+    if any(x is None for x in losses):
+        return {}
+    loss = sum(losses) / len(losses)
+    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)) if math.isfinite(loss) else None}
 
 
 def _resume(cfg, spec, plan, ckpt: Checkpointer, data: RankBatches, every: int, reporter: bool):

@@ -33,6 +33,9 @@ class Runner(Protocol):
     def run_iteration(self, batches: Batches, loss_scale: float = 1.0) -> float:
         """Forward and backward of every micro-batch; this rank's share of the loss (0.0 if it holds none)."""
 
+    def evaluate(self, batches: Batches) -> float:
+        """Forward only; this rank's share of the loss, as run_iteration's."""
+
 
 def make_optimizer(params, job, sharding: str = "replicate",
                    dp_group: dist.ProcessGroup | None = None) -> torch.optim.Optimizer:
@@ -147,6 +150,11 @@ class Trainer:
         if loss is None:
             loss = self.group.loss(loss_local) if self.group is not None else loss_local
         return StepResult(loss, skipped, grad_norm if self.clip > 0 else None, lr)
+
+    def evaluate(self, batches: Batches) -> float | None:
+        """The held-out loss of `batches` (forward only; no gradient, no step), where the loss lives."""
+        loss_local = self.runner.evaluate(batches)
+        return self.group.loss(loss_local) if self.group is not None else loss_local
 
     def _sq(self) -> torch.Tensor:
         ranks = self.norm.stage_ranks if self.norm is not None else 1

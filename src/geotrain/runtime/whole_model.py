@@ -32,3 +32,13 @@ class WholeModel:
             (loss * loss_scale if loss_scale != 1.0 else loss).backward()
             total = total.to(loss.device) + loss.detach()
         return float(total)
+
+    @torch.no_grad()
+    def evaluate(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """The mean loss of `batches`, forward only."""
+        total = 0.0
+        for inputs, targets in batches.values():
+            with self.autocast():
+                logits = self.model(inputs)
+            total += float(lm_loss(logits, targets)) / len(batches)
+        return total
