@@ -18,7 +18,7 @@ from geotrain.console import human_bytes
 from geotrain.costs import CostModel
 from geotrain.layout.plan import StagePlan, save_plan
 from geotrain.layout.price import wan_bytes_per_link
-from geotrain.layout.wan_bytes import pipeline_bytes, wan_bytes_per_direction
+from geotrain.layout.wan_bytes import LOSS_SUM_BYTES, OVERFLOW_BYTES, pipeline_bytes, wan_bytes_per_direction
 from geotrain.planner.manual import plan_from_job
 from geotrain.sim import simulate
 from geotrain.spec.load import load_spec
@@ -42,19 +42,22 @@ def _by_hand(spec, plan, halves_of_stage) -> float:
     return sum(0.5 * halves_of_stage(cost, st.units) for st in plan.stages)
 
 
-@pytest.mark.parametrize("sharding", ["replicate", "zero3"])
+@pytest.mark.parametrize("sharding", ["replicate", "zero1", "zero3"])
 def test_a_region_plans_dp_sync_is_its_wan_bytes(sharding):
     spec, plan = _region(sharding)
     assert pipeline_bytes(spec, plan) == {}          # each pipeline inside one DC
     if sharding == "replicate":   # an all-reduce of the bf16 gradients: reduce-scatter + all-gather
         want = _by_hand(spec, plan, lambda c, u: 2 * c.grad_bytes(u))
+    elif sharding == "zero1":     # that, then ZeroRedundancyOptimizer's broadcast of the fp32 weights
+        want = _by_hand(spec, plan, lambda c, u: 2 * c.grad_bytes(u) + 4 * c.stage_params(u))
     else:                         # reduce-scatter + 5 bf16 gathers of the weights
         want = _by_hand(spec, plan, lambda c, u: c.grad_bytes(u) + 5 * 2 * c.stage_params(u))
+    want += LOSS_SUM_BYTES        # the loss (one float64) summed over the last stage's replicas, one in each DC
     assert wan_bytes_per_direction(spec, plan) == {("east", "west"): want, ("west", "east"): want}
     assert wan_bytes_per_link(spec, plan) == {("east", "west"): 2 * want}     # what egress prices
     assert simulate(spec, plan).metrics.wan_bytes == int(2 * want) > 0          # what plan/simulate print
     # gloo (a CPU run's ranks) runs the reduce-scatter as an all-reduce: one more half of the gradients
-    extra = 0 if sharding == "replicate" else _by_hand(spec, plan, lambda c, u: c.grad_bytes(u))
+    extra = 0 if sharding in ("replicate", "zero1") else _by_hand(spec, plan, lambda c, u: c.grad_bytes(u))
     assert wan_bytes_per_direction(spec, plan, backend="gloo")[("east", "west")] == want + extra
 
 
@@ -90,3 +93,13 @@ def test_a_tied_models_embedding_sum_crosses_between_its_first_and_last_dc():
     untied = wan_bytes_per_direction(spec, plan)
     assert wan_bytes_per_direction(tied, plan) == {k: v + sum_each_way for k, v in untied.items()}
     assert simulate(tied, plan).metrics.wan_bytes == sum(untied.values()) + 2 * sum_each_way
+
+
+def test_the_steps_control_all_reduces_are_counted():
+    """fp16 all-reduces its overflow flag and loss over the whole world every step (east and west here);
+    bf16 sums the loss inside the last stage's DP group (both replicas in west: nothing crosses)."""
+    spec = load_spec(SPEC)
+    plan = plan_from_job(spec)
+    bf16, fp16 = (wan_bytes_per_direction(spec, plan.with_(precision=p)) for p in ("bf16", "fp16"))
+    assert fp16 == {k: v + OVERFLOW_BYTES for k, v in bf16.items()}        # 2 (k-1)/k b per hop, k = 2
+    assert bf16 == pipeline_bytes(spec, plan)

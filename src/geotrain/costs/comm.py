@@ -63,8 +63,10 @@ def sync_collectives(sharding: str, chunks: list[tuple[float, float]], microbatc
     """(kind, bytes) of every reduce-scatter and all-gather one DP group runs per iteration for a
     stage: the one definition the sync's time (dp_sync_time, cross_dc_sync_time) and its WAN
     bytes (layout.wan_bytes) count. chunks: per pipeline chunk, (gradient bytes, gathered
-    parameter bytes) -- CostModel.sync_chunk_bytes. replicate/zero1: one all-reduce of the
-    stage's gradients (a reduce-scatter and an all-gather); zero2/zero3: per chunk FSDP2's
+    parameter bytes) -- CostModel.sync_collectives. replicate: one all-reduce of the stage's
+    gradients (a reduce-scatter and an all-gather); zero1 that, then ZeroRedundancyOptimizer's
+    broadcast of each rank's updated partition to the others -- on the wire an all-gather of the
+    parameters (in their own dtype: fp32 master weights); zero2/zero3: per chunk FSDP2's
     reduce-scatter of its gradients and `fsdp_gathers` gathers of its parameters. backend
     "gloo" (a CPU run's ranks): gloo's reduce_scatter_tensor is an all-reduce on the wire (1.00x
     the tensor each way between two ranks, measured on loopback, where a ring reduce-scatter and
@@ -77,7 +79,8 @@ def sync_collectives(sharding: str, chunks: list[tuple[float, float]], microbatc
         raise ValueError(f"unknown collective backend {backend!r} (known: {', '.join(BACKENDS)})")
     if sharding in ("replicate", "zero1"):
         g = sum(grad for grad, _ in chunks)
-        return [("reduce-scatter", g), ("all-gather", g)]
+        broadcast = [("all-gather", sum(p for _, p in chunks))] if sharding == "zero1" else []
+        return [("reduce-scatter", g), ("all-gather", g), *broadcast]
     out: list[tuple[str, float]] = []
     gathers = fsdp_gathers(sharding, microbatches)
     for grad, params in chunks:

@@ -360,8 +360,12 @@ class CostModel:
     def sync_collectives(self, chunks: Sequence[Sequence[int]], sharding: str, microbatches: int, tp: int = 1,
                          backend: str = "nccl") -> list[tuple[str, float]]:
         """(kind, bytes per GPU) of the DP sync's collectives per iteration of a stage whose
-        pipeline chunks hold `chunks` units (comm.sync_collectives; tp=1: the whole stage)."""
-        return comm.sync_collectives(sharding, [(self.grad_bytes(c, tp), self.gather_bytes(c, tp)) for c in chunks],
+        pipeline chunks hold `chunks` units (comm.sync_collectives; tp=1: the whole stage). The
+        parameters a sync gathers: FSDP2's in its param dtype (gather_bytes), ZeRO-1's broadcast of
+        the updated fp32 parameters (4 bytes each: the optimizer's weights stay fp32 under autocast)."""
+        gathered = (lambda c: int(self.stage_params(c) * 4 / tp)) if sharding == "zero1" \
+            else (lambda c: self.gather_bytes(c, tp))
+        return comm.sync_collectives(sharding, [(self.grad_bytes(c, tp), gathered(c)) for c in chunks],
                                      microbatches, backend)
 
     def dp_sync_time(self, chunks: Sequence[Sequence[int]], dp: int, dc: Datacenter, sharding: str,

@@ -16,7 +16,11 @@ Three kinds of traffic cross a DC boundary:
     micro-batches gathers m+1 times per iteration, not twice;
   * the tied embedding's gradient sum (`runtime.tied`, costs.comm.tied_sum_time): per DP
     replica and TP index a two-rank all-reduce of CostModel.tied_grad_bytes between the first
-    and the last stage, i.e. those bytes each way over every link of its route.
+    and the last stage, i.e. those bytes each way over every link of its route;
+  * the step's control all-reduces (`runtime.trainer.StepGroup`): bf16/fp32 sum the loss (one
+    float64) over the last stage's DP group -- across a region plan's DCs --, fp16 all-reduces
+    its overflow flag and the loss (two float64) over the whole world -- every DC the plan uses.
+    A ring all-reduce of b bytes over k DCs puts 2 (k-1)/k b on each hop of the ring.
 
 Checked against the router counters of an emulated region run (tiny_2dc, pp2 x dp2 in
 east+west, bf16, 1f1b, 4 micro-batches, `RUN_DIR/wan_bytes.json`, per iteration from the
@@ -32,6 +36,8 @@ from geotrain.layout.plan import Plan
 from geotrain.spec.load import Spec
 
 Direction = tuple[str, str]   # (sending DC, receiving DC)
+LOSS_SUM_BYTES = 8            # bf16/fp32: the loss (float64) summed over the last stage's DP group per iteration
+OVERFLOW_BYTES = 16           # fp16: the overflow flag and the loss (2 x float64) over the world per iteration
 
 MEASURED = """Per iteration, per direction (4-step minus 2-step run, machine under load from other work;
 `geotrain train PLAN --wan kernel --data synthetic --steps N` on tests/test_region_train.py's
@@ -43,8 +49,12 @@ region plan, its sharding set to each; CPU ranks, so gloo):
     reduce-scatter, an all-reduce on the wire, and 5 gathers under 1f1b with 4 micro-batches: 7
     halves): 1.02-1.03x, the same TCP/IP overhead. NCCL's ring reduce-scatter sends half that,
     so the planner's count (backend="nccl", what a GPU cluster sends) is 1287.6 KB; the old count
-    of 3 halves gave 643.8 KB, 2.4x under. Not counted: the loss's 8-byte all-reduce per
-    iteration over the last stage's DP group (a region plan's crosses: a few packets)."""
+    of 3 halves gave 643.8 KB, 2.4x under. The loss's 8-byte all-reduce per iteration over the
+    last stage's DP group is counted too (LOSS_SUM_BYTES: a few packets on the wire).
+Every sharding x precision (tests/test_region_bytes.py: 3 steps each, set-up included, one launch, the
+router's counters read between cases; 2026-12-02, load ~12): measured / predicted 1.013-1.046 for all 24
+(case, DC) pairs. zero1 before ZeroRedundancyOptimizer's broadcast was priced: ~2x under (the issue's region
+run: 3.34 MiB measured, 1.64 MiB predicted)."""
 
 
 def predicted_link_bytes(spec: Spec, plan: Plan, iterations: int, backend: str = "nccl") -> dict[str, dict[str, int]]:
@@ -116,7 +126,8 @@ def sync_collectives(spec: Spec, plan: Plan, backend: str = "nccl") -> list[tupl
 
 def collective_bytes(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Direction, float]:
     """The collectives' WAN bytes per iteration: a region plan's DP sync over the ring of its
-    DCs, and the tied embedding's gradient sum where its first and last stage sit apart."""
+    DCs, the step's control all-reduce (the loss; fp16's overflow flag), and the tied embedding's
+    gradient sum where its first and last stage sit apart."""
     out: dict[Direction, float] = {}
     if plan.replica_dcs and plan.dp > 1:
         ring = [d for d, _ in plan.replicas_per_dc()]
@@ -124,6 +135,11 @@ def collective_bytes(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Dire
         total = sum(nbytes for _, nbytes in sync_collectives(spec, plan, backend))
         for i in range(k):
             _add(out, ring[i], ring[(i + 1) % k], (k - 1) / k * total)
+    control = LOSS_SUM_BYTES if plan.precision != "fp16" else OVERFLOW_BYTES
+    ring = plan.dcs_by_rank() if plan.precision == "fp16" else \
+        list(dict.fromkeys(plan.dc_of(plan.pp - 1, d) for d in range(plan.dp)))
+    for i in range(len(ring) if len(ring) > 1 else 0):
+        _add(out, ring[i], ring[(i + 1) % len(ring)], 2 * (len(ring) - 1) / len(ring) * control)
     nbytes = _cost(spec, plan).tied_grad_bytes(plan.sharding, plan.dp)
     if nbytes and plan.pp > 1:
         pairs = plan.dp * min(plan.stage_tp(0), plan.stage_tp(plan.pp - 1))

@@ -67,11 +67,35 @@ def run_cases(cases: list[RunConfig], bubble_hook: BubbleHookFactory | None = No
     caller has them (else each is resolved here)."""
     torch.set_num_threads(int(os.environ.get("GEOTRAIN_THREADS", 1)))
     init_distributed()
+    marks = os.environ.get(CASE_MARKS_ENV)
     try:
-        return [run_rank(c, *(r or resolve_run(c)), bubble_hook)
-                for c, r in zip(cases, resolved or [None] * len(cases), strict=True)]
+        out = []
+        for i, (c, r) in enumerate(zip(cases, resolved or [None] * len(cases), strict=True)):
+            if marks:
+                _hand_over(Path(marks), i)
+            out.append(run_rank(c, *(r or resolve_run(c)), bubble_hook))
+        if marks:
+            _hand_over(Path(marks), len(cases))
+        return out
     finally:
         dist.destroy_process_group()
+
+
+CASE_MARKS_ENV = "GEOTRAIN_CASE_MARKS"
+
+
+def _hand_over(marks: Path, i: int, timeout_s: float = 120.0) -> None:
+    """Test hook (GEOTRAIN_CASE_MARKS=DIR): before case i (and after the last), rank 0 writes DIR/ready<i>
+    and waits for DIR/go<i> from whoever watches (a test reading the emulated links' counters between
+    cases); then every rank meets it at a barrier. Nothing crosses the network meanwhile."""
+    if dist.get_rank() == 0:
+        (marks / f"ready{i}").write_text("")
+        deadline = time.time() + timeout_s
+        while not (marks / f"go{i}").exists():
+            if time.time() > deadline:
+                raise GeotrainError(f"{CASE_MARKS_ENV}: no go{i} in {marks} within {timeout_s:.0f} s")
+            time.sleep(0.02)
+    dist.barrier()
 
 
 def write_error(e: BaseException) -> None:
