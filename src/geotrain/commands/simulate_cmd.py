@@ -10,6 +10,7 @@ from pathlib import Path
 
 from geotrain.console import format_table, human_bytes, human_rate, human_seconds
 from geotrain.errors import GeotrainError, SpecError
+from geotrain.layout.reach import reach_problem
 from geotrain.layout.tp_check import tp_problem
 from geotrain.trace.schema import Trace
 
@@ -68,6 +69,9 @@ def check_plan_for_spec(spec, plan) -> None:
         a, b = plan.stages[s].dc, plan.stages[s + 1].dc
         if a != b and spec.cluster.link(a, b) is None:
             raise GeotrainError(f"{where}: stages {s} and {s + 1} sit in {a} and {b}, which no WAN link joins")
+    problem = reach_problem(plan, spec.cluster)
+    if problem:
+        raise GeotrainError(problem)
     units = [u for a, b in plan.virtual_units() for u in range(a, b)]
     if units != list(range(spec.model.num_units)):
         raise GeotrainError(f"{where}: its stages do not cut the model's {spec.model.num_units} units "

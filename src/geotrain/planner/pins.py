@@ -47,7 +47,9 @@ def pin_problem(ctx: PlanningContext) -> str | None:
         if best < job.pp:
             return (f"the pins {pins} need {job.pp} stages of dp x tp = {per} GPUs each, a stage inside one DC; "
                     f"stages each DC holds (GPUs // {per}): {arith}; "
-                    f"the best linked chain ({'-'.join(where)}) holds {best} < {job.pp}")
+                    f"the best linked chain ({'-'.join(where)}) holds {best} < {job.pp}"
+                    + (" (a chain's datacenters must be linked pairwise: torch.distributed connects every pair of "
+                       "ranks)" if any(cl.link(a, b) is None for a in room for b in room if a != b) else ""))
         mb = job.micro_batch if isinstance(job.micro_batch, int) else 1
         m = job.global_batch // (dp * mb)
         if job.schedule in ("1f1b", "wan-1f1b", "zb-h1", "interleaved") and m < job.pp:

@@ -17,7 +17,9 @@ MAX_CHAINS = 4000
 
 
 def chains(cluster: Cluster, limit: int = MAX_CHAINS) -> list[tuple[str, ...]]:
-    """Every simple path in the WAN graph (single DCs included), up to `limit` paths.
+    """Every simple path in the WAN graph (single DCs included) whose DCs are linked pairwise, up to
+    `limit` paths: torch.distributed connects every pair of ranks, so a path through a DC that does
+    not link its ends (a 3-DC line) could never start (layout.reach).
 
     Order matters (the first stage holds the embedding and the most in-flight activations;
     the links used differ), so a path and its reverse are both listed."""
@@ -30,7 +32,7 @@ def chains(cluster: Cluster, limit: int = MAX_CHAINS) -> list[tuple[str, ...]]:
             return
         out.append(tuple(path))
         for nxt in adj[path[-1]]:
-            if nxt not in path:
+            if nxt not in path and all(nxt in adj[p] for p in path):
                 path.append(nxt)
                 walk(path)
                 path.pop()

@@ -12,6 +12,7 @@ from typing import Any
 from geotrain.costs.activations import SELECTIVE
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan
+from geotrain.layout.reach import reach_problem
 from geotrain.layout.tp_check import tp_problem
 from geotrain.planner.manual import plan_from_job
 from geotrain.schedule.actions import Op
@@ -72,6 +73,9 @@ def resolve_run(cfg: RunConfig):
     problem = tp_problem(spec.model, plan, spec.cluster)
     if problem:
         raise GeotrainError(f"plan {plan.name!r}: {problem}")
+    problem = reach_problem(plan, spec.cluster)     # torch connects every pair of ranks: a 3-DC line cannot start
+    if problem:
+        raise GeotrainError(problem)
     if plan.mixed_tp and getattr(spec.model, "tie_embeddings", False) and plan.pp > 1:
         raise GeotrainError(f"plan {plan.name!r}: tied embeddings with stages of different tp "
                             f"({plan.tp_label()}) are not supported (the first and last stage's copies are "
