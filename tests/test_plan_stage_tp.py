@@ -61,14 +61,14 @@ def test_an_impossible_stage_tp_is_one_line(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "p.json").read_text())
     doc["plan"]["stages"][1]["tp"] = "two"
     (tmp_path / "bad.json").write_text(json.dumps(doc))
-    with pytest.raises(SpecError, match=r"plan.stages\[1\].tp.*integer >= 1"):
+    with pytest.raises(SpecError, match=r"plan.stages\[1\].tp.*integer from 1"):
         load_plan(tmp_path / "bad.json")
     # tiny_2dc's nodes hold 2 GPUs: tp 4 on stage 1 would straddle two
     wide = plan.with_(stages=(plan.stages[0], StagePlan("west", plan.stages[1].chunks, tp=4)))
     assert tp_problem(spec.model, wide, spec.cluster) == (
         "tp=4 of stage 1 is wider than a node of datacenter west (2 GPUs per node, stage 1); tensor parallelism "
         "stays inside a node")
-    from geotrain.commands.simulate_cmd import check_plan_for_spec
+    from geotrain.layout.plan_check import check_plan_for_spec
     with pytest.raises(GeotrainError, match="tp=4 of stage 1 is wider than a node"):
         check_plan_for_spec(spec, wide)
 

@@ -60,6 +60,10 @@ def read_rows(run_dir: Path) -> list[dict]:
 def launched(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("runtime_tp")
     spec = recipe_spec(tmp)          # warm-up, cosine, weight decay, clipping that acts
+    # pp=1 x dp=2 x tp=2 puts 4 ranks in east: the same experiment on DCs of 4 GPUs (a plan is
+    # checked against its spec's GPUs before any rank starts)
+    (tmp / "cluster4.toml").write_text(CLUSTER.read_text().replace("gpus = 2\n", "gpus = 4\n"))
+    spec.write_text(spec.read_text().replace(f'cluster = "{CLUSTER}"', f'cluster = "{tmp / "cluster4.toml"}"'))
     cases = [RunConfig(spec=str(spec), out=str(tmp / name), plan=_plan(pp, dp, m, **kw).to_dict(), steps=STEPS,
                        data="synthetic", progress=False, checkpoint_every=0)
              for name, pp, dp, m, kw in CASES]

@@ -8,7 +8,7 @@ from _toy import toy_cluster, toy_plan, uniform_costs
 from geotrain.schedule.actions import Op
 from geotrain.sim import simulate_costs
 
-FREE = dict(latency_ms=0.0, capacity_gbps=1e12, per_connection_gbps=1e12, intra_gbps=1e12, intra_latency_us=0.0)
+FREE = dict(latency_ms=1e-12, capacity_gbps=1e12, per_connection_gbps=1e12, intra_gbps=1e12, intra_latency_us=0.0)
 
 
 def run(plan, cluster, costs, allreduce=0.0, optimizer=0.0, iterations=1):
@@ -94,7 +94,7 @@ def test_wan_latency_on_the_critical_path():
 
 def test_connections_raise_the_rate_up_to_capacity():
     nbytes = 10**8
-    cluster = toy_cluster(2, latency_ms=0.0, capacity_gbps=40.0, per_connection_gbps=10.0, max_connections=3)
+    cluster = toy_cluster(2, latency_ms=1e-12, capacity_gbps=40.0, per_connection_gbps=10.0, max_connections=3)
 
     def hop(n):
         res = run(toy_plan(2, 1, 1, dcs=2, connections=n), cluster, uniform_costs(2, 0.0, 0.0, send_bytes=nbytes))

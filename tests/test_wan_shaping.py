@@ -15,10 +15,10 @@ from geotrain.spec import Cluster
 
 def _cluster():
     return Cluster.model_validate({
-        "datacenters": [{"name": "East Coast", "gpu_type": "cpu", "gpus": 1},
+        "datacenters": [{"name": "east-coast", "gpu_type": "cpu", "gpus": 1},
                         {"name": "west", "gpu_type": "cpu", "gpus": 1},
                         {"name": "eu", "gpu_type": "cpu", "gpus": 1}],
-        "wan_links": [{"between": ["East Coast", "west"], "latency_ms": 30, "capacity_gbps": 0.4,
+        "wan_links": [{"between": ["east-coast", "west"], "latency_ms": 30, "capacity_gbps": 0.4,
                        "per_connection_gbps": 0.1},
                       {"between": ["west", "eu"], "latency_ms": 70, "capacity_gbps": 0.2, "per_connection_gbps": 0.05}],
     })
@@ -52,7 +52,7 @@ def test_striped_connections_land_in_distinct_port_buckets():
 
 def test_namespace_and_interface_names_fit_linux_limits():
     tag = "abc123"
-    for i, dc in enumerate(["East Coast", "a" * 80, "ü"]):
+    for i, dc in enumerate(["east-coast", "a" * 80, "ü"]):
         ns = N.dc_ns(tag, i, dc)
         assert ns.startswith(f"gt-{tag}-") and len(ns) <= 32 and "/" not in ns
     assert len(N.router_ifname(254)) <= 15 and len(N.TUN_IFNAME) <= 15
@@ -64,12 +64,12 @@ def test_not_root_means_no_kernel_emulation_and_the_fallback_shapes_cross_dc_pai
 
     monkeypatch.setattr(emulation.os, "geteuid", lambda: 1000)
     assert emulation.emulation_available() == (False, "not root")
-    dcs = {0: "East Coast", 1: "west", 2: "eu", 3: "eu"}
+    dcs = {0: "east-coast", 1: "west", 2: "eu", 3: "eu"}
     shaper = fallback.fallback_shaper(_cluster(), dcs.__getitem__, "west")
     assert shaper(0).delay_ms == 30 and shaper(0).per_connection_gbps == pytest.approx(0.1)
     assert shaper(2).aggregate_gbps == pytest.approx(0.2)
     eu = fallback.fallback_shaper(_cluster(), dcs.__getitem__, "eu")
-    assert eu(3) is None and eu(0) is None          # same DC; no link East Coast-eu
+    assert eu(3) is None and eu(0) is None          # same DC; no link east-coast-eu
 
 
 def test_packets_and_burst_are_small_enough_that_htb_paces_a_message_at_its_cap():

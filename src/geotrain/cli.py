@@ -13,7 +13,7 @@ import os
 import sys
 
 from geotrain import __version__
-from geotrain.errors import GeotrainError
+from geotrain.errors import GeotrainError, printable
 
 # name -> (module under geotrain.commands, one-line help), in the order `--help` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except GeotrainError as e:
-        print(f"geotrain {name}: error: {e}", file=sys.stderr)
+        print(f"geotrain {name}: error: {printable(e)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print(f"geotrain {name}: interrupted", file=sys.stderr)

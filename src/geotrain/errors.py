@@ -7,6 +7,8 @@ status 2 instead of showing a traceback.
 
 from __future__ import annotations
 
+import unicodedata
+
 
 class GeotrainError(Exception):
     """An error whose message is a complete, one-line explanation for the user."""
@@ -25,3 +27,10 @@ class SpecError(GeotrainError):
 
 class InfeasibleError(GeotrainError):
     """The cluster cannot host the job (memory per GPU, GPU count, ...)."""
+
+
+def printable(text: str) -> str:
+    """`text` safe to print as one line: control and format characters (newlines, escape
+    sequences, bidi overrides) written as escapes, so a value echoed from a hostile file can
+    neither break the line nor drive the terminal."""
+    return "".join(ascii(c)[1:-1] if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in str(text))

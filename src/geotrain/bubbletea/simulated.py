@@ -170,6 +170,9 @@ class WorkloadConfig:
 
 
 INFERENCE_CHOICES = ("llama2-13b", "llama2-7b", "small", "tiny")
+# Requests one simulation samples and places (each costs ~0.1 ms and a few hundred bytes; the
+# [bubbletea] upper bounds together asked for 10**9: minutes and gigabytes).
+MAX_SIMULATED_REQUESTS = 20_000
 def parse_workload(arg: str | None, spec_table: dict | None = None) -> WorkloadConfig:
     """`--bubbletea` accepts a TOML file, "key=value,key=value", or "spec" (the experiment's
     [bubbletea] table). Unknown keys are errors."""
@@ -297,6 +300,10 @@ def bubbletea_for_plan(spec, sim_result, cfg: WorkloadConfig) -> PlanBubbleTea:
         idle = sum(w.length for ws in serving.values() for w in ws) / period  # unit-seconds per second
         mean_time = cost.prompt_time([cfg.mean_prompt])
         rate = cfg.load * idle / mean_time if mean_time > 0 else 0.0
+    if rate * horizon > MAX_SIMULATED_REQUESTS:     # sampled and placed one by one: bound time and memory
+        raise GeotrainError(f"the [bubbletea] workload asks for ~{rate * horizon:,.0f} prefill requests over "
+                            f"{cfg.iterations} simulated iterations ({rate:,.4g}/s on the simulated GPUs); at most "
+                            f"{MAX_SIMULATED_REQUESTS:,} are simulated: lower load, rate_per_s or iterations")
     wl = Workload(rate_per_s=rate, mean_prompt=cfg.mean_prompt, sigma=cfg.sigma, max_prompt=cfg.max_prompt,
                   seed=cfg.seed)
     margin = cfg.margin_frac * period / max(1, plan.num_microbatches)

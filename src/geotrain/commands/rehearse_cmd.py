@@ -48,8 +48,13 @@ def _plan(path: Path):
     from geotrain.layout.plan import load_plan, plan_spec
 
     if path.suffix == ".json":
+        # lazy: as above
+        from geotrain.layout.plan_check import check_plan_for_spec
+
         plan, doc = load_plan(path)
-        return plan_spec(doc, path), plan, Path(doc.get("spec") or path).stem
+        spec = plan_spec(doc, path)
+        check_plan_for_spec(spec, plan)       # before any host's ranks start
+        return spec, plan, Path(doc.get("spec") or path).stem
     # lazy: the command's heavy imports (torch, pydantic) load only when it runs (`geotrain --help` stays fast)
     from geotrain.planner.confirm import make_plan
     from geotrain.spec import load_spec

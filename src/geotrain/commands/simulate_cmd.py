@@ -10,8 +10,7 @@ from pathlib import Path
 
 from geotrain.console import format_table, human_bytes, human_rate, human_seconds
 from geotrain.errors import GeotrainError, SpecError
-from geotrain.layout.reach import reach_problem
-from geotrain.layout.tp_check import tp_problem
+from geotrain.layout.plan_check import check_plan_for_spec
 from geotrain.trace.schema import Trace
 
 DESCRIPTION = (
@@ -43,43 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also serve prefill requests from the bubbles: a TOML file, key=value pairs "
                         "(e.g. load=0.8,mean_prompt=512,inference_model=llama2-7b) or nothing for the "
                         "spec's [bubbletea] table / defaults")
-
-
-def check_plan_for_spec(spec, plan) -> None:
-    """Refuse, in one line, a plan file that does not fit the spec's cluster or model (a plan
-    made for another experiment), before the simulator trips over it."""
-    where = f"plan {plan.name}"
-    if min(plan.pp, plan.dp, plan.tp, plan.micro_batch, plan.num_microbatches) < 1:
-        raise GeotrainError(f"{where}: pp, dp, tp, micro_batch and num_microbatches must all be >= 1")
-    names = [d.name for d in spec.cluster.datacenters]
-    for s, st in enumerate(plan.stages):
-        if st.dc not in names:
-            raise GeotrainError(f"{where}: stage {s} sits in {st.dc!r}, which is not a datacenter of cluster "
-                                f"{spec.cluster.name} ({', '.join(names)})")
-        if len(st.chunks) != plan.virtual_per_stage:
-            raise GeotrainError(f"{where}: every stage must hold the same number of model chunks")
-    problem = tp_problem(spec.model, plan, spec.cluster)
-    if problem:
-        raise GeotrainError(f"{where}: {problem}")
-    stray = sorted(set(plan.replica_dcs) - set(names))
-    if stray:
-        raise GeotrainError(f"{where}: replica_dcs names {', '.join(stray)}, not a datacenter of cluster "
-                            f"{spec.cluster.name} ({', '.join(names)})")
-    for s in range(plan.pp - 1):
-        a, b = plan.stages[s].dc, plan.stages[s + 1].dc
-        if a != b and spec.cluster.link(a, b) is None:
-            raise GeotrainError(f"{where}: stages {s} and {s + 1} sit in {a} and {b}, which no WAN link joins")
-    problem = reach_problem(plan, spec.cluster)
-    if problem:
-        raise GeotrainError(problem)
-    units = [u for a, b in plan.virtual_units() for u in range(a, b)]
-    if units != list(range(spec.model.num_units)):
-        raise GeotrainError(f"{where}: its stages do not cut the model's {spec.model.num_units} units "
-                            f"(0..{spec.model.num_units - 1}) into consecutive pieces; made for another model?")
-    for dc, n in plan.gpus_per_dc().items():
-        have = spec.cluster.dc(dc).gpus
-        if n > have:
-            raise GeotrainError(f"{where}: needs {n} GPUs in {dc}, which has {have}")
 
 
 def _profile(path: str) -> dict:

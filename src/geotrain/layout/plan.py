@@ -356,7 +356,7 @@ def load_plan(path: str | Path) -> tuple[Plan, dict[str, Any]]:
     try:
         plan = Plan.from_dict(doc["plan"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise SpecError(where, "plan", f"malformed plan file ({e})") from None
+        raise SpecError(where, "plan", f"malformed plan file ({str(e)[:200]})") from None
     problem = plan_field_problem(plan)
     if problem:
         raise SpecError(where, problem[0], problem[1])

@@ -85,7 +85,7 @@ def load_hf_weights(stack: nn.Module, directory: str | Path, tied: bool = False,
     directory. Returns (HF tensor names read, parameters started from the init because the
     directory lacks them -- only with `allow_missing`, else that is an error). Shapes must match."""
     # lazy: safetensors only when called (importers that never call it stay free of it)
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     shape = as_shape(stack.spec)
     directory = Path(directory)
@@ -105,8 +105,16 @@ def load_hf_weights(stack: nn.Module, directory: str | Path, tied: bool = False,
             continue
         plan.append((name, param, src))
     read = []
+    try:
+        _read_into(plan, files, {}, read, safe_open)
+    except (SafetensorError, OSError) as e:          # a truncated or garbled file whose header looked right
+        raise HFWeightsError(f"{directory}: a safetensors file cannot be read ({' '.join(str(e).split())[:160]})") \
+            from None
+    return read, fresh
+
+
+def _read_into(plan, files, handles, read, safe_open) -> None:
     with contextlib.ExitStack() as stack_:
-        handles = {}
         opened: dict[Path, object] = {}
         for _, _, src in plan:
             for n in src.names:
@@ -122,7 +130,6 @@ def load_hf_weights(stack: nn.Module, directory: str | Path, tied: bool = False,
                                      f"{tuple(param.shape)} in the model ({name})")
             fill_shard(param, lambda r=reader, s=full_shape: r.full(s), reader.block)
             read.extend(src.names)
-    return read, fresh
 
 
 def to_hf_state(params: Iterable[tuple[str, torch.Tensor]], spec, tied: bool = False) -> dict[str, torch.Tensor]:

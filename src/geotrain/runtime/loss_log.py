@@ -6,6 +6,8 @@ held-out loss and perplexity on eval steps. RUN_DIR/tb/ gets the same numbers th
 `torch.utils.tensorboard` (`tensorboard --logdir runs/`). A resumed run keeps the loss lines up to
 its checkpoint (its own, or those of the run it resumed from: the curve continues on the new
 layout) and recomputes the rest; TensorBoard drops its events past the checkpoint (purge_step).
+A step whose loss is NaN or infinite is written as null and stops the run in one line
+(job.nan_policy "stop", the default) or is trained past ("continue").
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from geotrain.errors import GeotrainError
+from geotrain.trace.schema import json_text
+
 
 class LossLog:
     """The loss rows of a run (`active` on the reporting rank only; elsewhere every call is a no-op)."""
 
     def __init__(self, out: Path, active: bool, steps: int, start: int, tokens_per_step: int, t0: float,
-                 progress: bool = True, resume_from: Path | None = None):
-        self.tokens_per_step, self.t0 = tokens_per_step, t0
+                 progress: bool = True, resume_from: Path | None = None, nan_policy: str = "stop"):
+        self.tokens_per_step, self.t0, self.nan_policy = tokens_per_step, t0, nan_policy
         self.bar = None
         self.file = None
         self.tb = None
@@ -47,18 +52,23 @@ class LossLog:
 
     def record(self, step: int, loss: float | None, skipped: bool, loss_scale: float, seconds: float,
                **extra) -> None:
-        """One step's row; `extra`: more fields of the row (BubbleTea's `prefill`, a resume's layout)."""
+        """One step's row; `extra`: more fields of the row (BubbleTea's `prefill`, a resume's layout).
+        A loss that is not finite is written as null beside `loss_nonfinite` ("nan", "inf": JSON has
+        no NaN), and with nan_policy "stop" ends the run with a one-line GeotrainError."""
+        bad = loss is not None and not math.isfinite(loss)
         if self.file is not None:
-            row = {"step": step, "loss": loss, "skipped": skipped, "loss_scale": loss_scale,
-                   "step_time_s": seconds, "tokens": self.tokens_per_step, "time": time.time() - self.t0,
-                   "wall": time.time(), **extra}
-            # Valid JSON whatever the numbers: a NaN or infinite loss / norm is written as null.
-            row = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
-            self.file.write(json.dumps(row) + "\n")
+            row = {"step": step, "loss": None if bad else loss, **({"loss_nonfinite": str(loss)} if bad else {}),
+                   "skipped": skipped, "loss_scale": loss_scale, "step_time_s": seconds,
+                   "tokens": self.tokens_per_step, "time": time.time() - self.t0, "wall": time.time(), **extra}
+            self.file.write(json_text(row) + "\n")      # valid JSON whatever the numbers: NaN / inf as null
             self.file.flush()
             self.rows.append(row)
             if self.tb is not None:
                 _tb_row(self.tb, row)
+            if bad and self.nan_policy == "stop":
+                raise GeotrainError(f"step {step}: the training loss is {loss} (diverged, or broken weights or data); "
+                                    'stopped there (losses.jsonl holds it as null; job.nan_policy = "continue" '
+                                    "trains on)")
         if self.bar is not None:
             more = {"skipped": "yes"} if skipped else {}
             if extra.get("lr") is not None:

@@ -12,7 +12,6 @@ reporting rank's host to be complete, and no Python objects cross the network (J
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import socket
@@ -30,6 +29,7 @@ from geotrain.layout.peaks import predicted_stage_peaks
 from geotrain.runtime.cross_dc import bind_address
 from geotrain.runtime.recorder import Recorder, merge_trace_lines
 from geotrain.trace.chrome import write_chrome
+from geotrain.trace.schema import json_text
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
 COLUMNS = ("compute", "waiting", "allreduce", "optimizer", "wall", "optimizer_steps",
@@ -86,7 +86,7 @@ def write_outputs(cfg, spec, plan, schedule, recorder: Recorder, out: Path, wall
                # (per emulated DC's namespace), e.g. to check the ranks of a DC ran in that DC.
                "address_per_rank": [socket.inet_ntoa(struct.pack("!I", int(x))) for x in row[:, 11].tolist()],
                "memory_per_stage": _memory_per_stage(spec, plan, schedule, row[:, 10].tolist())}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.json").write_text(json_text(summary, indent=2) + "\n")
     if cfg.progress:
         print(format_summary(summary, out), file=sys.stdout, flush=True)
     return {"losses": losses, "summary": summary, "trace": merged}

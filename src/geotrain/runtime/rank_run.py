@@ -131,7 +131,8 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
         write_data_report(data.source, out, steps, show=cfg.progress)
     tokens_per_step = plan.inner_plan().global_batch * spec.model.seq_len     # this worker's
     log = LossLog(out, me.rank == report_rank(plan), steps, start, tokens_per_step, recorder.t0,
-                  progress=cfg.progress, resume_from=Path(cfg.resume_from) if cfg.resume_from else None)
+                  progress=cfg.progress, resume_from=Path(cfg.resume_from) if cfg.resume_from else None,
+                  nan_policy=spec.job.nan_policy)
     run_start = time.time()
     try:
         for step in range(start + 1, steps + 1):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from geotrain.trace.schema import Event, Trace
+from geotrain.trace.schema import Event, Trace, json_text
 
 WAIT_KINDS = {"recv_wait"}
 
@@ -52,7 +52,7 @@ class Recorder:
 
     def jsonl(self) -> bytes:
         """The events as JSON lines: the rank's trace file, and what it sends to the reporting rank."""
-        return "".join(json.dumps(asdict(e)) + "\n" for e in self.events).encode()
+        return "".join(json_text(asdict(e)) + "\n" for e in self.events).encode()
 
 
 def merge_trace_lines(files: list[bytes], out: Path, num_ranks: int, meta: dict) -> Trace:

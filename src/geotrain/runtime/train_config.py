@@ -12,8 +12,7 @@ from typing import Any
 from geotrain.costs.activations import SELECTIVE
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan
-from geotrain.layout.reach import reach_problem
-from geotrain.layout.tp_check import tp_problem
+from geotrain.layout.plan_check import check_plan_for_spec
 from geotrain.planner.manual import plan_from_job
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import schedule_for_plan
@@ -70,12 +69,7 @@ def resolve_run(cfg: RunConfig):
         if "checkpointing" in cfg.overrides:  # one mode for every stage, as asked
             plan = plan.with_(stages=tuple(replace(st, checkpointing=None) for st in plan.stages))
 
-    problem = tp_problem(spec.model, plan, spec.cluster)
-    if problem:
-        raise GeotrainError(f"plan {plan.name!r}: {problem}")
-    problem = reach_problem(plan, spec.cluster)     # torch connects every pair of ranks: a 3-DC line cannot start
-    if problem:
-        raise GeotrainError(problem)
+    check_plan_for_spec(spec, plan)    # a tampered or foreign plan is refused here, before any rank starts
     if plan.mixed_tp and getattr(spec.model, "tie_embeddings", False) and plan.pp > 1:
         raise GeotrainError(f"plan {plan.name!r}: tied embeddings with stages of different tp "
                             f"({plan.tp_label()}) are not supported (the first and last stage's copies are "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from geotrain.spec.base import Strict, bounded_float, bounded_int
+from geotrain.spec.base import Identifier, Strict, bounded_float, bounded_int
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -21,7 +21,7 @@ class GPUType(Strict):
     fp16_tflops: bounded_float(1e-3, 1e5)
     fp32_tflops: bounded_float(1e-3, 1e5)
     memory_gib: bounded_float(1e-3, 1e5)      # 1 MiB .. 100 TiB
-    efficiency: float = Field(0.5, gt=0, le=1)
+    efficiency: bounded_float(1e-3, 1.0) = 0.5    # below 0.1 % of peak no kernel runs (and times overflow)
 
     def peak_flops(self, precision: str) -> float:
         return {"fp32": self.fp32_tflops, "bf16": self.bf16_tflops, "fp16": self.fp16_tflops}[precision] * 1e12
@@ -45,7 +45,7 @@ BUILTIN_GPU_TYPES: dict[str, GPUType] = {
 
 
 class Datacenter(Strict):
-    name: str = Field(min_length=1)
+    name: Identifier
     gpu_type: str
     gpus: bounded_int(1, 10**7)
     gpus_per_node: bounded_int(1, 1024) = 8
@@ -55,7 +55,7 @@ class Datacenter(Strict):
     price_per_gpu_hour: float | None = Field(None, ge=0, le=1e6)
     # DCs of one region (zones of a cloud region): the planner may spread a stage's DP replicas
     # over them, the gradient reduction then crossing their links (planner/regions.py).
-    region: str | None = Field(None, min_length=1)
+    region: Identifier | None = None
 
 
 class WanLink(Strict):
@@ -67,11 +67,11 @@ class WanLink(Strict):
     # TOML gives a list; strict mode would insist on a Python tuple, so only this field is lax
     # (its items are still strict strings).
     between: tuple[str, str] = Field(strict=False)
-    latency_ms: float = Field(ge=0, le=1e4)              # 10 s one way: past any real WAN
+    latency_ms: float = Field(gt=0, le=1e4)              # > 0: light takes time; 10 s one way: past any WAN
     capacity_gbps: bounded_float(1e-6, 1e12)              # 1 kbit/s .. 1e12 (a "free" WAN in studies)
     per_connection_gbps: bounded_float(1e-6, 1e12)
     max_connections: bounded_int(1, 4096) = 64
-    loss: float = Field(0.0, ge=0, lt=1)
+    loss: float = Field(0.0, ge=0, lt=1)                 # a fraction of packets: below 100 %
     jitter_ms: float = Field(0.0, ge=0, le=1e4)
     egress_usd_per_gb: float | None = Field(None, ge=0, le=1e4)   # $ per GB sent over the link (either way)
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from geotrain.errors import SpecError
+from geotrain.errors import SpecError, printable
 from geotrain.spec.cluster import Cluster
 from geotrain.spec.job import JobSpec
 from geotrain.spec.load import Spec, _validate, check_fits, check_shape
@@ -50,8 +50,8 @@ def spec_from_document(doc: Any, where: str, prefix: str = "resolved_spec") -> S
         if key not in doc:
             raise SpecError(where, f"{prefix}.{key}", "required field is missing")
     name = doc["name"]
-    if not isinstance(name, str) or not name:
-        raise SpecError(where, f"{prefix}.name", "must be a non-empty string")
+    if not isinstance(name, str) or not name or "/" in name or printable(name) != name:
+        raise SpecError(where, f"{prefix}.name", "must be a non-empty string without '/' or control characters")
     cluster = _validate(Cluster, doc["cluster"], where, f"{prefix}.cluster")
     model = _validate(ModelSpec, doc["model"], where, f"{prefix}.model")
     job = _validate(JobSpec, doc["job"], where, f"{prefix}.job")

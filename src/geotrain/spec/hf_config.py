@@ -12,7 +12,6 @@ something else would train or serve garbage without an error.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +51,9 @@ def _num(doc: dict[str, Any], key: str, default: Any = ..., kind: type = int, le
         return default
     value = doc[key]
     ok = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
-    if not ok or isinstance(value, bool) or not math.isfinite(value) or value < least:
+    if not ok or isinstance(value, bool) or not -1e300 < value < 1e300 or value < least:   # (not NaN, inf, 10**400)
         what = "an integer" if kind is int else "a number"
-        raise HFConfigError(f"{key}: must be {what} >= {least:g} (got {value!r})")
+        raise HFConfigError(f"{key}: must be {what} >= {least:g} (got {value!r:.40})")
     return kind(value)
 
 
@@ -175,8 +174,10 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     try:
         doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise HFConfigError(f"config.json: cannot read it ({' '.join(str(e).split())})") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:       # ValueError: not JSON, or an int of 5,000 digits
+        raise HFConfigError(f"config.json: cannot read it ({' '.join(str(e).split())[:200]})") from None
+    except RecursionError:
+        raise HFConfigError("config.json: nested too deeply to be a model config") from None
     if not isinstance(doc, dict):
         raise HFConfigError("config.json: must be a JSON object")
     family = doc.get("model_type")

@@ -100,6 +100,10 @@ class JobSpec(Strict):
     # A path (file or folder), "stdlib" (the built-in corpus, the default) or "synthetic"; or one
     # table / a list of tables (DataSource) to set the field or mix sources with weights.
     data: str | list[DataSource] | None = None
+    # A step whose loss is NaN or infinite: "stop" the run there (one-line error, nothing saved
+    # after it) or "continue" (the step is logged with loss null). (fp16's skipped steps overflow
+    # in their scaled gradients; their loss stays finite.)
+    nan_policy: Literal["stop", "continue"] = "stop"
 
     @field_validator("data", mode="before")
     @classmethod

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from geotrain.errors import SpecError
 from geotrain.models.hf_files import HFWeightsError, check_tensor_names, has_weights
 from geotrain.models.presets import PRESETS
+from geotrain.spec.base import identifier_problem
 from geotrain.spec.cluster import Cluster
 from geotrain.spec.hf_config import HFConfigError, is_hf_dir, read_hf_config
 from geotrain.spec.job import MAX_MICROBATCHES, JobSpec, training_state_bytes_per_param
@@ -222,6 +223,8 @@ def load_spec(path: str | Path) -> Spec:
             raise SpecError(file, key, f"unknown key (expected: {', '.join(sorted(EXPERIMENT_KEYS))})")
     base = path.parent
     name = data.get("name", path.stem)
+    if "name" in data and identifier_problem(name):      # (a default from the file name is the user's file name)
+        raise SpecError(file, "name", identifier_problem(name))
     if not isinstance(name, str) or not name:
         raise SpecError(file, "name", "must be a non-empty string")
 

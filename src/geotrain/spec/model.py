@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from geotrain.models.families import family_problem
 from geotrain.models.shape import ModelShape, shape_problem
-from geotrain.spec.base import Strict, bounded_int
+from geotrain.spec.base import Strict, bounded_float, bounded_int
 
 RopeValue = float | int | str | bool | list[float | int]
 
@@ -27,7 +27,7 @@ class ModelSpec(Strict):
     vocab: bounded_int(1, 2**24)
     seq_len: bounded_int(1, 2**24)
     norm_eps: float = Field(1e-5, gt=0, le=1)
-    rope_theta: float = Field(10000.0, gt=0, le=1e12)
+    rope_theta: bounded_float(1.0, 1e12) = 10000.0   # below 1: over a radian per token (tiny ones give NaN)
     # The family's switches (models.shape.ModelShape documents each); a family fixes some of them.
     family: str = "llama"
     head_size: int = Field(0, ge=0, le=2**14)

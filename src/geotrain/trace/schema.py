@@ -14,9 +14,28 @@ Times are seconds from the start of the run (sim: iteration 0 starts at 0).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float (at any depth of dicts, lists and tuples) as None:
+    what a JSON file of ours may hold (bare NaN / Infinity are not JSON; other readers refuse them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def json_text(value: Any, **kw: Any) -> str:
+    """Strict JSON of `value` (`finite` first: never a bare NaN)."""
+    return json.dumps(finite(value), allow_nan=False, **kw)
+
 
 COMPUTE_KINDS = frozenset({"forward", "backward", "backward_input", "backward_weight", "optimizer", "prefill"})
 TRAINING_COMPUTE_KINDS = COMPUTE_KINDS - {"prefill"}
@@ -59,10 +78,10 @@ class Trace:
 
     def write_jsonl(self, path: str | Path) -> None:
         with open(path, "w") as f:
-            f.write(json.dumps({"header": {"num_ranks": self.num_ranks, "source": self.source,
-                                           "meta": self.meta}}) + "\n")
+            f.write(json_text({"header": {"num_ranks": self.num_ranks, "source": self.source,
+                                          "meta": self.meta}}) + "\n")
             for e in self.events:
-                f.write(json.dumps(asdict(e)) + "\n")
+                f.write(json_text(asdict(e)) + "\n")
 
     @classmethod
     def read_jsonl(cls, path: str | Path) -> Trace:
