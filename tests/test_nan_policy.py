@@ -13,7 +13,7 @@ import torch
 from _cli import geotrain
 from safetensors.torch import save_file
 
-from geotrain.models.hf_weights import hf_config, hf_names
+from geotrain.models.hf_weights import hf_config, to_hf_state
 from geotrain.models.llama import build_units
 from geotrain.spec.load import load_model
 
@@ -27,8 +27,8 @@ def nan_model(path: Path) -> Path:
     path.mkdir()
     (path / "config.json").write_text(json.dumps(hf_config(spec)))
     units = build_units(spec, 0, spec.num_units)
-    save_file({hf_names(spec.layers, int(n.split(".")[1]))[n.split(".", 2)[2]]: torch.full(p.shape, float("nan"))
-               for n, p in units.named_parameters()}, str(path / "model.safetensors"))
+    nan = [(n, torch.full(p.shape, float("nan"))) for n, p in units.named_parameters()]
+    save_file(to_hf_state(nan, spec), str(path / "model.safetensors"))
     return path
 
 

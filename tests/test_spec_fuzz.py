@@ -323,7 +323,7 @@ def make_hf_dir(path: Path, tokenizer: bool = False) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from geotrain.models.hf_weights import hf_config, hf_names
+    from geotrain.models.hf_weights import hf_config, to_hf_state
     from geotrain.models.llama import build_units
     from geotrain.spec.load import load_model
 
@@ -331,8 +331,7 @@ def make_hf_dir(path: Path, tokenizer: bool = False) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(hf_config(spec)))
     units = build_units(spec, 0, spec.num_units)
-    save_file({hf_names(spec.layers, int(n.split(".")[1]))[n.split(".", 2)[2]]: p.detach().contiguous()
-               for n, p in units.named_parameters()}, str(path / "model.safetensors"))
+    save_file(to_hf_state(units.named_parameters(), spec), str(path / "model.safetensors"))
     if tokenizer:
         from tokenizers import Tokenizer, models, pre_tokenizers
 
