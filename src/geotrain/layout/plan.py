@@ -338,8 +338,10 @@ def load_plan(path: str | Path) -> tuple[Plan, dict[str, Any]]:
         raise SpecError(where, "", "not a text file (a plan file is the JSON `geotrain plan --out` writes)") from None
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError(where, "plan", f"malformed plan file ({e})") from None
+    except ValueError as e:                 # not JSON, or an integer of thousands of digits
+        raise SpecError(where, "plan", f"malformed plan file ({str(e)[:200]})") from None
+    except RecursionError:
+        raise SpecError(where, "plan", "malformed plan file (nested thousands of levels deep)") from None
     if isinstance(doc, dict) and doc.get("format") == "geotrain-plan/1":
         raise SpecError(where, "format", "a version-1 plan file (from an older geotrain, naming its spec by path): "
                                          "make it again with `geotrain plan`")
