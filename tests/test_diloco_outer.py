@@ -29,7 +29,7 @@ class _Recording:
 
     def __init__(self):
         self.vectors: list[torch.Tensor] = []
-        self.exchanges = 0
+        self.exchanges = self.sent_bytes = 0
 
     def average(self, v, codec):
         self.vectors.append(v.clone())

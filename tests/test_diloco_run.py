@@ -68,6 +68,7 @@ pp = {pp}
 dp = {dp}
 steps = 4
 lr = 0.05
+grad_clip = 0.0
 """)
     return load_spec(tmp / "spec.toml")
 

@@ -116,6 +116,12 @@ def _print_plan(spec, res) -> None:
     print(f"  dp {p.dp}  pp {p.pp}  tp {p.tp_label()}  micro-batch {p.micro_batch} x {p.num_microbatches}  "
           f"schedule {p.schedule}" + (f" extra warm-up {list(p.extra_warmup)}" if p.extra_warmup else ""))
     print(f"  precision {p.precision}  checkpointing {p.checkpointing_label()}  sharding {p.sharding}")
+    if p.outer is not None:
+        o = p.outer
+        print(f"  DiLoCo: {o.num_workers} workers ({' | '.join(' > '.join(dict.fromkeys(w)) for w in o.workers)}), "
+              f"each the layout below; outer exchange every {o.inner_steps} steps"
+              + (f" in {o.fragments} fragments, overlapping {o.overlap} step(s)" if o.fragments > 1 else "")
+              + f", {o.compression}, outer Nesterov SGD lr {o.lr:g} momentum {o.momentum:g}")
     if p.replica_dcs:
         print("  region plan: DP pipelines per DC " + ", ".join(f"{d} {n}" for d, n in p.replicas_per_dc())
               + " (each pipeline inside one DC; the gradient sync crosses their links)")
@@ -138,8 +144,9 @@ def _print_plan(spec, res) -> None:
         print(f"  tokens/s {m.tokens_per_s:,.0f}  GPU utilization {m.mean_utilization:.1%}  "
               f"WAN bytes/iteration {human_bytes(m.wan_bytes)}")
     lb = res.lower_bound_s
-    print(f"  lower bound {_t(lb)} (compute {_t(res.lower_bound_parts.get('compute', math.nan))}, "
-          f"WAN {_t(res.lower_bound_parts.get('wan', math.nan))}); ratio {res.iteration_s / lb:.2f}x")
+    if math.isfinite(lb):
+        print(f"  lower bound {_t(lb)} (compute {_t(res.lower_bound_parts.get('compute', math.nan))}, "
+              f"WAN {_t(res.lower_bound_parts.get('wan', math.nan))}); ratio {res.iteration_s / lb:.2f}x")
     print(f"  bottleneck: {res.bottleneck}")
     print(f"  price: {_money(spec, p, res.iteration_s)}")
     if m is not None and m.peak_memory:
@@ -190,6 +197,12 @@ def _print_compare(spec, res) -> None:
                   f"{it:>9} {egress:>8.2f} {mt:>9}  {_fmt_gpus(gpus)}" + (f"  ({note})" if note else ""))
         else:
             print(f"  {name:<14} {'n/a':>10} {'':>12} {'':>6} {'':>10} {'':>7}  {note}")
+    # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
+    from geotrain.planner.confirm import make_plan
+    from geotrain.planner.modes import evaluate_modes, format_modes
+
+    modes = res.modes or evaluate_modes(spec, res, make_plan)
+    print("\n".join(format_modes(spec, modes, res.plan)))
 
 
 def _run_sweep(spec, args) -> int:

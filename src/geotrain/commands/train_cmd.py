@@ -85,6 +85,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="under torchrun: the datacenter this host is in; every rank checks that the plan puts its "
                         "RANK there (a host started in the wrong node-rank order is a one-line error, not a silently "
                         "misplaced pipeline)")
+    p.add_argument("--diloco-worker", type=int, default=None, metavar="W",
+                   help="under torchrun, a plan with DiLoCo workers: this job is worker W (one job per worker)")
+    p.add_argument("--outer-store", default=None, metavar="HOST:PORT",
+                   help="under torchrun, DiLoCo: the workers' store (`python -m geotrain.runtime.outer_store HOST "
+                        "PORT` on a host every worker reaches; every host the same GEOTRAIN_SECRET_FILE)")
     p.add_argument("--wan-rate-scale", type=float, default=1.0, metavar="X",
                    help="multiply every WAN capacity and per-connection cap (the emulator's packet delayer carries "
                         "~1 Gbit/s: for faster links use e.g. 0.01 with 100 Gbit/s; latency stays exact)")
@@ -235,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
             mode = "direct" if args.wan == "auto" else "shaper"
             cfg = replace(cfg, wan={"mode": mode, "rate_scale": args.wan_rate_scale,
                                     "bind": bind_address(args.wan_bind), "tls": args.wan_tls})
+        # lazy: pydantic, torch only when the command runs (keeps `geotrain --help` fast)
+        from geotrain.runtime.diloco_launch import torchrun_worker
+
+        cfg = torchrun_worker(cfg, args.diloco_worker, args.outer_store)   # a DiLoCo plan: one worker's job
         resolved = resolve_run(cfg)         # once: this process is the rank, and trains with it
         spec, plan, _ = resolved
         if args.dc is not None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from geotrain.costs import CostModel
 from geotrain.costs.comm import pipeline_chain, tied_route
 from geotrain.costs.compression import boundary_wire_bytes
+from geotrain.layout.outer_cost import exchange_bytes
 from geotrain.layout.plan import Plan
 from geotrain.spec.load import Spec
 
@@ -152,7 +153,18 @@ def collective_bytes(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Dire
 
 def wan_bytes_per_direction(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Direction, float]:
     """Every WAN byte the plan sends per iteration, per (from DC, to DC); backend: the DP
-    collectives' (nccl on GPUs, the planner's and the price's; gloo for a CPU run's ranks)."""
+    collectives' (nccl on GPUs, the planner's and the price's; gloo for a CPU run's ranks). A
+    DiLoCo plan: every worker's, plus the outer exchanges' share of an inner step (layout.outer_cost)."""
+    if plan.outer is not None:
+        out: dict[Direction, float] = {}
+        for w in range(plan.num_workers):
+            for key, nbytes in wan_bytes_per_direction(spec, plan.worker_plan(w).inner_plan(), backend).items():
+                _add(out, *key, nbytes)
+        if plan.num_workers > 1:
+            per_step = plan.outer.fragments / plan.outer.inner_steps
+            for key, nbytes in exchange_bytes(_cost(spec, plan), plan)[0].items():
+                _add(out, *key, nbytes * per_step)
+        return out
     out = pipeline_bytes(spec, plan)
     for key, nbytes in collective_bytes(spec, plan, backend).items():
         _add(out, *key, nbytes)

@@ -45,6 +45,8 @@ class BaselineResult:
     sim: object | None = None
     egress_usd: float = 0.0            # $ of WAN egress per iteration (plans: layout.price computes it)
     sync_s: float = 0.0                # dp-across-dcs: its DP sync per iteration (costs.comm.cross_dc_sync_time)
+    collectives: list = field(default_factory=list)   # dp-across-dcs: the sync's (kind, bytes per GPU)
+    replicas: list = field(default_factory=list)      # dp-across-dcs: (DC name, replicas there)
 
     @property
     def ok(self) -> bool:
@@ -206,7 +208,9 @@ def dp_across_dcs(spec: Spec, ctx: PlanningContext | None = None) -> BaselineRes
     # (comm.cross_dc_sync_time over the DCs' links) and counted as layout.wan_bytes counts it.
     links = [ctx.link(a.name, b.name) for a, _ in used for b, _ in used if a.name < b.name]
     links = [link for link in links if link is not None]
-    sync = comm.cross_dc_sync_time(cm.sync_collectives([units], sharding, m, tp), used, links, tp)
+    res.collectives = cm.sync_collectives([units], sharding, m, tp)
+    res.replicas = [(d.name, r) for d, r in used]
+    sync = comm.cross_dc_sync_time(res.collectives, used, links, tp)
     wan_bytes = 0.0
     if k > 1:
         hop = (k - 1) / k * sum(nbytes for _, nbytes in cm.sync_collectives([units], sharding, m))   # all tp slices

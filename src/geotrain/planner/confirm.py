@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from geotrain.errors import GeotrainError, InfeasibleError
 from geotrain.layout import price
-from geotrain.planner import baselines, whatif
+from geotrain.planner import baselines, modes, whatif
 from geotrain.planner.context import PlanningContext
 from geotrain.planner.search import PlanResult, conclude, shortlist
 from geotrain.sim import simulate
@@ -70,7 +70,8 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_fi
             log(f"simulated {plan.name} ({plan.pp} stages x dp {plan.dp}, {plan.schedule}): "
                 f"{res.iteration_time:.3f} s")
     best = _choose(spec, results, objective, max_cost_per_hour, min_tokens_per_s)
-    return conclude(short, best, results[best], simulated, time.perf_counter() - t0)
+    res = conclude(short, best, results[best], simulated, time.perf_counter() - t0)
+    return modes.apply_cross_dc(spec, res, make_plan)      # [job] cross_dc: DiLoCo, auto, compression
 
 
 def _choose(spec: Spec, results, objective: str, max_cost_per_hour: float | None,

@@ -49,6 +49,7 @@ class PlanResult:
     chosen_index: int = 0
     search_s: float = 0.0
     simulate_s: float = 0.0
+    modes: list = field(default_factory=list)     # planner.modes.ModeRow per cross-DC mode, where compared
 
     @property
     def iteration_s(self) -> float:

@@ -40,7 +40,11 @@ KIND_STYLE: dict[str, tuple[str, str]] = {
     "optimizer": ("#7d5ba6", "optimizer"),
     "prefill": ("#2ab0b8", "prefill (BubbleTea)"),
     "transfer": ("#8c6d58", "link busy (transfer)"),
+    "outer_wait": ("#e3c567", "waiting on the outer exchange (DiLoCo)"),
+    "outer_step": ("#9c6b1e", "outer optimizer step (DiLoCo)"),
+    "outer_sync": ("#c9a227", "outer exchange on the link (DiLoCo)"),
 }
+LINK_KINDS = frozenset({"transfer", "turn", "outer_sync"})   # drawn on the link rows, not the GPU's
 IDLE_COLOUR = "#eeeeee"
 LABELLED_KINDS = frozenset({"forward", "backward", "backward_input", "backward_weight", "prefill"})
 BAR_HEIGHT = 0.8
@@ -92,7 +96,7 @@ def select_rows(trace: Trace, plan: Plan | None = None, max_rows: int = MAX_ROWS
     links: list[str] = []
     if show_links:
         cols = trace_columns(trace)
-        codes = np.unique(cols.link[cols.kind_mask({"transfer"}) & (cols.link >= 0)]).tolist()
+        codes = np.unique(cols.link[cols.kind_mask({"transfer", "outer_sync"}) & (cols.link >= 0)]).tolist()
         names = {cols.link_names[c] for c in codes}
         links = sorted(names, key=lambda s: ("->" not in s, s))
     return Rows(ranks, [layout[r] for r in ranks], links, note, n)
@@ -178,7 +182,7 @@ def draw_on_axes(ax: plt.Axes, trace: Trace, rows: Rows, t_end: float, scale: fl
     """Draw the GPU rows of `trace` on `ax` (top to bottom); returns the kinds that appear."""
     cols = trace_columns(trace)
     row = _row_index(cols, rows.ranks)
-    keep = (row >= 0) & (cols.end > cols.start) & ~cols.kind_mask({"transfer", "turn"})   # on the link, not the GPU
+    keep = (row >= 0) & (cols.end > cols.start) & ~cols.kind_mask(LINK_KINDS)   # on the link, not the GPU
     spans: Spans = {}
     for code in np.unique(cols.kind[keep]).tolist():
         m = keep & (cols.kind == code)
@@ -214,23 +218,25 @@ def draw_links(ax: plt.Axes, trace: Trace, links: list[str], t_end: float, scale
     its last byte arrives; the link itself is busy only until that byte left, one propagation
     latency earlier (from the trace's link metadata), or a long-haul link would look saturated."""
     cols = trace_columns(trace)
-    xfer = cols.kind_mask({"transfer"})
     meta = trace.meta.get("links", {}) if isinstance(trace.meta, dict) else {}
-    pts: list[tuple[float, float, float]] = []
-    for i, name in enumerate(links):
-        if name not in cols.link_names:
-            continue
-        m = xfer & (cols.link == cols.link_names.index(name))
-        lat = float((meta.get(name) or {}).get("latency_s", 0.0))
-        start = cols.start[m]
-        end = np.maximum(start, cols.end[m] - lat)
-        pts += [(a * scale, b * scale, float(i)) for a, b in _union(list(zip(start.tolist(), end.tolist())))]
-    arr = np.asarray(pts, dtype=float).reshape(-1, 3)
-    _bars(ax, {"transfer": (arr[:, 0], arr[:, 1], arr[:, 2])} if pts else {}, len(links), t_end * scale,
-          edges=False)
+    spans = {}
+    for kind in ("transfer", "outer_sync"):      # pipeline transfers; DiLoCo's exchanges
+        pts: list[tuple[float, float, float]] = []
+        for i, name in enumerate(links):
+            if name not in cols.link_names:
+                continue
+            m = cols.kind_mask({kind}) & (cols.link == cols.link_names.index(name))
+            lat = float((meta.get(name) or {}).get("latency_s", 0.0)) if kind == "transfer" else 0.0
+            start = cols.start[m]
+            end = np.maximum(start, cols.end[m] - lat)
+            pts += [(a * scale, b * scale, float(i)) for a, b in _union(list(zip(start.tolist(), end.tolist())))]
+        if pts:
+            arr = np.asarray(pts, dtype=float).reshape(-1, 3)
+            spans[kind] = (arr[:, 0], arr[:, 1], arr[:, 2])
+    _bars(ax, spans, len(links), t_end * scale, edges=False)
     ax.set_yticks(range(len(links)))
     ax.set_yticklabels([f"link {name}" for name in links], fontsize=8)
-    return {"transfer"} if pts else set()
+    return set(spans)
 
 
 def _label_microbatches(ax: plt.Axes, cols: Columns, row: np.ndarray, t_end: float, scale: float,

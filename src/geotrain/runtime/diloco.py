@@ -42,8 +42,8 @@ def fragments_of(sizes: list[int], f: int) -> list[list[int]]:
 
 class DiLoCo:
     def __init__(self, outer, named: list[tuple[str, nn.Parameter]], group: OuterGroup | None,
-                 replicated_dp: int = 1, replica: int = 0, dp_group=None, recorder=None):
-        self.o, self.group = outer, group
+                 replicated_dp: int = 1, replica: int = 0, dp_group=None, recorder=None, link: str = ""):
+        self.o, self.group, self.link = outer, group, link
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.dp, self.replica, self.dp_group = replicated_dp, replica, dp_group
@@ -106,9 +106,11 @@ class DiLoCo:
         self.inflight[f] = fut
         self.due[f] = step + self.o.overlap
 
-    def _timed(self, v: torch.Tensor, t0: float) -> tuple[torch.Tensor, float, float]:
+    def _timed(self, v: torch.Tensor, t0: float) -> tuple[torch.Tensor, float, float, int]:
+        before = self.group.sent_bytes if self.group is not None else 0
         avg = self._average(v)
-        return avg, t0, self.recorder.now() if self.recorder is not None else 0.0
+        sent = (self.group.sent_bytes if self.group is not None else 0) - before
+        return avg, t0, self.recorder.now() if self.recorder is not None else 0.0, sent
 
     def _average(self, v: torch.Tensor) -> torch.Tensor:
         if self.group is None:          # one worker: the average is its own
@@ -119,9 +121,9 @@ class DiLoCo:
         """The exchange's average into self.pending (the DP replicas' slices gathered)."""
         fut = self.inflight.pop(f)
         waited = self.recorder.now() if self.recorder is not None and not fut.done() else None
-        avg, t0, t1 = fut.result()
+        avg, t0, t1, sent = fut.result()
         if self.recorder is not None:      # the exchange on the WAN; the part the training thread waited for
-            self.recorder.add("outer_sync", t0, t1, stage=f, nbytes=avg.numel() * 4)
+            self.recorder.add("outer_sync", t0, t1, stage=f, nbytes=sent, link=self.link)
             if waited is not None:
                 self.recorder.add("outer_wait", waited, self.recorder.now(), stage=f)
         if self.dp > 1:

@@ -22,9 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from geotrain.errors import GeotrainError
+from geotrain.layout.plan import Plan
 from geotrain.runtime.cross_dc import open_wan
 from geotrain.runtime.launch import WAN_BYTES_NAME, free_port, launch
 from geotrain.runtime.outer_store import READY
+from geotrain.spec import load_spec, spec_from_document
 from geotrain.transport.auth import new_secret, write_secret_file
 
 STORE_START_S = 60.0
@@ -83,7 +85,7 @@ def run_workers(cfg, spec, plan, run_dir: Path, mode: str = "auto", rate_scale: 
         def one(w: int) -> None:
             wplan = plan.worker_plan(w)
             out = worker_dir(run_dir, w)
-            extra = {"dead_after_s": dead_after_s} if dead_after_s is not None else {}
+            extra = {"dead_after_s": dead_after_s if dead_after_s is not None else spec.job.diloco.dead_after_s}
             # test hook: a fail_at entry [rank, step, worker] fails that worker only ([rank, step]: every worker)
             fail = [x[:2] for x in cfg.fail_at if len(x) < 3 or x[2] == w]
             case = replace(cfg, plan=wplan.to_dict(), out=str(out), fail_at=fail,
@@ -136,3 +138,21 @@ def run_workers(cfg, spec, plan, run_dir: Path, mode: str = "auto", rate_scale: 
             (run_dir / WAN_BYTES_NAME).write_text(json.dumps(wan.link_bytes, indent=2) + "\n")
     wan.lost = lost
     return wan
+
+
+def torchrun_worker(cfg, worker: int | None, store: str | None):
+    """Under torchrun, a plan with DiLoCo workers runs as worker `worker`'s own job, meeting the
+    others at `store` ("host:port" of `python -m geotrain.runtime.outer_store`); other plans as given."""
+    plan = Plan.from_dict(cfg.plan) if cfg.plan else None
+    if plan is None or plan.num_workers < 2:
+        if worker is not None or store:
+            raise GeotrainError("--diloco-worker and --outer-store are for a plan with DiLoCo workers")
+        return cfg
+    if worker is None or not store:
+        raise GeotrainError(f"the plan trains {plan.num_workers} DiLoCo workers, each its own torchrun job: give "
+                            "--diloco-worker W and --outer-store HOST:PORT")
+    if not 0 <= worker < plan.num_workers:
+        raise GeotrainError(f"--diloco-worker must be 0..{plan.num_workers - 1}")
+    spec = spec_from_document(cfg.spec_doc, cfg.spec) if cfg.spec_doc else load_spec(cfg.spec)
+    return replace(cfg, plan=plan.worker_plan(worker).to_dict(),
+                   diloco={"worker": worker, "store": store, "dead_after_s": spec.job.diloco.dead_after_s})

@@ -18,7 +18,7 @@ from geotrain.errors import GeotrainError
 from geotrain.runtime.diloco import DiLoCo
 from geotrain.runtime.outer_group import OuterGroup
 from geotrain.runtime.outer_store import connect
-from geotrain.transport.auth import read_secret_file
+from geotrain.transport.auth import read_secret_file, run_secret
 from geotrain.transport.striped import StripedTransport
 
 DEFAULT_DEAD_AFTER_S = 30.0
@@ -39,11 +39,10 @@ def build_diloco(cfg, spec, plan, me, recorder) -> DiLoCo | None:
     if o.num_workers == 1:
         return DiLoCo(o, named, None, replicated, me.replica, me.dp_group, recorder)
     d = cfg.diloco or {}
-    if not d.get("store") or not d.get("secret_file"):
+    if not d.get("store"):
         raise GeotrainError(f"plan {plan.name!r} trains {o.num_workers} DiLoCo workers, but this rank was not told "
                             "where they meet (start it with `geotrain train`, which launches every worker)")
     R, W = plan.num_ranks, o.num_workers
-    secret = read_secret_file(Path(d["secret_file"]))
     wan = cfg.wan or {}
     my_dc = plan.dc_of_rank(me.rank)
     host = wan["hosts"][my_dc] if wan.get("mode") == "kernel" else d.get("bind") or wan.get("bind", "127.0.0.1")
@@ -70,7 +69,9 @@ def build_diloco(cfg, spec, plan, me, recorder) -> DiLoCo | None:
                                 describe=lambda r: f"worker {(r // R) % W} rank {r % R} ({dc_of(r)})", **hooks)
 
     store, beats = connect(d["store"]), connect(d["store"])
+    # the launcher's 0600 file for the workers; under torchrun the run's (GEOTRAIN_SECRET_FILE), else the store's
+    secret = read_secret_file(Path(d["secret_file"])) if d.get("secret_file") else run_secret(store)
     group = OuterGroup(store, beats, transport, worker=plan.worker, workers=W, inner_rank=me.rank, inner_ranks=R,
                        dead_after_s=float(d.get("dead_after_s", DEFAULT_DEAD_AFTER_S)),
                        incarnation=int(d.get("incarnation", 0)))
-    return DiLoCo(o, named, group, replicated, me.replica, me.dp_group, recorder)
+    return DiLoCo(o, named, group, replicated, me.replica, me.dp_group, recorder, link=f"{my_dc}->workers")

@@ -60,6 +60,7 @@ class OuterGroup:
         self._beat()
         threading.Thread(target=self._beats, name="outer-heartbeat", daemon=True).start()
         self.exchanges = 0
+        self.sent_bytes = 0        # outer payloads this member put on its transport, all exchanges
 
     def ident(self, m: Member) -> int:
         """The transport identity of member m: unique per worker, inner rank and incarnation."""
@@ -118,7 +119,7 @@ class OuterGroup:
             out = decode_outer(encode_outer(vec.float(), codec), vec.numel(), codec)
             return out if self._finish(seq, a, members) else None
         others = [(j, m) for j, m in enumerate(members) if j != pos]
-        sends = [(m, self.transport.send(encode_outer(parts[j], codec), self.ident(m), tag)) for j, m in others]
+        sends = [(m, self._send(encode_outer(parts[j], codec), m, tag)) for j, m in others]
         got = {j: torch.empty(outer_wire_bytes(sizes[pos], codec), dtype=torch.uint8) for j, _ in others}
         recvs = [(m, self.transport.recv(got[j], self.ident(m), tag)) for j, m in others]
         if not self._wait(recvs, seq, a, members):
@@ -128,13 +129,17 @@ class OuterGroup:
             total += parts[pos] if j == pos else decode_outer(got[j], sizes[pos], codec)
         payload = encode_outer(total / k, codec)
         mine = decode_outer(payload, sizes[pos], codec)
-        sends += [(m, self.transport.send(payload, self.ident(m), tag + 1)) for _, m in others]
+        sends += [(m, self._send(payload, m, tag + 1)) for _, m in others]
         back = {j: torch.empty(outer_wire_bytes(sizes[j], codec), dtype=torch.uint8) for j, _ in others}
         recvs = [(m, self.transport.recv(back[j], self.ident(m), tag + 1)) for j, m in others]
         if not self._wait(recvs + sends, seq, a, members):
             return None
         out = torch.cat([mine if j == pos else decode_outer(back[j], sizes[j], codec) for j in range(k)])
         return out if self._finish(seq, a, members) else None
+
+    def _send(self, payload: torch.Tensor, m: Member, tag: int):
+        self.sent_bytes += payload.numel()
+        return self.transport.send(payload, self.ident(m), tag)
 
     def _wait(self, works, seq: int, a: int, members: list[Member]) -> bool:
         """Until every work completed (True), or the attempt was aborted (False)."""
@@ -160,6 +165,7 @@ class OuterGroup:
         member made someone abort first (False)."""
         self.store.set(f"{self.key}/done/{seq}/{a}/{self.me[0]}/{self.me[1]}", "1")
         keys = [f"{self.key}/done/{seq}/{a}/{w}/{i}" for w, i in members]
+        pause = 0.005
         while True:
             verdict = self._verdict(seq, a)
             if verdict:
@@ -170,7 +176,8 @@ class OuterGroup:
             dead = [m for m in missing if self._dead(m)]
             if dead and not self._abort(seq, a, members, dead):
                 return False
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(POLL_S / 2, pause * 1.5)      # few store requests while a slow worker finishes
 
     def _verdict(self, seq: int, a: int) -> str:
         key = f"{self.key}/fin/{seq}/{a}"

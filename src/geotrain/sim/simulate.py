@@ -15,6 +15,7 @@ from geotrain.schedule.deepspeed import deepspeed_1f1b
 from geotrain.sim.columns import SimTrace
 from geotrain.sim.cores import CorePool
 from geotrain.sim.engine import run_engine
+from geotrain.sim.outer import simulate_outer
 from geotrain.sim.program import compile_program
 from geotrain.sim.symmetry import replicas_alike, run_one_replica
 from geotrain.spec import Cluster
@@ -149,6 +150,10 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
     embedding's gradient sum) and optimizer step; per rank peak memory as `layout.peaks.stage_peaks`
     predicts it. Boundary copies (one per receiving TP rank) are counted by program.py. p2p: see
     `simulate_costs` ("blocking": a DeepSpeed run's pipe engine)."""
+    if plan.outer is not None:      # DiLoCo: the workers' inner steps and the exchanges between them
+        def one(s, p, n):
+            return simulate(s, p, n, cost, progress, costs, p2p)
+        return simulate_outer(spec, plan, iterations, one, costs, cost)
     if costs is None:
         costs = StageCosts.for_plan(spec, plan, cost)
     sched = plan_schedule(plan)

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from geotrain.spec.base import Strict, bounded_float, bounded_int
+from geotrain.spec.cross_dc_job import BoundaryCodec, CrossDc, DilocoSpec
 
 Precision = Literal["fp32", "bf16", "fp16"]
 Checkpointing = Literal["none", "full", "selective", "keep-matmul", "keep-attention"]
@@ -96,6 +97,16 @@ class JobSpec(Strict):
     eval_batches: int = Field(4, ge=1, le=10**6)
     eval_split: float = Field(0.01, gt=0, lt=0.5)
     seed: bounded_int(0, 2**63 - 1) = 0
+    # Across datacenters (spec.cross_dc_job): the mode, DiLoCo's settings, compressed pipeline boundaries
+    # (changes the numerics: off unless asked for), and the loss cost `cross_dc = "auto"` accepts.
+    cross_dc: CrossDc = "pipeline"
+    diloco: DilocoSpec = Field(default_factory=DilocoSpec)
+    boundary_compression: BoundaryCodec = "none"
+    boundary_rank: int = Field(0, ge=0, le=65536)
+    max_loss_gap: float = Field(0.0, ge=0, le=10)
+    cross_dc_allow: list[Literal["pipeline", "sync-dp", "hier-dp", "diloco", "streaming", "hybrid",
+                                 "compressed"]] = Field(default_factory=list)
+    loss_table: str | None = None          # a TOML of measured loss rows beside the built-in one
     checkpoint_every: int = Field(0, ge=0, le=10**9)
     # A path (file or folder), "stdlib" (the built-in corpus, the default) or "synthetic"; or one
     # table / a list of tables (DataSource) to set the field or mix sources with weights.
