@@ -52,7 +52,9 @@ def replay_stored(out: Path, mode: str = "kernel") -> list[dict]:
             case_dir = out / f"run{k}" / mode / row.case
             spec = load_spec(case_dir / "spec.toml")
             measured = Trace.read_jsonl(case_dir / "run" / "measured_trace.jsonl")
-            rep = replay_run(spec, case_plan(spec, cases[row.case]), profile, measured, warmup, mode=mode)
+            slow = {int(r): v for r, v in (run[mode]["details"][row.case].get("rank_slowdown") or {}).items()}
+            rep = replay_run(spec, case_plan(spec, cases[row.case]), profile, measured, warmup, mode=mode,
+                             rank_slowdown=slow or None)
             row.replay_iteration_s, row.replay_bubble_rank = rep.metrics.iteration_time, bubble_per_rank(rep.metrics)
             rows.append(row)
         runs.append({mode: {"rows": rows, "details": run[mode]["details"]}})

@@ -94,8 +94,11 @@ def test_calibrated_inputs_use_the_measured_numbers(spec, unit_profile):
         params = cost.stage_params(st.units)
         assert inp.allreduce[s] == pytest.approx(2e-3 + 2 * params * 1e-9)     # bf16: reduced in bf16
         assert inp.optimizer[s] == pytest.approx(1e-3 + params * 1e-9)
-    # bf16: no world-wide loss/overflow all-reduce (only fp16 must agree on skipped steps) ...
-    assert inp.global_sync == 0.0
+    # bf16: no world-wide loss/overflow all-reduce (only fp16 must agree on skipped steps); with clipping
+    # (the job's default) the global norm: a hop each way inside each stage, a round trip between stages
+    assert inp.global_sync == pytest.approx(4 * rt["p2p"]["alpha_s"])
+    no_clip = dataclasses.replace(spec, job=spec.job.model_copy(update={"grad_clip": 0.0}))
+    assert calibrated_inputs(no_clip, plan, unit_profile).global_sync == 0.0
     # ... fp16: 2 log2(n) = 4 gloo hops on loopback
     fp16 = calibrated_inputs(spec, plan.with_(precision="fp16"), unit_profile)
     assert fp16.global_sync == pytest.approx(4 * rt["p2p"]["alpha_s"])
@@ -155,9 +158,13 @@ def test_global_sync_crosses_the_wan_only_where_gloo_does(spec, unit_profile):
 
     prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "p2p": {"alpha_s": 1e-4, "per_byte_s": 0.0}}}
     plan = plan_from_job(spec)                  # pp=2 x dp=2, ranks 0,1 east and 2,3 west; link 5 ms
-    assert global_sync_s(spec, plan, prof, "kernel") == 0.0      # bf16: no world-wide collective
-    plan = plan.with_(precision="fp16")
     hop, lat = 1e-4, 5e-3
+    no_clip = dataclasses.replace(spec, job=spec.job.model_copy(update={"grad_clip": 0.0}))
+    assert global_sync_s(no_clip, plan, prof, "kernel") == 0.0   # bf16 without clipping: no step-wide collective
+    # bf16 clipping: the norm inside each stage (dp 2: one hop each way), then a round trip across the WAN
+    assert global_sync_s(spec, plan, prof, "kernel") == pytest.approx(4 * hop + 2 * lat)
+    assert global_sync_s(spec, plan, prof, "shaper") == pytest.approx(4 * hop)
+    plan = plan.with_(precision="fp16")
     # Halving-doubling: pairs (0,1),(2,3) inside a DC, then (0,2),(1,3) across the WAN; reduce + gather.
     assert global_sync_s(spec, plan, prof, "kernel") == pytest.approx(4 * hop + 2 * lat)
     assert global_sync_s(spec, plan, prof, "shaper") == pytest.approx(4 * hop)
@@ -166,12 +173,14 @@ def test_global_sync_crosses_the_wan_only_where_gloo_does(spec, unit_profile):
     # A measured collective (calibration run, n=2: two steps) sets the hand-off per edge.
     cal = {**prof, "runtime": {**prof["runtime"], "calibration_run": {"global_sync_s": 4e-3, "wan_mode": "shaper"}}}
     assert global_sync_s(spec, one, cal, "shaper") == pytest.approx(4e-3)
-    # ... and the simulated optimizer step of every stage carries it.
-    steps = calibrated_inputs(spec, one, cal, mode="shaper").optimizer
+    # ... and every stage waits for it before its step: the sync slot carries it (a wait, as the run records it).
+    inp = calibrated_inputs(spec, one, cal, mode="shaper")
     sim, det = predict(spec, one, cal, iterations=2, mode="shaper", contention=False)
     assert det["global_sync_s"] == pytest.approx(4e-3)
     opt = sorted({round(e.duration, 9) for e in sim.trace.events if e.kind == "optimizer"})
-    assert opt == pytest.approx(sorted({round(t + 4e-3, 9) for t in steps}))
+    assert opt == pytest.approx(sorted({round(t, 9) for t in inp.optimizer}))
+    sync = sorted({round(e.duration, 9) for e in sim.trace.events if e.kind == "allreduce"})
+    assert sync == pytest.approx(sorted({round(a + 4e-3, 9) for a in inp.allreduce}))
 
 
 @pytest.mark.parametrize("precision,param_bytes", [("bf16", 2), ("fp32", 4), ("fp16", 4)])

@@ -22,12 +22,14 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     rank waits for its sends before its optimizer step -- one round trip after the last byte left
     over the kernel WAN, only the hand-offs over the user-space shaper, which ACKs before it holds
     the message for the emulated latency (`ack_delays`; the simulator's WAIT_ACKS);
-  * fp16 only: the runtime's per-step global all-reduce of (overflow flag, loss) over ALL ranks,
-    before every optimizer step (runtime.trainer.Trainer.step): a gloo all-reduce, so it crosses the WAN
-    where the ranks' gloo traffic does ("kernel" mode: ranks in DC namespaces; "shaper" mode: gloo
-    stays on loopback, only StripedTransport is shaped). Added to each stage's optimizer time
-    (`global_sync_s`); waiting for the slowest stage at that barrier is slack the simulator's
-    schedule already has (the first stage, which finishes last, is on the critical path);
+  * the runtime's step-wide collective before every optimizer step (runtime.trainer.Trainer.step):
+    fp16's global all-reduce of (overflow flag, loss, gradient norm) over ALL ranks, else with
+    gradient clipping the global norm (runtime.recipe.GradNorm: inside each stage, then across the
+    pipeline) -- gloo, so it crosses the WAN where the ranks' gloo traffic does ("kernel" mode: ranks
+    in DC namespaces; "shaper" mode: gloo stays on loopback, only StripedTransport is shaped). Added
+    to each stage's sync slot before the step, a wait (`global_sync_s`); waiting for the slowest
+    stage at that barrier is slack the simulator's schedule already has (the first stage, which
+    finishes last, is on the critical path);
   * CPU contention: measured, when the run was (`rank_slowdown`: each rank's CPU + run-queue time
     over CPU time while it trained, wanrun.py), scales its stage's compute. Otherwise modelled:
     when more ranks compute at once than the machine has free cores, each is slower: processor
@@ -75,7 +77,7 @@ class CalibratedInputs:
     allreduce: list[float]       # per physical stage (the tied sum included)
     optimizer: list[float]       # per physical stage: the step itself (CPU work)
     tokens: int
-    global_sync: float = 0.0     # the world-wide loss/overflow all-reduce before each step (waiting, not CPU)
+    global_sync: float = 0.0     # the step-wide collective before each step (waiting, not CPU): waits.py
     ack_s: dict[str, float] | None = None   # per WAN direction: last byte out -> ACK at the sender (None: RTT)
     costs: CalibratedCosts | None = None    # what priced them (the simulator's transfers too)
 
@@ -292,10 +294,11 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
                          backward_input=c.backward_input * factors[v % plan.pp],
                          backward_weight=c.backward_weight * factors[v % plan.pp])
                  for v, c in enumerate(inp.stage_costs)]
-        # The simulator has no global barrier: the all-reduce sits in each stage's optimizer time,
-        # unscaled by CPU sharing (its ranks wait on the network, they do not compute).
-        opt = [t * f + inp.global_sync for t, f in zip(inp.optimizer, factors)]
-        res = simulate_costs(plan, inp.cluster, costs, inp.allreduce, opt, inp.tokens, iterations=iterations,
+        # The simulator has no global barrier: the step-wide collective sits in each stage's sync slot
+        # before the step -- a wait, as the run records it (recv_wait), unscaled by CPU sharing.
+        opt = [t * f for t, f in zip(inp.optimizer, factors)]
+        sync = [a + inp.global_sync for a in inp.allreduce]
+        res = simulate_costs(plan, inp.cluster, costs, sync, opt, inp.tokens, iterations=iterations,
                              core_slowdown=pool, costs=inp.costs)
         if not contention or measured or pool is not None:
             break

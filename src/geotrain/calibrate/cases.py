@@ -188,7 +188,8 @@ def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup:
     background, slow = cond["background_runnable"], cond["rank_slowdown"]
     posthoc, _ = predict(spec, plan, profile, iterations=steps - warmup, mode=cond["mode"], rank_slowdown=slow)
     row.posthoc_iteration_s = posthoc.metrics.iteration_time
-    replayed = replay_run(spec, plan, profile, measured, warmup, mode=cond["mode"])   # after the run: not a prediction
+    # the replay: the run's own compute in the model of everything else -- after the run, not a prediction
+    replayed = replay_run(spec, plan, profile, measured, warmup, mode=cond["mode"], rank_slowdown=slow)
     row.replay_iteration_s = replayed.metrics.iteration_time
     row.replay_bubble_rank = bubble_per_rank(replayed.metrics)
     details.update(predicted_at=predicted_at, run_started_after_prediction=True, run_wall_s=cond["wall_s"],

@@ -70,14 +70,27 @@ def replay_costs(plan, cluster, stage_costs, allreduce: list[float], optimizer: 
     return SimResult(trace, sched, plan, None, tokens, None)   # iteration time: the metrics' (same definition)
 
 
-def replay_run(spec, plan, profile: dict, measured: Trace, warmup: int, mode: str | None = None) -> SimResult:
+def replay_run(spec, plan, profile: dict, measured: Trace, warmup: int, mode: str | None = None,
+               rank_slowdown: dict[int, float] | None = None) -> SimResult:
     """A validation case's run replayed: its measured compute (after `warmup` iterations) in the
-    calibrated model of everything else, at the run's WAN mode. The interpreter's time around each
-    compute action (CalibratedCosts.share: outside the measured compute events) and the fp16 global
-    all-reduce before each step are added as modelled; no CPU-sharing model (the durations hold it)."""
-    inp = calibrated_inputs(spec, plan, profile, mode=mode or profile_mode(profile))
+    calibrated model of everything else, at the run's WAN mode. Added as modelled: the interpreter's
+    time around each compute action (CalibratedCosts.share: outside the measured compute events) and
+    the step-wide collective before each step (waits.global_sync_s, a wait as in `predict`). No
+    CPU-sharing model for compute: the durations hold it. `rank_slowdown`: the run's measured CPU
+    share per rank (wanrun.RunSampling, the post-hoc prediction's input): the CPU work outside
+    compute -- the interpreter's time, the transport's hand-offs -- is slowed by it as in
+    `calibrated_costs.predict(rank_slowdown=...)`."""
+    msg_scale, factors = None, [1.0] * plan.pp
+    cal = (profile.get("runtime", {}).get("calibration_run", {}).get("rank_slowdown") or {}).values()
+    if rank_slowdown:
+        if cal:
+            msg_scale = (sum(rank_slowdown.values()) / len(rank_slowdown)) / (sum(cal) / len(cal))
+        factors = [sum(rank_slowdown.get(plan.rank(s, d), 1.0) for d in range(plan.dp)) / plan.dp
+                   for s in range(plan.pp)]
+    inp = calibrated_inputs(spec, plan, profile, mode=mode or profile_mode(profile), message_scale=msg_scale)
     compute, iterations = measured_compute(measured, warmup)
-    added = [{"forward": o, "backward": o, "backward_input": o / 2, "backward_weight": o / 2,
-              "optimizer": inp.global_sync} for o in inp.costs.share]
-    return replay_costs(plan, inp.cluster, inp.stage_costs, inp.allreduce, inp.optimizer, inp.tokens, compute,
+    added = [{"forward": o * f, "backward": o * f, "backward_input": o * f / 2, "backward_weight": o * f / 2}
+             for o, f in zip(inp.costs.share, factors)]
+    sync = [a + inp.global_sync for a in inp.allreduce]      # as calibrated_costs.predict: a wait before the step
+    return replay_costs(plan, inp.cluster, inp.stage_costs, sync, inp.optimizer, inp.tokens, compute,
                         iterations, costs=inp.costs, added=added)
