@@ -34,14 +34,19 @@ def test_calibrated_costs_agree_with_the_analytic_ones_on_what_both_model(tied_s
     cost = CostModel(tied_spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
                      optimizer=tied_spec.job.optimizer, profile=cost_profile(UNITS_ONLY))
     analytic = simulate(tied_spec, plan, iterations=2, cost=cost)
-    calibrated, _ = predict(tied_spec, plan, UNITS_ONLY, iterations=2, contention=False, mode="kernel")
+    calibrated, det = predict(tied_spec, plan, UNITS_ONLY, iterations=2, contention=False, mode="kernel")
 
     def durations(res, kind):
         return sorted((e.rank, e.stage, e.mb, e.iteration, e.duration) for e in res.trace.events if e.kind == kind)
 
     for kind in ("forward", "backward", "allreduce", "optimizer"):
-        assert durations(calibrated, kind) == durations(analytic, kind), kind
-    assert calibrated.iteration_time == analytic.iteration_time
+        got, want = durations(calibrated, kind), durations(analytic, kind)
+        assert [x[:4] for x in got] == [x[:4] for x in want], kind
+        assert [x[4] for x in got] == pytest.approx([x[4] for x in want], rel=1e-12), kind
+    # The calibrated model also waits for the runtime's step-wide collective before each step (gradient
+    # clipping's global norm: calibrate.waits), which the analytic one does not model yet.
+    assert det["global_sync_s"] > 0
+    assert calibrated.iteration_time == pytest.approx(analytic.iteration_time + det["global_sync_s"], rel=1e-12)
     # ... and both price what they claim: a TP term in the compute, the tied sum in the sync.
     tp1 = simulate(tied_spec, plan.with_(tp=1), iterations=2, cost=cost)
     assert durations(analytic, "forward")[0][-1] > durations(tp1, "forward")[0][-1] / 2

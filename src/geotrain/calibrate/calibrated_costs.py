@@ -27,7 +27,7 @@ What is modelled (each from a number in the profile's "runtime" part, see profil
     gradient clipping the global norm (runtime.recipe.GradNorm: inside each stage, then across the
     pipeline) -- gloo, so it crosses the WAN where the ranks' gloo traffic does ("kernel" mode: ranks
     in DC namespaces; "shaper" mode: gloo stays on loopback, only StripedTransport is shaped). Added
-    to each stage's sync slot before the step, a wait (`global_sync_s`); waiting for the slowest
+    as a wait before each stage's step (`global_sync_s`, the simulator's `step_sync`); waiting for the slowest
     stage at that barrier is slack the simulator's schedule already has (the first stage, which
     finishes last, is on the critical path);
   * CPU contention: measured, when the run was (`rank_slowdown`: each rank's CPU + run-queue time
@@ -294,12 +294,11 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
                          backward_input=c.backward_input * factors[v % plan.pp],
                          backward_weight=c.backward_weight * factors[v % plan.pp])
                  for v, c in enumerate(inp.stage_costs)]
-        # The simulator has no global barrier: the step-wide collective sits in each stage's sync slot
-        # before the step -- a wait, as the run records it (recv_wait), unscaled by CPU sharing.
+        # The simulator has no global barrier: the step-wide collective is a wait before each stage's
+        # step (the run records it as recv_wait), unscaled by CPU sharing.
         opt = [t * f for t, f in zip(inp.optimizer, factors)]
-        sync = [a + inp.global_sync for a in inp.allreduce]
-        res = simulate_costs(plan, inp.cluster, costs, sync, opt, inp.tokens, iterations=iterations,
-                             core_slowdown=pool, costs=inp.costs)
+        res = simulate_costs(plan, inp.cluster, costs, inp.allreduce, opt, inp.tokens, iterations=iterations,
+                             core_slowdown=pool, costs=inp.costs, step_sync=[inp.global_sync] * plan.pp)
         if not contention or measured or pool is not None:
             break
         conc = compute_concurrency(res, plan)

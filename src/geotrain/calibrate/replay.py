@@ -37,14 +37,14 @@ def measured_compute(trace: Trace, warmup: int = 0) -> tuple[dict[Key, float], i
 
 def replay_costs(plan, cluster, stage_costs, allreduce: list[float], optimizer: list[float], tokens: int,
                  compute: dict[Key, float], iterations: int, costs: StageCosts | None = None,
-                 added: list[dict[str, float]] | None = None) -> SimResult:
+                 added: list[dict[str, float]] | None = None, step_sync: list[float] | None = None) -> SimResult:
     """`simulate_costs` with every compute slot's duration taken from `compute` (rank = the unit's
     first TP rank) plus `added[stage][kind]` (the model's time around a compute event, e.g. the
     interpreter's); the stage costs price only what is not measured (sends' bytes, the TP gathers).
     A compute action `compute` does not hold is a ValueError naming it."""
     sched = plan_schedule(plan)
     costs = costs if costs is not None else StageCosts(None, cluster)
-    prog = compile_program(plan, costs, sched, stage_costs, allreduce, optimizer, iterations)
+    prog = compile_program(plan, costs, sched, stage_costs, allreduce, optimizer, iterations, step_sync=step_sync)
     dp = plan.dp
     unit_dur = []
     for u in range(plan.pp * dp):
@@ -91,6 +91,5 @@ def replay_run(spec, plan, profile: dict, measured: Trace, warmup: int, mode: st
     compute, iterations = measured_compute(measured, warmup)
     added = [{"forward": o * f, "backward": o * f, "backward_input": o * f / 2, "backward_weight": o * f / 2}
              for o, f in zip(inp.costs.share, factors)]
-    sync = [a + inp.global_sync for a in inp.allreduce]      # as calibrated_costs.predict: a wait before the step
-    return replay_costs(plan, inp.cluster, inp.stage_costs, sync, inp.optimizer, inp.tokens, compute,
-                        iterations, costs=inp.costs, added=added)
+    return replay_costs(plan, inp.cluster, inp.stage_costs, inp.allreduce, inp.optimizer, inp.tokens, compute,
+                        iterations, costs=inp.costs, added=added, step_sync=[inp.global_sync] * plan.pp)

@@ -216,6 +216,7 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
                     mst[pc] = t
                     if acked[u] > t:
                         t = acked[u]
+                    t += dur[pc]                 # then the step-wide collective (0 unless modelled)
                 elif op == 8:                    # SEND_SYNC: a rendezvous with the receive
                     v = u + ddst[pc]
                     j = dslot[pc]

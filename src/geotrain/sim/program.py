@@ -38,7 +38,7 @@ SEND_LOCAL = 2   # to the same GPU (interleaving with pp=1): instantaneous
 SEND_INTRA = 3   # inside a DC: arrives after dur = latency + bytes / bandwidth (no contention)
 SEND_WAN = 4     # queued on a WAN link direction (fair or temporal sharing)
 ALLREDUCE = 5    # DP collective: starts when every replica of the stage reached it
-WAIT_ACKS = 6    # before the optimizer step: until every WAN send so far is acknowledged (see below)
+WAIT_ACKS = 6    # before the optimizer step: until every WAN send so far is acknowledged (see below), then dur
 SEND_SYNC = 8    # inside a DC, blocking (p2p="blocking"): a rendezvous with the receive, then dur for both
 
 GBPS = 1e9 / 8   # bytes/s per Gbit/s
@@ -116,11 +116,14 @@ def _append(p: StageProgram, code: int, dur: float, kind: int, v: int, mb: int, 
 
 
 def compile_program(plan: Plan, costs: StageCosts, schedule: Schedule, stage_costs: list, allreduce_time: list[float],
-                    optimizer_time: list[float], iterations: int, blocking: bool = False) -> Program:
+                    optimizer_time: list[float], iterations: int, blocking: bool = False,
+                    step_sync: list[float] | None = None) -> Program:
     """`costs` prices the transfers (intra-DC, WAN directions with their ACK wait, TP gathers);
     each OPTIMIZER is preceded by a WAIT_ACKS slot. `blocking`: sends between stages are blocking
     rendezvous (SEND_SYNC, a runtime with blocking NCCL send/recv such as DeepSpeed's pipe engine):
-    sender and receiver both wait until the other side is there and the transfer is done."""
+    sender and receiver both wait until the other side is there and the transfer is done.
+    `step_sync`: per physical stage, a wait of that many seconds at the WAIT_ACKS slot -- the
+    runtime's step-wide collective before the optimizer (calibrate.waits.global_sync_s)."""
     pp, vps = plan.pp, schedule.virtual_per_stage
     if schedule.num_stages != pp:
         raise ValueError(f"schedule has {schedule.num_stages} stages, plan has {pp}")
@@ -162,7 +165,7 @@ def compile_program(plan: Plan, costs: StageCosts, schedule: Schedule, stage_cos
             for a in acts:
                 op, v = a.op, a.stage
                 if op == Op.OPTIMIZER:
-                    _append(p, WAIT_ACKS, 0.0, -1, v, a.mb, it, 0)
+                    _append(p, WAIT_ACKS, step_sync[s] if step_sync else 0.0, -1, v, a.mb, it, 0)
                 slot = len(p.ops)
                 code, dur, kind, nb = COMPUTE, 0.0, -1, 0
                 if op in _COMPUTE_OPS:

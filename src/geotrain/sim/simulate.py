@@ -99,7 +99,8 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
                    optimizer_time: list[float], tokens_per_iteration: int, iterations: int = 1,
                    schedule: Schedule | None = None, progress: bool = False,
                    peak_memory: dict[int, float] | None = None, core_slowdown: list[float] | None = None,
-                   costs: StageCosts | None = None, p2p: str = "overlapped") -> SimResult:
+                   costs: StageCosts | None = None, p2p: str = "overlapped",
+                   step_sync: list[float] | None = None) -> SimResult:
     """The core: run `iterations` iterations of the plan's schedule with explicit costs.
 
     stage_costs: one per virtual stage; allreduce_time, optimizer_time: one per physical stage.
@@ -111,7 +112,8 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     None (GPU runs, or a core per rank): each unit computes alone. p2p: how the runtime moves
     boundary tensors -- "overlapped" (geotrain's: a send does not wait for its receive) or
     "blocking" (DeepSpeed's pipe engine: blocking NCCL send/recv in its TrainSchedule's order,
-    `schedule.deepspeed`; 1F1B plans inside one DC only)."""
+    `schedule.deepspeed`; 1F1B plans inside one DC only). step_sync: per physical stage, the
+    runtime's step-wide collective before its optimizer step, as a wait (calibrate.waits)."""
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
     if p2p not in P2P_MODES:
@@ -124,7 +126,7 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
         sched = schedule if schedule is not None else plan_schedule(plan)
     costs = costs if costs is not None else StageCosts(None, cluster)
     prog = compile_program(plan, costs, sched, stage_costs, allreduce_time, optimizer_time, iterations,
-                           blocking=p2p == "blocking")
+                           blocking=p2p == "blocking", step_sync=step_sync)
     offsets = list(plan.pipeline_offsets) + [0.0] * (plan.dp - len(plan.pipeline_offsets))
     offsets = offsets[:plan.dp]
     pool = CorePool(core_slowdown) if core_slowdown is not None else None
