@@ -106,9 +106,9 @@ def test_the_prediction_beside_a_region_run_numbers_ranks_like_the_run(region_ru
 def test_torchrun_hosts_of_a_region_plan_follow_its_dcs():
     """Under torchrun (one per DC, e.g. `geotrain rehearse`) `train --dc` checks this host's node
     ranks against the plan: a region plan's DCs are its pipelines' DCs, not its stages'."""
-    from geotrain.commands.train_cmd import _check_host_dc
     from geotrain.errors import GeotrainError
     from geotrain.orchestrate.rehearsal import dc_blocks
+    from geotrain.runtime.rank_model import check_host_dc as _check_host_dc
 
     _, plan = region_plan()
     assert dc_blocks(plan) == [("east", [0, 1]), ("west", [2, 3])]     # one torchrun per DC can start them

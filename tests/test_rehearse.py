@@ -108,6 +108,9 @@ def test_rehearse_leaves_one_run_dir_and_no_namespaces(rehearsal):
     assert not (out / "hosts" / "east" / "losses.jsonl").exists()
     ranks = {json.loads(x).get("rank") for x in (out / "measured_trace.jsonl").read_text().splitlines()[1:]}
     assert ranks == {0, 1, 2, 3}                 # merged over the network, not from a shared directory
+    for log in (out / "logs").glob("*.log"):     # a clean run ends cleanly on every host (runtime.worker:
+        text = log.read_text()                     # the store's host leaves last)
+        assert "recvVector" not in text and "recvValue failed" not in text and "Traceback" not in text, text[-2000:]
     tag = r.stdout.split("(gt-", 1)[1].split("-*", 1)[0]
     assert not [ln for ln in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
                 if ln.startswith(f"gt-{tag}")]
@@ -120,15 +123,17 @@ def test_rehearse_refuses_serve_prefill_in_one_line(tmp_path):
 
 
 def test_a_host_started_in_the_wrong_node_order_is_refused():
-    from geotrain.commands.train_cmd import _check_host_dc
     from geotrain.planner.manual import plan_from_job
+    from geotrain.runtime.rank_model import check_host_dc as _check_host_dc
     from geotrain.spec.load import load_spec
 
     plan = plan_from_job(load_spec(SPEC))            # ranks 0-1 in east, 2-3 in west
     _check_host_dc(plan, 0, "east")
     _check_host_dc(plan, 3, "west")
-    with pytest.raises(GeotrainError, match="rank 0 is stage 0 in east"):
+    with pytest.raises(GeotrainError, match="rank 0 is stage 0 in east") as e:
         _check_host_dc(plan, 0, "west")
+    # the advice fits both rendezvous: c10d ignores --node-rank (it sorts hosts by --local-addr)
+    assert "static rendezvous" in str(e.value) and "c10d rendezvous --node-rank is ignored" in str(e.value)
     with pytest.raises(GeotrainError, match="no such datacenter"):
         _check_host_dc(plan, 0, "north")
 

@@ -73,3 +73,90 @@ def test_serve_prefill_under_torchrun_is_refused_in_one_line(tmp_path):
     r = _torchrun("--steps", "1", "--serve-prefill", "0", "--out", str(tmp_path / "x"), timeout=120, nproc=1)
     assert r.returncode != 0
     assert "--serve-prefill is not available under torchrun" in r.stderr
+
+
+def _descendants(root: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out += kids.get(p, [])
+        todo += kids.get(p, [])
+    return out
+
+
+def _rank_pid(root: int, rank: int) -> int | None:
+    for pid in _descendants(root):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"geotrain.cli" in cmd:
+            return pid
+    return None
+
+
+@pytest.mark.slow
+def test_the_outage_limit_holds_under_torchrun(tmp_path):
+    """--outage-limit 5 under torchrun: when the peer across the WAN stops answering (SIGSTOP: its sockets
+    stay open), the waiting rank fails within seconds of the limit, naming that peer -- it used to wait the
+    transport's 300 s default (and a process group's 600 s)."""
+    import signal
+    import threading
+    import time
+
+    from geotrain.layout.plan import StagePlan, save_plan
+    from geotrain.planner.manual import plan_from_job
+    from geotrain.spec.load import load_spec
+
+    spec = load_spec(ROOT / "examples" / "tiny_2dc_pp2.toml")
+    base = plan_from_job(spec)
+    plan = base.with_(stages=(StagePlan(dc="east", chunks=base.stages[0].chunks),      # one stage per DC:
+                              StagePlan(dc="west", chunks=base.stages[1].chunks)), links=())   # the WAN between
+    save_plan(tmp_path / "plan.json", plan, spec=spec)
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "geotrain.cli",
+                          "train", str(tmp_path / "plan.json"), "--steps", "500", "--wan", "auto",
+                          "--outage-limit", "5", "--out", str(out), "--no-progress", "--data", "synthetic"],
+                         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend((time.time(), ln) for ln in p.stderr), daemon=True)
+    reader.start()
+    stopped = None
+    try:
+        deadline = time.time() + 150
+        while not (out / "losses.jsonl").exists() or not (out / "losses.jsonl").read_text().strip():
+            assert p.poll() is None and time.time() < deadline, "".join(ln for _, ln in lines)[-3000:]
+            time.sleep(0.2)
+        stopped = _rank_pid(p.pid, 0)             # stage 0 (east): stage 1's only peer
+        assert stopped is not None
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.time()
+        while time.time() - t0 < 60 and not any("no answer within 5 s" in ln or "timed out after 5 s" in ln
+                                                 for _, ln in lines):
+            time.sleep(0.2)
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        for pid in _descendants(p.pid) if p.poll() is None else ():   # the ranks lead their own sessions
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.kill()
+        p.wait(timeout=60)
+        reader.join(10)
+    err = "".join(ln for _, ln in lines)
+    hit = [(t, ln) for t, ln in lines if "no answer within 5 s" in ln or "timed out after 5 s" in ln]
+    assert hit, err[-3000:]
+    assert hit[0][0] - t0 < 5 + 20, (hit[0][0] - t0, err[-3000:])
+    assert "rank 0 (east)" in hit[0][1] or "rank(s) 0" in hit[0][1], hit[0][1]

@@ -325,3 +325,20 @@ def test_a_secret_shared_through_the_store_is_warned_about_once(monkeypatch, cap
     monkeypatch.setenv("RANK", "3")                            # the other ranks stay quiet
     auth.run_secret(store)
     assert "warning" not in capfd.readouterr().err
+
+
+def test_hosts_with_different_secret_files_fail_the_send_in_seconds_saying_so(capfd):
+    """The listener drops a connection whose proof fails; the sender used to take that for a blip and
+    retry until its outage limit (300 s). Now three refusals in a row end the transfer with the reason."""
+    store = dist.HashStore()
+    b = StripedTransport(1, store, secret=b"b" * 32, connections=2, timeout_s=120)
+    a = StripedTransport(0, store, secret=b"a" * 32, connections=2, timeout_s=120)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TransportError, match="another secret"):
+            a.send(torch.ones(1000), 1, 1).wait(timeout=60)
+        assert time.monotonic() - t0 < 10
+    finally:
+        a.close()
+        b.close()
+    assert "Traceback" not in capfd.readouterr().err

@@ -222,10 +222,12 @@ def run(args: argparse.Namespace) -> int:
         if args.wan == "off":
             raise GeotrainError("--wan-tls encrypts the WAN transport, but --wan off sends plain gloo/NCCL")
         check_tls_available()
+    if args.outage_limit is not None and not args.outage_limit > 0:
+        raise GeotrainError(f"--outage-limit must be a positive number of seconds (got {args.outage_limit})")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "GEOTRAIN_LAUNCHER_PID" not in os.environ:
         # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
         from geotrain.runtime.cross_dc import bind_address
-        from geotrain.runtime.rank_model import report_rank
+        from geotrain.runtime.rank_model import check_host_dc, report_rank
         from geotrain.runtime.worker import run_cases
 
         if args.wan == "kernel":
@@ -239,7 +241,10 @@ def run(args: argparse.Namespace) -> int:
         if args.wan != "off":   # auto: the real network is the WAN; shaper: delay and rates emulated on top
             mode = "direct" if args.wan == "auto" else "shaper"
             cfg = replace(cfg, wan={"mode": mode, "rate_scale": args.wan_rate_scale,
-                                    "bind": bind_address(args.wan_bind), "tls": args.wan_tls})
+                                    "bind": bind_address(args.wan_bind), "tls": args.wan_tls,
+                                    **({"timeout_s": args.outage_limit} if args.outage_limit else {})})
+        if args.outage_limit:   # the process group's waits too (a collective across a dead link), as locally
+            os.environ.update(_limit_env(args.outage_limit))
         # lazy: pydantic, torch only when the command runs (keeps `geotrain --help` fast)
         from geotrain.runtime.diloco_launch import torchrun_worker
 
@@ -247,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         resolved = resolve_run(cfg)         # once: this process is the rank, and trains with it
         spec, plan, _ = resolved
         if args.dc is not None:
-            _check_host_dc(plan, int(os.environ["RANK"]), args.dc)
+            check_host_dc(plan, int(os.environ["RANK"]), args.dc)
         # Under torchrun this process is one rank.
         run_cases([cfg], bubble_hook=None, resolved=[resolved])
         if int(os.environ["RANK"]) == report_rank(plan):   # the run directory is the reporting rank's host's
@@ -305,8 +310,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.cut_dc and args.cut_link:
         raise GeotrainError("rehearse one failure at a time: --cut-dc or --cut-link")
-    if args.outage_limit is not None and not args.outage_limit > 0:
-        raise GeotrainError(f"--outage-limit must be a positive number of seconds (got {args.outage_limit})")
     cut = parse_cut(args.cut_dc, plan) if args.cut_dc else parse_cut(args.cut_link, plan, "link") \
         if args.cut_link else None
     if args.elastic and not (cfg.checkpoint_every or spec.job.checkpoint_every):
@@ -314,8 +317,7 @@ def run(args: argparse.Namespace) -> int:
     last = {}
     # A collective across a link that is down waits out the process group's timeout, not the WAN
     # transport's: bound it too (generously: start-up and checkpoint barriers on loaded hosts).
-    collective_limit = {"GEOTRAIN_DIST_TIMEOUT_S": str(max(120.0, 4 * args.outage_limit))} \
-        if args.outage_limit else None
+    collective_limit = _limit_env(args.outage_limit) if args.outage_limit else None
 
     def launch_once(cfg, spec, plan, watch) -> None:
         def describe(r: int) -> str:
@@ -377,21 +379,11 @@ def _draw_curves(out: Path, say: bool) -> None:
         print(f"curves: {path}  (TensorBoard: tensorboard --logdir {out / 'tb'})", flush=True)
 
 
-def _check_host_dc(plan, rank: int, dc: str) -> None:
-    """--dc under torchrun: the plan must put this RANK in this host's datacenter. (torchrun numbers
-    nodes in rendezvous order -- c10d sorts them by --local-addr -- which need not be the plan's.)"""
-    dcs = plan.dcs_by_rank()
-    if dc not in dcs:
-        raise GeotrainError(f"--dc {dc}: the plan uses no such datacenter ({', '.join(dcs)})")
-    if rank >= plan.num_ranks:
-        return                          # the world-size check names this one
-    mine = plan.dc_of_rank(rank)
-    if mine != dc:
-        s, d, _ = plan.coords(rank)
-        raise GeotrainError(f"--dc {dc}: rank {rank} is stage {s} in {mine} by the plan (DP pipeline {d}); start "
-                            f"each datacenter's torchrun so that node ranks follow the plan's datacenter order "
-                            f"({' -> '.join(f'{x} ranks {number_runs(plan.ranks_of_dc(x))}' for x in dcs)}), "
-                            "e.g. with --node-rank")
+def _limit_env(outage_limit_s: float) -> dict[str, str]:
+    """--outage-limit for every rank: each cross-DC wait's bound, and the process group's timeout (generous
+    beside it: start-up and checkpoint barriers on loaded hosts; a collective across a dead link waits it)."""
+    return {"GEOTRAIN_OUTAGE_LIMIT_S": str(outage_limit_s),
+            "GEOTRAIN_DIST_TIMEOUT_S": str(max(120.0, 4 * outage_limit_s))}
 
 
 def _predicted_iterations(cfg, spec) -> int:

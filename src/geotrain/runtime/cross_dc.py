@@ -50,6 +50,7 @@ from geotrain.emulation.ports import spread_port_connections
 from geotrain.errors import GeotrainError
 from geotrain.runtime import p2p as T
 from geotrain.runtime.compress import CompressedTransport
+from geotrain.runtime.runfile import DEFAULT_OUTAGE_LIMIT_S, outage_limit_s
 from geotrain.torch_compat import default_store
 from geotrain.transport.auth import run_secret
 from geotrain.transport.striped import StripedTransport
@@ -59,7 +60,7 @@ MODES = ("auto", "kernel", "shaper", "off")
 RANK_MODES = ("kernel", "shaper", "direct")    # what a rank's wan config may say ("direct": a real WAN)
 DELAYER_GBPS = 1.0       # what the Python packet delayer carries comfortably (see environment notes)
 MIN_CHUNK_BYTES = 4096   # small stripes: a tiny model's boundary tensor (tens of KB) still uses every connection
-DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = DEFAULT_OUTAGE_LIMIT_S
 DEFAULT_STALL_S = 30.0   # a cross-DC transfer without progress this long is reported by name while it waits
 
 
@@ -203,7 +204,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
     run = f"geotrain/rt{_BUILT[0]}"
     my_dc = plan.dc_of(stage, replica)
     host = wan["hosts"][my_dc] if wan["mode"] == "kernel" else wan.get("bind", "127.0.0.1")
-    timeout = float(wan.get("timeout_s", DEFAULT_TIMEOUT_S))
+    timeout = float(wan.get("timeout_s", outage_limit_s()))
     secret = run_secret(store)     # the launcher's 0600 file, else shared through the store
     conns: dict[int, int] = {}
     turns: dict[int, object] = {}

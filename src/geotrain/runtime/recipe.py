@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from geotrain.runtime.runfile import outage_limit_s
 from geotrain.runtime.scaler import _local
 
 NORM_TAG = 0x6E6F  # the gradient-norm exchange's p2p tag (apart from the pipeline's boundary tags)
@@ -144,8 +146,10 @@ class GradNorm:
                         for u in range(plan.stage_tp(k)) if u % tp == t]
 
     def total(self, local: torch.Tensor) -> float:
-        """The norm over every stage, from this rank's `local_sq_sum`."""
-        stage = local.reshape(1).clone()
+        """The norm over every stage, from this rank's `local_sq_sum`. The scalars travel as CPU tensors
+        (gloo): ranks sharing one GPU could not exchange them over NCCL, and the host needs the norm anyway;
+        each cross-stage wait is bounded by the outage limit and names its peer."""
+        stage = local.detach().reshape(1).to("cpu", torch.float64)
         if self.stage_group is not None:
             dist.all_reduce(stage, group=self.stage_group)        # inside the stage (its DC)
         if not self.recv_from:
@@ -153,8 +157,14 @@ class GradNorm:
         bufs = [torch.empty_like(stage) for _ in self.recv_from]
         ops = [dist.P2POp(dist.isend, stage, peer, tag=NORM_TAG) for peer in self.send_to]
         ops += [dist.P2POp(dist.irecv, buf, peer, tag=NORM_TAG) for buf, peer in zip(bufs, self.recv_from)]
+        limit = outage_limit_s()
+        peers = ", ".join(map(str, sorted({*self.send_to, *self.recv_from})))
         for work in dist.batch_isend_irecv(ops):
-            work.wait()
+            try:
+                work.wait(timeout=timedelta(seconds=limit))
+            except RuntimeError as e:
+                raise RuntimeError(f"gradient norm exchange with rank(s) {peers}: no answer within {limit:.0f} s "
+                                   f"(--outage-limit; did a peer rank stop?) [{str(e).strip()[:120]}]") from None
         totals = [float(b) for b in bufs]
         totals.insert(self.stage, float(stage))
         return math.sqrt(sum(totals))        # in stage order on every rank: the same float everywhere

@@ -8,6 +8,7 @@ all, is a one-line error instead of a TypeError deep in a rank.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Literal
@@ -53,3 +54,15 @@ def read_run_config(path: Path) -> list[RunConfig]:
     except ValidationError as e:
         err = e.errors()[0]
         raise GeotrainError(f"{path}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+
+
+OUTAGE_LIMIT_ENV = "GEOTRAIN_OUTAGE_LIMIT_S"   # --outage-limit, for every rank (our launcher's and torchrun's)
+DEFAULT_OUTAGE_LIMIT_S = 300.0
+
+
+def outage_limit_s() -> float:
+    """How long a cross-DC wait may last before its rank fails: --outage-limit, else the default."""
+    try:
+        return float(os.environ.get(OUTAGE_LIMIT_ENV, DEFAULT_OUTAGE_LIMIT_S))
+    except ValueError:
+        raise GeotrainError(f"{OUTAGE_LIMIT_ENV} must be a number of seconds") from None

@@ -14,6 +14,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -25,10 +26,12 @@ import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
 from geotrain.process import exit_skipping_teardown
+from geotrain.runtime.cross_dc import bind_address
 from geotrain.runtime.rank_model import rank_device
 from geotrain.runtime.rank_run import FAILED_AT, BubbleHookFactory, run_rank
 from geotrain.runtime.runfile import read_run_config
 from geotrain.runtime.train_config import RunConfig, resolve_run
+from geotrain.torch_compat import default_store
 
 
 def _die_with_parent() -> None:
@@ -76,9 +79,33 @@ def run_cases(cases: list[RunConfig], bubble_hook: BubbleHookFactory | None = No
             out.append(run_rank(c, *(r or resolve_run(c)), bubble_hook))
         if marks:
             _hand_over(Path(marks), len(cases))
+        _leave_store_host_last()
         return out
     finally:
         dist.destroy_process_group()
+
+
+def _leave_store_host_last(timeout_s: float = 30.0, linger_s: float = 1.0) -> None:
+    """Under torchrun across hosts, after a clean run: ranks on the rendezvous store's host (MASTER_ADDR)
+    leave after every other host's ranks (bounded wait), and a moment later. torchrun's agent there owns
+    the store; when it exited first, the other hosts' agents, still leaving the rendezvous through it,
+    printed a `TCPStore recvVector failed` C++ stack trace (exit 0)."""
+    world = dist.get_world_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if "TORCHELASTIC_RUN_ID" not in os.environ or local >= world:
+        return
+    store = default_store()
+    try:
+        on_store_host = bind_address() == socket.gethostbyname(os.environ.get("MASTER_ADDR", ""))
+    except (OSError, GeotrainError):
+        return
+    if not on_store_host:
+        store.add("geotrain/left", 1)                       # not the store's host: leave now, counted
+        return
+    deadline = time.time() + timeout_s
+    while store.add("geotrain/left", 0) < world - local and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(linger_s)
 
 
 CASE_MARKS_ENV = "GEOTRAIN_CASE_MARKS"

@@ -62,6 +62,11 @@ class AuthError(ConnectionError):
     """A peer failed the handshake or sent a frame whose tag did not verify."""
 
 
+class SecretMismatch(AuthError):
+    """The listener answered as the right peer but dropped us after our proof, or its own proof did not
+    verify: its host holds another secret (a different GEOTRAIN_SECRET_FILE). Retrying cannot mend it."""
+
+
 class ProtocolError(ConnectionError):
     """An authenticated peer sent something the protocol does not allow (sizes, kinds)."""
 
@@ -178,15 +183,19 @@ def client_handshake(sock: socket.socket, secret: bytes, purpose: int, my_rank: 
             raise AuthError(f"the listener is not rank {server_rank}'s {PURPOSES[purpose]}")
         transcript = hello + bytes(challenge)
         sock.sendall(_mac(secret, b"geotrain client", transcript))
-        proof = bytearray(TAG_BYTES)
-        recv_exact(sock, memoryview(proof))
     except AuthError:
         raise
     except (OSError, ConnectionError) as e:
-        raise AuthError(f"the {PURPOSES[purpose]} refused or dropped our handshake ({e}); a wrong secret "
-                        f"looks like this too") from None
+        raise AuthError(f"the {PURPOSES[purpose]} refused or dropped our handshake ({e})") from None
+    try:
+        proof = bytearray(TAG_BYTES)
+        recv_exact(sock, memoryview(proof))
+    except (OSError, ConnectionError) as e:     # it heard our proof and hung up: it did not accept it
+        raise SecretMismatch(f"the {PURPOSES[purpose]} dropped us after our proof of the secret ({e}): its host "
+                             f"holds another secret (every host needs the same {SECRET_ENV} contents)") from None
     if not hmac.compare_digest(bytes(proof), _mac(secret, b"geotrain server", transcript)):
-        raise AuthError(f"the {PURPOSES[purpose]} does not hold this run's secret")
+        raise SecretMismatch(f"the {PURPOSES[purpose]} does not hold this run's secret (every host needs the same "
+                             f"{SECRET_ENV} contents)")
     sock.settimeout(None)
     return _channel(sock, secret, transcript, client=True)
 

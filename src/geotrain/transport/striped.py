@@ -61,6 +61,7 @@ from geotrain.transport.striped_frames import (
     Work,
     byte_view,
     frame_payload,
+    store_get,
 )
 from geotrain.transport.striped_send import Outgoing, Peer
 from geotrain.transport.tls import RunTLS
@@ -157,8 +158,9 @@ class StripedTransport:
         print(f"geotrain wan: rank {self.rank}: {line}\n", end="", file=sys.stderr, flush=True)   # one write
 
     def lookup(self, rank: int) -> tuple[str, int]:
-        raw = self.store.get(f"{self.prefix}/{rank}")
-        host, _, port = (raw.decode() if isinstance(raw, bytes) else str(raw)).rpartition(":")
+        raw = store_get(self.store, f"{self.prefix}/{rank}", self.timeout_s,
+                        f"listening address of {self.describe(rank)}")
+        host, _, port = raw.rpartition(":")
         return host, int(port)
 
     # ------------------------------------------------------------------ Transport API

@@ -16,6 +16,7 @@ import heapq
 import struct
 import threading
 import time
+from datetime import timedelta
 
 import torch
 
@@ -165,3 +166,19 @@ class DueTimers:
                     continue
                 heapq.heappop(self._heap)
             fn(*args)
+
+
+def store_get(store, key: str, timeout_s: float, what: str) -> str:
+    """`store`'s value for `key`, waiting at most `timeout_s` for a peer to publish it; else a
+    TransportError saying `what` was awaited (a peer's listening address, a link's arbiter) and why it
+    may be missing, not the store's bare key timeout."""
+    try:
+        store.wait([key], timedelta(seconds=timeout_s))
+        raw = store.get(key)
+    except TransportError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- the store's timeout and connection errors alike
+        raise TransportError(f"no {what} in the rendezvous store after {timeout_s:.0f} s ({type(e).__name__}): "
+                             "that rank has not started its WAN transport -- it failed or is still starting "
+                             "(--outage-limit bounds this wait)") from None
+    return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -24,7 +24,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from geotrain.transport.auth import HANDSHAKE_TIMEOUT_S, STRIPED, Channel, ProtocolError, client_handshake
+from geotrain.transport.auth import (
+    HANDSHAKE_TIMEOUT_S,
+    STRIPED,
+    Channel,
+    ProtocolError,
+    SecretMismatch,
+    client_handshake,
+)
 from geotrain.transport.sockets import close_quietly, unacknowledged_bytes
 from geotrain.transport.striped_frames import (
     ACK,
@@ -42,6 +49,7 @@ from geotrain.transport.striped_frames import (
 NOTSENT_LOWAT = 16 << 10     # bytes a connection may hold unsent in the kernel
 BLOCK = 1 << 20              # bytes per sendall when not shaped
 PACED_BLOCK = 64 << 10       # bytes per sendall when shaped
+SECRET_MISMATCHES = 3        # handshakes refused for the secret in a row before the link is given up (not a blip)
 
 
 @dataclass
@@ -320,7 +328,11 @@ class Peer:
         o.say(f"link to {name}: connection lost ({why}); reconnecting to resend {pending} message(s)")
         start = last_report = time.monotonic()
         backoff = 0.05
+        refused = 1 if isinstance(why, SecretMismatch) else 0
         while not self.closing:
+            if refused >= SECRET_MISMATCHES:      # the peer's host holds another secret: waiting cannot mend it
+                self._give_up(TransportError(f"link to {name}: {why}"))
+                return
             with self.lock:
                 todo = sorted(self.unacked.values(), key=lambda m: m.msg)
             if not todo:
@@ -337,6 +349,9 @@ class Peer:
             except (OSError, ConnectionError) as e:
                 self._drop_lanes()
                 why = e
+                refused = refused + 1 if isinstance(e, SecretMismatch) else 0
+                if refused >= SECRET_MISMATCHES:
+                    continue
             waited = time.monotonic() - start
             if waited >= o.timeout_s:
                 self._give_up(TransportError(f"link to {name} stayed down for {waited:.0f} s ({why})"))

@@ -57,6 +57,7 @@ from geotrain.transport.auth import (
     server_handshake,
 )
 from geotrain.transport.sockets import tune
+from geotrain.transport.striped_frames import store_get
 
 OP = struct.Struct("!c")           # one request or answer byte per frame
 
@@ -337,6 +338,6 @@ def turns_via_store(store, name: str, key: int, order: Sequence[int], *, host: s
         arbiter = TurnArbiter(order, timeout_s, slots)
         h, p = arbiter.serve(host, secret=secret)
         store.set(f"geotrain/turns/{name}", f"{h}:{p}")
-    raw = store.get(f"geotrain/turns/{name}")
-    h, _, p = (raw.decode() if isinstance(raw, bytes) else str(raw)).rpartition(":")
+    raw = store_get(store, f"geotrain/turns/{name}", timeout_s, f"turn arbiter of link {name} (pipeline {order[0]})")
+    h, _, p = raw.rpartition(":")
     return RemoteTurns(h, int(p), key, bind_host=host, secret=secret, handoff=handoff), arbiter
