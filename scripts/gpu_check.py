@@ -12,6 +12,10 @@
 4. bubbletea: training step time with vs without prefill in the bubbles (bench_bubbletea_runtime);
    it fails when nothing was answered, or (GPU mode) the ratio is outside its limits: slower than
    the limit, or so much faster that the measurement is noise.
+5. predict: the `single` run simulated from unit times measured now on the device, beside its
+   measured step time and peak memory: a row of the GPU validation's table (calibrate.gpu_measured),
+   added to OUT/gpu_measured.json (`bench/bench_validate_gpu.py --measured OUT/gpu_measured.json`);
+   it fails (GPU mode) when the iteration or the memory is off by more than its limit.
 
 Nothing is downloaded. Prints one table, writes OUT/gpu_check.md (the table, then each check's
 details) and exits 1 if a check fails.
@@ -38,6 +42,7 @@ SIZES = {  # mode -> (model preset, steps, gpu type, micro-batch, global batch)
 LOSS_LIMIT = 0.05                         # single: worst relative loss difference, bf16 device vs fp32 CPU
 EFFICIENCY = {"gpu": (0.02, 1.0), "cpu": (0.0, 1.0)}     # units: the block's efficiency that fits
 BUBBLETEA = {"gpu": (0.90, 1.05), "cpu": None}   # with / without prefill; CPU: ranks share cores, not judged
+PREDICT = {"gpu": (0.25, 0.20), "cpu": None}     # predict: |iteration error|, |memory error|; CPU: the row only
 
 
 @dataclass
@@ -222,6 +227,37 @@ def table(results: dict[str, tuple[Result, float]]) -> list[str]:
     return rows
 
 
+def predict_verdict(row: dict, limits: tuple[float, float] | None) -> Result:
+    """ok when the row holds positive, finite times (and memory) and, with limits, the prediction's
+    iteration and memory errors are within them."""
+    from geotrain.calibrate.gpu_measured import measured_markdown
+
+    sane = all(isinstance(row.get(k), (int, float)) and row[k] > 0 and math.isfinite(row[k])
+               for k in ("measured_s", "predicted_s", "measured_mem", "predicted_mem"))
+    it = (row["predicted_s"] - row["measured_s"]) / row["measured_s"] if sane else math.nan
+    mem = (row["predicted_mem"] - row["measured_mem"]) / row["measured_mem"] if sane else math.nan
+    ok = sane and (limits is None or (abs(it) <= limits[0] and abs(mem) <= limits[1]))
+    return Result(ok, f"iteration {it:+.1%}, memory {mem:+.1%} (predicted vs measured)",
+                  "a row" if limits is None else f"<= {limits[0]:.0%}, <= {limits[1]:.0%}", [measured_markdown([row])])
+
+
+def check_predict(out: Path, mode: str) -> Result:
+    from geotrain.calibrate.gpu_measured import append_measured, predict_run_dir
+
+    run = out / "single_bf16"
+    if not (run / "summary.json").exists():          # `single` skipped: train its run here
+        _train(_spec(out, "single_bf16", mode, "bf16", 1), run, cpu=mode == "cpu")
+    row = predict_run_dir(run, "cuda" if mode == "gpu" else "cpu", f"gpu_check single ({SIZES[mode][0]})")
+    if mode == "gpu":
+        import torch  # lazy: as above
+
+        row["device"] = torch.cuda.get_device_name(0)
+    append_measured(out / "gpu_measured.json", row)
+    res = predict_verdict(row, PREDICT[mode])
+    res.details.append(f"\nrow added to {out / 'gpu_measured.json'}")
+    return res
+
+
 def _where(mode: str) -> str:
     import torch  # lazy: as above
 
@@ -234,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=["gpu", "cpu"], default="gpu")
     ap.add_argument("--out", default="runs/gpu_check")
-    ap.add_argument("--skip", default="", help="comma-separated checks to skip (single, wan2, units, bubbletea)")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated checks to skip (single, wan2, units, bubbletea, predict)")
     ap.add_argument("--deps", default="", help="what the set-up did (scripts/gpu_check.sh), for the report")
     ap.add_argument("--bubbletea-limits", default=None, metavar="LO,HI",
                     help="step ratio with / without prefill that passes (default: 0.9,1.05 on a GPU; not judged "
@@ -250,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = BUBBLETEA[a.mode] if a.bubbletea_limits is None else tuple(float(x) for x in a.bubbletea_limits.split(","))
     skip = set(filter(None, a.skip.split(",")))
     checks = [("single", lambda: check_single(out, a.mode)), ("wan2", lambda: check_wan2(out, a.mode)),
-              ("units", lambda: check_units(a.mode)), ("bubbletea", lambda: check_bubbletea(out, a.mode, limits))]
+              ("units", lambda: check_units(a.mode)), ("bubbletea", lambda: check_bubbletea(out, a.mode, limits)),
+              ("predict", lambda: check_predict(out, a.mode))]
     where = _where(a.mode)
     print(f"gpu_check ({a.mode} mode): {where}" + (f"; {a.deps}" if a.deps else ""), flush=True)
     results: dict[str, tuple[Result, float]] = {}

@@ -98,6 +98,13 @@ def test_every_check_can_fail():
     assert not gpu_check.bubbletea_verdict({"ratio": 1.0, "answered": 0}, "gpu", gpu).ok
     assert gpu_check.bubbletea_verdict({"ratio": 3.3, "answered": 1}, "cpu", None).ok         # shared cores
     assert not gpu_check.bubbletea_verdict({"ratio": 1.0, "answered": 0}, "cpu", None).ok
+    row = {"run": "r", "layout": "l", "device": "d", "measured_s": 0.10, "predicted_s": 0.11, "measured_mem": 1e9,
+           "predicted_mem": 1.05e9, "when": "now"}
+    assert gpu_check.predict_verdict(row, gpu_check.PREDICT["gpu"]).ok
+    assert not gpu_check.predict_verdict({**row, "predicted_s": 0.2}, gpu_check.PREDICT["gpu"]).ok   # 100 % off
+    assert not gpu_check.predict_verdict({**row, "predicted_mem": 2e9}, gpu_check.PREDICT["gpu"]).ok
+    assert gpu_check.predict_verdict({**row, "predicted_s": 0.2}, None).ok                          # CPU: the row
+    assert not gpu_check.predict_verdict({**row, "measured_mem": None}, None).ok
 
 
 @pytest.mark.slow
@@ -108,11 +115,17 @@ def test_gpu_check_cpu_mode_runs_every_check(tmp_path):
     assert r.returncode == 0, out[-4000:]
     assert "Traceback" not in out
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| ")]
-    assert rows[0].startswith("| check | result |") and len(rows) == 2 + 4        # one table, four checks
-    for name in ("single", "wan2", "units", "bubbletea"):
+    assert rows[0].startswith("| check | result |") and len(rows) == 2 + 5        # one table, five checks
+    for name in ("single", "wan2", "units", "bubbletea", "predict"):
         assert any(ln.startswith(f"| {name} | ok |") for ln in rows), r.stdout
     if python != sys.executable:               # the GPU machine's situation: pydantic came from the shipped wheels
         assert re.search(r"gpu_check deps: unpacked \d+ shipped wheel\(s\) .*pydantic", r.stdout), r.stdout
         assert "torch 2.11" in r.stdout
     report = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "| block |" in report and "CPU fp32 loss" in report
+    # the predict step's row, in the GPU validation's table format (bench/bench_validate_gpu.py --measured)
+    from geotrain.calibrate.gpu_measured import load_measured, measured_markdown
+
+    measured = load_measured(tmp_path / "out" / "gpu_measured.json")
+    assert len(measured) == 1 and measured[0]["measured_s"] > 0 and measured[0]["predicted_s"] > 0
+    assert measured_markdown(measured).splitlines()[2].startswith("| gpu_check single (tiny) |")
