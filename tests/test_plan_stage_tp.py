@@ -15,6 +15,7 @@ from geotrain.errors import GeotrainError, SpecError
 from geotrain.layout.plan import Plan, StagePlan, load_plan, save_plan
 from geotrain.layout.price import wan_bytes_per_link
 from geotrain.layout.tp_check import tp_problem
+from geotrain.layout.wan_bytes import NORM_BYTES
 from geotrain.runtime.train_config import RunConfig, resolve
 from geotrain.sim import simulate
 from geotrain.spec.load import load_spec
@@ -84,6 +85,12 @@ def test_train_refuses_mixed_tp_with_tied_embeddings_in_one_line(tmp_path: Path)
     assert resolve(RunConfig(spec=str(SPEC), plan=_plan((2, 1)).to_dict()))[1].mixed_tp
 
 
+def _norm_bytes(spec, plan) -> int:
+    """The gradient norm's exchange over the east-west boundary, both ways: one float64 per replica
+    to each receiving TP rank (layout.wan_bytes)."""
+    return plan.dp * NORM_BYTES * (plan.stage_tp(0) + plan.stage_tp(1))
+
+
 def test_simulator_prices_each_stage_at_its_own_tp() -> None:
     spec = load_spec(SPEC)
     cost = CostModel(spec.model, precision="fp32", checkpointing="none", optimizer=spec.job.optimizer)
@@ -104,8 +111,9 @@ def test_simulator_prices_each_stage_at_its_own_tp() -> None:
     assert mixed.metrics.peak_memory[plan.rank(0, 0, 1)] < mixed.metrics.peak_memory[plan.rank(1, 0, 0)]
     # the WAN carries one copy per receiving TP rank: forward 1 (stage 1's), backward 2 (stage 0's)
     one = cost.boundary_bytes(2)
-    assert mixed.metrics.wan_bytes == 2 * 4 * one * (1 + 2)
-    assert wan_bytes_per_link(spec, plan) == {("east", "west"): 2 * 4 * one * (1 + 2)}
+    norm = _norm_bytes(spec, plan)      # the gradient norm's float64s (clipping on by default)
+    assert mixed.metrics.wan_bytes == 2 * 4 * one * (1 + 2) + norm
+    assert wan_bytes_per_link(spec, plan) == {("east", "west"): 2 * 4 * one * (1 + 2) + norm}
 
 
 def test_tied_models_are_planned_at_one_tp(tmp_path: Path) -> None:
@@ -144,8 +152,9 @@ def test_equal_tp_boundary_moves_one_copy_then_gathers() -> None:
     cost = CostModel(spec.model, precision="fp32", checkpointing="none", optimizer=spec.job.optimizer)
     res = simulate(spec, _plan((2, 2), dp=2), cost=cost)
     one = cost.boundary_bytes(2)
-    assert res.metrics.wan_bytes == 2 * 4 * one * 2        # dp 2 x m 4 x one copy x both directions
-    assert wan_bytes_per_link(spec, res.plan) == {("east", "west"): 2 * 4 * one * 2}
+    norm = _norm_bytes(spec, res.plan)
+    assert res.metrics.wan_bytes == 2 * 4 * one * 2 + norm        # dp 2 x m 4 x one copy x both directions
+    assert wan_bytes_per_link(spec, res.plan) == {("east", "west"): 2 * 4 * one * 2 + norm}
     west = spec.cluster.dc("west")
     gather = ring_half(one, 2, west.intra_node_gbps * 1e9 / 8, west.intra_dc_latency_us * 1e-6)
     c = res.trace.columns()

@@ -14,7 +14,8 @@ import pytest
 import torch
 from _reference import reference_run, single_process_losses
 
-from geotrain.planner.manual import plan_from_job
+from geotrain.layout.plan import StagePlan
+from geotrain.planner.manual import plan_from_job, split_even
 from geotrain.runtime.launch import launch
 from geotrain.runtime.train_config import RunConfig
 from geotrain.spec.load import load_spec
@@ -39,6 +40,10 @@ CASES = [
                                 "extra_warmup": (2, 0)}, 1),
     ("zbh1-none-replicate", {"schedule": "zb-h1", "checkpointing": "none", "sharding": "replicate"}, 1),
     ("interleaved-full-replicate", {"schedule": "interleaved", "checkpointing": "full", "sharding": "replicate"}, 2),
+    # Four stages over two DCs: the gradient norm's sums pass down a chain of three boundaries and back.
+    ("pp4-1f1b-replicate", {"schedule": "1f1b", "sharding": "replicate", "dp": 1, "num_microbatches": 8,
+                            "pipeline_offsets": (), "stages": tuple(StagePlan(dc, (r,)) for dc, r in zip(
+                                ("east", "east", "west", "west"), split_even(6, 4)))}, 1),
 ]
 
 
@@ -53,9 +58,9 @@ def recipe_spec(tmp: Path, clip: float = 0.4) -> Path:
     return path
 
 
-def reference(spec: Path, steps: int):
+def reference(spec: Path, steps: int, dp: int = 2, m: int = 4):
     plan = plan_from_job(load_spec(spec))
-    return reference_run(spec, plan.micro_batch, plan.num_microbatches, plan.dp, steps)
+    return reference_run(spec, plan.micro_batch, m, dp, steps)
 
 
 def reference_losses(steps: int) -> list[float]:
@@ -95,7 +100,9 @@ def test_pipeline_matches_single_process(launched: Path, name: str) -> None:
     warm-up, cosine decay, weight decay and clipping that acts (norms ~0.5 > 0.4)."""
     rows = read_losses(launched / name)
     got, norms = [x["loss"] for x in rows], [x["grad_norm"] for x in rows]
-    want, want_norms, want_eval = reference(launched / "tiny_2dc_recipe.toml", STEPS)
+    plan = json.loads((launched / name / "plan.json").read_text())["plan"]
+    want, want_norms, want_eval = reference(launched / "tiny_2dc_recipe.toml", STEPS, plan["dp"],
+                                            plan["num_microbatches"])
     assert len(got) == STEPS
     assert all(n > 0.4 for n in want_norms[:3])                    # the clipping acted
     for g, w in zip(got + norms, want + want_norms):

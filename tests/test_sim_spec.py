@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.costs import CostModel
+from geotrain.layout.wan_bytes import NORM_BYTES
 from geotrain.planner.manual import plan_from_job
 from geotrain.sim import simulate
 from geotrain.spec import load_spec
@@ -29,7 +30,8 @@ def test_tiny_example_runs(tiny, tmp_path):
     assert m.tokens_per_s == pytest.approx(plan.global_batch * spec.model.seq_len / m.iteration_time)
     assert set(m.link_utilization) == {"east->west", "west->east"}
     assert m.wan_bytes == 2 * plan.dp * plan.num_microbatches * plan.micro_batch * spec.model.seq_len * \
-        spec.model.hidden * 2   # bf16 activations and gradients, both directions
+        spec.model.hidden * 2 + 2 * plan.dp * NORM_BYTES   # bf16 activations and gradients, both directions;
+    # and the gradient norm's float64 per replica each way (clipping is on by default)
     assert set(m.peak_memory) == set(range(4)) and all(v > 0 for v in m.peak_memory.values())
     # The trace file round-trips and gives the same metrics.
     path = tmp_path / "trace.jsonl"

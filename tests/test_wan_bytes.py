@@ -6,6 +6,7 @@ file's region run)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -18,7 +19,13 @@ from geotrain.console import human_bytes
 from geotrain.costs import CostModel
 from geotrain.layout.plan import StagePlan, save_plan
 from geotrain.layout.price import wan_bytes_per_link
-from geotrain.layout.wan_bytes import LOSS_SUM_BYTES, OVERFLOW_BYTES, pipeline_bytes, wan_bytes_per_direction
+from geotrain.layout.wan_bytes import (
+    LOSS_SUM_BYTES,
+    NORM_BYTES,
+    OVERFLOW_BYTES,
+    pipeline_bytes,
+    wan_bytes_per_direction,
+)
 from geotrain.planner.manual import plan_from_job
 from geotrain.sim import simulate
 from geotrain.spec.load import load_spec
@@ -53,6 +60,7 @@ def test_a_region_plans_dp_sync_is_its_wan_bytes(sharding):
     else:                         # reduce-scatter + 5 bf16 gathers of the weights
         want = _by_hand(spec, plan, lambda c, u: c.grad_bytes(u) + 5 * 2 * c.stage_params(u))
     want += LOSS_SUM_BYTES        # the loss (one float64) summed over the last stage's replicas, one in each DC
+    want += plan.pp * NORM_BYTES  # each stage's all-reduce of its squared gradient norm (clipping on), likewise
     assert wan_bytes_per_direction(spec, plan) == {("east", "west"): want, ("west", "east"): want}
     assert wan_bytes_per_link(spec, plan) == {("east", "west"): 2 * want}     # what egress prices
     assert simulate(spec, plan).metrics.wan_bytes == int(2 * want) > 0          # what plan/simulate print
@@ -100,6 +108,12 @@ def test_the_steps_control_all_reduces_are_counted():
     bf16 sums the loss inside the last stage's DP group (both replicas in west: nothing crosses)."""
     spec = load_spec(SPEC)
     plan = plan_from_job(spec)
-    bf16, fp16 = (wan_bytes_per_direction(spec, plan.with_(precision=p)) for p in ("bf16", "fp16"))
+    unclipped = dataclasses.replace(spec, job=spec.job.model_copy(update={"grad_clip": 0.0}))
+    bf16, fp16 = (wan_bytes_per_direction(unclipped, plan.with_(precision=p)) for p in ("bf16", "fp16"))
     assert fp16 == {k: v + OVERFLOW_BYTES for k, v in bf16.items()}        # 2 (k-1)/k b per hop, k = 2
     assert bf16 == pipeline_bytes(spec, plan)
+    # Clipping: fp16's all-reduce carries the squared norm too; bf16 sends one float64 per replica over
+    # the east-west boundary each way (the partial sum down to stage 0, the total back up).
+    bf16, fp16 = (wan_bytes_per_direction(spec, plan.with_(precision=p)) for p in ("bf16", "fp16"))
+    assert fp16 == {k: v + OVERFLOW_BYTES + NORM_BYTES for k, v in pipeline_bytes(spec, plan).items()}
+    assert bf16 == {k: v + plan.dp * NORM_BYTES for k, v in pipeline_bytes(spec, plan).items()}

@@ -20,6 +20,7 @@ rule) cannot drift apart. A finer compute model plugs in by overriding `compute`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,6 +61,15 @@ class WanTerms:
     @property
     def flow_rate(self) -> float:
         return self.flow_gbps * GBIT
+
+
+@dataclass(frozen=True)
+class NormExchange:
+    """What the gradient norm's exchange costs (`StageCosts.norm_exchange`): per physical stage its
+    one-scalar all-reduce; hop[s] the delivery time of one scalar between stages s and s + 1."""
+
+    reduce: list[float]
+    hop: list[float]
 
 
 @dataclass
@@ -134,6 +144,34 @@ class StageCosts:
         pairs = dp * min(end_tps)
         return comm.pipeline_tied_sum_time(self.base.tied_grad_bytes(sharding, dp), pairs, stage_dcs, self.dc,
                                            self.link)
+
+    def norm_exchange(self, plan) -> NormExchange:
+        """The global gradient norm's exchange before each optimizer step (runtime.recipe.GradNorm,
+        clipping on in bf16/fp32): per stage a one-scalar all-reduce over its dp x tp ranks (a tree:
+        2 log2 latencies inside the DC, and across a region plan's DCs); then the stages' sums go
+        down the pipeline to stage 0 and the total back up, one 8-byte message per neighbour pair
+        and direction, delivered after that boundary's one-way latency (no bandwidth to speak of)."""
+        pp = plan.pp
+        dcs = [st.dc for st in plan.stages]
+        reduce = []
+        for s in range(pp):
+            n = plan.dp * plan.stage_tp(s)
+            places = [d for d, _ in plan.replicas_per_dc()] if plan.replica_dcs else [dcs[s]]
+            k = len(places)             # a tree: up and down, its levels inside a DC, then across the DCs
+            inside = 2 * math.ceil(math.log2(max(1, n // k))) * max(self._latency(a, a) for a in places)
+            across = 2 * math.ceil(math.log2(k)) * max((self._latency(a, b) for a in places for b in places
+                                                        if a != b), default=0.0)
+            reduce.append(inside + across if n > 1 else 0.0)
+        return NormExchange(reduce, [self._latency(dcs[s], dcs[s + 1]) for s in range(pp - 1)])
+
+    def _latency(self, a: str, b: str) -> float:
+        """One-way latency from DC a to b over the link joining them (inside a DC: its own)."""
+        if a == b:
+            return self.dc(a).intra_dc_latency_us * 1e-6
+        link = self.link(a, b)
+        if link is None:
+            raise GeotrainError(f"datacenters {a} and {b} are not linked")
+        return link.latency_ms * 1e-3
 
     # -- transfers --------------------------------------------------------------------------------
     def boundary_bytes(self, micro_batch: int) -> int:

@@ -19,8 +19,12 @@ Three kinds of traffic cross a DC boundary:
     and the last stage, i.e. those bytes each way over every link of its route;
   * the step's control all-reduces (`runtime.trainer.StepGroup`): bf16/fp32 sum the loss (one
     float64) over the last stage's DP group -- across a region plan's DCs --, fp16 all-reduces
-    its overflow flag and the loss (two float64) over the whole world -- every DC the plan uses.
-    A ring all-reduce of b bytes over k DCs puts 2 (k-1)/k b on each hop of the ring.
+    its overflow flag and the loss (two float64; a third, the squared gradient norm, when the job
+    clips) over the whole world -- every DC the plan uses. A ring all-reduce of b bytes over k DCs
+    puts 2 (k-1)/k b on each hop of the ring;
+  * the gradient norm's exchange (bf16/fp32, job.grad_clip > 0; `runtime.recipe.GradNorm`): one
+    float64 all-reduce per stage over its dp x tp ranks (across a region plan's DCs), then per
+    replica one float64 to each receiving TP rank at every boundary, down the pipeline and back.
 
 Checked against the router counters of an emulated region run (tiny_2dc, pp2 x dp2 in
 east+west, bf16, 1f1b, 4 micro-batches, `RUN_DIR/wan_bytes.json`, per iteration from the
@@ -39,6 +43,7 @@ from geotrain.spec.load import Spec
 Direction = tuple[str, str]   # (sending DC, receiving DC)
 LOSS_SUM_BYTES = 8            # bf16/fp32: the loss (float64) summed over the last stage's DP group per iteration
 OVERFLOW_BYTES = 16           # fp16: the overflow flag and the loss (2 x float64) over the world per iteration
+NORM_BYTES = 8                # the gradient norm's squared sum (float64), per message of its exchange
 
 MEASURED = """Per iteration, per direction (4-step minus 2-step run, machine under load from other work;
 `geotrain train PLAN --wan kernel --data synthetic --steps N` on tests/test_region_train.py's
@@ -136,11 +141,19 @@ def collective_bytes(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Dire
         total = sum(nbytes for _, nbytes in sync_collectives(spec, plan, backend))
         for i in range(k):
             _add(out, ring[i], ring[(i + 1) % k], (k - 1) / k * total)
-    control = LOSS_SUM_BYTES if plan.precision != "fp16" else OVERFLOW_BYTES
+    clips = spec.job.grad_clip > 0
+    control = LOSS_SUM_BYTES if plan.precision != "fp16" else OVERFLOW_BYTES + NORM_BYTES * clips
     ring = plan.dcs_by_rank() if plan.precision == "fp16" else \
         list(dict.fromkeys(plan.dc_of(plan.pp - 1, d) for d in range(plan.dp)))
-    for i in range(len(ring) if len(ring) > 1 else 0):
-        _add(out, ring[i], ring[(i + 1) % len(ring)], 2 * (len(ring) - 1) / len(ring) * control)
+    _ring(out, ring, control)
+    if clips and plan.precision != "fp16":
+        for s in range(plan.pp):          # the stage's scalar all-reduce (crosses DCs on a region plan)
+            _ring(out, list(dict.fromkeys(plan.dc_of(s, d) for d in range(plan.dp))), NORM_BYTES)
+        for s in range(plan.pp - 1):      # the sums down to stage 0, the total back up
+            for d in range(plan.dp):
+                a, b = plan.dc_of(s, d), plan.dc_of(s + 1, d)
+                _add(out, b, a, NORM_BYTES * plan.stage_tp(s))
+                _add(out, a, b, NORM_BYTES * plan.stage_tp(s + 1))
     nbytes = _cost(spec, plan).tied_grad_bytes(plan.sharding, plan.dp)
     if nbytes and plan.pp > 1:
         pairs = plan.dp * min(plan.stage_tp(0), plan.stage_tp(plan.pp - 1))
@@ -149,6 +162,12 @@ def collective_bytes(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Dire
             _add(out, a, b, pairs * nbytes)
             _add(out, b, a, pairs * nbytes)
     return out
+
+
+def _ring(out: dict[Direction, float], ring: list[str], nbytes: float) -> None:
+    """A ring all-reduce of `nbytes` over DCs `ring`: 2 (k-1)/k of them on each hop."""
+    for i in range(len(ring) if len(ring) > 1 else 0):
+        _add(out, ring[i], ring[(i + 1) % len(ring)], 2 * (len(ring) - 1) / len(ring) * nbytes)
 
 
 def wan_bytes_per_direction(spec: Spec, plan: Plan, backend: str = "nccl") -> dict[Direction, float]:

@@ -187,10 +187,13 @@ class PipelineRank:
             self._sends.append((work, t_start, t.numel() * t.element_size(), link, dst, a))
 
     # -- one iteration ---------------------------------------------------------------------
-    def run_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]], loss_scale: float = 1.0) -> float:
+    def run_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]], loss_scale: float = 1.0,
+                      wait_sends: bool = True) -> float:
         """Execute the action list once, up to its OPTIMIZER action (the last). `batches[mb] = (inputs,
         targets)`, needed by ranks holding the first or last virtual stage. Returns the sum over
-        micro-batches of this replica's loss / m (0.0 on ranks without the last virtual stage)."""
+        micro-batches of this replica's loss / m (0.0 on ranks without the last virtual stage).
+        `wait_sends` False: the sends are left to `finish_sends` (the caller posts the gradient norm's
+        exchange first)."""
         m = self.schedule.num_microbatches
         self._slots, self._posted, self._sends = {}, {}, []
         self._acts: dict[tuple[int, int], torch.Tensor] = {}
@@ -238,11 +241,16 @@ class PipelineRank:
                 pass  # BubbleTea work runs where the rank would wait (the `bubble` hook), not as an action
             else:
                 raise RuntimeError(f"unknown action {a}")
-        self._wait_sends()
+        if wait_sends:
+            self._wait_sends()
         self._slots.clear()
         if self.bubble is not None:
             self.bubble.end_iteration()
         return float(loss_sum)
+
+    def finish_sends(self) -> None:
+        """Wait for the iteration's sends (after run_iteration(wait_sends=False))."""
+        self._wait_sends()
 
     @torch.no_grad()
     def evaluate(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> float:

@@ -8,12 +8,11 @@ gives the norm of the WHOLE model's gradient from every rank's local pieces: eac
 squares of what it holds, weighted by the share of the stage's ranks holding the same values (a
 DTensor's sharded mesh dims hold distinct pieces; Replicate dims, DP replicas and TP copies of plain
 tensors are the same numbers), so the sum over a stage's ranks is that stage's sum of squares
-counted once. Stages then exchange their totals: inside the stage one all-reduce (inside a DC),
-across the stages one scalar per peer stage by `batch_isend_irecv`, sent as soon as this stage's
-gradients are final -- the later stages finish their backward first, so their partials are on
-the way while the first stage still computes. fp16 folds the partial into the overflow
-all-reduce the step already runs (`trainer.StepGroup`). Clipping then scales every gradient by
-min(1, max_norm / (norm + 1e-6)), as `torch.nn.utils.clip_grad_norm_` does.
+counted once. Inside the stage one all-reduce (inside a DC) gives the stage's sum; across the
+stages the sums travel down the pipeline to stage 0 and the total back up (`GradNorm`), posted
+as soon as this stage's gradients are final, before the rank waits for its boundary sends' ACKs. fp16 folds
+the partial into the overflow all-reduce the step already runs (`trainer.StepGroup`). Clipping
+then scales every gradient by min(1, max_norm / (norm + 1e-6)), as `clip_grad_norm_` does.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from torch.distributed.tensor import DTensor
 from geotrain.runtime.runfile import outage_limit_s
 from geotrain.runtime.scaler import _local
 
-NORM_TAG = 0x6E6F  # the gradient-norm exchange's p2p tag (apart from the pipeline's boundary tags)
+NORM_TAG = 1 << 30  # the gradient norm's p2p tags (+0 partial sums, +1 the total): above every p2p.make_tag
 
 
 def lr_at(step: int, job, horizon: int | None = None) -> float:
@@ -126,11 +125,21 @@ def clip_(params: Iterable[nn.Parameter], norm: float, max_norm: float) -> None:
 
 class GradNorm:
     """The global gradient norm on one rank of a plan (see the module docstring). Construct on
-    every rank, in the same order: it creates each stage's process group."""
+    every rank, in the same order: it creates each stage's process group.
+
+    The stages' sums travel along the pipeline, the way its gradients do: stage s adds its own to
+    what stage s+1 sent and passes it on to s-1 (the last stage starts, as soon as its gradients
+    are final); stage 0 then holds the whole sum, and sends it back up the chain, stage by stage,
+    the way the next iteration's activations go. Every message is one float64 between neighbours
+    -- the links the plan already uses -- and stage 0, the last to finish a 1F1B iteration, finds
+    the sum waiting; the others get the total about when they would get stage 0's next activations.
+    The scalars travel as CPU tensors (gloo): ranks sharing one GPU could not exchange them over
+    NCCL, and the host needs the norm anyway; each cross-stage wait is bounded by the outage limit
+    and names its peer."""
 
     def __init__(self, plan, rank: int, device: torch.device):
         stage, replica, t = plan.coords(rank)
-        self.device, self.stage_ranks = device, plan.dp * plan.stage_tp(stage)
+        self.device, self.stage_ranks, self.stage, self.pp = device, plan.dp * plan.stage_tp(stage), stage, plan.pp
         self.stage_group = None
         for s in range(plan.pp):
             ranks = sorted(plan.rank(s, r, u) for r in range(plan.dp) for u in range(plan.stage_tp(s)))
@@ -138,33 +147,50 @@ class GradNorm:
             if s == stage:
                 self.stage_group = group
         tp = plan.stage_tp(stage)
-        # Rank (k, replica, t) takes stage j's total from (j, replica, t mod tp_j); so this rank sends
-        # to every (k, replica, u) with u mod tp == t.
-        self.stage = stage
-        self.recv_from = [plan.rank(j, replica, t % plan.stage_tp(j)) for j in range(plan.pp) if j != stage]
-        self.send_to = [plan.rank(k, replica, u) for k in range(plan.pp) if k != stage
-                        for u in range(plan.stage_tp(k)) if u % tp == t]
+
+        def source(s: int) -> int | None:       # the rank of stage s this one hears from
+            return plan.rank(s, replica, t % plan.stage_tp(s)) if 0 <= s < plan.pp else None
+
+        def targets(s: int) -> list[int]:       # the ranks of stage s this one tells (each hears once)
+            if not 0 <= s < plan.pp:
+                return []
+            return [plan.rank(s, replica, u) for u in range(plan.stage_tp(s)) if u % tp == t]
+
+        self.from_up, self.to_down = source(stage + 1), targets(stage - 1)      # the partial sums
+        self.from_down, self.to_up = source(stage - 1), targets(stage + 1)      # the total
+
+    def _wait(self, work, peer: int | None) -> None:
+        limit = outage_limit_s()
+        try:
+            work.wait(timeout=timedelta(seconds=limit))
+        except RuntimeError as e:
+            raise RuntimeError(f"gradient norm exchange with rank {peer}: no answer within {limit:.0f} s "
+                               f"(--outage-limit; did a peer rank stop?) [{str(e).strip()[:120]}]") from None
+
+    def start(self, local: torch.Tensor):
+        """Sum `local_sq_sum` over the stage (inside its DC), add the partial sum of the stages after
+        this one and pass it on towards stage 0, without waiting for it to leave."""
+        acc = local.detach().reshape(1).to("cpu", torch.float64)
+        if self.stage_group is not None:
+            dist.all_reduce(acc, group=self.stage_group)
+        if self.from_up is not None:
+            up = torch.empty_like(acc)
+            self._wait(dist.irecv(up, self.from_up, tag=NORM_TAG), self.from_up)
+            acc = up + acc                 # later stages first: the same order of additions everywhere
+        works = [(dist.isend(acc, peer, tag=NORM_TAG), peer) for peer in self.to_down]
+        total = torch.empty_like(acc) if self.from_down is not None else acc
+        if self.from_down is not None:
+            works.append((dist.irecv(total, self.from_down, tag=NORM_TAG + 1), self.from_down))
+        return total, works
+
+    def finish(self, pending) -> float:
+        """The norm over every stage: stage 0's sum, passed on up the chain."""
+        total, works = pending
+        for work, peer in works:
+            self._wait(work, peer)
+        for work, peer in [(dist.isend(total, peer, tag=NORM_TAG + 1), peer) for peer in self.to_up]:
+            self._wait(work, peer)
+        return math.sqrt(float(total))
 
     def total(self, local: torch.Tensor) -> float:
-        """The norm over every stage, from this rank's `local_sq_sum`. The scalars travel as CPU tensors
-        (gloo): ranks sharing one GPU could not exchange them over NCCL, and the host needs the norm anyway;
-        each cross-stage wait is bounded by the outage limit and names its peer."""
-        stage = local.detach().reshape(1).to("cpu", torch.float64)
-        if self.stage_group is not None:
-            dist.all_reduce(stage, group=self.stage_group)        # inside the stage (its DC)
-        if not self.recv_from:
-            return math.sqrt(float(stage))
-        bufs = [torch.empty_like(stage) for _ in self.recv_from]
-        ops = [dist.P2POp(dist.isend, stage, peer, tag=NORM_TAG) for peer in self.send_to]
-        ops += [dist.P2POp(dist.irecv, buf, peer, tag=NORM_TAG) for buf, peer in zip(bufs, self.recv_from)]
-        limit = outage_limit_s()
-        peers = ", ".join(map(str, sorted({*self.send_to, *self.recv_from})))
-        for work in dist.batch_isend_irecv(ops):
-            try:
-                work.wait(timeout=timedelta(seconds=limit))
-            except RuntimeError as e:
-                raise RuntimeError(f"gradient norm exchange with rank(s) {peers}: no answer within {limit:.0f} s "
-                                   f"(--outage-limit; did a peer rank stop?) [{str(e).strip()[:120]}]") from None
-        totals = [float(b) for b in bufs]
-        totals.insert(self.stage, float(stage))
-        return math.sqrt(sum(totals))        # in stage order on every rank: the same float everywhere
+        return self.finish(self.start(local))

@@ -117,6 +117,7 @@ class Trainer:
         self.runner, self.params, self.optimizer = runner, params, optimizer
         self.job, self.norm, self.norm_skip = job, norm, list(norm_skip)
         self.clip = float(job.grad_clip) if job is not None else 0.0
+        self._defer = False
         self.scaler = scaler or GlobalLossScaler(False)
         self.tied, self.group, self.stage = tied, group, stage
         self.recorder = recorder or Recorder(0, 0.0, enabled=False)
@@ -126,7 +127,11 @@ class Trainer:
 
     def step(self, step: int, batches: Batches) -> StepResult:
         """One optimizer step on `batches` (this rank's micro-batches; {} where it holds neither end)."""
-        loss_local = self.runner.run_iteration(batches, loss_scale=self.scaler.scale)
+        # With the norm exchange, the boundary sends are waited for after its partial is posted.
+        self._defer = self.clip > 0 and self.norm is not None and not self.scaler.enabled and \
+            hasattr(self.runner, "finish_sends")
+        loss_local = self.runner.run_iteration(batches, loss_scale=self.scaler.scale,
+                                               **({"wait_sends": False} if self._defer else {}))
         if step in self.inject_inf:
             self._poison_a_gradient()
         if self.tied is not None:
@@ -167,9 +172,14 @@ class Trainer:
         if not self.scaler.enabled:
             if self.clip <= 0:
                 return False, None, None
-            t = self.recorder.now()
             sq = self._sq()
-            norm = self.norm.total(sq) if self.norm is not None else float(sq) ** 0.5
+            if self.norm is None:
+                return False, None, float(sq) ** 0.5
+            pending = self.norm.start(sq)
+            if self._defer:
+                self.runner.finish_sends()
+            t = self.recorder.now()
+            norm = self.norm.finish(pending)
             self.recorder.add("recv_wait", t, self.recorder.now(), stage=-1)
             return False, None, norm
         rec = self.recorder

@@ -73,7 +73,8 @@ def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
         def pick(m: np.ndarray, row: dict = row) -> dict[str, np.ndarray]:
             return {k: v[m] for k, v in row.items()}
 
-        m = (ops == COMPUTE) | (ops == ALLREDUCE)
+        shown = row["kind"] >= 0           # kind -1: no event (the gradient norm's scalar all-reduce and sends)
+        m = ((ops == COMPUTE) | (ops == ALLREDUCE)) & shown
         e = S[:, m] + dur[m]
         if ends is not None:   # a core pool: computes end when their shared work is done
             e = np.where(ops[m] == COMPUTE, ends[s][:, m], e)
@@ -81,7 +82,7 @@ def build_columns(prog: Program, res: EngineResult, rank_table) -> Columns:
         m = ops == RECV
         if m.any():
             add({**pick(m), "unit": unit, "start": S[:, m], "end": B[:, m]}, tp, keep=B[:, m] > S[:, m])
-        m = (ops == SEND_INTRA) | (ops == SEND_WAN) | (ops == SEND_SYNC)
+        m = ((ops == SEND_INTRA) | (ops == SEND_WAN) | (ops == SEND_SYNC)) & shown
         if m.any():
             ds = np.array(p.dst_stage)[m]
             dslot = np.array(p.dst_slot)[m]

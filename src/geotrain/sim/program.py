@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from geotrain.errors import InfeasibleError
 from geotrain.layout.plan import LinkPlan, Plan
-from geotrain.layout.stage_costs import StageCosts
+from geotrain.layout.stage_costs import NormExchange, StageCosts
 from geotrain.schedule.actions import Op, Schedule
 from geotrain.trace.metrics import KIND_CODE
 
@@ -101,6 +101,30 @@ def _wan_direction(costs: StageCosts, plan: Plan, a: str, b: str, copies: int = 
                         sharing=lp.sharing, priority=prio, ack_s=w.ack_s, turn_s=w.turn_s)
 
 
+def _norm_sends(p: StageProgram, s: int, v: int, it: int, pp: int, norm: NormExchange, sends: list,
+                recv_slot: dict) -> None:
+    """Stage s's scalar all-reduce, then the partial sum: from stage s + 1, on to s - 1."""
+    if norm.reduce[s] > 0:
+        _append(p, ALLREDUCE, norm.reduce[s], -1, v, -1, it, 0)
+    if s < pp - 1:
+        recv_slot[(2, s + 1, s, -1, it)] = s * (1 << 40) + len(p.ops)
+        _append(p, RECV, 0.0, KIND_CODE["recv_wait"], v, -1, it, 0)
+    if s > 0:
+        sends.append((s, len(p.ops), 2, s - 1, it))
+        _append(p, SEND_INTRA, norm.hop[s - 1], -1, v, -1, it, 8)
+
+
+def _norm_recvs(p: StageProgram, s: int, v: int, it: int, pp: int, norm: NormExchange, sends: list,
+                recv_slot: dict) -> None:
+    """Stage s takes the total from stage s - 1 and passes it on to s + 1."""
+    if s > 0:
+        recv_slot[(3, s - 1, s, -1, it)] = s * (1 << 40) + len(p.ops)
+        _append(p, RECV, 0.0, KIND_CODE["recv_wait"], v, -1, it, 0)
+    if s < pp - 1:
+        sends.append((s, len(p.ops), 3, s + 1, it))
+        _append(p, SEND_INTRA, norm.hop[s], -1, v, -1, it, 8)
+
+
 def _append(p: StageProgram, code: int, dur: float, kind: int, v: int, mb: int, it: int, nb: int) -> None:
     p.ops.append(code)
     p.dur.append(float(dur))
@@ -117,13 +141,18 @@ def _append(p: StageProgram, code: int, dur: float, kind: int, v: int, mb: int, 
 
 def compile_program(plan: Plan, costs: StageCosts, schedule: Schedule, stage_costs: list, allreduce_time: list[float],
                     optimizer_time: list[float], iterations: int, blocking: bool = False,
-                    step_sync: list[float] | None = None) -> Program:
+                    step_sync: list[float] | None = None, norm: NormExchange | None = None) -> Program:
     """`costs` prices the transfers (intra-DC, WAN directions with their ACK wait, TP gathers);
     each OPTIMIZER is preceded by a WAIT_ACKS slot. `blocking`: sends between stages are blocking
     rendezvous (SEND_SYNC, a runtime with blocking NCCL send/recv such as DeepSpeed's pipe engine):
     sender and receiver both wait until the other side is there and the transfer is done.
     `step_sync`: per physical stage, a wait of that many seconds at the WAIT_ACKS slot -- the
-    runtime's step-wide collective before the optimizer (calibrate.waits.global_sync_s)."""
+    runtime's step-wide collective before the optimizer, as a calibration measured it
+    (calibrate.waits.global_sync_s). `norm` (clipping on, analytic): before each OPTIMIZER the
+    gradient norm's exchange (runtime.recipe.GradNorm) -- the stage's scalar all-reduce, the partial
+    sum from the next stage received and passed on to the previous one before the WAIT_ACKS, then the
+    total from the previous stage received and passed on after it; each scalar delivered after
+    norm.hop, no link contention (8 bytes)."""
     pp, vps = plan.pp, schedule.virtual_per_stage
     if schedule.num_stages != pp:
         raise ValueError(f"schedule has {schedule.num_stages} stages, plan has {pp}")
@@ -159,13 +188,18 @@ def compile_program(plan: Plan, costs: StageCosts, schedule: Schedule, stage_cos
     # Pass 1: lay out every stage's program and index its receives.
     recv_slot: dict[tuple[bool, int, int, int, int], int] = {}  # (is_act, from_v, to_v, mb, it) -> slot
     pending_sends: list[tuple[int, int, bool, int, int, int, int]] = []
+    norm_sends: list[tuple[int, int, int, int, int]] = []   # (stage, slot, 2 partial | 3 total, to stage, it)
     for s, acts in enumerate(schedule.actions):
         p = progs[s]
         for it in range(iterations):
             for a in acts:
                 op, v = a.op, a.stage
                 if op == Op.OPTIMIZER:
+                    if norm is not None:        # the partial leaves before the boundary sends' ACKs
+                        _norm_sends(p, s, v, it, pp, norm, norm_sends, recv_slot)
                     _append(p, WAIT_ACKS, step_sync[s] if step_sync else 0.0, -1, v, a.mb, it, 0)
+                    if norm is not None:
+                        _norm_recvs(p, s, v, it, pp, norm, norm_sends, recv_slot)
                 slot = len(p.ops)
                 code, dur, kind, nb = COMPUTE, 0.0, -1, 0
                 if op in _COMPUTE_OPS:
@@ -197,6 +231,9 @@ def compile_program(plan: Plan, costs: StageCosts, schedule: Schedule, stage_cos
                 else:
                     raise ValueError(f"the simulator has no duration for {a} (op {op.value})")
                 _append(p, code, dur, kind, v, a.mb, it, nb)
+    for s, slot, what, j, it in norm_sends:                 # the norm's scalars: no link, only latency
+        packed = recv_slot.pop((what, s, j, -1, it))
+        progs[s].dst_stage[slot], progs[s].dst_slot[slot] = packed >> 40, packed & ((1 << 40) - 1)
     # Pass 2: resolve every send to its receive and link.
     for s, slot, is_act, v, peer, mb, it in pending_sends:
         key = (is_act, v, peer, mb, it)

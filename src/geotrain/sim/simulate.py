@@ -7,7 +7,7 @@ from itertools import chain
 from geotrain.errors import GeotrainError
 from geotrain.layout.peaks import stage_peaks
 from geotrain.layout.plan import Plan
-from geotrain.layout.stage_costs import StageCost, StageCosts, plan_inputs
+from geotrain.layout.stage_costs import NormExchange, StageCost, StageCosts, plan_inputs
 from geotrain.layout.wan_bytes import collective_bytes
 from geotrain.schedule.actions import Schedule
 from geotrain.schedule.builders import schedule_for_plan
@@ -100,7 +100,7 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
                    schedule: Schedule | None = None, progress: bool = False,
                    peak_memory: dict[int, float] | None = None, core_slowdown: list[float] | None = None,
                    costs: StageCosts | None = None, p2p: str = "overlapped",
-                   step_sync: list[float] | None = None) -> SimResult:
+                   step_sync: list[float] | None = None, norm: NormExchange | None = None) -> SimResult:
     """The core: run `iterations` iterations of the plan's schedule with explicit costs.
 
     stage_costs: one per virtual stage; allreduce_time, optimizer_time: one per physical stage.
@@ -113,7 +113,9 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     boundary tensors -- "overlapped" (geotrain's: a send does not wait for its receive) or
     "blocking" (DeepSpeed's pipe engine: blocking NCCL send/recv in its TrainSchedule's order,
     `schedule.deepspeed`; 1F1B plans inside one DC only). step_sync: per physical stage, the
-    runtime's step-wide collective before its optimizer step, as a wait (calibrate.waits)."""
+    runtime's step-wide collective before its optimizer step, as a wait a calibration measured
+    (calibrate.waits). norm: the gradient norm's exchange before each optimizer step, modelled
+    (clipping on, bf16/fp32: `StageCosts.norm_exchange`; the analytic prediction's)."""
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
     if p2p not in P2P_MODES:
@@ -126,7 +128,7 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
         sched = schedule if schedule is not None else plan_schedule(plan)
     costs = costs if costs is not None else StageCosts(None, cluster)
     prog = compile_program(plan, costs, sched, stage_costs, allreduce_time, optimizer_time, iterations,
-                           blocking=p2p == "blocking", step_sync=step_sync)
+                           blocking=p2p == "blocking", step_sync=step_sync, norm=norm)
     offsets = list(plan.pipeline_offsets) + [0.0] * (plan.dp - len(plan.pipeline_offsets))
     offsets = offsets[:plan.dp]
     pool = CorePool(core_slowdown) if core_slowdown is not None else None
@@ -142,6 +144,14 @@ def simulate_costs(plan: Plan, cluster: Cluster, stage_costs: list[StageCost], a
     fast = _iteration_time(prog, res, iterations)
     trace = SimTrace(prog, res, plan.rank_table, plan.num_ranks, meta)
     return SimResult(trace, sched, plan, fast, tokens_per_iteration, peak_memory)
+
+
+def norm_exchange(spec, plan: Plan, costs: StageCosts) -> NormExchange | None:
+    """The gradient norm's exchange a run of `spec` pays per step: clipping on, and not fp16 (which
+    folds the norm into its overflow all-reduce)."""
+    if spec.job.grad_clip <= 0 or plan.precision == "fp16":
+        return None
+    return costs.norm_exchange(plan)
 
 
 def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = False,
@@ -167,7 +177,7 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
     tokens = plan.global_batch * spec.model.seq_len
     res = simulate_costs(plan, costs.cluster, inputs.stage_costs, inputs.allreduce, inputs.optimizer, tokens,
                          iterations=iterations, schedule=sched, progress=progress, peak_memory=peak_memory,
-                         costs=costs, p2p=p2p)
+                         costs=costs, p2p=p2p, norm=norm_exchange(spec, plan, costs))
     # The trace moves no bytes for the collectives: their WAN bytes come from the one definition
     # (layout.wan_bytes), which trace.metrics adds to the transfers' bytes.
     res.trace.meta[WAN_COLLECTIVE_BYTES] = sum(collective_bytes(spec, plan).values())
