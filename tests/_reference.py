@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from geotrain.models.llama import build_model
+from geotrain.models.moe import aux_loss_scale
 from geotrain.runtime.batches import SyntheticTokens
 from geotrain.runtime.interpreter import lm_loss
 from geotrain.runtime.recipe import lr_at, param_groups
@@ -35,9 +36,19 @@ def reference_run(spec_path: Path, micro_batch: int, m: int, dp: int, steps: int
     src = SyntheticTokens(spec.model.vocab, spec.model.seq_len, micro_batch, m, dp, job.seed)
     losses, norms, evals = [], [], {}
     for step in range(steps):
-        x, y = src.global_batch(step)
-        loss = lm_loss(model(x), y)
-        loss.backward()
+        if spec.model.experts:     # MoE: the load-balancing loss is per micro-batch, as the ranks run them
+            loss = torch.zeros(())
+            for r in range(dp):
+                for j in range(m):
+                    x, y = src.batch(step, r, j)
+                    with aux_loss_scale(1 / (dp * m)):
+                        part = lm_loss(model(x), y) / (dp * m)
+                    part.backward()
+                    loss += part.detach()
+        else:
+            x, y = src.global_batch(step)
+            loss = lm_loss(model(x), y)
+            loss.backward()
         if job.grad_clip > 0:
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip)))
         for group in opt.param_groups:

@@ -117,6 +117,7 @@ class Plan:
         if self.outer is None:
             return self.dcs_by_rank()
         return list(dict.fromkeys(dc for w in range(self.num_workers) for dc in self.worker_plan(w).dcs_by_rank()))
+    ep: int = 1                              # expert parallelism: ep consecutive replicas of a stage split the experts
 
     @property
     def pp(self) -> int:
@@ -267,7 +268,10 @@ class Plan:
 
     # -- serialization --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["ep"] == 1:
+            del d["ep"]            # a dense plan's file as before expert parallelism
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:

@@ -42,6 +42,8 @@ def plan_field_problem(plan) -> tuple[str, str] | None:
                      ("tp", MAX_TP)):
         if not _count(getattr(plan, name), hi):
             return f"plan.{name}", f"must be an integer from 1 to {hi} (got {getattr(plan, name)!r:.40})"
+    if not _count(getattr(plan, "ep", 1), MAX_DP) or plan.dp % plan.ep:
+        return "plan.ep", f"must be an integer from 1 to {MAX_DP} dividing dp={plan.dp} (got {plan.ep!r:.40})"
     for name, allowed in (("schedule", get_args(ScheduleKind)), ("precision", PRECISIONS),
                           ("sharding", get_args(Sharding)), ("checkpointing", CHECKPOINTING)):
         if getattr(plan, name) not in allowed:

@@ -1,4 +1,4 @@
-"""Whether a plan's tensor parallelism can run on a model and cluster, stage by stage.
+"""Whether a plan's tensor (and expert) parallelism can run on a model and cluster, stage by stage.
 
 A TP group is tp_s consecutive ranks of stage s (plan.Plan.rank), so it stays inside one node
 exactly when tp_s divides the node's GPU count of the stage's DC; the heads, KV heads and FFN
@@ -29,8 +29,38 @@ def tp_problem(model, plan, cluster) -> str | None:
             if dc.gpus_per_node % tp:
                 return (f"{label} does not divide the {dc.gpus_per_node} GPUs per node of datacenter {dc.name} "
                         f"({where}): a TP group would straddle two nodes")
-        for what, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn)):
+        for what, n in split_widths(model):
             if n % tp:
                 return (f"{label} does not divide model {model.name}'s {what}={n}; tensor parallelism splits "
                         "them evenly")
+    return ep_problem(model, plan)
+
+
+def split_widths(model) -> list[tuple[str, int]]:
+    """The widths tensor parallelism splits: heads, KV heads, the MLP's (each expert's and the
+    shared expert's for a mixture of experts)."""
+    out = [("heads", model.heads), ("kv_heads", model.kv_heads)]
+    if not getattr(model, "experts", 0):
+        return out + [("ffn", model.ffn)]
+    out.append(("expert_ffn", model.expert_ffn))
+    return out + ([("shared_expert_ffn", model.shared_expert_ffn)] if model.shared_expert_ffn else [])
+
+
+def ep_problem(model, plan) -> str | None:
+    """Why the plan's expert parallelism cannot run on this model (one line), or None. ep splits
+    the experts over ep consecutive DP replicas of each stage."""
+    ep = getattr(plan, "ep", 1)
+    if ep == 1:
+        return None
+    experts = getattr(model, "experts", 0)
+    if not experts:
+        return f"ep={ep}: model {model.name} has no experts to split (expert parallelism needs a MoE model)"
+    if experts % ep:
+        return f"ep={ep} does not divide model {model.name}'s {experts} experts"
+    if plan.dp % ep:
+        return f"ep={ep} does not divide dp={plan.dp}: an EP group is ep replicas of a stage"
+    if plan.mixed_tp:
+        return f"ep={ep} with stages of different tp ({plan.tp_label()}) is not supported"
+    if plan.sharding == "zero1":
+        return f"ep={ep} with sharding zero1 is not supported (use replicate, zero2 or zero3)"
     return None

@@ -15,6 +15,7 @@ from functools import lru_cache
 
 from geotrain.costs import CostModel, comm
 from geotrain.layout.stage_costs import StageCosts
+from geotrain.layout.tp_check import split_widths
 from geotrain.planner.split import prefix_sums
 from geotrain.spec.cluster import Datacenter, GPUType, WanLink
 from geotrain.spec.load import Spec
@@ -53,10 +54,10 @@ def tp_options(spec: Spec) -> tuple[int, ...]:
 
 def _model_tps(spec: Spec, node: int) -> tuple[int, ...]:
     """Powers of two up to `node` that divide the node, the heads, the KV heads and the FFN."""
-    m = spec.model
+    widths = [n for _, n in split_widths(spec.model)]
     out, t = [], 1
     while t <= node:
-        if not (m.heads % t or m.kv_heads % t or m.ffn % t or node % t):
+        if not (node % t or any(n % t for n in widths)):
             out.append(t)
         t *= 2
     return tuple(out)

@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from geotrain.layout.plan import Plan
+from geotrain.models.moe import aux_loss_scale
 from geotrain.runtime.activation_ckpt import weight_gradients_in_one_pass
+from geotrain.runtime.expert_parallel import reduce_expert_grads, split_expert_params
 from geotrain.runtime.p2p import Transport, make_tag
 from geotrain.runtime.parallelize import allreduce_grads, fsdp_no_sync, fsdp_reduce_grads, fsdp_unshard, is_fsdp
 from geotrain.runtime.recorder import Recorder
@@ -313,7 +315,7 @@ class PipelineRank:
             inp = batches[mb][0]
         else:
             inp = self._acts.pop((v, mb)).to(torch.float32).requires_grad_(True)
-        with self.autocast():
+        with self.autocast(), aux_loss_scale(loss_scale / m):   # MoE load balancing: like this micro-batch's loss
             out = chunk(inp)
         slot = _Slot(inp=inp)
         self._slots[(v, mb)] = slot
@@ -357,9 +359,11 @@ class PipelineRank:
     def _reduce_grads(self) -> None:
         plain: list[nn.Parameter] = []
         for chunk in self.chunks.values():
+            dense, experts = split_expert_params(chunk)
             if is_fsdp(chunk):
                 fsdp_reduce_grads(chunk)
             else:
-                plain.extend(chunk.parameters())
+                plain.extend(dense)
+            reduce_expert_grads(chunk, experts, self.plan.dp)
         if plain and self.plan.dp > 1:
             allreduce_grads(plain, self.dp_group, self.plan.dp, dtype=self.boundary_dtype, staged=self.dp_staged)

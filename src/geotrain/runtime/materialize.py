@@ -22,6 +22,7 @@ from geotrain.models.hf_weights import load_hf_weights
 from geotrain.models.llama import Block, UnitStack, build_units
 from geotrain.models.shards import fill_initial
 from geotrain.runtime.activation_ckpt import apply_checkpointing
+from geotrain.runtime.expert_parallel import apply_ep, split_expert_params
 from geotrain.runtime.parallelize import apply_fsdp, apply_tp
 
 
@@ -35,9 +36,10 @@ def build_chunk(model, start: int, end: int, plan, mesh, device: torch.device, h
         module.tie_head_to_embedding()      # one matrix; across stages the copies sum gradients (`tied`)
     if mesh["tp"].size() > 1:
         apply_tp(module, mesh["tp"])
+    apply_ep(module, mesh)
     apply_checkpointing(module, plan.checkpointing)
-    if plan.sharding in ("zero2", "zero3"):
-        apply_fsdp(module, mesh["dp"], plan.sharding, plan.precision)
+    if plan.sharding in ("zero2", "zero3"):     # EP-split experts stay out of FSDP2 (`expert_parallel`)
+        apply_fsdp(module, mesh["dp"], plan.sharding, plan.precision, ignored=split_expert_params(module)[1])
     materialize(module, model, device, hf)
     return module
 

@@ -7,6 +7,8 @@ import zlib
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from geotrain.errors import GeotrainError
+
 
 def tp_code(plan) -> int:
     """The tp a checkpoint's layout records (pp, dp, tp: three numbers in every checkpoint): the
@@ -24,7 +26,18 @@ def stage_mesh(device_type: str, plan, stage: int) -> DeviceMesh:
     whatever the numbering. Stages of different tp: one (dp, tp_s) mesh per stage over that
     stage's ranks. Creating a mesh creates its process groups, which every rank must join (also
     for a mesh it is not in: DeviceMesh then holds no coordinate for it), so every rank builds
-    every stage's mesh, in stage order, and keeps its own."""
+    every stage's mesh, in stage order, and keeps its own. Expert parallelism (plan.ep > 1) splits
+    "dp" into ("dp_rep", "ep"), flattened back into "dp" for FSDP2 and the DP reduction."""
+    ep = getattr(plan, "ep", 1)
+    if ep > 1:
+        if plan.mixed_tp:
+            raise GeotrainError("expert parallelism needs one tp for every stage")
+        # dp = dp_rep x ep: ep consecutive replicas of a stage (inside its DC) split the experts
+        table = torch.tensor(plan.rank_table, dtype=torch.int64)
+        pp, dp, tp = table.shape
+        mesh = DeviceMesh(device_type, table.reshape(pp, dp // ep, ep, tp), mesh_dim_names=("pp", "dp_rep", "ep", "tp"))
+        mesh["dp_rep", "ep"]._flatten("dp")
+        return mesh
     if not plan.mixed_tp:
         return DeviceMesh(device_type, torch.tensor(plan.rank_table, dtype=torch.int64),
                           mesh_dim_names=("pp", "dp", "tp"))

@@ -102,16 +102,19 @@ def fsdp_mixed_precision(precision: str):
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, cast_forward_inputs=False)
 
 
-def apply_fsdp(stack: UnitStack, mesh, sharding: str, precision: str = "fp32") -> nn.Module:
+def apply_fsdp(stack: UnitStack, mesh, sharding: str, precision: str = "fp32", ignored=()) -> nn.Module:
     """FSDP2 over the stage's DP mesh: one parameter group per block plus the chunk root.
 
     zero3 frees the gathered weights after each forward (re-gathered for backward); zero2
     keeps them, so only gradients and optimizer state stay sharded. In bf16 the weights are
     gathered, used and their gradients accumulated and reduced in bf16 (`fsdp_mixed_precision`);
-    replicated DP and ZeRO-1 reduce in the training dtype too (`allreduce_grads`)."""
+    replicated DP and ZeRO-1 reduce in the training dtype too (`allreduce_grads`). `ignored`:
+    parameters FSDP2 leaves alone (expert-parallel experts, reduced by `expert_parallel`)."""
     reshard = sharding == "zero3"
     policy = fsdp_mixed_precision(precision)
     kwargs = {"mp_policy": policy} if policy is not None else {}
+    if ignored:
+        kwargs["ignored_params"] = set(ignored)
     for unit in stack.units.values():
         if isinstance(unit, Block):
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, **kwargs)

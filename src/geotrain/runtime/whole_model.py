@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from geotrain.models.moe import aux_loss_scale
 from geotrain.runtime.interpreter import lm_loss
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
@@ -26,7 +27,7 @@ class WholeModel:
         """Forward and backward of every micro-batch; the step's mean loss."""
         total = torch.zeros(())
         for inputs, targets in batches.values():
-            with self.autocast():
+            with self.autocast(), aux_loss_scale(loss_scale / len(batches)):
                 logits = self.model(inputs)
             loss = lm_loss(logits, targets) / len(batches)
             (loss * loss_scale if loss_scale != 1.0 else loss).backward()
