@@ -32,8 +32,11 @@ MB = 2
 
 
 def moe_spec(tmp: Path) -> Path:
+    """tiny-moe on tiny_2dc's two emulated DCs, with 4 "GPUs" in each (pp=1 x dp=2 x tp=2 fits one)."""
+    cluster = (ROOT / "examples/clusters/tiny_2dc.toml").read_text().replace("gpus = 2\n", "gpus = 4\n")
+    (tmp / "cluster.toml").write_text(cluster)
     path = tmp / "tiny_moe_2dc.toml"
-    path.write_text(f'name = "tiny-moe-2dc"\ncluster = "{ROOT / "examples/clusters/tiny_2dc.toml"}"\n'
+    path.write_text(f'name = "tiny-moe-2dc"\ncluster = "{tmp / "cluster.toml"}"\n'
                     'model = "tiny-moe"\n[job]\nglobal_batch = 16\nmicro_batch = 2\nprecision = "fp32"\n'
                     'pp = 2\ndp = 2\nsteps = 4\nlr = 3e-3\ngrad_clip = 1.0\n')
     return path
@@ -77,7 +80,7 @@ def launched(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("name", [*CASES, "resumed"])
 def test_moe_with_expert_parallelism_equals_one_process(launched: Path, name: str) -> None:
     plan = CASES.get(name, RESUMED)
-    losses, norms = reference_run(moe_spec(launched), MB, plan.num_microbatches, plan.dp, STEPS)
+    losses, norms, _ = reference_run(moe_spec(launched), MB, plan.num_microbatches, plan.dp, STEPS)
     rows = _rows(launched / name)
     steps = range(3, STEPS + 1) if name == "resumed" else range(1, STEPS + 1)
     assert sorted(s for s in rows if s in steps) == list(steps)
