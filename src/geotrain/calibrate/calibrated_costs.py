@@ -142,7 +142,7 @@ class CalibratedCosts(StageCosts):
                  message_scale: float | None = None):
         self.rt = rt = profile.get("runtime", {})
         cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
-                         optimizer=spec.job.optimizer, profile=cost_profile(profile))
+                         optimizer=spec.job.optimizer, profile=cost_profile(profile), ep=plan.ep)
         self.mode = mode or profile_mode(profile)
         boundary = cost.boundary_bytes(plan.micro_batch)   # what the runtime sends: the training dtype
         super().__init__(cost, calibrated_cluster(spec, profile, background, self.mode, boundary, message_scale, plan))

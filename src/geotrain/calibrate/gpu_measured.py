@@ -38,7 +38,7 @@ def predict_run_dir(run_dir: str | Path, device: str, name: str, repeats: int = 
     profile = measure_units(spec.model, micro_batches=(plan.micro_batch,), precision=plan.precision,
                             repeats=repeats, device=device)
     cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
-                     optimizer=spec.job.optimizer, profile=profile)
+                     optimizer=spec.job.optimizer, profile=profile, ep=plan.ep)
     res = simulate(spec, plan, cost=cost)
     steps = losses[1:] or losses
     stages = summary.get("memory_per_stage") or []

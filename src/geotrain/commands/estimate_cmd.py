@@ -60,7 +60,7 @@ def _cost(spec, plan, stage: int, profile: dict | None = None):
     from geotrain.costs import CostModel
 
     return CostModel(spec.model, precision=plan.precision, checkpointing=plan.stage_checkpointing(stage),
-                     optimizer=spec.job.optimizer, profile=profile)
+                     optimizer=spec.job.optimizer, profile=profile, ep=plan.ep)
 
 
 def _count(x: float) -> str:
@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"{spec.name}: {model.name} ({human_rate(model.param_count(), '')} params, {model.layers} layers) "
           f"on {cluster.name} ({len(cluster.datacenters)} DCs, {cluster.total_gpus} GPUs)")
-    print(f"layout: pp={plan.pp} dp={plan.dp} tp={plan.tp_label()}, micro-batch {mb} x {plan.num_microbatches}, "
+    print(f"layout: pp={plan.pp} dp={plan.dp} tp={plan.tp_label()}" + (f" ep={plan.ep}" if plan.ep > 1 else "")
+          + f", micro-batch {mb} x {plan.num_microbatches}, "
           f"schedule {plan.schedule}, {plan.precision}, checkpointing {plan.checkpointing_label()}, "
           f"sharding {plan.sharding}, optimizer {spec.job.optimizer}"
           + (", measured profile" if profile else ""))

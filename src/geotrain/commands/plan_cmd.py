@@ -113,8 +113,9 @@ def _print_plan(spec, res) -> None:
     p = res.plan
     cl = spec.cluster
     print(f"plan for {spec.name}: {spec.model.name} on {cl.name} ({len(cl.datacenters)} DCs, {cl.total_gpus} GPUs)")
-    print(f"  dp {p.dp}  pp {p.pp}  tp {p.tp_label()}  micro-batch {p.micro_batch} x {p.num_microbatches}  "
-          f"schedule {p.schedule}" + (f" extra warm-up {list(p.extra_warmup)}" if p.extra_warmup else ""))
+    print(f"  dp {p.dp}  pp {p.pp}  tp {p.tp_label()}" + (f"  ep {p.ep}" if p.ep > 1 else "")
+          + f"  micro-batch {p.micro_batch} x {p.num_microbatches}  schedule {p.schedule}"
+          + (f" extra warm-up {list(p.extra_warmup)}" if p.extra_warmup else ""))
     print(f"  precision {p.precision}  checkpointing {p.checkpointing_label()}  sharding {p.sharding}")
     if p.outer is not None:
         o = p.outer

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         from geotrain.costs import CostModel
 
         cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
-                         optimizer=spec.job.optimizer, profile=profile)
+                         optimizer=spec.job.optimizer, profile=profile, ep=plan.ep)
     try:
         res = simulate(spec, plan, iterations=args.iterations, progress=bool(show is None and sys.stderr.isatty()),
                        cost=cost, p2p=args.p2p)
@@ -148,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     bs = bubble_summary(m, len(layout))
     print(f"simulated {plan.name}: {plan.schedule}, pp={plan.pp} x dp={plan.dp}"
           + (f" x tp={plan.tp_label()}" if max(plan.stage_tps) > 1 else "")
+          + (f", ep={plan.ep}" if plan.ep > 1 else "")
           + f" ({plan.num_ranks} GPUs), {plan.num_microbatches} micro-batches of {plan.micro_batch}, "
             f"{args.iterations} iteration(s)")
     print(format_table(["metric", "value"], [

@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.no_progress:
         print(f"training {spec.model.name} on {plan.num_ranks} local processes: pp={plan.pp} x dp={plan.dp}"
-              + (f" x tp={plan.tp}" if plan.tp > 1 else "") + ", "
+              + (f" x tp={plan.tp}" if plan.tp > 1 else "") + (f", ep={plan.ep}" if plan.ep > 1 else "") + ", "
               f"{plan.schedule}, {plan.precision}, checkpointing={plan.checkpointing_label()}, "
               f"sharding={plan.sharding}, "
               f"global batch {plan.global_batch} x {spec.model.seq_len} tokens -> {cfg.out}", flush=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from geotrain.costs import comm
 from geotrain.costs.activations import SELECTIVE, deferred_weight_bytes, mlp_rows, rope_table_bytes, stage_input_bytes
+from geotrain.costs.experts import block_params_per_gpu, moe_comm_time, replicated_expert_params
 from geotrain.costs.memory import (
     DTYPE_BYTES,
     OPTIMIZERS,
@@ -39,6 +40,7 @@ from geotrain.costs.units import (
     kind_activations,
     kind_flops,
     kind_params,
+    recompute_share,
     unit_kind,
 )
 from geotrain.spec.cluster import Datacenter, GPUType
@@ -78,22 +80,9 @@ class MemoryBreakdown:
                 + self.data)
 
 
-def _recompute_share(checkpointing: str, f) -> float:
-    """The fraction of a block's forward FLOPs its backward replays: all of it under full
-    checkpointing; under a selective policy the expensive ops it does not keep -- attention's s^2
-    products for keep-matmul, every matmul for keep-attention, none for selective (it keeps both)."""
-    if checkpointing == "full":
-        return 1.0
-    if checkpointing == "keep-matmul":
-        return f.attention_forward / f.forward
-    if checkpointing == "keep-attention":
-        return (f.forward - f.attention_forward) / f.forward
-    return 0.0
-
-
 class CostModel:
     def __init__(self, model: ModelSpec, precision: str = "bf16", checkpointing: str = "none",
-                 optimizer: str = "adamw", profile: dict[str, Any] | None = None):
+                 optimizer: str = "adamw", profile: dict[str, Any] | None = None, ep: int = 1):
         if precision not in DTYPE_BYTES:
             raise ValueError(f"unknown precision {precision!r} (known: {', '.join(DTYPE_BYTES)})")
         if checkpointing not in CHECKPOINTING:
@@ -107,7 +96,9 @@ class CostModel:
         self.dtype_bytes = DTYPE_BYTES[precision]
         self._head = model.layers + 1
         params = kind_params(model)
-        self._params = tuple(params[k] for k in KINDS)  # (embedding, block, head)
+        params[BLOCK] = block_params_per_gpu(model, params[BLOCK], ep)   # ep > 1: 1/ep of the experts (experts.py)
+        self._params, self.ep = tuple(params[k] for k in KINDS), ep   # (embedding, block, head) per GPU
+        self._mlp_rows, self._rope_bytes = mlp_rows(model), rope_table_bytes(model)
         # Tied embeddings: a stage holding both ends holds the matrix once (one Parameter); a
         # pipeline's first and last stage each hold a copy (counted with each: `runtime.tied`).
         self._tied = model.vocab * model.hidden if getattr(model, "tie_embeddings", False) else 0
@@ -126,7 +117,7 @@ class CostModel:
         hit = self._variants.get(checkpointing)
         if hit is None:
             hit = self._variants[checkpointing] = CostModel(self.model, self.precision, checkpointing,
-                                                            self.optimizer, self._profile_doc)
+                                                            self.optimizer, self._profile_doc, self.ep)
         return hit
 
     # -- unit structure ---------------------------------------------------------------------
@@ -232,7 +223,7 @@ class CostModel:
         elementwise = self._elementwise_recompute(gpu, micro_batch) / tp
         for kind in KINDS:
             f = flops[kind]
-            recompute_share = _recompute_share(self.checkpointing, f) if kind == BLOCK else 0.0
+            replay = recompute_share(self.checkpointing, f) if kind == BLOCK else 0.0
             if self.profile is not None and self.profile.has(kind):
                 fwd, bwd = self.profile.times(kind, micro_batch, tp)
                 ratio = self.profile.speed_ratio(gpu, self.precision)
@@ -243,7 +234,7 @@ class CostModel:
                 b_in, b_w = bwd * split, bwd * (1 - split)
             else:
                 fwd, b_in, b_w = f.forward / rate, f.backward_input / rate, f.backward_weight / rate
-            out.append((fwd, b_in + recompute_share * fwd + (elementwise if kind == BLOCK else 0.0), b_w))
+            out.append((fwd, b_in + replay * fwd + (elementwise if kind == BLOCK else 0.0), b_w))
         times = tuple(out)
         self._times[key] = (gpu, times)
         return times
@@ -297,7 +288,9 @@ class CostModel:
         autocast = self.dtype_bytes < 4
         a_e, a_b, a_h, a_none = self._activations(micro_batch, tp)
         per_mb = self.microbatch_activation_bytes(units, micro_batch, tp)
-        grads = P * state["grads"] / tp
+        whole = replicated_expert_params(self.model, n, self.ep, sharding) if self.ep > 1 else 0   # not FSDP2's
+        rep = runtime_state_bytes_per_param(self.precision, self.optimizer, "replicate", dp) if whole else state
+        grads = (P * state["grads"] + whole * (rep["grads"] - state["grads"])) / tp
         recompute = (a_none - a_b) if self.checkpointing != "none" and n else 0.0
         if autocast and not fsdp_weight_copies(self.precision, sharding):
             # FSDP2 computes with its bf16 gathered weights: none of autocast's copies (a block's, where
@@ -307,7 +300,7 @@ class CostModel:
             per_mb -= n * block_copy if self.checkpointing == "none" else 0.0
             recompute -= block_copy if recompute else 0.0
         # A block's backward peaks in the MLP: two T x ffn gradients live before its saved tensors go.
-        mlp_grads = 2.0 * self.dtype_bytes * T * mlp_rows(self.model) / tp if n else 0.0
+        mlp_grads = 2.0 * self.dtype_bytes * T * self._mlp_rows / tp if n else 0.0
         fwd_ws = max(recompute, h * (self.dtype_bytes + (4 if autocast else 0)) * T * V / tp)
         bwd_ws = max(recompute + mlp_grads, h * (8 + (self.dtype_bytes if autocast else 0)) * T * V / tp)
         if inflight <= 0:
@@ -327,10 +320,10 @@ class CostModel:
             gathered = e * self._params[0] + min(n, 1) * self._params[1] + h * self._params[2]
         buffers += gathered * state["gathered"] / tp
         data = 16.0 * T * (num_microbatches or inflight) if (e or h) else 0.0
-        buffers += n * rope_table_bytes(self.model)  # each block's fp32 RoPE tables
-        return MemoryBreakdown(params=P * state["params"] / tp, grads=grads_held,
-                               optimizer=P * state["optimizer"] / tp, activations=acts, buffers=buffers,
-                               transient=transient, data=data)
+        buffers += n * self._rope_bytes  # each block's fp32 RoPE tables
+        params, opt = (P * state[k] + whole * (rep[k] - state[k]) for k in ("params", "optimizer"))
+        return MemoryBreakdown(params=params / tp, grads=grads_held, optimizer=opt / tp, activations=acts,
+                               buffers=buffers, transient=transient, data=data)
 
     def memory_bandwidth(self, gpu: GPUType) -> float:
         """HBM bytes/s assumed for memory-bound work (see MACHINE_BALANCE_FLOP_PER_BYTE)."""
@@ -384,11 +377,13 @@ class CostModel:
     def tp_comm_time(self, units: Sequence[int], micro_batch: int, tp: int, dc: Datacenter) -> float:
         """Megatron tensor parallelism, per micro-batch (forward + backward; half each): every
         block all-reduces its activation twice in the forward (after attention, after the MLP)
-        and twice in the backward, each of boundary_bytes(micro_batch)."""
-        if tp <= 1 or (self.profile is not None and self.profile.includes_tp_comm(BLOCK, tp)):
-            return 0.0   # a block profiled at tp > 1 holds its all-reduces (costs.unit_times)
+        and twice in the backward, each of boundary_bytes(micro_batch); a MoE block's experts
+        also move their rows (experts.moe_comm_time: EP all-to-alls, the experts' TP all-reduces)."""
         _, n, _ = self._counts(units)
-        return 4 * n * comm.allreduce_time(self.boundary_bytes(micro_batch), tp, dc.gpus_per_node, dc)
+        moe = moe_comm_time(self.model, n, micro_batch, self.dtype_bytes, self.ep, tp, dc)
+        if tp <= 1 or (self.profile is not None and self.profile.includes_tp_comm(BLOCK, tp)):
+            return moe if tp <= 1 else 0.0   # a block profiled at tp > 1 holds its all-reduces (costs.unit_times)
+        return moe + 4 * n * comm.allreduce_time(self.boundary_bytes(micro_batch), tp, dc.gpus_per_node, dc)
 
     def training_flops(self, tokens: int) -> float:
         """FLOPs of forward + backward of the whole model over `tokens` tokens (no recompute):

@@ -104,3 +104,16 @@ def kind_flops(spec: ModelSpec, micro_batch: int) -> dict[str, KindFlops]:
         out[kind] = KindFlops(forward=matmul + attn, backward_input=matmul + 2 * attn,
                               backward_weight=matmul, attention_forward=attn)
     return out
+
+
+def recompute_share(checkpointing: str, f) -> float:
+    """The fraction of a block's forward FLOPs its backward replays: all of it under full
+    checkpointing; under a selective policy the expensive ops it does not keep -- attention's s^2
+    products for keep-matmul, every matmul for keep-attention, none for selective (it keeps both)."""
+    if checkpointing == "full":
+        return 1.0
+    if checkpointing == "keep-matmul":
+        return f.attention_forward / f.forward
+    if checkpointing == "keep-attention":
+        return (f.forward - f.attention_forward) / f.forward
+    return 0.0

@@ -26,7 +26,7 @@ def stage_peaks(spec, plan, schedule, cost: CostModel | None = None) -> list[tup
     `cost`: the model to use (under any checkpointing mode; each stage gets its own)."""
     if cost is None:
         cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
-                         optimizer=spec.job.optimizer)
+                         optimizer=spec.job.optimizer, ep=plan.ep)
     costs = {mode: cost.with_checkpointing(mode) for mode in {plan.stage_checkpointing(s) for s in range(plan.pp)}}
     vunits = plan.virtual_units()
     mb, pp = plan.micro_batch, plan.pp

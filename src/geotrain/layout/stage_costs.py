@@ -98,7 +98,7 @@ class StageCosts:
         """The spec's costs at the plan's precision (`cost` instead, when given)."""
         if cost is None:
             cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
-                             optimizer=spec.job.optimizer)
+                             optimizer=spec.job.optimizer, ep=plan.ep)
         return cls(cost, spec.cluster)
 
     # -- lookups ------------------------------------------------------------------------------
@@ -122,8 +122,11 @@ class StageCosts:
         return self.cost(checkpointing).stage_times(units, self.cluster.gpu(gpu_type), micro_batch, tp)
 
     def tp_comm(self, units: Sequence[int], micro_batch: int, tp: int, dc: str) -> float:
-        """The Megatron TP all-reduces of a micro-batch, forward and backward (half each)."""
-        return self.base.tp_comm_time(units, micro_batch, tp, self.dc(dc)) if tp > 1 else 0.0
+        """The Megatron TP all-reduces of a micro-batch, forward and backward (half each), and a
+        MoE block's expert-parallel all-to-alls (inside the stage's DC)."""
+        if tp <= 1 and self.base.ep <= 1:
+            return 0.0
+        return self.base.tp_comm_time(units, micro_batch, tp, self.dc(dc))
 
     # -- per iteration --------------------------------------------------------------------------
     def dp_sync(self, chunks: Sequence[Sequence[int]], spread: list[tuple[str, int]], sharding: str,

@@ -93,11 +93,36 @@ def tp_assignments(spec: Spec) -> list[dict[str, int]]:
     return out
 
 
+EP_KEY = "#ep"     # a context key's entry for its expert-parallel degree (no DC is named so)
+
+
+def ep_options(spec: Spec) -> tuple[int, ...]:
+    """The expert-parallel degrees the planner tries: 1 for a dense model; the job's; or with
+    ep = "auto" every power of two that divides the experts and fits a DC's GPUs (an EP group is
+    ep replicas of a stage inside its DC: its all-to-alls never cross the WAN)."""
+    experts = getattr(spec.model, "experts", 0)
+    if not experts:
+        return (1,)
+    if isinstance(spec.job.ep, int):
+        return (spec.job.ep,)
+    most = max(d.gpus for d in spec.cluster.datacenters)
+    out, e = [], 1
+    while e <= min(experts, most):
+        if experts % e == 0:
+            out.append(e)
+        e *= 2
+    return tuple(out)
+
+
 def planning_contexts(spec: Spec, profile: dict | None = None, mixed_tp: bool = True) -> list[PlanningContext]:
     """One context per tensor-parallel choice the planner scans, the all-smallest first: per
     assignment of tp to the kinds of DC (`tp_assignments`), or with mixed_tp=False -- and for a
     tied model, whose first and last stage's copies the runtime sums TP index by TP index -- one
-    tp for every stage (`tp_options`)."""
+    tp for every stage (`tp_options`); for a mixture of experts, each at every `ep_options` degree
+    (one tp for every stage: the runtime's EP needs it)."""
+    eps = ep_options(spec)
+    if eps != (1,):
+        return [PlanningContext(spec, profile, tp=t, ep=e) for t in tp_options(spec) for e in eps]
     if mixed_tp and not getattr(spec.model, "tie_embeddings", False):
         return [PlanningContext(spec, profile, tps=t) for t in tp_assignments(spec)]
     return [PlanningContext(spec, profile, tp=t) for t in tp_options(spec)]
@@ -111,7 +136,7 @@ class PlanningContext:
     is out when any DC runs tp > 1)."""
 
     def __init__(self, spec: Spec, profile: dict | None = None, tp: int | None = None,
-                 tps: dict[str, int] | None = None):
+                 tps: dict[str, int] | None = None, ep: int = 1):
         self.spec = spec
         self.profile = profile
         self.cluster = spec.cluster
@@ -123,7 +148,9 @@ class PlanningContext:
         self.tp = min(self.tps.values()) if tps else tp
         self.widest_tp = max(self.tps.values())
         self.uniform_tp = len(set(self.tps.values())) == 1
-        self.key = tuple(sorted(self.tps.items()))   # what tells two contexts' costs apart
+        self.ep = ep     # expert parallelism: layouts whose dp it does not divide are not this context's
+        # what tells two contexts' costs apart
+        self.key = tuple(sorted(self.tps.items())) + (((EP_KEY, ep),) if ep > 1 else ())
         # The kinds of DC whose tp is not their smallest option: a chain without any of them is
         # listed by the context where they are at the smallest (tp_assignments' first), once.
         # One tp given: every layout whose DCs' nodes it fits is this context's (tp_fits).
@@ -131,7 +158,7 @@ class PlanningContext:
         self._raised = [names for names in dcs_by_kind(spec).values()
                         if self.tps[names[0]] != smallest.get(names[0])]
         self.costs = StageCosts(CostModel(self.model, precision=self.job.precision, checkpointing="none",
-                                          optimizer=self.job.optimizer, profile=profile), spec.cluster)
+                                          optimizer=self.job.optimizer, profile=profile, ep=ep), spec.cluster)
         self._tables: dict[tuple[str, int, str, int], UnitTable] = {}
         self._dc_tables: dict[tuple[str, int, str], UnitTable] = {}
         self._memo: dict[tuple, float] = {}
@@ -148,9 +175,9 @@ class PlanningContext:
             tps[d] = plan.tp
         for s in reversed(range(plan.pp)):
             tps[plan.stages[s].dc] = plan.stage_tp(s)
-        if tps == self.tps:
+        if tps == self.tps and plan.ep == self.ep:
             return self
-        return PlanningContext(self.spec, self.profile, tps=tps)
+        return PlanningContext(self.spec, self.profile, tps=tps, ep=plan.ep)
 
     # -- choices the job leaves open ---------------------------------------------------------
     def checkpointing_options(self) -> tuple[str, ...]:
@@ -325,7 +352,7 @@ class PlanningContext:
     def tp_comm(self, chunks: tuple[tuple[int, int], ...], micro_batch: int, dc_name: str) -> float:
         """TP all-reduces of a stage per micro-batch (forward and backward) at its DC's tp."""
         tp = self.tps[dc_name]
-        if tp <= 1:
+        if tp <= 1 and self.ep <= 1:
             return 0.0
         key = ("tp", self.shape(chunks), micro_batch, dc_name)
         v = self._memo.get(key)

@@ -89,7 +89,9 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
                      f"gradient sync crosses the region's links.")
     else:
         lines.append(f"Pipeline over {' -> '.join(chain)}: {total} of {cl.total_gpus} GPUs "
-                     f"({plan.pp} stages x dp {plan.dp} x tp {plan.tp_label()}).")
+                     f"({plan.pp} stages x dp {plan.dp} x tp {plan.tp_label()})."
+                     + (f" Expert parallelism: each stage's {plan.ep} consecutive replicas split the experts, "
+                        "their all-to-alls inside its DC." if plan.ep > 1 else ""))
     left = [d.name for d in cl.datacenters if d.name not in used]
     if left:
         lines.append(f"Left out: {', '.join(left)} -- every layout using them scored slower (an extra WAN hop "

@@ -61,6 +61,7 @@ def pin_problem(ctx: PlanningContext) -> str | None:
 def respects_pins(plan: Plan, job: JobSpec) -> bool:
     """Does the plan keep every layout choice the job fixes?"""
     fixed = {"pp": job.pp, "dp": job.dp, "tp": job.tp if isinstance(job.tp, int) else None,
+             "ep": job.ep if isinstance(job.ep, int) else None,
              "micro_batch": job.micro_batch if isinstance(job.micro_batch, int) else None,
              "schedule": None if job.schedule == "auto" else job.schedule,
              "checkpointing": None if job.checkpointing == "auto" else job.checkpointing,

@@ -37,8 +37,19 @@ def tp_groups(spec: Spec, profile: dict | None = None, regions: bool = True, mix
         layouts = enumerate_layouts(ctx)
         if regions:
             layouts += region_layouts(ctx)
+        if ctx.ep > 1:
+            layouts = [lay for lay in layouts if ep_fits(ctx, lay)]
         out.append((ctx, Scorer(ctx, **scorer_kw), layouts))
     return out
+
+
+def ep_fits(ctx: PlanningContext, lay) -> bool:
+    """Can a layout run the context's expert parallelism: ep divides dp, and each EP group (ep
+    consecutive pipelines) stays in one DC -- a region layout's DP groups span DCs, so each DC's
+    pipelines must come in whole groups unless the job pins ep (then the WAN carries its all-to-alls)."""
+    if lay.dp % ctx.ep:
+        return False
+    return not lay.replicas or isinstance(ctx.job.ep, int) or all(n % ctx.ep == 0 for n in lay.replicas)
 
 
 def search(ctx: PlanningContext, scorer: Scorer, layouts: list[Layout], keep: int = 8,

@@ -28,7 +28,7 @@ def wan_warmup_for(spec: Any, plan: Plan) -> tuple[int, ...]:
     in the stage's GPU memory under the cost model."""
     cluster = spec.cluster
     cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
-                     optimizer=spec.job.optimizer)
+                     optimizer=spec.job.optimizer, ep=plan.ep)
     fwd, bwd, cap = [], [], []
     for s, st in enumerate(plan.stages):
         gpu = cluster.gpu(cluster.dc(st.dc).gpu_type)

@@ -68,6 +68,9 @@ class JobSpec(Strict):
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     schedule: ScheduleOrAuto = "auto"
     tp: bounded_int(1, 1024) | Literal["auto"] = 1   # "auto": the planner searches it (per kind of DC)
+    # Expert parallelism of a mixture of experts: ep replicas of a stage (inside its DC) split the
+    # experts; "auto": the planner searches it (1 for a dense model).
+    ep: bounded_int(1, 4096) | Literal["auto"] = "auto"
     # Optional fixed shape (otherwise chosen by the planner).
     pp: bounded_int(1, 100_000) | None = None
     dp: bounded_int(1, 10**7) | None = None

@@ -288,6 +288,14 @@ def check_shape(spec: Spec) -> None:
         if job.tp > widest:
             raise SpecError(file, "job.tp", f"tp={job.tp} is wider than the largest node ({widest} GPUs); "
                                             "tensor parallelism stays inside a node")
+    ep = job.ep if isinstance(job.ep, int) else 1
+    if ep > 1:
+        if not model.experts:
+            raise SpecError(file, "job.ep", f"ep={ep}: model {model.name} has no experts (expert parallelism "
+                                            "needs a mixture of experts)")
+        if model.experts % ep or (job.dp is not None and job.dp % ep):
+            raise SpecError(file, "job.ep", f"ep={ep} must divide the model's {model.experts} experts"
+                                            + (f" and dp={job.dp}" if job.dp is not None else ""))
     need = (job.pp or 1) * (job.dp or 1) * tp
     if need > cluster.total_gpus:
         raise SpecError(file, "job", f"pp x dp x tp = {need} GPUs but the cluster has {cluster.total_gpus}")
