@@ -216,6 +216,62 @@ def test_client_disconnect_mid_stream_is_one_log_line(service, caplog):
     assert svc.wait_idle(10)
 
 
+def _exchange(host, port, data: bytes, wait_s: float = 2.0) -> bytes:
+    """Send `data` on a fresh connection; everything answered until the server closes it (then b"<EOF>"
+    ends it) or `wait_s` of silence (the connection left open)."""
+    s = socket.create_connection((host, port))
+    s.sendall(data)
+    s.settimeout(wait_s)
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+        out += b"<EOF>"
+    except TimeoutError:
+        pass
+    s.close()
+    return out
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_the_connection_closed(service, caplog):
+    """Issue #30: answered without closing, so a request smuggled behind the chunked body (a proxy
+    reading Content-Length would not see it) was served too."""
+    _, host, port = service
+    smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\r\n"
+    with caplog.at_level(logging.INFO, logger="geotrain.bubbletea"):
+        got = _exchange(host, port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+                        b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled)
+    assert got.startswith(b"HTTP/1.1 400 ") and got.endswith(b"<EOF>"), got
+    assert got.count(b"HTTP/1.1 ") == 1 and MODEL.encode() not in got, got       # the second was not served
+    assert sum("both Content-Length and Transfer-Encoding" in r.getMessage() for r in caplog.records) == 1
+    for bad in (b"Transfer-Encoding: chunked\r\n\r\nZZ\r\nabc\r\n0\r\n\r\n",      # a broken chunk
+                b"Content-Length: 3\r\nContent-Length: 4\r\n\r\nabcd"):                  # two lengths
+        got = _exchange(host, port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + bad + smuggled)
+        assert got.startswith(b"HTTP/1.1 400 ") and got.endswith(b"<EOF>") and got.count(b"HTTP/1.1 ") == 1, got
+    assert call(host, port, "GET", "/healthz", token=None)[0] == 200
+
+
+def test_a_client_gone_in_the_middle_of_its_body_is_one_log_line(service, capfd, caplog):
+    """Was uvicorn's ~60-line ASGI traceback (ClientDisconnect) on the training console per request."""
+    _, host, port = service
+    with caplog.at_level(logging.INFO, logger="geotrain.bubbletea"):
+        for _ in range(3):
+            s = socket.create_connection((host, port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"prompt\"")
+            time.sleep(0.2)
+            s.close()
+        deadline = time.time() + 10
+        while time.time() < deadline and sum("in the middle of a request" in r.getMessage()
+                                             for r in caplog.records) < 3:
+            time.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith(("geotrain", "uvicorn"))]
+    assert sum("in the middle of a request" in x for x in lines) == 3, lines
+    assert not [r for r in caplog.records if r.exc_info], lines                # no traceback logged
+    assert "Traceback" not in capfd.readouterr().err
+    assert call(host, port, "GET", "/healthz", token=None)[0] == 200
+
+
 def test_concurrent_load_each_request_answered_once_or_refused(service):
     svc, host, port = service
     results: list[tuple[int, str | None]] = []

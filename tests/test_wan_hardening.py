@@ -48,8 +48,8 @@ def _plan():
     return base.with_(dp=1, links=links, pipeline_offsets=())
 
 
-def _cfg(out: Path, plan) -> RunConfig:
-    return RunConfig(spec=str(SPEC), out=str(out), plan=plan.to_dict(), steps=STEPS, data="synthetic",
+def _cfg(out: Path, plan, steps: int = STEPS) -> RunConfig:
+    return RunConfig(spec=str(SPEC), out=str(out), plan=plan.to_dict(), steps=steps, data="synthetic",
                      progress=False, checkpoint_every=0)
 
 
@@ -276,3 +276,99 @@ def test_ss_kill_inside_the_dc_namespaces_of_a_tls_run_leaves_the_losses_identic
     assert _losses(tmp_path) == reference
     assert "kernel, TLS (listening" in _logs(tmp_path)
     assert "Traceback" not in _logs(tmp_path)
+
+
+# -- a flood of slow openers past the descriptor limit, and every cross-DC socket reset -------------------
+
+FLOOD_STEPS = 40
+NOFILE = 160                  # the ranks' descriptor limit (ulimit -n) in this test
+FLOOD = 600                   # slow openers per wave, 60 from each of 10 source addresses (the per-source cap is 128)
+
+
+def _flood(port: int, held: list) -> None:
+    """FLOOD connections to `port`, each sending one byte and then holding on (a slow opener)."""
+    for i in range(FLOOD):
+        s = socket.socket()
+        try:
+            s.bind((f"127.0.0.{2 + i % 10}", 0))
+            s.settimeout(2)
+            s.connect(("127.0.0.1", port))
+            s.send(b"\x47")
+            held.append(s)
+        except OSError:
+            s.close()
+
+
+def _reset(ports: list[int]) -> int:
+    """`ss -K` every established socket to or from `ports`; returns how many were reset."""
+    n = 0
+    for port in ports:
+        r = subprocess.run(["ss", "-K", "state", "established", f"( sport = :{port} or dport = :{port} )"],
+                           capture_output=True, text=True)
+        n += max(0, len(r.stdout.splitlines()) - 1)
+    return n
+
+
+def _flooder(run_dir: Path, store_port: list, stop: threading.Event, did: dict) -> None:
+    """Once both ranks train: a wave of slow openers at rank 1's listener, a reset of every socket of
+    both listeners and of the rendezvous store, a second wave once the first met its deadline."""
+    losses = run_dir / "losses.jsonl"
+    while not stop.is_set() and (None in (ports := [_listener(run_dir, r) for r in (0, 1)]) or not losses.exists()
+                                 or len(losses.read_text().splitlines()) < 2):
+        stop.wait(0.05)
+    held: list[socket.socket] = []
+    try:
+        if stop.is_set():
+            return
+        _flood(ports[1], held)
+        did["flooded"] = len(held)
+        stop.wait(0.5)
+        did["reset"], did["store_reset"] = _reset(ports), _reset(store_port)
+        stop.wait(4)
+        close_quietly(*held)
+        held.clear()
+        _flood(ports[1], held)
+        did["flooded"] += len(held)
+        stop.wait(2)
+    finally:
+        close_quietly(*held)
+
+
+@pytest.fixture(scope="module")
+def reference_long(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref-long")
+    launch([_cfg(tmp, _plan(), FLOOD_STEPS)], 2, tmp)
+    return _losses(tmp)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ss") is None, reason="resetting sockets (ss -K) needs root")
+def test_a_live_run_survives_a_flood_past_its_descriptor_limit_and_a_reset_of_every_cross_dc_socket(
+        reference_long, tmp_path, monkeypatch):
+    """Issue #30: ~1,100 slow openers under `ulimit -n 1024` stopped a rank's listener for good, and a
+    reset of every cross-DC socket -- the rendezvous store's included -- killed the reconnect (the
+    peer's address was looked up in the store again). Now: ranks limited to NOFILE descriptors, two
+    waves of FLOOD slow openers at rank 1 and a reset of every socket of both listeners and of the
+    store in between; the run ends with the losses of an undisturbed run (the flood's addresses are
+    not a peer's: a quarter of the descriptors at most go to them, each for 3 s at most)."""
+    from geotrain.runtime import launch as launcher
+
+    store_port, real = [], launcher.free_port
+    monkeypatch.setattr(launcher, "free_port", lambda: store_port.append(real()) or store_port[-1])
+    stop, did = threading.Event(), {}
+    t = threading.Thread(target=_flooder, args=(tmp_path, store_port, stop, did), daemon=True)
+    t.start()
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])),
+           "GEOTRAIN_TEST_NOFILE": str(NOFILE), "GEOTRAIN_HANDSHAKE_TIMEOUT_S": "3"}
+    try:
+        run_with_wan([_cfg(tmp_path, _plan(), FLOOD_STEPS)], load_spec(SPEC), _plan(), tmp_path, mode="shaper",
+                     say=lambda _line: None, timeout_s=240, env=env, entry="_fd_limited_rank")
+    finally:
+        stop.set()
+        t.join()
+    assert did.get("flooded", 0) > 2 * NOFILE and did.get("reset", 0) > 0 and did.get("store_reset", 0) > 0, did
+    assert _losses(tmp_path) == reference_long and len(reference_long) == FLOOD_STEPS
+    logs = _logs(tmp_path)
+    assert "not a peer's are in their handshake already" in logs, logs[-3000:]      # most were refused at once
+    assert "waiting for it to reconnect" in logs, logs[-3000:]      # the reset hit the transport: it came back
+    assert "Traceback" not in logs

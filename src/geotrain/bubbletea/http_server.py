@@ -6,18 +6,26 @@
 * a connection must deliver a complete request head within `header_timeout_s` of opening (or of
   its previous answer): uvicorn's own keep-alive timer is reset by every byte, so a client
   dripping a header a byte at a time would hold its connection forever;
+* request framing is strict (`_FramingGuard`): a request with both Content-Length and
+  Transfer-Encoding -- the two framings a proxy and this server may read differently, so a second
+  request smuggled behind the first's body would be served -- is answered 400 and its connection
+  closed (h11 closes after its own framing errors: bad chunks, two lengths);
+* a client gone mid-request (ClientDisconnect) or any other failure escaping the app is one log
+  line, never uvicorn's ASGI traceback;
 * uvicorn's logging is left to the process's (one line per event, no access log).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import socket
 import threading
 import time
 
 import uvicorn
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from geotrain.bubbletea.idle_priority import lower_own_priority
@@ -58,6 +66,39 @@ class _HeadTimeoutH11(H11Protocol):
             self.transport.close()
 
 
+class _FramingGuard:
+    """The outermost ASGI layer (see the module docstring): CL+TE refused, escaping errors one line."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            names = [k.lower() for k, _ in scope.get("headers", ())]
+            if b"transfer-encoding" in names and b"content-length" in names:
+                log.info("bubbletea: refused a request from %s with both Content-Length and Transfer-Encoding "
+                         "(connection closed)", _client(scope))
+                body = json.dumps({"error": {"message": "a request may not carry both Content-Length and "
+                                             "Transfer-Encoding", "type": "invalid_request_error"}}).encode()
+                await send({"type": "http.response.start", "status": 400,
+                            "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        try:
+            await self.app(scope, receive, send)
+        except ClientDisconnect:
+            log.info("bubbletea: the client %s closed its connection in the middle of a request", _client(scope))
+        except Exception as e:  # noqa: BLE001 -- one line instead of uvicorn's traceback
+            log.warning("bubbletea: %s %s failed: %s: %s", scope.get("method", ""), scope.get("path", ""),
+                        type(e).__name__, " ".join(str(e).split())[:200])
+
+
+def _client(scope) -> str:
+    client = scope.get("client") or ("?", 0)
+    return f"{client[0]}:{client[1]}"
+
+
 def bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -75,7 +116,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 class HttpServer:
     def __init__(self, app, max_connections: int = 256, header_timeout_s: float = 10.0):
-        self.app, self.max_connections, self.header_timeout_s = app, max_connections, header_timeout_s
+        self.app, self.max_connections, self.header_timeout_s = _FramingGuard(app), max_connections, header_timeout_s
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 

@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from geotrain.bubbletea.prometheus import CONTENT_TYPE, metrics_text
 from geotrain.bubbletea.service import MAX_BODY, Params, ServiceError, TextStream
@@ -317,7 +318,8 @@ def build_app(svc) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):
-        log.warning("bubbletea: %s %s failed: %s", request.method, request.url.path, e)
+        if not isinstance(e, ClientDisconnect):      # (a client gone is said once, by http_server's guard)
+            log.warning("bubbletea: %s %s failed: %s", request.method, request.url.path, e)
         return _error(ServiceError(500, "internal error", kind="server_error"))
 
     @app.get("/healthz")

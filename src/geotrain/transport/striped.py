@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from geotrain.transport.admission import Gate, accept_loop
 from geotrain.transport.auth import (
     HANDSHAKE_TIMEOUT_S,
     STRIPED,
@@ -131,7 +132,9 @@ class StripedTransport:
         self._timers = DueTimers("striped-delay")      # shaper-delayed completions (the fallback's latency)
         self._closed = False
         self._conns: set[socket.socket] = set()
+        self._addresses: dict[int, tuple[str, int]] = {}
         self.drops = DropLog(f"rank {rank} striped listener")
+        self.gate = Gate(trusted=lambda: {h for h, _ in list(self._addresses.values())})   # transport.admission
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((host, 0))
@@ -158,10 +161,12 @@ class StripedTransport:
         print(f"geotrain wan: rank {self.rank}: {line}\n", end="", file=sys.stderr, flush=True)   # one write
 
     def lookup(self, rank: int) -> tuple[str, int]:
-        raw = store_get(self.store, f"{self.prefix}/{rank}", self.timeout_s,
-                        f"listening address of {self.describe(rank)}")
-        host, _, port = raw.rpartition(":")
-        return host, int(port)
+        """`rank`'s address, from the store once: a reconnect must not need it (a reset may take it too)."""
+        if rank not in self._addresses:
+            raw = store_get(self.store, f"{self.prefix}/{rank}", self.timeout_s,
+                            f"listening address of {self.describe(rank)}")
+            self._addresses[rank] = (raw.rpartition(":")[0], int(raw.rpartition(":")[2]))
+        return self._addresses[rank]
 
     # ------------------------------------------------------------------ Transport API
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
@@ -237,14 +242,21 @@ class StripedTransport:
 
     # ------------------------------------------------------------------ receiving side
     def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, addr = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn, addr), name="striped-read", daemon=True).start()
+        accept_loop(self._listener, lambda: self._closed, self._admit, self.say)
 
-    def _serve(self, conn: socket.socket, addr) -> None:
+    def _admit(self, conn: socket.socket, addr) -> None:
+        ticket = self.gate.admit(conn, addr)
+        if isinstance(ticket, str):
+            conn.close()
+            self.drops(f"dropped a connection from {addr[0]}:{addr[1]}: {ticket}")
+            return
+        try:
+            threading.Thread(target=self._serve, args=(conn, addr, ticket), name="striped-read", daemon=True).start()
+        except RuntimeError:                   # no thread to be had (a flood): this one waits for a retry
+            self.gate.done(ticket)
+            conn.close()
+
+    def _serve(self, conn: socket.socket, addr, ticket) -> None:
         who = f"{addr[0]}:{addr[1]}"
         try:
             tune(conn)
@@ -252,10 +264,13 @@ class StripedTransport:
                 conn = self.tls.wrap_server(conn, HANDSHAKE_TIMEOUT_S)
             src, _stripe, channel = server_handshake(conn, self.secret, STRIPED, self.rank)
         except (OSError, ConnectionError) as e:
+            self.gate.done(ticket)
             conn.close()
             if not self._closed:
-                self.drops(f"dropped a connection from {who}: {e}")
+                why = f"handshake not finished within {self.gate.handshake_s:g} s" if ticket.expired else e
+                self.drops(f"dropped a connection from {who}: {why}")
             return
+        self.gate.done(ticket)
         with self._lock:
             if self._closed:
                 conn.close()

@@ -248,7 +248,10 @@ class Peer:
 
     def _connect(self) -> None:
         o = self.owner
-        host, port = o.lookup(self.dst)
+        try:
+            host, port = o.lookup(self.dst)
+        except Exception as e:  # noqa: BLE001 -- the store's own errors (DistNetworkError...): retried as a reconnect
+            raise ConnectionError(f"cannot look up {o.describe(self.dst)}'s address ({e})") from None
         socks = o.open_connections(host, port, o.connections_for(self.dst), bind_host=o.host)
         for s in socks:
             limit_unsent(s)

@@ -42,10 +42,12 @@ from __future__ import annotations
 import math
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from geotrain.transport.admission import Gate, accept_loop
 from geotrain.transport.auth import (
     ANY_RANK,
     TURNS,
@@ -221,22 +223,38 @@ class TurnArbiter:
         ls.listen(64)
         self._server, self._secret = ls, secret
         self.drops = DropLog(f"turn arbiter {host}:{ls.getsockname()[1]}")
+        self.gate = Gate()                   # per-source cap and handshake deadline (transport.admission)
         threading.Thread(target=self._accept, daemon=True, name="turn-arbiter").start()
         return host, ls.getsockname()[1]
 
     def _accept(self) -> None:
-        while True:
-            try:
-                conn, addr = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._client, args=(conn, addr), daemon=True, name="turn-client").start()
+        accept_loop(self._server, lambda: self._server.fileno() < 0,
+                    self._admit, lambda line: print(f"geotrain wan: turn arbiter: {line}", file=sys.stderr, flush=True))
 
-    def _client(self, conn: socket.socket, addr) -> None:
-        tune(conn)
+    def _admit(self, conn: socket.socket, addr) -> None:
+        ticket = self.gate.admit(conn, addr)
+        if isinstance(ticket, str):
+            conn.close()
+            self.drops(f"dropped a connection from {addr[0]}:{addr[1]}: {ticket}")
+            return
+        try:
+            threading.Thread(target=self._client, args=(conn, addr, ticket), daemon=True, name="turn-client").start()
+        except RuntimeError:
+            self.gate.done(ticket)
+            conn.close()
+
+    def _client(self, conn: socket.socket, addr, ticket) -> None:
         key = None
         try:
-            key, _, channel = server_handshake(conn, self._secret, TURNS, ANY_RANK)
+            tune(conn)
+            try:
+                key, _, channel = server_handshake(conn, self._secret, TURNS, ANY_RANK)
+            except (AuthError, OSError) as e:
+                if ticket.expired:
+                    raise AuthError(f"handshake not finished within {self.gate.handshake_s:g} s") from None
+                raise e from None
+            finally:
+                self.gate.done(ticket)
             while True:
                 (op,), _ = channel.recv(OP, lambda f: 0, 0)
                 if op == b"A":

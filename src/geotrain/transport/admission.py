@@ -1,0 +1,162 @@
+"""What a listener of the WAN layer lets in before a peer has proved anything.
+
+A hostile or broken opener must not exhaust or stall a rank (issue #30: ~1,100 slow openers
+under `ulimit -n 1024` stopped a rank's listener for good; a handshake timeout that restarted
+with every byte kept 50 of 50 slow openers for 60 s). So every listener (the striped transport,
+the turn arbiter) accepts through `accept_loop` and admits through a `Gate`:
+
+* `accept_loop` survives descriptor exhaustion: EMFILE / ENFILE / ENOBUFS / ENOMEM are logged (one
+  line per burst), backed off (50 ms doubling to 1 s) and accepting goes on; only closing the
+  listener ends the loop;
+* `Gate.admit` gives each connection a handshake *deadline* (`handshake_s`, default
+  `HANDSHAKE_TIMEOUT_S`, GEOTRAIN_HANDSHAKE_TIMEOUT_S to change it) that bytes do not extend: one
+  reaper thread shuts the socket down when it passes, whatever the opener sends;
+* and at most `per_source` connections of one source address in their handshake at once (default
+  128: a peer opens one per stripe, up to the plan's connections), and from addresses that are not
+  a known peer's (`trusted`: the hosts the transport looked its peers up at) at most `untrusted`
+  together (default a quarter of the descriptor limit), so a flood from many addresses cannot take
+  the descriptors the rank itself needs (its files, its own connections); more are closed at accept.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import os
+import resource
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+HANDSHAKE_TIMEOUT_S = 10.0          # from accept to an authenticated channel, in total
+PER_SOURCE = 128                    # connections of one address in their handshake at once
+EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+def handshake_timeout() -> float:
+    """The handshake deadline: GEOTRAIN_HANDSHAKE_TIMEOUT_S, else HANDSHAKE_TIMEOUT_S."""
+    try:
+        value = float(os.environ.get("GEOTRAIN_HANDSHAKE_TIMEOUT_S", HANDSHAKE_TIMEOUT_S))
+    except ValueError:
+        return HANDSHAKE_TIMEOUT_S
+    return value if 0 < value < 3600 else HANDSHAKE_TIMEOUT_S
+
+
+def accept_loop(listener: socket.socket, closed: Callable[[], bool], handle: Callable[[socket.socket, tuple], None],
+                say: Callable[[str], None]) -> None:
+    """Accept connections until `closed()` (or the listener is closed), handing each to `handle`."""
+    backoff, last_said = 0.05, 0.0
+    while not closed():
+        try:
+            conn, addr = listener.accept()
+        except OSError as e:
+            if closed() or listener.fileno() < 0 or e.errno in (errno.EBADF, errno.EINVAL):
+                return
+            if e.errno in EXHAUSTED:
+                if time.monotonic() - last_said > 10:
+                    last_said = time.monotonic()
+                    say(f"cannot accept a connection ({os.strerror(e.errno)}); backing off and accepting again")
+                time.sleep(backoff)
+                backoff = min(2 * backoff, 1.0)
+            continue                                  # ECONNABORTED and the like: the next one
+        backoff = 0.05
+        handle(conn, addr)
+
+
+class Ticket:
+    """One admitted connection's place at the gate (see `Gate.admit`)."""
+
+    __slots__ = ("deadline", "expired", "fd", "open", "source", "stranger")
+
+    def __init__(self, fd: int, source: str, deadline: float, stranger: bool = False):
+        self.fd, self.source, self.deadline, self.stranger = fd, source, deadline, stranger
+        self.open, self.expired = True, False
+
+    def __lt__(self, other: Ticket) -> bool:
+        return self.deadline < other.deadline
+
+
+def _untrusted_cap() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, (soft if soft != resource.RLIM_INFINITY else 4096) // 4)
+
+
+class Gate:
+    """Per-source caps and handshake deadlines for one listener (see the module docstring)."""
+
+    def __init__(self, per_source: int = PER_SOURCE, handshake_s: float | None = None, untrusted: int | None = None,
+                 trusted: Callable[[], set[str]] = set):
+        self.per_source, self.trusted = per_source, trusted
+        self.untrusted = untrusted if untrusted is not None else _untrusted_cap()
+        self.handshake_s = handshake_s if handshake_s is not None else handshake_timeout()
+        self._lock = threading.Lock()
+        self._pending: dict[str, int] = {}
+        self._strangers = 0                  # pending connections from untrusted sources
+        self._heap: list[Ticket] = []
+        self._wake = threading.Condition(self._lock)
+        self._reaper: threading.Thread | None = None
+
+    def admit(self, conn: socket.socket, addr) -> Ticket | str:
+        """A ticket for a new connection, its deadline armed; or why not (the caller closes it): its
+        source, or the untrusted sources together, hold their share of handshakes already."""
+        source = str(addr[0])
+        stranger = source not in self.trusted()
+        with self._lock:
+            if self._pending.get(source, 0) >= self.per_source:
+                return f"{self.per_source} connections of {source} are in their handshake already"
+            if stranger and self._strangers >= self.untrusted:
+                return f"{self.untrusted} connections from addresses not a peer's are in their handshake already"
+            self._pending[source] = self._pending.get(source, 0) + 1
+            self._strangers += stranger
+            ticket = Ticket(conn.fileno(), source, time.monotonic() + self.handshake_s, stranger)
+            heapq.heappush(self._heap, ticket)
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="handshake-deadline", daemon=True)
+                self._reaper.start()
+            self._wake.notify()
+        return ticket
+
+    def done(self, ticket: Ticket) -> None:
+        """The handshake is over (passed or failed): disarm the deadline before the socket may close."""
+        with self._lock:
+            if ticket.open:
+                ticket.open = False
+                self._strangers -= ticket.stranger
+                n = self._pending.get(ticket.source, 1) - 1
+                if n:
+                    self._pending[ticket.source] = n
+                else:
+                    self._pending.pop(ticket.source, None)
+
+    def _reap(self) -> None:
+        with self._lock:
+            while True:
+                while self._heap and not self._heap[0].open:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._wake.wait()
+                    continue
+                left = self._heap[0].deadline - time.monotonic()
+                if left > 0:
+                    self._wake.wait(left)
+                    continue
+                ticket = heapq.heappop(self._heap)
+                ticket.expired = True
+                _shutdown_fd(ticket.fd)   # under the lock: the owner cannot have closed (and reused) the fd yet
+
+
+def _shutdown_fd(fd: int) -> None:
+    """Shut down the socket behind `fd` (a blocked recv on it returns): through a duplicate, so the
+    owner's socket object (plain or TLS) is left to close it."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return
+    s = socket.socket(fileno=dup)
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        s.close()
