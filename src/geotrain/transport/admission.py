@@ -10,7 +10,9 @@ the turn arbiter) accepts through `accept_loop` and admits through a `Gate`:
   listener ends the loop;
 * `Gate.admit` gives each connection a handshake *deadline* (`handshake_s`, default
   `HANDSHAKE_TIMEOUT_S`, GEOTRAIN_HANDSHAKE_TIMEOUT_S to change it) that bytes do not extend: one
-  reaper thread shuts the socket down when it passes, whatever the opener sends;
+  reaper thread shuts the socket down when it passes, whatever the opener sends (a known peer's
+  address gets TRUSTED_FACTOR times as long: its K connections handshake one after another, TLS
+  first, on hosts that may be busy training);
 * and at most `per_source` connections of one source address in their handshake at once (default
   128: a peer opens one per stripe, up to the plan's connections), and from addresses that are not
   a known peer's (`trusted`: the hosts the transport looked its peers up at) at most `untrusted`
@@ -31,6 +33,7 @@ from collections.abc import Callable
 
 HANDSHAKE_TIMEOUT_S = 10.0          # from accept to an authenticated channel, in total
 PER_SOURCE = 128                    # connections of one address in their handshake at once
+TRUSTED_FACTOR = 6                  # a known peer's deadline: this many times handshake_s
 EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
@@ -67,10 +70,10 @@ def accept_loop(listener: socket.socket, closed: Callable[[], bool], handle: Cal
 class Ticket:
     """One admitted connection's place at the gate (see `Gate.admit`)."""
 
-    __slots__ = ("deadline", "expired", "fd", "open", "source", "stranger")
+    __slots__ = ("deadline", "expired", "fd", "limit_s", "open", "source", "stranger")
 
-    def __init__(self, fd: int, source: str, deadline: float, stranger: bool = False):
-        self.fd, self.source, self.deadline, self.stranger = fd, source, deadline, stranger
+    def __init__(self, fd: int, source: str, deadline: float, stranger: bool = False, limit_s: float = 0.0):
+        self.fd, self.source, self.deadline, self.stranger, self.limit_s = fd, source, deadline, stranger, limit_s
         self.open, self.expired = True, False
 
     def __lt__(self, other: Ticket) -> bool:
@@ -109,7 +112,8 @@ class Gate:
                 return f"{self.untrusted} connections from addresses not a peer's are in their handshake already"
             self._pending[source] = self._pending.get(source, 0) + 1
             self._strangers += stranger
-            ticket = Ticket(conn.fileno(), source, time.monotonic() + self.handshake_s, stranger)
+            limit = self.handshake_s * (1 if stranger else TRUSTED_FACTOR)
+            ticket = Ticket(conn.fileno(), source, time.monotonic() + limit, stranger, limit)
             heapq.heappush(self._heap, ticket)
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._reap, name="handshake-deadline", daemon=True)

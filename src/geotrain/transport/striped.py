@@ -267,7 +267,7 @@ class StripedTransport:
             self.gate.done(ticket)
             conn.close()
             if not self._closed:
-                why = f"handshake not finished within {self.gate.handshake_s:g} s" if ticket.expired else e
+                why = f"handshake not finished within {ticket.limit_s:g} s" if ticket.expired else e
                 self.drops(f"dropped a connection from {who}: {why}")
             return
         self.gate.done(ticket)

@@ -251,7 +251,7 @@ class TurnArbiter:
                 key, _, channel = server_handshake(conn, self._secret, TURNS, ANY_RANK)
             except (AuthError, OSError) as e:
                 if ticket.expired:
-                    raise AuthError(f"handshake not finished within {self.gate.handshake_s:g} s") from None
+                    raise AuthError(f"handshake not finished within {ticket.limit_s:g} s") from None
                 raise e from None
             finally:
                 self.gate.done(ticket)
