@@ -1,8 +1,10 @@
 """Runtime benchmarks (not a test): framework overhead, checkpointing x precision, memory per rank.
 
     .venv/bin/python bench/bench_runtime.py [--steps N] [--model small] [--reps 2] [--skip-sharding]
-        [--precisions fp32,bf16,fp16] [--skip-overhead]
+        [--precisions fp32,bf16,fp16] [--skip-overhead] [--skip-trace | --only-trace]
 
+0. tracing: step time with the measured trace on over off (runtime.recorder: events streamed to the
+   rank's file, CUDA events resolved once completed -- no synchronisation per event), alternated.
 1. overhead: `geotrain train` machinery at pp=1, dp=1 against a plain PyTorch loop of the same
    model, batch and micro-batching (median step time after warm-up; target <= 5%).
 2. checkpointing none/selective/keep-matmul/keep-attention/full x fp32/bf16/fp16 at pp=1, dp=1:
@@ -71,12 +73,12 @@ def init_single_rank() -> None:
     dist.init_process_group("gloo")
 
 
-def runtime_step_times(spec: Path, out: Path, steps: int) -> list[float]:
+def runtime_step_times(spec: Path, out: Path, steps: int, trace: bool = False) -> list[float]:
     from geotrain.runtime.rank_run import run_rank
     from geotrain.runtime.train_config import RunConfig, resolve_run
 
     cfg = RunConfig(spec=str(spec), out=str(out), steps=steps, data="synthetic", progress=False,
-                    checkpoint_every=0, trace=False)
+                    checkpoint_every=0, trace=trace)
     run_rank(cfg, *resolve_run(cfg))
     lines = [json.loads(x) for x in (out / "losses.jsonl").read_text().splitlines()]
     # Drop the warm-up step and the second, on which the runtime measures memory (a dispatch mode
@@ -152,6 +154,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="rounds over the checkpointing arms (alternated)")
     ap.add_argument("--skip-sharding", action="store_true")
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--skip-trace", action="store_true")
+    ap.add_argument("--only-trace", action="store_true", help="only section 0 (tracing on vs off)")
     ap.add_argument("--precisions", default="fp32,bf16,fp16", help="comma-separated precisions of section 2")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -160,6 +164,22 @@ def main() -> None:
 
     print(f"load average at start: {os.getloadavg()[0]:.1f} (other work on the machine inflates and scatters "
           "step times)")
+    if not args.skip_trace:
+        print(f"## 0. tracing (pp=1, dp=1, {args.model}, fp32, 4 micro-batches of 2, 1 thread): step time with the "
+              f"measured trace on over off, alternated over {args.reps} rounds")
+        spec = write_spec(tmp, args.model, 1)
+        on, off = [], []
+        for rep in range(args.reps):
+            off += runtime_step_times(spec, tmp / f"trace-off{rep}", args.steps, trace=False)
+            on += runtime_step_times(spec, tmp / f"trace-on{rep}", args.steps, trace=True)
+        a, b = statistics.median(off), statistics.median(on)
+        events = len((tmp / f"trace-on{args.reps - 1}" / "trace" / "rank0.jsonl").read_text().splitlines())
+        print(f"trace off {a * 1e3:8.1f} ms/step   on {b * 1e3:8.1f} ms/step   ratio {b / a:.3f}   "
+              f"({events} events in the rank's file, {args.steps} steps)")
+        if args.only_trace:
+            print(f"load average at end: {os.getloadavg()[0]:.1f}")
+            dist.destroy_process_group()
+            return
     if not args.skip_overhead:
         print(f"## 1. framework overhead (pp=1, dp=1, {args.model}, fp32, 4 micro-batches of 2, 1 thread)")
         spec = write_spec(tmp, args.model, 1)

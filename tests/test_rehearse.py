@@ -107,7 +107,7 @@ def test_rehearse_leaves_one_run_dir_and_no_namespaces(rehearsal):
         assert (out / name).is_file(), name
     assert not (out / "hosts" / "east" / "losses.jsonl").exists()
     ranks = {json.loads(x).get("rank") for x in (out / "measured_trace.jsonl").read_text().splitlines()[1:]}
-    assert ranks == {0, 1, 2, 3}                 # merged over the network, not from a shared directory
+    assert ranks == {0, 1, 2, 3}                 # each host wrote its own; rehearse copied them in and merged
     for log in (out / "logs").glob("*.log"):     # a clean run ends cleanly on every host (runtime.worker:
         text = log.read_text()                     # the store's host leaves last)
         assert "recvVector" not in text and "recvValue failed" not in text and "Traceback" not in text, text[-2000:]

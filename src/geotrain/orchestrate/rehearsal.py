@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -43,6 +44,8 @@ from pathlib import Path
 
 from geotrain.emulation.network import WanEmulation, emulation_available
 from geotrain.errors import GeotrainError
+from geotrain.trace.chrome import write_chrome
+from geotrain.trace.merge import remerge
 from geotrain.trace.schema import Trace
 from geotrain.transport.turns import turn_slots
 
@@ -310,11 +313,25 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
         crossed = emu.link_bytes()
         emu.stop()
     wall = time.time() - t0
+    _gather_host_traces(hosts, run_dir, plan)
     trace = run_dir / "measured_trace.jsonl"
     if not trace.exists():
         raise GeotrainError(f"the run wrote no {trace} (logs: {logs})")
     conns = measured_connections(sampler.samples, listeners([h.log for h in hosts]))
     return Rehearsal(run_dir, hosts, wall, link_reports(spec, plan, trace, conns), crossed)
+
+
+def _gather_host_traces(hosts: list[Host], run_dir: Path, plan) -> None:
+    """Each host's ranks wrote their trace in that host's run directory; copy them into RUN_DIR/trace and
+    merge (what a user does after a real multi-host run: copy, then `geotrain report`)."""
+    for h in hosts:
+        if h.out != run_dir:
+            for f in (h.out / "trace").glob("rank*.jsonl"):
+                (run_dir / "trace").mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, run_dir / "trace" / f.name)
+    merged = remerge(run_dir)
+    if merged is not None:
+        write_chrome(merged, run_dir / "measured_trace.chrome.json", plan)
 
 
 def _wait(hosts: list[Host], emu, deadline: float) -> None:

@@ -28,6 +28,7 @@ from geotrain.report.html import write_html
 from geotrain.report.prefill import bubbletea_rows
 from geotrain.report.timeline import draw_timeline, draw_timelines
 from geotrain.trace.chrome import write_chrome
+from geotrain.trace.merge import remerge
 from geotrain.trace.metrics import LINK_COUNTERS_NAME, MACHINE_LOAD_NAME, Metrics, compute_metrics
 from geotrain.trace.rank_roles import num_ranks, plan_of, rank_layout
 from geotrain.trace.schema import Trace
@@ -167,6 +168,8 @@ def rebuild(run_dir: str | Path, with_trace: bool = False):
     d = Path(run_dir)
     if not d.is_dir():
         raise GeotrainError(f"{d}: not a directory")
+    if remerge(d, MEASURED_NAME) is not None:     # other hosts' RUN_DIR/trace files copied in since the run
+        write_measured_chrome(d)
     predicted_path = next((d / n for n in PREDICTED_NAMES if (d / n).exists()), None)
     measured_path = d / MEASURED_NAME if (d / MEASURED_NAME).exists() else None
     if predicted_path is None and measured_path is None:

@@ -210,7 +210,7 @@ class PipelineRank:
             op, v, mb = a.op, a.stage, a.mb
             if op in RECVS:
                 buf, work = self._posted.pop(i)
-                t0 = rec.now()
+                t0 = rec.mark()
                 if work is not None and self.bubble is not None:
                     t0 = self.bubble.fill_and_wait(i, work, v)  # prefill in the predicted bubble, then wait
                 elif work is not None:
@@ -218,25 +218,26 @@ class PipelineRank:
                 nbytes = buf.numel() * buf.element_size()
                 if self._scattered(a.peer):     # part of the wait, as the simulator counts it
                     buf = self._gather(buf)
-                rec.add("recv_wait", t0, rec.now(), stage=v, mb=mb, nbytes=nbytes, peer=self.rank_of(a.peer))
+                end = rec.now() if isinstance(t0, float) and self.bubble is not None else rec.mark()
+                rec.add("recv_wait", t0, end, stage=v, mb=mb, nbytes=nbytes, peer=self.rank_of(a.peer))
                 (self._acts if op == Op.RECV_ACT else self._grads)[(v, mb)] = buf
             elif op == Op.FORWARD:
-                t0 = rec.now()
+                t0 = rec.mark()
                 loss_sum += self._forward(v, mb, batches, m, loss_scale)
-                rec.add("forward", t0, rec.now(), stage=v, mb=mb)
+                rec.add("forward", t0, rec.mark(), stage=v, mb=mb)
             elif op == Op.SEND_ACT:
                 pass                                   # posted by _post
             elif op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
-                t0 = rec.now()
+                t0 = rec.mark()
                 self._backward(op, v, mb)
-                rec.add(op.value, t0, rec.now(), stage=v, mb=mb)
+                rec.add(op.value, t0, rec.mark(), stage=v, mb=mb)
             elif op == Op.SEND_GRAD:
                 if self._slots[(v, mb)].param_groups is None and not self._slots[(v, mb)].weight_deferred:
                     del self._slots[(v, mb)]
             elif op == Op.ALLREDUCE:
-                t0 = rec.now()
+                t0 = rec.mark()
                 self._reduce_grads()
-                rec.add("allreduce", t0, rec.now(), stage=v)
+                rec.add("allreduce", t0, rec.mark(), stage=v)
             elif op == Op.OPTIMIZER:
                 pass                                   # the end of the list: the caller steps
             elif op == Op.PREFILL:
@@ -246,6 +247,7 @@ class PipelineRank:
         if wait_sends:
             self._wait_sends()
         self._slots.clear()
+        rec.flush()              # the trace: GPU events of this iteration that have completed (no waiting)
         if self.bubble is not None:
             self.bubble.end_iteration()
         return float(loss_sum)

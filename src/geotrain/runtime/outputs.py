@@ -4,10 +4,10 @@
 runtime executes and measures, it does not simulate. It does set the cost model's peak memory per
 stage -- the number the plan's fit was checked with, a lookup -- beside the peak it measured.)
 
-Per-rank time totals travel as one tensor all-reduce (a row per rank); each rank writes its own
-trace file and sends the same JSON lines, as bytes in a uint8 tensor, to the reporting rank (the
-one that owns the loss), which merges them: hosts need not share a filesystem for RUN_DIR on the
-reporting rank's host to be complete, and no Python objects cross the network (JSON, never pickle).
+Per-rank time totals travel as one tensor all-reduce (a row per rank). The trace does not travel: each
+rank streamed its own file into its host's RUN_DIR/trace (runtime.recorder), and the reporting rank (the
+one that owns the loss) merges the files its host has -- every rank's on one host or a shared filesystem;
+else it says which are elsewhere, and `geotrain report` merges them once copied (trace.merge).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from geotrain.console import human_bytes, number_runs
 from geotrain.errors import GeotrainError
 from geotrain.layout.peaks import predicted_stage_peaks
 from geotrain.runtime.cross_dc import bind_address
-from geotrain.runtime.recorder import Recorder, merge_trace_lines
+from geotrain.runtime.recorder import Recorder
 from geotrain.trace.chrome import write_chrome
+from geotrain.trace.merge import merge_rank_files
 from geotrain.trace.schema import json_text
 
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
@@ -45,11 +46,7 @@ def write_outputs(cfg, spec, plan, schedule, recorder: Recorder, out: Path, wall
     wrote to losses.jsonl, handed on rather than read back. The reporting rank returns the losses,
     the summary and the merged trace (for a caller in this process: no need to read the files)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    trace_dir = out / "trace"
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    mine = recorder.jsonl()
-    (trace_dir / f"rank{rank}.jsonl").write_bytes(mine)      # the rank's own file: kept, not read back
-    lines = _gather_trace_lines(mine, reporter)
+    recorder.close()                   # this rank's trace file is complete (RUN_DIR/trace/rank<R>.jsonl)
     tot = recorder.totals()
     row = torch.zeros(world, len(COLUMNS), dtype=torch.float64)
     row[rank] = torch.tensor([sum(tot.get(k, 0.0) for k in COMPUTE), tot.get("recv_wait", 0.0),
@@ -66,8 +63,14 @@ def write_outputs(cfg, spec, plan, schedule, recorder: Recorder, out: Path, wall
             "tokens_per_iteration": tokens_per_step,
             # Where it ran: ranks sharing CPU cores measure differently from dedicated GPUs (report.compare).
             "device": "cuda" if torch.cuda.is_available() else "cpu", "cores": os.cpu_count() or 1}
-    merged = merge_trace_lines(lines, out / "measured_trace.jsonl", world, meta)
-    write_chrome(merged, out / "measured_trace.chrome.json", plan)     # for ui.perfetto.dev / chrome://tracing
+    merged = None
+    if cfg.trace:        # the files on this host (all of them on one host or a shared filesystem)
+        merged = merge_rank_files(out / "trace", out / "measured_trace.jsonl", world, meta)
+        write_chrome(merged, out / "measured_trace.chrome.json", plan)     # for ui.perfetto.dev / chrome://tracing
+        missing = merged.meta.get("ranks_missing")
+        if missing and cfg.progress:
+            print(f"trace: ranks {number_runs(missing)} wrote theirs on their own hosts (RUN_DIR/trace/rank<R>.jsonl "
+                  f"there); copy them into {out / 'trace'} and run `geotrain report {out}` to merge them", flush=True)
     losses = list(losses or [])
     per_stage = {}
     for s in range(plan.pp):
@@ -90,24 +93,6 @@ def write_outputs(cfg, spec, plan, schedule, recorder: Recorder, out: Path, wall
     if cfg.progress:
         print(format_summary(summary, out), file=sys.stdout, flush=True)
     return {"losses": losses, "summary": summary, "trace": merged}
-
-
-def _gather_trace_lines(mine: bytes, dst: int) -> list[bytes]:
-    """Every rank's trace file (JSON lines), on rank `dst`; [] elsewhere. Two collectives over the
-    CPU group (gloo): the sizes, then the bytes padded to the largest."""
-    world = dist.get_world_size()
-    size = torch.tensor([len(mine)], dtype=torch.int64)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(sizes, size)
-    n = max(int(s) for s in sizes)
-    buf = torch.zeros(max(n, 1), dtype=torch.uint8)
-    if mine:
-        buf[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
-    bufs = [torch.zeros_like(buf) for _ in range(world)] if dist.get_rank() == dst else None
-    dist.gather(buf, bufs, dst=dst)
-    if bufs is None:
-        return []
-    return [bytes(b[:int(s)].numpy().tobytes()) for b, s in zip(bufs, sizes)]
 
 
 def _memory_per_stage(spec, plan, schedule, peaks: list[float]) -> list[dict[str, Any]]:

@@ -117,8 +117,8 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
     data = RankBatches(make_source(spec, plan, cfg.data if cfg.data is not None else job.data, job.seed),
                        plan.worker * plan.dp + me.replica, plan.num_microbatches, me.device,
                        needed=any(v in me.chunks for v in (0, schedule.num_virtual - 1)))
-    recorder = Recorder(me.rank, common_clock(), enabled=cfg.trace,
-                        sync=torch.cuda.synchronize if me.device.type == "cuda" else None)
+    recorder = Recorder(me.rank, common_clock(), enabled=cfg.trace, path=out / "trace" / f"rank{me.rank}.jsonl",
+                        device=me.device)     # streams to this host's RUN_DIR/trace (outputs merges)
     outer = build_diloco(cfg, spec, plan, me, recorder)      # DiLoCo's outer loop (None: no workers)
     ckpt = Checkpointer(out / "checkpoints", me.stage, me.replica, me.chunks, optimizer, scaler,
                         layout=(plan.pp, plan.dp, tp_code(plan)), outer=outer)

@@ -138,7 +138,7 @@ class Trainer:
             self.tied.sum_grads()           # tied embeddings: the first and last stage's copies stay equal
         skipped, loss, grad_norm = self._overflow(loss_local)
         rec = self.recorder
-        t = rec.now()
+        t = rec.mark()
         lr = lr_at(step, self.job) if self.job is not None else None
         if not skipped:
             if self.clip > 0:
@@ -151,7 +151,7 @@ class Trainer:
                 self.memory = state_bytes(self.params, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.update(skipped)
-        rec.add("optimizer", t, rec.now(), stage=self.stage)
+        rec.add("optimizer", t, rec.mark(), stage=self.stage)
         if loss is None:
             loss = self.group.loss(loss_local) if self.group is not None else loss_local
         return StepResult(loss, skipped, grad_norm if self.clip > 0 else None, lr)
@@ -178,18 +178,18 @@ class Trainer:
             pending = self.norm.start(sq)
             if self._defer:
                 self.runner.finish_sends()
-            t = self.recorder.now()
+            t = self.recorder.mark()
             norm = self.norm.finish(pending)
-            self.recorder.add("recv_wait", t, self.recorder.now(), stage=-1)
+            self.recorder.add("recv_wait", t, self.recorder.mark(), stage=-1)
             return False, None, norm
         rec = self.recorder
-        t = rec.now()
+        t = rec.mark()
         found = self.scaler.local_found_inf(self.params)     # unscales this rank's gradients
         sq = float(self._sq()) if self.clip > 0 else 0.0
         if self.group is None:
             return found, loss_local, sq ** 0.5
         skipped, loss, total = self.group.overflow(found, loss_local, sq)   # the one world-wide collective
-        rec.add("recv_wait", t, rec.now(), stage=-1)
+        rec.add("recv_wait", t, rec.mark(), stage=-1)
         return skipped, loss, total ** 0.5
 
     def _poison_a_gradient(self) -> None:
