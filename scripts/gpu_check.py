@@ -247,7 +247,8 @@ def check_predict(out: Path, mode: str) -> Result:
     run = out / "single_bf16"
     if not (run / "summary.json").exists():          # `single` skipped: train its run here
         _train(_spec(out, "single_bf16", mode, "bf16", 1), run, cpu=mode == "cpu")
-    row = predict_run_dir(run, "cuda" if mode == "gpu" else "cpu", f"gpu_check single ({SIZES[mode][0]})")
+    row = predict_run_dir(run, "cuda" if mode == "gpu" else "cpu", f"gpu_check single ({SIZES[mode][0]})",
+                          repeats=10 if mode == "gpu" else 3)
     if mode == "gpu":
         import torch  # lazy: as above
 

@@ -108,6 +108,7 @@ def test_every_check_can_fail():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)     # five steps: ~2 min quiet, 5-6 min under load ~25 (over the 300 s default)
 def test_gpu_check_cpu_mode_runs_every_check(tmp_path):
     python = _torch211() or sys.executable
     r = _run(tmp_path, python)
