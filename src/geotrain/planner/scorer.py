@@ -248,7 +248,7 @@ class Scorer:
             for a, e in ch:
                 tf, tb, tbi, tbw = tab.times(a, e)
                 f, b, bi, bw = f + tf, b + tb, bi + tbi, bw + tbw
-            if ctx.tp_of(dc) > 1:
+            if ctx.tp_of(dc) > 1 or ctx.ep > 1:     # TP all-reduces, EP all-to-alls
                 f, b, bi, bw = with_tp_comm(f, b, bi, bw, ctx.tp_comm(ch, mb, dc))
             out.append((f, b, bi, bw))
         return out
