@@ -108,6 +108,7 @@ def test_rehearse_leaves_one_run_dir_and_no_namespaces(rehearsal):
     assert not (out / "hosts" / "east" / "losses.jsonl").exists()
     ranks = {json.loads(x).get("rank") for x in (out / "measured_trace.jsonl").read_text().splitlines()[1:]}
     assert ranks == {0, 1, 2, 3}                 # each host wrote its own; rehearse copied them in and merged
+    assert "rehearse: " in r.stdout and ("step(s) done" in r.stdout or "start-up" in r.stdout)   # no silent minute
     for log in (out / "logs").glob("*.log"):     # a clean run ends cleanly on every host (runtime.worker:
         text = log.read_text()                     # the store's host leaves last)
         assert "recvVector" not in text and "recvValue failed" not in text and "Traceback" not in text, text[-2000:]
@@ -165,3 +166,15 @@ def test_each_datacenter_is_one_block_of_ranks_in_plan_order():
     assert dc_blocks(plan) == [("east", [0, 1]), ("west", [2, 3])]
     with pytest.raises(GeotrainError, match="one datacenter"):
         dc_blocks(plan.with_(stages=tuple(type(st)(**{**st.__dict__, "dc": "east"}) for st in plan.stages)))
+
+
+def test_the_link_table_stays_aligned_with_long_datacenter_names():
+    from geotrain.commands.rehearse_cmd import _link_lines
+
+    row = {"measured_connections_per_pair": [2], "turns_per_iteration": 4, "turn_pipelines": 2, "plan_turns": False,
+           "turn_slots": 1, "turns_held_at_once": 1, "plan_connections": 2, "sharing": "fair",
+           "transfers_per_iteration": 8, "bytes_per_iteration": 1000 * 1024}
+    lines = _link_lines([{**row, "link": "east->west"}, {**row, "link": "frankfurt-north-2->virginia-east-1"}])
+    assert len({len(ln) for ln in lines[2:]}) == 1, lines        # every column where the header puts it
+    assert lines[1].index("sharing") == lines[2].index("fair") == lines[3].index("fair"), lines
+    assert "1000 KiB" in lines[2] and "e+" not in "".join(lines)

@@ -331,3 +331,12 @@ def test_presets_are_the_model_packages_shapes(tmp_path):
     weights = {"hf", "tie_embeddings", "allow_missing", "bos_token_id", "eos_token_id", "pad_token_id"}
     assert spec.model.model_dump(exclude=weights) == PRESETS["small"].fields_dict()
     assert spec.model.param_count() == PRESETS["small"].param_count()
+
+
+def test_pp_and_dp_auto_are_the_planners_choice():
+    """The README: "auto" leaves a choice to the planner -- pp and dp too (they were refused)."""
+    job = JobSpec(global_batch=8, pp="auto", dp="auto")
+    assert job.pp is None and job.dp is None
+    assert JobSpec(global_batch=8, pp=2).pp == 2
+    with pytest.raises(ValueError):
+        JobSpec(global_batch=8, pp="deep")

@@ -59,7 +59,7 @@ def human_bytes(n: float) -> str:
     n = abs(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if n < 1024 or unit == "PiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.3g} {unit}"
+            return f"{sign}{n:.0f} {unit}" if unit == "B" or n >= 999.5 else f"{sign}{n:.3g} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
 

@@ -80,15 +80,16 @@ def _builtin(plan_path: Path, out: Path, train_args: list[str]) -> Path:
 
 
 def _link_lines(links: list[dict]) -> list[str]:
+    w = max([12, *(len(x["link"]) for x in links)])          # long datacenter names keep the columns aligned
     lines = ["per cross-DC link (plan / measured):",
-             "  link         connections per pair   sharing    turns/iter  held at once  transfers/iter  bytes/iter"]
+             f"  {'link':<{w}} connections per pair   sharing    turns/iter  held at once  transfers/iter  bytes/iter"]
     for x in links:
         per_pair = sorted(set(x["measured_connections_per_pair"]))
         meas = ",".join(f"{c:g}" for c in per_pair) or "0"
         turns = (f"{x['turns_per_iteration']:g} by {x['turn_pipelines']}" if x["plan_turns"] else
                  f"{x['turns_per_iteration']:g}")
         held = f"{x['turn_slots']} / {x['turns_held_at_once']}" if x["plan_turns"] else f"- / {x['turns_held_at_once']}"
-        lines.append(f"  {x['link']:<12} {x['plan_connections']:>4} / {meas:<14}  {x['sharing']:<9}  {turns:>10}  "
+        lines.append(f"  {x['link']:<{w}} {x['plan_connections']:>4} / {meas:<14}  {x['sharing']:<9}  {turns:>10}  "
                      f"{held:>12}  {x['transfers_per_iteration']:>14g}  {human_bytes(x['bytes_per_iteration']):>10}")
     return lines
 

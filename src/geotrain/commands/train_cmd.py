@@ -17,8 +17,8 @@ from geotrain.transport.tls import check_tls_available
 DESCRIPTION = (
     "Train following an experiment spec (the layout its [job] pins) or a plan file from `geotrain plan`. "
     "On one machine this starts one process per rank; under torchrun (RANK/WORLD_SIZE set) it runs as "
-    "that rank. Writes RUN_DIR/losses.jsonl, measured_trace.jsonl, predicted_trace.jsonl, summary.json "
-    "and checkpoints/."
+    "that rank. Writes RUN_DIR/losses.jsonl, measured_trace.jsonl, predicted_trace.jsonl, summary.json, "
+    "and checkpoints/ when --checkpoint-every N (or job.checkpoint_every) asks for them."
 )
 
 

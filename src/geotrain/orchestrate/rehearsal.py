@@ -304,7 +304,7 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
                 h.proc = emu.popen(h.dc, argv, {**env, **emu.host_env(h.dc, env)},   # one NCCL host per DC
                                    stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
-        _wait(hosts, emu, t0 + timeout_s)
+        _wait(hosts, emu, t0 + timeout_s, say, run_dir / "losses.jsonl")
     finally:
         if sampler is not None:
             sampler.stop()
@@ -334,8 +334,18 @@ def _gather_host_traces(hosts: list[Host], run_dir: Path, plan) -> None:
         write_chrome(merged, run_dir / "measured_trace.chrome.json", plan)
 
 
-def _wait(hosts: list[Host], emu, deadline: float) -> None:
+def _wait(hosts: list[Host], emu, deadline: float, say=None, losses: Path | None = None,
+          every_s: float = 10.0) -> None:
+    """Until every torchrun ended (or one failed, or the deadline); says every `every_s` how far the run is
+    (the steps in `losses`), so a rehearsal is not a minute of silence."""
+    started = last = time.time()
     while True:
+        if say is not None and time.time() - last >= every_s:
+            last = time.time()
+            done = sum(1 for ln in losses.read_text().splitlines() if ln.strip()) \
+                if losses is not None and losses.is_file() else 0
+            say(f"rehearse: {time.time() - started:.0f} s, "
+                + (f"{done} step(s) done" if done else "rendezvous and start-up (no step yet)"))
         codes = [h.proc.poll() for h in hosts]
         for h, c in zip(hosts, codes):
             if c not in (None, 0):

@@ -187,7 +187,8 @@ def infeasible_reason(ctx: PlanningContext, tightest=None) -> str:
     if tightest is not None:
         frac, dc, desc = tightest
         gpu = ctx.gpu(dc)
-        return (f"{model.name} does not fit: the leanest layout tried ({desc}) needs {frac * gpu.memory_gib:.1f} GiB "
+        return (f"{model.name} does not fit: the leanest layout tried ({desc}) needs "
+                f"{human_bytes(frac * gpu.memory_gib * 2**30)} "
                 f"per GPU in {dc}, whose {ctx.dc(dc).gpu_type} GPUs have {gpu.memory_gib:g} GiB -- use more GPUs "
                 f"(deeper pipeline), GPUs with more memory, or allow checkpointing/sharding")
     return (f"{model.name} cannot be placed on {cl.name}: no layout with pp <= {model.layers} stages, equal dp "

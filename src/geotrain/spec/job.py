@@ -145,6 +145,11 @@ class JobSpec(Strict):
     def _fsdp_alias(cls, v: object) -> object:
         return "zero3" if v == "fsdp" else v
 
+    @field_validator("pp", "dp", mode="before")
+    @classmethod
+    def _auto_shape(cls, v: object) -> object:
+        return None if v == "auto" else v       # "auto", as for tp and micro_batch: the planner chooses
+
     @field_validator("micro_batch", mode="before")
     @classmethod
     def _micro_batch(cls, v: object) -> object:
