@@ -26,6 +26,8 @@ def spec_document(spec: Spec) -> dict[str, Any]:
     job = spec.job.model_dump()
     if spec.job.data_sources and spec.path is not None:
         def absolute(data: str) -> str:
+            if data == "stdlib":
+                return data
             p = Path(data).expanduser()
             near = spec.path.parent / p
             return str((near if near.exists() else p).resolve())

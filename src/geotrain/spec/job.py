@@ -113,7 +113,7 @@ class JobSpec(Strict):
     checkpoint_every: int = Field(0, ge=0, le=10**9)
     # A path (file or folder), "stdlib" (the built-in corpus, the default) or "synthetic"; or one
     # table / a list of tables (DataSource) to set the field or mix sources with weights.
-    data: str | list[DataSource] | None = None
+    data: list[DataSource] | str | None = None     # list first: its errors are the ones a table needs
     # A step whose loss is NaN or infinite: "stop" the run there (one-line error, nothing saved
     # after it) or "continue" (the step is logged with loss null). (fp16's skipped steps overflow
     # in their scaled gradients; their loss stays finite.)

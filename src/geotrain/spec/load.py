@@ -265,6 +265,8 @@ def _check_data_path(job: JobSpec, path: Path, file: str) -> None:
     """`data` names files or folders for `geotrain train` (relative to the spec, like `cluster`);
     "stdlib" or nothing is the built-in corpus. A typo should fail here, not minutes into a launch."""
     for i, src in enumerate(job.data_sources or []):
+        if src.path == "stdlib":            # the built-in corpus, mixed with the others
+            continue
         p = Path(src.path).expanduser()
         if not ((path.parent / p).exists() or p.exists()):
             where = "job.data" if isinstance(job.data, str) else f"job.data[{i}].path"
