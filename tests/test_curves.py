@@ -62,7 +62,7 @@ def test_tensorboard_gets_every_curve_and_a_resume_purges_recomputed_steps(tmp_p
 
 
 def test_non_finite_numbers_are_written_as_null(tmp_path):
-    log = LossLog(tmp_path, True, 2, 0, 1024, 0.0, progress=False)
+    log = LossLog(tmp_path, True, 2, 0, 1024, 0.0, progress=False, nan_policy="continue")
     log.record(1, float("nan"), False, 1.0, 0.5, grad_norm=float("inf"), lr=1e-3)
     log.close()
     row = json.loads((tmp_path / "losses.jsonl").read_text())      # strict JSON: no NaN / Infinity

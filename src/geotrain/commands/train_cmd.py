@@ -258,7 +258,8 @@ def run(args: argparse.Namespace) -> int:
         if int(os.environ["RANK"]) == report_rank(plan):   # the run directory is the reporting rank's host's
             mode = (cfg.wan or {}).get("mode", "off")
             write_prediction(spec, plan, Path(cfg.out), profile, mode, iterations=_predicted_iterations(cfg, spec))
-            _draw_curves(Path(cfg.out), not args.no_progress)
+            if not args.no_progress:
+                _draw_curves(Path(cfg.out))
         # Every output is written and the process group destroyed: leave without the interpreter's and
         # C++'s teardown, which can abort on gloo/TCPStore threads (see geotrain.process).
 
@@ -365,17 +366,18 @@ def run(args: argparse.Namespace) -> int:
               + sent_received(predicted_link_bytes(spec, last["plan"], steps, backend)), flush=True)
     write_prediction(spec, last["plan"], Path(cfg.out), profile, last["wan"].mode,
                      iterations=_predicted_iterations(cfg, spec))
-    _draw_curves(Path(cfg.out), not args.no_progress)
+    if not args.no_progress:        # (scripts and tests pass --no-progress: `geotrain report` draws it too)
+        _draw_curves(Path(cfg.out))
     return 0
 
 
-def _draw_curves(out: Path, say: bool) -> None:
+def _draw_curves(out: Path) -> None:
     """RUN_DIR/curves.png (loss, eval loss, lr, grad norm, tokens/s, step time; report.html embeds it)."""
     # lazy: matplotlib only when a run has finished
     from geotrain.report.curves import draw_curves
 
     path = draw_curves(out)
-    if path is not None and say:
+    if path is not None:
         print(f"curves: {path}  (TensorBoard: tensorboard --logdir {out / 'tb'})", flush=True)
 
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,7 +44,7 @@ class LossLog:
         else:
             self.rows = _trim_losses(out / "losses.jsonl", start)
         self.file = open(out / "losses.jsonl", "a")  # noqa: SIM115 -- closed in close()
-        self.tb = _tensorboard(out / "tb", start, self.rows)
+        self.tb = TensorBoard(out / "tb", start, self.rows)
         if progress:
             if sys.stdout.isatty():
                 self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", file=sys.stdout,
@@ -64,7 +66,7 @@ class LossLog:
             self.file.flush()
             self.rows.append(row)
             if self.tb is not None:
-                _tb_row(self.tb, row)
+                self.tb.put(row)
             if bad and self.nan_policy == "stop":
                 raise GeotrainError(f"step {step}: the training loss is {loss} (diverged, or broken weights or data); "
                                     'stopped there (losses.jsonl holds it as null; job.nan_policy = "continue" '
@@ -97,21 +99,38 @@ TB_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm
            "loss_scale": "train/loss_scale", "eval_loss": "eval/loss", "eval_perplexity": "eval/perplexity"}
 
 
-def _tensorboard(path: Path, start: int, carried: list[dict]):
-    """A SummaryWriter on RUN_DIR/tb (events past `start` purged on resume; rows carried over from
-    another run written first), or None where tensorboard is not installed."""
-    try:
-        # lazy: tensorboard (protobuf) only on the reporting rank
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        print("note: tensorboard is not installed; no RUN_DIR/tb/ (pip install tensorboard)", flush=True)
-        return None
-    fresh = not path.exists()
-    writer = SummaryWriter(str(path), purge_step=start + 1 if start else None)
-    if fresh:
-        for row in carried:
-            _tb_row(writer, row)
-    return writer
+class TensorBoard:
+    """RUN_DIR/tb through torch.utils.tensorboard's SummaryWriter, on a thread of its own: importing
+    tensorboard (~1 s) and writing events never hold up a step. On resume the events past `start`
+    are purged (purge_step); rows carried over from another run are written first into a new dir."""
+
+    def __init__(self, path: Path, start: int, carried: list[dict]):
+        self.rows: queue.SimpleQueue = queue.SimpleQueue()
+        for row in carried if not path.exists() else []:
+            self.rows.put(row)
+        self.thread = threading.Thread(target=self._run, args=(path, start), name="tensorboard", daemon=True)
+        self.thread.start()
+
+    def put(self, row: dict) -> None:
+        self.rows.put(row)
+
+    def close(self) -> None:
+        self.rows.put(None)
+        self.thread.join(timeout=60)
+
+    def _run(self, path: Path, start: int) -> None:
+        try:
+            # lazy: tensorboard (protobuf) only on the reporting rank, off the training thread
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            print("note: tensorboard is not installed; no RUN_DIR/tb/ (pip install tensorboard)", flush=True)
+            return
+        writer = SummaryWriter(str(path), purge_step=start + 1 if start else None)
+        try:
+            while (row := self.rows.get()) is not None:
+                _tb_row(writer, row)
+        finally:
+            writer.close()
 
 
 def _tb_row(writer, row: dict) -> None:
