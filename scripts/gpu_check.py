@@ -9,10 +9,13 @@
    prediction for the cluster's GPU type -- the efficiency to put in the GPU type; it fails when
    the efficiency that fits the block is outside the limits (faster than the datasheet's peak, or
    far slower: a timing or device mistake).
-4. bubbletea: training step time with vs without prefill in the bubbles (bench_bubbletea_runtime);
+4. shared: the demo's layout (examples/tiny_2dc.toml: pp=2 x dp=2, zero3, four ranks) on the one device:
+   ranks sharing a GPU run FSDP2, the loss sum and the pipeline over gloo through host memory
+   (runtime.shared_gpu; on CPU GEOTRAIN_FAKE_GPUS=1 stands in) -- it must train and say so.
+5. bubbletea: training step time with vs without prefill in the bubbles (bench_bubbletea_runtime);
    it fails when nothing was answered, or (GPU mode) the ratio is outside its limits: slower than
    the limit, or so much faster that the measurement is noise.
-5. predict: the `single` run simulated from unit times measured now on the device, beside its
+6. predict: the `single` run simulated from unit times measured now on the device, beside its
    measured step time and peak memory: a row of the GPU validation's table (calibrate.gpu_measured),
    added to OUT/gpu_measured.json (`bench/bench_validate_gpu.py --measured OUT/gpu_measured.json`);
    it fails (GPU mode) when the iteration or the memory is off by more than its limit.
@@ -114,6 +117,23 @@ def check_wan2(out: Path, mode: str) -> Result:
                   [f"pp=2 over the striped transport (shaper): {len(losses)} steps"])
 
 
+def check_shared(out: Path, mode: str) -> Result:
+    run = out / "shared"
+    env = {"GEOTRAIN_FAKE_GPUS": "1", "CUDA_VISIBLE_DEVICES": ""} if mode == "cpu" else {}
+    r = subprocess.run([*GEOTRAIN, "train", str(ROOT / "examples" / "tiny_2dc.toml"), "--steps", "3", "--wan", "shaper",
+                        "--out", str(run), "--no-progress", "--data", "synthetic"],
+                       env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"geotrain train tiny_2dc failed: {(r.stderr or r.stdout).strip()[-800:]}")
+    losses = [json.loads(x)["loss"] for x in (run / "losses.jsonl").read_text().splitlines() if x.strip()]
+    note = next((ln for ln in (run / "logs" / "rank0.log").read_text().splitlines() if "share" in ln
+                 and "host memory" in ln), "")
+    ok = len(losses) == 3 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] + 0.5 and bool(note)
+    return Result(ok, f"4 ranks, loss {losses[0]:.3f} -> {losses[-1]:.3f}; " + (note.split(": ", 1)[-1][:60] + "..."
+                                                                            if note else "no staging line"),
+                  "trains, says what it stages", [note or "(rank 0 did not say it staged anything)"])
+
+
 def units_verdict(measured: dict[str, tuple[float, float]], fits: dict[str, float], mode: str) -> Result:
     """ok when every unit's times are finite and positive and the block's efficiency that fits lies
     within EFFICIENCY[mode] (a block faster than the datasheet's peak, or 50x slower, is a mistake)."""
@@ -211,7 +231,7 @@ def check_bubbletea(out: Path, mode: str, limits: tuple[float, float] | None) ->
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_bubbletea_runtime.py"), "--spec", str(spec),
                         "--steps", steps, "--warmup", warmup, "--rounds", "1", "--priority", "normal",
                         "--wan", "shaper", "--clients", "1", "--json", str(result)],
-                       env=env, capture_output=True, text=True, timeout=300)
+                       env=env, capture_output=True, text=True, timeout=300 if mode == "gpu" else 600)
     lines = [ln for ln in r.stdout.splitlines() if ln.strip()][-8:]
     if r.returncode != 0 or not result.exists():
         return Result(False, f"the bench failed: {(r.stderr or r.stdout).strip()[-300:]}", "runs", lines)
@@ -272,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=["gpu", "cpu"], default="gpu")
     ap.add_argument("--out", default="runs/gpu_check")
     ap.add_argument("--skip", default="",
-                    help="comma-separated checks to skip (single, wan2, units, bubbletea, predict)")
+                    help="comma-separated checks to skip (single, wan2, units, shared, bubbletea, predict)")
     ap.add_argument("--deps", default="", help="what the set-up did (scripts/gpu_check.sh), for the report")
     ap.add_argument("--bubbletea-limits", default=None, metavar="LO,HI",
                     help="step ratio with / without prefill that passes (default: 0.9,1.05 on a GPU; not judged "
@@ -288,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = BUBBLETEA[a.mode] if a.bubbletea_limits is None else tuple(float(x) for x in a.bubbletea_limits.split(","))
     skip = set(filter(None, a.skip.split(",")))
     checks = [("single", lambda: check_single(out, a.mode)), ("wan2", lambda: check_wan2(out, a.mode)),
-              ("units", lambda: check_units(a.mode)), ("bubbletea", lambda: check_bubbletea(out, a.mode, limits)),
+              ("units", lambda: check_units(a.mode)), ("shared", lambda: check_shared(out, a.mode)),
+              ("bubbletea", lambda: check_bubbletea(out, a.mode, limits)),
               ("predict", lambda: check_predict(out, a.mode))]
     where = _where(a.mode)
     print(f"gpu_check ({a.mode} mode): {where}" + (f"; {a.deps}" if a.deps else ""), flush=True)

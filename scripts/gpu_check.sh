@@ -41,5 +41,5 @@ DEPS="${GPU_CHECK_DEPS:-$PWD/.deps/py$VER}"
 NOTE="$("$PY" scripts/gpu_deps.py --target "$DEPS" ${GPU_CHECK_WHEELS:+--wheels "$GPU_CHECK_WHEELS"})" || exit 3
 echo "$NOTE"
 export PYTHONPATH="$PWD/src:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
-# 8 minutes at most, also if a rank hangs (-k: then SIGKILL).
-exec timeout -k 10 480 "$PY" scripts/gpu_check.py --mode "$MODE" --out "$OUT" --deps "${NOTE#gpu_check deps: }" "$@"
+# 8 minutes at most (GPU_CHECK_TIMEOUT seconds), also if a rank hangs (-k: then SIGKILL).
+exec timeout -k 10 "${GPU_CHECK_TIMEOUT:-480}" "$PY" scripts/gpu_check.py --mode "$MODE" --out "$OUT" --deps "${NOTE#gpu_check deps: }" "$@"

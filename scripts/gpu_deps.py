@@ -23,11 +23,12 @@ from pathlib import Path
 WHEELS = Path(__file__).resolve().parent / "wheels"
 # What the package imports on the paths `geotrain train` and scripts/gpu_check.py take, besides torch
 # (pyproject's dependencies; tests/test_gpu_check.py keeps the lists equal). OPTIONAL: imported only on
-# other paths (matplotlib draws losses.png and the report's charts; pyarrow and zstandard read Parquet/Arrow
-# and .zst training data) -- not shipped (big), reported when absent, never refused for.
+# other paths or skipped without them (matplotlib draws curves.png and the report's charts; tensorboard writes
+# RUN_DIR/tb; pyarrow and zstandard read Parquet/Arrow and .zst training data) -- not shipped (big), reported
+# when absent, never refused for.
 NEEDED = ["numpy>=1.24", "pydantic>=2.5", "tqdm>=4.66", "safetensors>=0.4", "tokenizers>=0.15", "fastapi>=0.110",
           "uvicorn>=0.29", "prometheus-client>=0.20", "jinja2>=3.1"]
-OPTIONAL = ["matplotlib>=3.7", "pyarrow>=14", "zstandard>=0.22"]
+OPTIONAL = ["matplotlib>=3.7", "tensorboard>=2.14", "pyarrow>=14", "zstandard>=0.22"]
 SHIPPED_FOR = "3.12"          # the GPU machine's Python; pure-Python wheels fit any
 DOWNLOAD = ["pydantic>=2.5", "fastapi>=0.110", "uvicorn>=0.29"]
 

@@ -42,10 +42,10 @@ def _torch211() -> str | None:
 
 def _run(tmp_path: Path, python: str, *extra: str, **env: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "GPU_CHECK_OUT": str(tmp_path / "out"), "GPU_CHECK_DEPS": str(tmp_path / "deps"),
-           "PYTHON": python, **env}
+           "PYTHON": python, "GPU_CHECK_TIMEOUT": "840", **env}       # a loaded 2-core machine: 5-8 min
     env.pop("PYTHONPATH", None)          # the machine's own interpreter, as on the GPU box
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu", *extra], env=env,
-                          capture_output=True, text=True, timeout=480)
+                          capture_output=True, text=True, timeout=870)
 
 
 def test_the_shipped_wheels_cover_what_is_needed():
@@ -108,10 +108,11 @@ def test_every_check_can_fail():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)     # five steps: ~2 min quiet, 5-6 min under load ~25 (over the 300 s default)
+@pytest.mark.timeout(900)     # five steps: ~2 min quiet, 5-6 min under load ~25 (over the 300 s default)
 def test_gpu_check_cpu_mode_runs_every_check(tmp_path):
     python = _torch211() or sys.executable
-    r = _run(tmp_path, python)
+    # `shared` (four ranks on one GPU) is skipped here: tests/test_shared_gpu.py runs that path on both torches
+    r = _run(tmp_path, python, "--skip", "shared")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert "Traceback" not in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -376,7 +377,11 @@ def _draw_curves(out: Path) -> None:
     # lazy: matplotlib only when a run has finished
     from geotrain.report.curves import draw_curves
 
-    path = draw_curves(out)
+    try:
+        path = draw_curves(out)
+    except ModuleNotFoundError as e:     # matplotlib is optional (the GPU machine's image has it; not all do)
+        print(f"curves: not drawn ({e}); the run's files are complete", file=sys.stderr, flush=True)
+        return
     if path is not None:
         print(f"curves: {path}  (TensorBoard: tensorboard --logdir {out / 'tb'})", flush=True)
 
