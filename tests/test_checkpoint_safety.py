@@ -101,6 +101,11 @@ def test_resume_point_names_what_is_missing(tmp_path):
     (root / "step_00000002").mkdir()
     with pytest.raises(GeotrainError, match="incomplete"):
         ck.resume_point(root)
+    # the one `latest` names broken, an older one complete: that one, and why latest was passed over
+    _make(root, 1)
+    (root / "step_00000001" / "__0_0.distcp").write_bytes(b"x")
+    assert ck.resume_points(root) == ([root / "step_00000001"], "step_00000002 is incomplete (its .metadata is "
+                                                                "missing)")
 
 
 # ------------------------------------------------------------------------------ real runs (2 ranks)
@@ -131,14 +136,51 @@ def test_reused_directory_starts_a_new_series_and_bad_resumes_are_one_line_error
     # Resuming the short run continues it from its own step 2.
     launch([_cfg(run, 3, 1, resume=True)], 2, tmp_path / "l2", timeout_s=180)
     assert sorted(_losses(run)) == [1, 2, 3]
-    before = (run / "losses.jsonl").read_text()
-    # A corrupt checkpoint: one line naming it; the losses stay as they were.
+    before = _losses(run)
+    # The latest checkpoint broken after its save (issue #30: its .metadata deleted): --resume takes
+    # the one before it, says so on the console, and the curve continues as it was.
     latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
-    (latest / ".metadata").write_bytes(b"\0garbage")
+    assert latest.name == "step_00000003"
+    (latest / ".metadata").unlink()
+    capfd.readouterr()
+    launch([_cfg(run, 4, 1, resume=True)], 2, tmp_path / "l3", timeout_s=180)
+    said = capfd.readouterr().out
+    assert ("--resume: step_00000003 is incomplete (its .metadata is missing); resuming from step_00000002, "
+            "the newest complete checkpoint") in said, said
+    after = _losses(run)
+    assert sorted(after) == [1, 2, 3, 4] and all(after[s] == before[s] for s in (1, 2, 3))
+    # None complete at all: one line naming what is missing; the losses stay as they were.
+    for d in (run / "checkpoints").glob("step_*"):
+        (d / ".metadata").unlink(missing_ok=True)
+    kept = (run / "losses.jsonl").read_text()
     with pytest.raises(GeotrainError) as e:
-        launch([_cfg(run, 4, 1, resume=True)], 2, tmp_path / "l3", timeout_s=180)
-    assert "cannot be loaded" in str(e.value) and str(latest) in str(e.value) and "\n" not in str(e.value)
-    assert (run / "losses.jsonl").read_text() == before
+        launch([_cfg(run, 5, 1, resume=True)], 2, tmp_path / "l4", timeout_s=180)
+    assert "no complete checkpoint" in str(e.value) and "\n" not in str(e.value)
+    assert (run / "losses.jsonl").read_text() == kept
+
+
+def test_resume_falls_back_past_a_checkpoint_that_cannot_be_loaded(monkeypatch, tmp_path, capfd):
+    """A checkpoint whose files are there but do not load (garbage .metadata, a torn shard): the
+    one before it, and the note says why."""
+    root = tmp_path / "checkpoints"
+    for step in (2, 4):
+        _make(root, step)
+        (root / f"step_{step:08d}" / "__0_0.distcp").write_bytes(b"x")
+    (root / "latest").write_text("step_00000004\n")
+    monkeypatch.setattr(ck.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(ck.Checkpointer, "_check_shared", lambda self: None)
+    tried = []
+
+    def load(self, path):
+        tried.append(path.name)
+        if path.name == "step_00000004":
+            raise ValueError("unpickling stack underflow")
+        return 2, None
+    monkeypatch.setattr(ck.Checkpointer, "load", load)
+    c = ck.Checkpointer(root, 0, 0, {}, None, None)
+    assert c.begin(resume=True, saving=True) == (2, None) and tried == ["step_00000004", "step_00000002"]
+    assert c.notes == ["geotrain train: --resume: step_00000004 cannot be loaded (ValueError: unpickling stack "
+                       "underflow); resuming from step_00000002, the newest complete checkpoint"]
 
 
 def _rank_pid(err_dir: Path, rank: int) -> int | None:

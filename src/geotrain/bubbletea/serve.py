@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from geotrain.bubbletea.bubble_executor import BubbleExecutor
 from geotrain.bubbletea.executor import DecodeWorker
 from geotrain.bubbletea.model_source import load_inference_model
 from geotrain.bubbletea.service import PrefillService
+from geotrain.process import private_dir
 from geotrain.transport.auth import write_secret_file
 
 
@@ -79,7 +79,7 @@ def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str =
 
     if priority == "auto":
         priority = "normal" if torch.cuda.is_available() else "idle"
-    work_dir = tempfile.mkdtemp(prefix="geotrain-bt-")      # 0700: the socket and the ranks' secret
+    work_dir = str(private_dir("bt"))       # 0700, swept if this process is killed: the socket and the ranks' secret
     executor = None
     try:
         if unix:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -130,7 +131,8 @@ def _config(args: argparse.Namespace):
     if args.resume and args.resume_from:
         raise SpecError("--resume-from", "", "give --resume (this run's own checkpoint) or --resume-from, not both")
     if args.resume:
-        every = _check_resumable(Path(out), every)
+        from geotrain.runtime.checkpoint import check_resumable  # lazy: torch only when the command runs
+        every = check_resumable(Path(out), every)
     resume_from = None
     if args.resume_from:
         # lazy: numpy, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
@@ -156,32 +158,10 @@ def _profile(args: argparse.Namespace) -> str | None:
     return str(Path(args.profile).resolve())
 
 
-def _check_resumable(out: Path, every: int | None) -> int | None:
-    """--resume needs a complete checkpoint, else it would silently start over (and truncate the
-    run's losses). Keeps the interrupted run's --checkpoint-every unless a new one is given."""
-
-
-    pointer = out / "checkpoints" / "latest"
-    if not pointer.exists() or not (out / "checkpoints" / pointer.read_text().strip() / ".metadata").exists():
-        raise GeotrainError(f"--resume: no complete checkpoint in {out / 'checkpoints'} (train with "
-                            "--checkpoint-every N, or job.checkpoint_every, to save some)")
-    if every is None:
-        # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
-        from geotrain.runtime.runfile import read_run_config
-
-        try:
-            every = read_run_config(out / "logs" / "run_config.json")[0].checkpoint_every
-        except (GeotrainError, IndexError):
-            pass   # an older run's file, or none: keep the default
-    return every
-
-
 def _prefill_model(ref: str, out: Path) -> str:
     """--prefill-model as the service and ranks load it: a preset, or an absolute HF directory
     (a training run's latest checkpoint is exported to RUN_DIR/prefill_model first)."""
-    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
-    from geotrain.bubbletea.model_source import describe_ref
-
+    from geotrain.bubbletea.model_source import describe_ref  # lazy: pydantic only when the command runs
     if ref in PRESETS:
         return ref
     path = Path(ref)
@@ -212,7 +192,7 @@ def _check_headroom(spec, plan, ref: str) -> None:
 def run(args: argparse.Namespace) -> int:
     # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
     from geotrain.calibrate.predict import write_prediction
-    from geotrain.layout.wan_bytes import predicted_link_bytes
+    from geotrain.runtime.run_lock import run_dir_lock
     from geotrain.runtime.train_config import resolve, resolve_run
 
     cfg = _config(args)
@@ -255,17 +235,26 @@ def run(args: argparse.Namespace) -> int:
         if args.dc is not None:
             check_host_dc(plan, int(os.environ["RANK"]), args.dc)
         # Under torchrun this process is one rank.
-        run_cases([cfg], bubble_hook=None, resolved=[resolved])
-        if int(os.environ["RANK"]) == report_rank(plan):   # the run directory is the reporting rank's host's
-            mode = (cfg.wan or {}).get("mode", "off")
-            write_prediction(spec, plan, Path(cfg.out), profile, mode, iterations=_predicted_iterations(cfg, spec))
-            if not args.no_progress:
-                _draw_curves(Path(cfg.out))
+        reporter = int(os.environ["RANK"]) == report_rank(plan)   # the run directory is the reporting rank's host's
+        with run_dir_lock(Path(cfg.out)) if reporter else contextlib.nullcontext():
+            run_cases([cfg], bubble_hook=None, resolved=[resolved])
+            if reporter:
+                mode = (cfg.wan or {}).get("mode", "off")
+                write_prediction(spec, plan, Path(cfg.out), profile, mode, iterations=_predicted_iterations(cfg, spec))
+                if not args.no_progress:
+                    _draw_curves(Path(cfg.out))
         # Every output is written and the process group destroyed: leave without the interpreter's and
         # C++'s teardown, which can abort on gloo/TCPStore threads (see geotrain.process).
-
         exit_skipping_teardown(0)
     spec, plan = resolve(cfg)  # user errors surface here, before any process starts
+    with run_dir_lock(Path(cfg.out), say=lambda line: print(line, flush=True)):   # one run per RUN_DIR
+        return _train_here(args, cfg, spec, plan, profile)
+
+
+def _train_here(args: argparse.Namespace, cfg, spec, plan, profile) -> int:
+    """`geotrain train` with the built-in launcher: one process per rank on this machine."""
+    from geotrain.calibrate.predict import write_prediction  # lazy: numpy, pydantic, torch (as in run)
+    from geotrain.layout.wan_bytes import predicted_link_bytes  # lazy: as above
     data = cfg.data if cfg.data is not None else spec.job.data
     if data not in (None, "stdlib", "synthetic") or spec.model.hf:
         # lazy: numpy, torch, tqdm only when the command runs (keeps `geotrain --help` fast)

@@ -14,7 +14,9 @@ never the one `latest` names.
 
 A fresh run (not --resume) into a directory that holds an earlier run's checkpoints starts a new
 series: the earlier ones move, untouched, to RUN_DIR/checkpoints.run<N>/, and it says so.
-`--resume` without a usable checkpoint is a one-line error naming what is missing. Checkpoints
+`--resume` takes the newest *complete* checkpoint: the one `latest` names, else (its .metadata
+deleted, a shard missing, a load that fails) the one before it, and the run says so on the
+console; with none complete it is a one-line error naming what is missing. Checkpoints
 need a directory every rank shares (all shards of a step sit in one place): that is checked once
 at start, collectively, and a rank that cannot see rank 0's file there is named.
 
@@ -55,6 +57,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from geotrain.errors import GeotrainError
+from geotrain.runtime.runfile import read_run_config
 from geotrain.runtime.scaler import GlobalLossScaler
 from geotrain.torch_compat import flatten_state_dict
 
@@ -91,21 +94,44 @@ def start_new_series(root: Path) -> Path | None:
     return aside
 
 
-def resume_point(root: Path) -> Path:
-    """The checkpoint `latest` names, or a GeotrainError saying what is missing."""
+def _incomplete(path: Path) -> str | None:
+    """Why the checkpoint directory `path` cannot be loaded as it is, or None."""
+    meta = path / ".metadata"
+    if not meta.is_file() or meta.stat().st_size == 0:
+        return f"{path.name} is incomplete (its .metadata is missing)"
+    if not any(path.glob("*.distcp")):
+        return f"{path.name} is incomplete (it holds no shard files)"
+    return None
+
+
+def resume_points(root: Path) -> tuple[list[Path], str | None]:
+    """The complete checkpoints under `root`, the one to resume from first: the one `latest` names
+    when it is complete, then the others newest first (a latest one broken after its save -- its
+    .metadata deleted, a disk filled -- leaves the one before it). Also why `latest` itself is not
+    first (None when it is). A GeotrainError when none is complete, saying what is missing."""
     pointer = root / "latest"
     none = f"--resume: no complete checkpoint in {root}"
     if not root.is_dir():
         raise GeotrainError(f"{none}: the directory does not exist (nothing was saved here)")
+    name = pointer.read_text().strip() if pointer.is_file() else ""
+    named = root / name if name and "/" not in name and (root / name).is_dir() else None
     if not pointer.is_file():
-        raise GeotrainError(f"{none}: {pointer.name} is missing (no save was completed)")
-    name = pointer.read_text().strip()
-    path = root / name
-    if not name or "/" in name or not path.is_dir():
-        raise GeotrainError(f"{none}: {pointer.name} names {name!r}, which is not a directory there")
-    if not (path / ".metadata").is_file():
-        raise GeotrainError(f"{none}: {path.name} is incomplete (its .metadata is missing)")
-    return path
+        why = f"{pointer.name} is missing (no save was completed)"
+    elif named is None:
+        why = f"{pointer.name} names {name!r}, which is not a directory there"
+    else:
+        why = _incomplete(named)
+    complete = [p for _, p in reversed(step_dirs(root)) if p != named and _incomplete(p) is None]
+    if why is None:
+        complete.insert(0, named)
+    if not complete:
+        raise GeotrainError(f"{none}: {why}")
+    return complete, why
+
+
+def resume_point(root: Path) -> Path:
+    """The newest complete checkpoint to resume from (`resume_points`), or a GeotrainError."""
+    return resume_points(root)[0][0]
 
 
 def commit(root: Path, tmp: Path, step: int) -> Path:
@@ -141,6 +167,7 @@ class Checkpointer:
         self.container = nn.ModuleDict({f"v{v}": m for v, m in sorted(chunks.items())})
         self.optimizer, self.scaler = optimizer, scaler
         self.zero1 = optimizer.__class__.__name__ == "ZeroRedundancyOptimizer"
+        self.notes: list[str] = []                # lines for the console: a resume that fell back (begin)
 
     # -- state -----------------------------------------------------------------------------
     def _names(self) -> dict[str, str]:
@@ -210,15 +237,22 @@ class Checkpointer:
             return 0, None
         flag = "--resume" if resume else "--resume-from"
         try:
-            path = resume_point(self.root if resume else Path(source))
+            paths, why = resume_points(self.root if resume else Path(source))
         except GeotrainError as e:
             raise GeotrainError(str(e).replace("--resume:", f"{flag}:", 1)) from None
-        try:
-            return self.load(path)
-        except GeotrainError:
-            raise
-        except (CheckpointException, Exception) as e:  # noqa: BLE001 -- any unreadable file: one line
-            raise GeotrainError(f"{flag}: checkpoint {path} cannot be loaded ({_first_cause(e)})") from None
+        for i, path in enumerate(paths):     # every rank tries the same list: a failed load fails everywhere
+            if why is not None:
+                self.notes.append(f"geotrain train: {flag}: {why}; resuming from {path.name}, the newest complete "
+                                  "checkpoint")
+            try:
+                return self.load(path)
+            except (CheckpointException, Exception) as e:  # noqa: BLE001 -- any unreadable file: one line
+                if i + 1 == len(paths) or (isinstance(e, GeotrainError) and "written by another model" in str(e)):
+                    if isinstance(e, GeotrainError):
+                        raise
+                    raise GeotrainError(f"{flag}: checkpoint {path} cannot be loaded ({_first_cause(e)})") from None
+                why = f"{path.name} cannot be loaded ({_first_cause(e)})"
+        raise GeotrainError(f"{flag}: no checkpoint to resume from")     # (resume_points lists at least one)
 
     def _check_shared(self) -> None:
         """Every rank must see the file rank 0 writes into the checkpoint directory."""
@@ -313,6 +347,22 @@ class Checkpointer:
             loader_file = next(iter(sorted(path.glob("loader_*.json"))), loader_file)
         loader = json.loads(loader_file.read_text()) if loader_file.exists() else None
         return int(train["step"]), loader
+
+
+def check_resumable(out: Path, every: int | None) -> int | None:
+    """`train --resume`, before any rank starts: RUN_DIR must hold a complete checkpoint, else the run
+    would silently start over (and truncate its losses). Returns the interrupted run's
+    --checkpoint-every unless a new one is given."""
+    try:
+        resume_point(out / "checkpoints")        # the newest complete one (the ranks say which, if not latest)
+    except GeotrainError as e:
+        raise GeotrainError(f"{e} (train with --checkpoint-every N, or job.checkpoint_every, to save some)") from None
+    if every is None:
+        try:
+            every = read_run_config(out / "logs" / "run_config.json")[0].checkpoint_every
+        except (GeotrainError, IndexError):
+            pass   # an older run's file, or none: keep the default
+    return every
 
 
 def latest_checkpoint(root: Path) -> Path | None:

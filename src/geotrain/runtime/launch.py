@@ -5,7 +5,9 @@ Each rank is a `python -m geotrain.runtime.worker` child with the torchrun envir
 Every child leads its own process group, so the launcher can kill exactly its children (and
 anything they started) by id on success, failure, Ctrl-C or SIGTERM; children also die with
 the launcher (PR_SET_PDEATHSIG). The run's secret (the WAN transport's key) is a 0600 file named by
-GEOTRAIN_SECRET_FILE, removed when the run ends. The first rank to fail makes the run fail with a one-line
+GEOTRAIN_SECRET_FILE, in a private folder (`process.private_dir`) removed when the run ends and swept at
+the next start if the launcher was killed. The transport's outage lines are echoed from the rank
+logs to the console (`log_echo`). The first rank to fail makes the run fail with a one-line
 error naming it; its full traceback is in RUN_DIR/logs/rank<R>.log.
 
 With `wan=` (a runtime.cross_dc.WanLaunch) each rank starts inside its datacenter's network namespace
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +35,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from geotrain.errors import GeotrainError
+from geotrain.process import private_dir
 from geotrain.runtime.cross_dc import open_wan
+from geotrain.runtime.log_echo import OutageEcho
 from geotrain.runtime.rank_model import report_rank
 from geotrain.runtime.runfile import write_run_config
 from geotrain.runtime.shared_gpu import check_local_devices
@@ -171,9 +176,9 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
     err_dir = logs / "errors"
     for old in err_dir.glob("rank*.json"):
         old.unlink()
-    secret_path = logs / "run_secret"          # the WAN transport's per-run key: 0600, never on a command line
-    secret_path.unlink(missing_ok=True)
-    write_secret_file(secret_path, new_secret())
+    (logs / "run_secret").unlink(missing_ok=True)   # an older geotrain kept it here
+    secret_dir = private_dir("run")           # the WAN transport's per-run key: 0600, never on a command line;
+    secret_path = write_secret_file(secret_dir / "secret", new_secret())   # swept at the next start after a kill -9
     port = free_port()
     base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "GEOTRAIN_THREADS": str(threads),
@@ -202,7 +207,9 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
             procs.append(start(r, argv, env_r, stdout=out, stderr=log, stdin=subprocess.DEVNULL,
                                start_new_session=True))
         deadline = None if timeout_s is None else time.time() + timeout_s
+        echo = OutageEcho(logs, world_size)          # a link down is said on the console, not only in the logs
         while True:
+            echo.poll()
             codes = [p.poll() for p in procs]
             if any(c not in (0, None) for c in codes):
                 killed = [r for r, c in enumerate(codes) if c is not None and c < 0]
@@ -222,7 +229,7 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
             time.sleep(0.05)
     finally:
         _kill_all(procs)
-        secret_path.unlink(missing_ok=True)
+        shutil.rmtree(secret_dir, ignore_errors=True)
         for f in files:
             f.close()
         if in_main:

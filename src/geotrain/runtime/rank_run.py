@@ -215,6 +215,8 @@ def _resume(cfg, spec, plan, ckpt: Checkpointer, data: RankBatches, every: int, 
     resumed = {"load_start": t_load, "load_end": time.time()} if cfg.resume or cfg.resume_from else {}
     data.load_state_dict(loader_state)
     if reporter:      # the run directory is the reporting rank's (its host's, under torchrun)
+        for line in ckpt.notes:                   # a resume that fell back to an older checkpoint: on the console
+            print(line, flush=True)
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         save_plan(Path(cfg.out) / "plan.json", plan, spec=spec,
                   spec_path=None if cfg.spec_doc else str(Path(cfg.spec).resolve()))

@@ -74,7 +74,8 @@ class RunTLS:
         self.server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.server.minimum_version = ssl.TLSVersion.TLSv1_3
         self.server.num_tickets = 0          # no session tickets: nothing arrives after the handshake
-        with tempfile.TemporaryDirectory(prefix="geotrain-tls-") as tmp:   # 0700; load_cert_chain wants files
+        with tempfile.TemporaryDirectory(prefix=f"geotrain-tls-{os.getpid()}-") as tmp:   # 0700 (load_cert_chain
+            # wants files); named for this process: swept by process.private_dir if it is killed here
             path = os.path.join(tmp, "run.pem")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
