@@ -41,6 +41,12 @@ def read_header(file: Path) -> dict[str, dict]:
     if not isinstance(header, dict) or not all(isinstance(v, dict) for v in header.values()):
         raise HFWeightsError(f"{file}: not a safetensors file (its header is not a tensor table)")
     header.pop("__metadata__", None)
+    ends = [v.get("data_offsets") for v in header.values()]
+    if not all(isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) for x in e) for e in ends):
+        raise HFWeightsError(f"{file}: not a safetensors file (a tensor without its data_offsets)")
+    need, size = 8 + n + max((e[1] for e in ends), default=0), file.stat().st_size
+    if need > size:                            # cut short (a copy or download that stopped): say so now
+        raise HFWeightsError(f"{file}: truncated (its header describes {need} bytes, the file holds {size})")
     return header
 
 
