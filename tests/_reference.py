@@ -28,6 +28,15 @@ def reference_run(spec_path: Path, micro_batch: int, m: int, dp: int, steps: int
     """(losses, gradient norms before clipping, {step: held-out loss}) of the textbook loop: the job's
     AdamW over its weight-decay groups, `torch.nn.utils.clip_grad_norm_` to job.grad_clip, the job's
     lr schedule, the held-out loss every job.eval_every steps."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)     # as the ranks run (and an OpenMP pool on a loaded 2-core box spins: 27x slower)
+    try:
+        return _reference_run(spec_path, micro_batch, m, dp, steps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference_run(spec_path: Path, micro_batch: int, m: int, dp: int, steps: int):
     spec = load_spec(spec_path)
     job = spec.job
     torch.manual_seed(job.seed)

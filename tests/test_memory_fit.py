@@ -177,13 +177,12 @@ def test_the_planner_checkpoints_only_the_stage_that_needs_it(tmp_path, capsys):
 
 TINY = 'preset = "tiny", '
 FAMILIES = {   # what each family adds to the tiny decoder (models.shape.ModelShape's switches)
-    "qwen3": '{ %sfamily = "qwen3", head_size = 32, qk_norm = true, qkv_bias = true, out_bias = true }' % TINY,
-    "qwen2-window": '{ %sfamily = "qwen2", qkv_bias = true, sliding_window = 16 }' % TINY,
-    "gemma": ('{ %sfamily = "gemma", head_size = 32, act = "gelu_tanh", norm_offset = true, embed_scale = true }'
-              % TINY),
-    "phi3-partial": '{ %sfamily = "phi3", partial_rotary = 0.5 }' % TINY,
-    "llama3-bias": ('{ %smlp_bias = true, rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, '
-                    'high_freq_factor = 4.0, original_max_position_embeddings = 16 } }' % TINY),
+    "qwen3": f'{{ {TINY}family = "qwen3", head_size = 32, qk_norm = true, qkv_bias = true, out_bias = true }}',
+    "qwen2-window": f'{{ {TINY}family = "qwen2", qkv_bias = true, sliding_window = 16 }}',
+    "gemma": f'{{ {TINY}family = "gemma", head_size = 32, act = "gelu_tanh", norm_offset = true, embed_scale = true }}',
+    "phi3-partial": f'{{ {TINY}family = "phi3", partial_rotary = 0.5 }}',
+    "llama3-bias": (f'{{ {TINY}mlp_bias = true, rope_scaling = {{ rope_type = "llama3", factor = 8.0, '
+                    'low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 16 } }'),
     "mixtral": '"tiny-moe"',
 }
 FAMILY_ROWS = [("fp32", "none", "replicate", "1f1b", 1, 1), ("bf16", "selective", "replicate", "gpipe", 1, 1)]

@@ -11,7 +11,7 @@ holding it with `all_to_all_single` (counts first, then the rows, in the compute
 through the local experts, and travel back. Under TP every rank of a TP group routes the same
 rows; each computes its slice of the experts' rows, and the partial outputs are summed over the
 TP group (Megatron's pair: identity forward / all-reduce backward on the way in, the reverse on
-the way out). torch.distributed.nn.functional's all_to_all_single carries the gradients back.
+the way out). The functional collectives' all_to_all_single_autograd carries the gradients back.
 
 Gradients: the dense parameters average over the stage's whole DP group as before; an expert's
 gradient already holds every token of its EP group, so it is summed only over the replicas that
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_f
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
@@ -86,8 +86,7 @@ class ExpertDispatch:
             by_source = recv.view(ep, n)
             send_splits = counts.view(ep, n).sum(1).tolist()
             recv_splits = by_source.sum(1).tolist()
-            got = dist_f.all_to_all_single(xs.new_empty((sum(recv_splits), xs.shape[1])), xs,
-                                           recv_splits, send_splits, group=self.ep_group)
+            got = funcol.all_to_all_single_autograd(xs.contiguous(), recv_splits, send_splits, self.ep_group)
             perm = _by_expert(by_source)
             rows, per_expert = got[perm], by_source.sum(0).tolist()
             me = dist.get_rank(self.ep_group)
@@ -105,8 +104,7 @@ class ExpertDispatch:
             return ys
         back = torch.empty_like(perm)
         back[perm] = torch.arange(perm.numel(), device=perm.device)
-        return dist_f.all_to_all_single(ys.new_empty((sum(send_splits), ys.shape[1])), ys[back],
-                                        send_splits, recv_splits, group=self.ep_group)
+        return funcol.all_to_all_single_autograd(ys[back].contiguous(), send_splits, recv_splits, self.ep_group)
 
 
 def _by_expert(by_source: torch.Tensor) -> torch.Tensor:
