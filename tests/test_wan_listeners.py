@@ -68,7 +68,7 @@ def test_the_handshake_deadline_holds_against_a_1_byte_per_5_s_opener(monkeypatc
     arbiter = TurnArbiter([0, 1], timeout_s=10)
     host, port = arbiter.serve(secret=SECRET)
     stop, closed = threading.Event(), {"striped": [], "arbiter": []}
-    drips = [threading.Thread(target=_drip, args=(p, closed[k], stop), daemon=True)
+    drips = [threading.Thread(target=_drip, args=(p, closed[k], stop, "127.0.0.2"), daemon=True)   # not a peer's
              for k, p in (("striped", b.port), ("arbiter", port))]
     try:
         for t in drips:

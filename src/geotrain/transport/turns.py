@@ -223,7 +223,7 @@ class TurnArbiter:
         ls.listen(64)
         self._server, self._secret = ls, secret
         self.drops = DropLog(f"turn arbiter {host}:{ls.getsockname()[1]}")
-        self.gate = Gate()                   # per-source cap and handshake deadline (transport.admission)
+        self.gate = Gate(trusted=lambda: {host})   # (transport.admission) its clients: ranks of its own DC
         threading.Thread(target=self._accept, daemon=True, name="turn-arbiter").start()
         return host, ls.getsockname()[1]
 
