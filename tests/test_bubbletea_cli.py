@@ -1,6 +1,9 @@
 import json
+import re
 
+from geotrain.bubbletea.prefill_cost import inference_memory_bytes
 from geotrain.cli import main
+from geotrain.models.presets import PRESETS
 
 
 def test_simulate_with_bubbletea_reports_and_draws(tmp_path, capsys):
@@ -25,7 +28,11 @@ def test_bad_workload_is_one_line_exit_2(tmp_path, capsys):
 def test_plan_reports_bubbletea_headroom_and_models_that_fit(capsys):
     assert main(["plan", "examples/llama2_7b_a100_3dc.toml", "--top-k", "1"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "BubbleTea:" in x)
-    # The plan is ZB-H1 (pp=8, 8 micro-batches): every stage holds all 8 and the last ones up to 8
-    # deferred weight gradients (docs/MEMORY.md), leaving ~10 GiB -- room for `small`, not a 7B model.
-    assert "free beside training" in line and "inference models that fit: tiny, small" in line
-    assert "llama2-7b" not in line.split("fit:")[1]
+    # The free memory is the tightest GPU's beside the plan's peak (docs/MEMORY.md); the list is every preset
+    # whose weights, KV cache of a full prompt and one chunk's activations fit there -- and no other.
+    free_gib = float(re.search(r"([\d.]+) GiB free beside training", line).group(1))
+    listed = [n.strip() for n in line.split("fit:")[1].split(",")]
+    assert "tiny" in listed and "small" in listed
+    need = {n: inference_memory_bytes(m, m.seq_len) / 2**30 for n, m in PRESETS.items()}
+    assert set(listed) == {n for n, g in need.items() if g <= free_gib + 0.05}, (free_gib, need)
+    assert "llama2-70b" not in listed                  # 140 GB of weights never fit an 80 GB GPU

@@ -63,18 +63,15 @@ def _run(kind: str, vps: int, extra: dict, streams: str, steps: int = 2, timeout
             params = [p for m in chunks.values() for p in m.parameters()]
             opt = torch.optim.AdamW(params, lr=spec.job.lr)
 
-            def on_optimizer(_loss: float) -> None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
             runner = PipelineRank(plan=plan, schedule=schedule, stage=stage, replica=0, chunks=chunks,
                                   transport=hub.transport(plan.rank(stage, 0)), recorder=Recorder(stage, 0.0),
                                   autocast=contextlib.nullcontext,
-                                  boundary_shape=(plan.micro_batch, spec.model.seq_len, spec.model.hidden),
-                                  on_optimizer=on_optimizer)
+                                  boundary_shape=(plan.micro_batch, spec.model.seq_len, spec.model.hidden))
             for step in range(steps):
                 batches = {j: src.batch(step, 0, j) for j in range(plan.num_microbatches)}
-                losses[stage].append(runner.run_iteration(batches))
+                losses[stage].append(runner.run_iteration(batches))   # returns at the OPTIMIZER action
+                opt.step()
+                opt.zero_grad(set_to_none=True)
         except BaseException as e:  # noqa: BLE001 -- reported by the test
             errors.append(e)
 

@@ -144,7 +144,8 @@ class SharedDevices:
             raise GeotrainError(problem)
         stage, replica, t = plan.coords(rank)
         out = cls(dp=shares(keys, _dp_group(plan, stage, t)),
-                  tied=plan.pp > 1 and shares(keys, _tied_group(plan, replica, t)),
+                  tied=plan.pp > 1 and t < min(plan.stage_tp(0), plan.stage_tp(plan.pp - 1))
+                  and shares(keys, _tied_group(plan, replica, t)),
                   peers={r for r in range(plan.num_ranks) if r != rank and keys[r] and keys[r] == keys[rank]})
         staged_dp = any(shares(keys, _dp_group(plan, s, tt))
                         for s in range(plan.pp) for tt in range(plan.stage_tp(s)))
