@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from geotrain.bubbletea.executor import DecodeWorker
 from geotrain.bubbletea.model_source import load_inference_model
 from geotrain.bubbletea.service import PrefillService
 from geotrain.process import private_dir
+from geotrain.trace.schema import json_text
 from geotrain.transport.auth import write_secret_file
 
 
@@ -59,7 +59,7 @@ class RunningService:
                "finished_after_training": finished_after, "client_disconnects": s.disconnects}
         out = Path(self.service.run_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "bubbletea.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (out / "bubbletea.json").write_text(json_text(doc, indent=2) + "\n")
 
 
 def start_service(host: str = "127.0.0.1", port: int = 0, inference_model: str = "tiny",  # a preset or HF dir

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 from geotrain.console import human_bytes, sent_received
+from geotrain.trace.schema import json_text
 
 DESCRIPTION = (
     "Bring the plan's datacenters up as network namespaces joined by the kernel-emulated WAN (root), start "
@@ -158,5 +158,5 @@ def run(args: argparse.Namespace) -> int:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         print(f"WAN bytes predicted (layout.wan_bytes, {len(losses)} iterations, {backend}): "
               + sent_received(predicted_link_bytes(spec, plan, len(losses), backend)))
-    (out / "rehearse.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "rehearse.json").write_text(json_text(report, indent=2) + "\n")
     return 0 if same else 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 from geotrain.console import format_table, human_bytes, human_rate, human_seconds
 from geotrain.errors import GeotrainError, SpecError
 from geotrain.layout.plan_check import check_plan_for_spec
-from geotrain.trace.schema import Trace
+from geotrain.trace.schema import Trace, json_text
 
 DESCRIPTION = (
     "Simulate the plan of an experiment spec (the layout its [job] pins, or a plan file from "
@@ -139,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     tokens = plan.global_batch * spec.model.seq_len
     doc = metrics_document(m, layout, plan=plan, tokens_per_iteration=tokens, gpu_memory=gpu_mem,
                            schedules=[r.as_dict() for r in schedules] if schedules is not None else None)
-    (out / "metrics.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "metrics.json").write_text(json_text(doc, indent=1) + "\n")
     files = build_report(out, res.trace, m, plan=plan, schedules=schedules, gpu_memory=gpu_mem,
                          tokens_per_iteration=tokens, title=f"geotrain simulate: {spec.name} ({plan.name})",
                          notes=[f"spec {spec.path}", f"{args.iterations} iteration(s) simulated"]
@@ -219,5 +218,5 @@ def _bubbletea(cfg, spec, res, out) -> list:
            "utilization_with": r.utilization_with, "ttft_p50_s": r.ttft_p50, "ttft_p99_s": r.ttft_p99,
            "prefill_tokens_per_s_simulated_gpus": r.prefill_tokens_per_s, "served": r.served, "refused": r.refused,
            "ranks_simulated": bt.ranks_simulated, "models_that_fit": bt.models_that_fit}
-    (out / "bubbletea.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "bubbletea.json").write_text(json_text(doc, indent=1) + "\n")
     return [png, out / "bubbletea.json"]

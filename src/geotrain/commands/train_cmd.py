@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from dataclasses import replace
@@ -14,6 +13,7 @@ from geotrain.console import human_bytes, number_runs, sent_received
 from geotrain.errors import GeotrainError, SpecError
 from geotrain.models.presets import PRESETS
 from geotrain.process import exit_skipping_teardown
+from geotrain.trace.schema import json_text
 from geotrain.transport.tls import check_tls_available
 
 DESCRIPTION = (
@@ -332,7 +332,7 @@ def _train_here(args: argparse.Namespace, cfg, spec, plan, profile) -> int:
                                            say=lambda line: print(line, flush=True), entry=entry, watch=watch,
                                            outage_limit_s=args.outage_limit, on_wan=getattr(watch, "attach", None),
                                            env=collective_limit, tls=args.wan_tls)
-        (Path(cfg.out) / MACHINE_LOAD_NAME).write_text(json.dumps(sampling.machine_load()) + "\n")
+        (Path(cfg.out) / MACHINE_LOAD_NAME).write_text(json_text(sampling.machine_load()) + "\n")
 
     try:
         if args.elastic:

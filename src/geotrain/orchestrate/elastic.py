@@ -30,6 +30,7 @@ from geotrain.layout.plan import save_plan
 from geotrain.planner.replanning import describe, replan
 from geotrain.runtime.checkpoint import latest_checkpoint
 from geotrain.runtime.launch import RankFailure
+from geotrain.trace.schema import json_text
 
 MAX_REPLANS = 4
 
@@ -196,7 +197,7 @@ def train_elastic(cfg, spec, plan, launch_once, say=print, cut: Cut | None = Non
                               "replanned": t_replan}}
             events.append(event)
             with log.open("a") as f:
-                f.write(json.dumps(event) + "\n")
+                f.write(json_text(event) + "\n")
             plan = r.after
             cfg = replace(cfg, plan=plan.to_dict(), resume=False, resume_from=str(out))
             cut = cut if watcher is None or watcher.at is None else None

@@ -8,13 +8,13 @@ rank, a resumed run, a single-process reference -- can reproduce exactly the sam
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from geotrain.data import TokenBatches, data_report, describe_data, load_tokenizer, open_batches
 from geotrain.errors import GeotrainError
+from geotrain.trace.schema import json_text
 
 
 class SyntheticTokens:
@@ -84,7 +84,7 @@ def write_data_report(source, out: Path, steps: int, show: bool) -> None:
     if not isinstance(source, TokenBatches):
         return
     report = data_report(source, steps)
-    (out / "data.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "data.json").write_text(json_text(report, indent=1) + "\n")
     if show:
         print(describe_data(report), flush=True)
 
