@@ -11,12 +11,12 @@ measured medians. --write-docs puts the table in docs/VALIDATION.md section 3.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
 BEGIN, END = "<!-- ranking-results -->", "<!-- /ranking-results -->"
 
 
@@ -30,6 +30,7 @@ def main() -> int:
     ap.add_argument("--pairs", default=None, help="comma-separated pair indices (default: all)")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
+    from _doc_sections import replace_section
     if args.rounds < 1 or args.warmup < 0 or args.steps <= args.warmup:
         print("error: --rounds >= 1 and --steps > --warmup >= 0", file=sys.stderr)
         return 2
@@ -63,12 +64,7 @@ def main() -> int:
               f"--warmup {args.warmup}" + (f" --pairs {args.pairs}" if args.pairs else "")
         body = (f"Measured {stamp} with `{cmd} --write-docs` ({time.time() - t0:.0f} s with the profile; load "
                 f"average at the end {load}):\n\n{md}")
-        doc = ROOT / "docs" / "VALIDATION.md"
-        text = doc.read_text()
-        if BEGIN in text and END in text:
-            doc.write_text(re.sub(re.escape(BEGIN) + r".*?" + re.escape(END),
-                                  lambda _: BEGIN + "\n" + body.rstrip() + "\n" + END, text, flags=re.S))
-            print(f"wrote {doc}")
+        replace_section(ROOT / "docs" / "VALIDATION.md", BEGIN, END, body)
     return 0
 
 

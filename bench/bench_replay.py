@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
 BEGIN, END = "<!-- replay-results -->", "<!-- /replay-results -->"
 
 
@@ -72,6 +72,7 @@ def main() -> int:
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
+    from _doc_sections import replace_section
 
     from geotrain.calibrate.profile_file import load_profile
     from geotrain.calibrate.tables import replay_markdown
@@ -102,12 +103,7 @@ def main() -> int:
         load = Path("/proc/loadavg").read_text().split()[:3]
         body = (f"Measured {stamp} with `{cmd} --write-docs` ({time.time() - t0:.0f} s; load average at the end "
                 f"{' '.join(load)}):\n\n{md}")
-        doc = ROOT / "docs" / "VALIDATION.md"
-        text = doc.read_text()
-        if BEGIN in text and END in text:
-            doc.write_text(re.sub(re.escape(BEGIN) + r".*?" + re.escape(END),
-                                  lambda _: BEGIN + "\n" + body.rstrip() + "\n" + END, text, flags=re.S))
-            print(f"wrote {doc}")
+        replace_section(ROOT / "docs" / "VALIDATION.md", BEGIN, END, body)
     return 0
 
 

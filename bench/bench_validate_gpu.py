@@ -16,24 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
 DOC_BEGIN, DOC_END = "<!-- gpu-results -->", "<!-- /gpu-results -->"
 README_BEGIN, README_END = "<!-- gpu-validation -->", "<!-- /gpu-validation -->"
-
-
-def _replace(path: Path, begin: str, end: str, body: str) -> None:
-    text = path.read_text()
-    if begin not in text or end not in text:
-        print(f"note: {path} has no {begin} ... {end} section; not updated", file=sys.stderr)
-        return
-    block = begin + "\n" + body.rstrip() + "\n" + end
-    path.write_text(re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S))
-    print(f"wrote {path}")
 
 
 def _verdict(s: dict) -> str:
@@ -53,6 +43,7 @@ def main() -> int:
                     help="rows measured by scripts/gpu_check.sh on a GPU (JSON), shown as their own table")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
+    from _doc_sections import replace_section
 
     from geotrain.calibrate.gpu_measured import load_measured, measured_markdown
     from geotrain.calibrate.gpu_runs import load_gpu_runs
@@ -78,11 +69,11 @@ def main() -> int:
         stamp = time.strftime("%Y-%m-%d %H:%M")
         cmd = ".venv/bin/python bench/bench_validate_gpu.py --write-docs" + "".join(
             f" --measured {f}" for f in args.measured)
-        _replace(ROOT / "docs" / "VALIDATION.md", DOC_BEGIN, DOC_END,
+        replace_section(ROOT / "docs" / "VALIDATION.md", DOC_BEGIN, DOC_END,
                  f"Regenerated {stamp} with `{cmd}` (or `geotrain validate-sim --gpu-runs bench/data/gpu_runs`); "
                  f"{cpu:.1f} s CPU:\n\n{md}")
         s = result.summary()
-        _replace(ROOT / "README.md", README_BEGIN, README_END,
+        replace_section(ROOT / "README.md", README_BEGIN, README_END,
                  f"Against {s['runs']} published GPU training runs (OPT-350 on 1-32 GH200 nodes, pp 1-4, dp 1-32, "
                  f"tp 4; `{cmd}`, {stamp}): iteration time **{100 * s['iteration_mean']:.1f} % mean, "
                  f"{100 * s['iteration_worst']:.1f} % worst** |error| (the earlier campaign of the same runs: "
