@@ -74,12 +74,14 @@ def init_single_rank() -> None:
 
 
 def runtime_step_times(spec: Path, out: Path, steps: int, trace: bool = False) -> list[float]:
+    from geotrain.planner.manual import plan_from_job
     from geotrain.runtime.rank_run import run_rank
-    from geotrain.runtime.train_config import RunConfig, resolve_run
+    from geotrain.runtime.train_config import RunCase, TrainConfig
+    from geotrain.spec.load import load_spec
 
-    cfg = RunConfig(spec=str(spec), out=str(out), steps=steps, data="synthetic", progress=False,
-                    checkpoint_every=0, trace=trace)
-    run_rank(cfg, *resolve_run(cfg))
+    loaded = load_spec(spec)
+    run_rank(RunCase(loaded, plan_from_job(loaded), TrainConfig(out=str(out), steps=steps, data="synthetic",
+                                                               progress=False, checkpoint_every=0, trace=trace)))
     lines = [json.loads(x) for x in (out / "losses.jsonl").read_text().splitlines()]
     # Drop the warm-up step and the second, on which the runtime measures memory (a dispatch mode
     # that sees every op: slower).
@@ -232,8 +234,10 @@ def main() -> None:
 
     if args.skip_sharding:
         return
+    from geotrain.planner.manual import plan_from_job
     from geotrain.runtime.launch import launch
-    from geotrain.runtime.train_config import RunConfig
+    from geotrain.runtime.train_config import RunCase, TrainConfig
+    from geotrain.spec.load import load_spec
 
     print(f"\n## 3. sharding ({args.model}, fp32, dp only, 4 micro-batches of 2 per replica): peak per rank of a "
           "step, and the state at the first optimizer step")
@@ -243,8 +247,10 @@ def main() -> None:
         cases, specs = [], {}
         for sh in ("replicate", "zero1", "zero2", "zero3"):
             specs[sh] = write_spec(tmp, args.model, ranks, sharding=sh)
-            cases.append(RunConfig(spec=str(specs[sh]), out=str(tmp / f"sh{ranks}-{sh}"), steps=2, data="synthetic",
-                                   progress=False, checkpoint_every=0, trace=False))
+            loaded = load_spec(specs[sh])
+            cases.append(RunCase(loaded, plan_from_job(loaded), TrainConfig(
+                out=str(tmp / f"sh{ranks}-{sh}"), steps=2, data="synthetic", progress=False, checkpoint_every=0,
+                trace=False)))
         launch(cases, ranks, tmp / f"launch{ranks}", timeout_s=900)
         for sh in ("replicate", "zero1", "zero2", "zero3"):
             mem = json.loads((tmp / f"sh{ranks}-{sh}" / "summary.json").read_text())["memory_per_rank"]

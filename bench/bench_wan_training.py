@@ -100,18 +100,18 @@ def make_plans(spec) -> dict:
 
 def measure(spec, plans: dict, out: Path, rounds: int, steps: int, mode: str) -> tuple[dict, str]:
     from geotrain.runtime.launch import run_with_wan
-    from geotrain.runtime.train_config import RunConfig
+    from geotrain.runtime.train_config import RunCase, TrainConfig, WanConfig
 
     cases, where = [], []
     for r in range(rounds):
         for name, plan in plans.items():
             d = out / f"{name}-r{r}"
-            cases.append(RunConfig(spec=str(spec.path), out=str(d), plan=plan.to_dict(), steps=steps,
-                                   data="synthetic", progress=False, trace=False, checkpoint_every=0))
+            cases.append(RunCase(spec, plan, TrainConfig(out=str(d), steps=steps, data="synthetic", progress=False,
+                                                         trace=False, checkpoint_every=0, wan=WanConfig(mode=mode))))
             where.append((name, d))
     said = []
     t = time.time()
-    wan = run_with_wan(cases, spec, plans["cK-fair"], out, mode=mode, say=said.append, timeout_s=1800)
+    wan = run_with_wan(cases, out, say=said.append, timeout_s=1800)
     print(f"# {said[0] if said else 'WAN: none'}\n# {len(cases)} cases in one launch, {time.time() - t:.0f} s",
           flush=True)
     times: dict[str, list[float]] = {n: [] for n in plans}

@@ -1,4 +1,4 @@
-"""Launch 4 ranks of `_count_collectives.py` on a list of RunConfig cases and read back what each
+"""Launch 4 ranks of `_count_collectives.py` on a list of RunCases and read back what each
 counted -- the one launcher the collective-count tests (bytes, world sync) share. Their cases run
 in ONE launch per session (`counted_cases`, conftest's `collective_counts`): four rank processes
 started once instead of twice."""
@@ -9,17 +9,17 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from geotrain.runtime.launch import free_port
+from geotrain.runtime.runfile import write_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_counted(tmp: Path, cases: list, timeout: float, world: int = 4) -> list[dict]:
     cfg = tmp / "cases.json"
-    cfg.write_text(json.dumps([asdict(c) for c in cases]))
+    write_run_config(cfg, cases)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
            "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"),
                                                                   os.environ.get("PYTHONPATH", "")])}

@@ -30,7 +30,7 @@ def _counted_build(plan):
 builders.schedule_for_plan = _counted_build   # before the runtime imports it by name
 
 from geotrain.runtime import worker  # noqa: E402 -- after the wrap above
-from geotrain.runtime.train_config import RunConfig  # noqa: E402
+from geotrain.runtime.runfile import read_run_config  # noqa: E402
 
 NAMES = ["all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
          "all_to_all_single", "reduce", "gather", "scatter",
@@ -59,7 +59,7 @@ def _wrap(name):
 for n in NAMES:
     if hasattr(dist, n):
         _wrap(n)
-_train = worker.train
+_run_rank = worker.run_rank
 _reads = {name: getattr(Path, name) for name in ("read_bytes", "read_text")}
 out_dir: list[Path] = []
 
@@ -77,15 +77,14 @@ for n in _reads:
     _wrap_read(n)
 
 
-def train(cfg, *args):
+def run_rank(case, *args):
     """Per case: world collectives, reduction bytes, schedule builds, files of its own run read back."""
     counts.append({"world": 0, "reduce_bytes": 0, "schedules": 0, "read_back": []})
-    out_dir.append(Path(cfg.out).resolve())
-    return _train(cfg, *args)
+    out_dir.append(Path(case.config.out).resolve())
+    return _run_rank(case, *args)
 
 
-worker.train = train
-cases = [RunConfig(**c) for c in json.loads(open(sys.argv[1]).read())]
-worker.run_cases(cases)
+worker.run_rank = run_rank
+worker.run_cases(read_run_config(Path(sys.argv[1])))
 with open(sys.argv[2], "w") as f:
     json.dump(counts, f)

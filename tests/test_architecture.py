@@ -48,6 +48,19 @@ def test_a_forbidden_import_breaks_the_contract(tmp_path):
     assert "geotrain.trace is not allowed to import geotrain.report" in res.stdout, res.stdout
 
 
+def test_a_rank_that_plans_breaks_the_contract(tmp_path):
+    """The runtime sits above the planner in the layers, yet a rank never plans: the forbidden contract
+    catches a runtime module importing the planner (as runtime/trainer.py once did)."""
+    copy = tmp_path / "src" / "geotrain"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    worker = copy / "runtime" / "worker.py"
+    worker.write_text(worker.read_text() + "\n\ndef _plan_here():\n    from geotrain.planner import manual  # noqa\n")
+    res = _lint(copy.parent)
+    assert res.returncode != 0
+    assert "ranks-never-plan" in res.stdout or "never imports the planner" in res.stdout, res.stdout
+    assert "geotrain.runtime is not allowed to import geotrain.planner" in res.stdout, res.stdout
+
+
 # -- file size ------------------------------------------------------------------------------
 
 MAX_LINES = 400

@@ -87,7 +87,7 @@ def test_max_tokens_past_the_context_finish_with_length(tmp_path):
 
 
 def test_prefill_model_must_fit_beside_training(tmp_path):
-    from geotrain.commands.train_cmd import _check_headroom, _prefill_model
+    from geotrain.orchestrate.local_run import _check_headroom, _prefill_model
     from geotrain.planner.manual import plan_from_job
     from geotrain.spec.load import load_spec
 

@@ -13,13 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from _cases import case
 
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import LinkPlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime import checkpoint as ck
 from geotrain.runtime.launch import launch
-from geotrain.runtime.train_config import RunConfig
+from geotrain.runtime.train_config import RunCase
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,8 +116,8 @@ def _plan():
     return base.with_(dp=1, links=links, pipeline_offsets=())
 
 
-def _cfg(out: Path, steps: int, every: int, **kw) -> RunConfig:
-    return RunConfig(spec=str(SPEC), out=str(out), plan=_plan().to_dict(), steps=steps, data="synthetic",
+def _cfg(out: Path, steps: int, every: int, **kw) -> RunCase:
+    return case(SPEC, out=str(out), plan=_plan(), steps=steps, data="synthetic",
                      progress=False, checkpoint_every=every, **kw)
 
 
@@ -198,7 +199,7 @@ def _rank_pid(err_dir: Path, rank: int) -> int | None:
 @pytest.mark.slow
 def test_the_rank_killed_minus_9_is_the_one_named(tmp_path):
     run = tmp_path / "run"
-    cfg = RunConfig(spec=str(SPEC), out=str(run), steps=400, data="synthetic", progress=False,
+    cfg = case(SPEC, out=str(run), steps=400, data="synthetic", progress=False,
                     checkpoint_every=0, overrides={"precision": "fp32", "sharding": "replicate"})
 
     def killer():

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from _cases import case
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from geotrain.layout.workers import OuterPlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.diloco_launch import run_workers
 from geotrain.runtime.launch import run_with_wan
-from geotrain.runtime.train_config import RunConfig
+from geotrain.runtime.train_config import RunCase
 from geotrain.spec.load import load_spec
 
 pytestmark = pytest.mark.slow
@@ -73,9 +74,9 @@ grad_clip = 0.0
     return load_spec(tmp / "spec.toml")
 
 
-def _cfg(spec_path: Path, out: Path, plan, steps: int, every: int, **kw) -> RunConfig:
-    return RunConfig(spec=str(spec_path), out=str(out), plan=plan.to_dict(), data="synthetic", progress=False,
-                     steps=steps, checkpoint_every=every, trace=False, **kw)
+def _cfg(spec_path: Path, out: Path, plan, steps: int, every: int, **kw) -> RunCase:
+    return case(spec_path, out=str(out), plan=plan, data="synthetic", progress=False, steps=steps,
+                checkpoint_every=every, trace=False, **kw)
 
 
 def _model(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
@@ -93,10 +94,9 @@ def test_h1_outer_sgd_lr1_momentum0_trains_as_synchronous_dp(tmp_path):
     # two workers of dp 2 (replicated: each replica exchanges half and they all-gather) vs dp 4
     plan = base.with_(outer=OuterPlan(workers=(("a",), ("b",)), inner_steps=1, lr=1.0, momentum=0.0,
                                       nesterov=False, connections=2))
-    run_workers(_cfg(tmp_path / "spec.toml", tmp_path / "dl", plan, 4, 4), spec, plan, tmp_path / "dl", mode="off")
+    run_workers(_cfg(tmp_path / "spec.toml", tmp_path / "dl", plan, 4, 4))
     sync = base.with_(dp=4)
-    run_with_wan([_cfg(tmp_path / "spec.toml", tmp_path / "sync", sync, 4, 4)], spec, sync, tmp_path / "sync",
-                 mode="off")
+    run_with_wan([_cfg(tmp_path / "spec.toml", tmp_path / "sync", sync, 4, 4)], tmp_path / "sync")
     step = "checkpoints/step_00000004"
     w0, w1 = _model(tmp_path / "dl" / step, tmp_path), _model(tmp_path / "dl" / "worker1" / step, tmp_path)
     ref = _model(tmp_path / "sync" / step, tmp_path)
@@ -117,9 +117,9 @@ def test_a_resumed_diloco_run_ends_where_the_uninterrupted_one_does(tmp_path):
                   connections=2)
     plan = plan_from_job(spec).with_(outer=o)
     sp = tmp_path / "spec.toml"
-    run_workers(_cfg(sp, tmp_path / "full", plan, 8, 4), spec, plan, tmp_path / "full", mode="off")
-    run_workers(_cfg(sp, tmp_path / "part", plan, 4, 4), spec, plan, tmp_path / "part", mode="off")
-    run_workers(_cfg(sp, tmp_path / "part", plan, 8, 4, resume=True), spec, plan, tmp_path / "part", mode="off")
+    run_workers(_cfg(sp, tmp_path / "full", plan, 8, 4))
+    run_workers(_cfg(sp, tmp_path / "part", plan, 4, 4))
+    run_workers(_cfg(sp, tmp_path / "part", plan, 8, 4, resume=True))
     for w in ("", "worker1"):
         full, part = tmp_path / "full" / w, tmp_path / "part" / w
         assert _losses(part) == _losses(full)
@@ -135,7 +135,7 @@ def test_a_lost_worker_does_not_stop_the_others(tmp_path):
     said: list[str] = []
     # worker 1's only rank fails at the start of step 3: workers 0 and 2 finish all 8 steps
     cfg = _cfg(tmp_path / "spec.toml", tmp_path / "run", plan, 8, 0, fail_at=[[0, 3, 1]])
-    wan = run_workers(cfg, spec, plan, tmp_path / "run", mode="off", say=said.append, dead_after_s=3.0)
+    wan = run_workers(cfg, say=said.append, dead_after_s=3.0)
     assert list(wan.lost) == [1] and "injected failure at step 3" in wan.lost[1]
     for w in ("", "worker2"):
         assert len(_losses(tmp_path / "run" / w)) == 8

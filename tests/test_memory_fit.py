@@ -13,12 +13,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from _cases import case
 
 from geotrain.errors import InfeasibleError
 from geotrain.layout.peaks import predicted_stage_peaks
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch
-from geotrain.runtime.train_config import RunConfig
 from geotrain.schedule.builders import schedule_for_plan
 from geotrain.spec.load import load_spec
 
@@ -82,7 +82,7 @@ def run_grid(tmp: Path, grid, ranks: int, paths=()) -> list[tuple[str, dict]]:
     cases, names = [], []
     for spec in [write_spec(tmp, *row) for row in grid] + list(paths):
         names.append(spec.stem)
-        cases.append(RunConfig(spec=str(spec), out=str(tmp / spec.stem), steps=2, data="synthetic", progress=False,
+        cases.append(case(spec, out=str(tmp / spec.stem), steps=2, data="synthetic", progress=False,
                                checkpoint_every=0, trace=ranks > 1))
     launch(cases, ranks, tmp / f"launch{ranks}", timeout_s=300)
     return [(n, s) for n in names for s in json.loads((tmp / n / "summary.json").read_text())["memory_per_stage"]]

@@ -21,11 +21,12 @@ from geotrain.sim import simulate
 def _train_plan(spec_path) -> list[str]:
     """The stages `geotrain train SPEC` would run (its config, before any process starts)."""
     from geotrain.commands import train_cmd as train
+    from geotrain.orchestrate.training_run import load_case
 
     p = argparse.ArgumentParser()
     train.add_arguments(p)
-    cfg = train._config(p.parse_args([str(spec_path)]))
-    return [s["dc"] for s in cfg.plan["stages"]]
+    args = p.parse_args([str(spec_path)])
+    return [s.dc for s in load_case(args.spec, train.config_from_args(args)).plan.stages]
 
 
 def test_pinned_layout_is_the_same_in_plan_simulate_and_train(tmp_path, capsys):

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _cases import case
 
 from geotrain.costs import CostModel
 from geotrain.errors import GeotrainError, SpecError
@@ -16,7 +17,6 @@ from geotrain.layout.plan import Plan, StagePlan, load_plan, save_plan
 from geotrain.layout.price import wan_bytes_per_link
 from geotrain.layout.tp_check import tp_problem
 from geotrain.layout.wan_bytes import NORM_BYTES
-from geotrain.runtime.train_config import RunConfig, resolve
 from geotrain.sim import simulate
 from geotrain.spec.load import load_spec
 
@@ -81,8 +81,8 @@ def test_train_refuses_mixed_tp_with_tied_embeddings_in_one_line(tmp_path: Path)
     text = SPEC.read_text().replace('model = "tiny"', 'model = { preset = "tiny", tie_embeddings = true }')
     tied.write_text(text.replace('cluster = "clusters/', f'cluster = "{SPEC.parent}/clusters/'))
     with pytest.raises(GeotrainError, match=r"tied embeddings with stages of different tp \(per stage 2/1\)"):
-        resolve(RunConfig(spec=str(tied), plan=_plan((2, 1)).to_dict()))
-    assert resolve(RunConfig(spec=str(SPEC), plan=_plan((2, 1)).to_dict()))[1].mixed_tp
+        case(tied, plan=_plan((2, 1)))
+    assert case(SPEC, plan=_plan((2, 1))).plan.mixed_tp
 
 
 def _norm_bytes(spec, plan) -> int:

@@ -11,13 +11,13 @@ import os
 from pathlib import Path
 
 import pytest
+from _cases import case
 
 from geotrain.layout.plan import StagePlan
 from geotrain.layout.wan_bytes import predicted_link_bytes
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import run_with_wan
-from geotrain.runtime.train_config import RunConfig
-from geotrain.runtime.worker import CASE_MARKS_ENV
+from geotrain.runtime.train_config import TestHooks, WanConfig
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,13 +57,14 @@ class _Counters:
 def test_every_sharding_and_precision_puts_the_priced_bytes_on_the_wan(tmp_path):
     spec = load_spec(SPEC)
     plans = [_plan(s, p) for s, p in CASES]
-    cases = [RunConfig(spec=str(SPEC), out=str(tmp_path / f"{s}-{p}"), plan=plan.to_dict(), steps=STEPS,
-                       data="synthetic", progress=False, checkpoint_every=0) for (s, p), plan in zip(CASES, plans)]
     marks = tmp_path / "marks"
     marks.mkdir()
+    cases = [case(SPEC, out=str(tmp_path / f"{s}-{p}"), plan=plan, steps=STEPS, data="synthetic", progress=False,
+                  checkpoint_every=0, wan=WanConfig(mode="kernel"), hooks=TestHooks(case_marks=str(marks)))
+             for (s, p), plan in zip(CASES, plans)]
     counters = _Counters(marks)
-    run_with_wan(cases, spec, plans[0], tmp_path / "launch", mode="kernel", say=lambda _: None,
-                 on_wan=counters.attach, watch=counters, env={CASE_MARKS_ENV: str(marks)}, timeout_s=600)
+    run_with_wan(cases, tmp_path / "launch", say=lambda _: None, on_wan=counters.attach, watch=counters,
+                 timeout_s=600)
     assert len(counters.seen) == len(CASES) + 1
     ratios = {}
     for i, ((sharding, precision), plan) in enumerate(zip(CASES, plans)):

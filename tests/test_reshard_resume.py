@@ -16,12 +16,13 @@ import json
 from pathlib import Path
 
 import pytest
+from _cases import case
 from test_runtime_pipeline import recipe_spec
 
 from geotrain.layout.plan import StagePlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch
-from geotrain.runtime.train_config import RunConfig
+from geotrain.runtime.train_config import RunCase
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,11 +33,9 @@ def _losses(run: Path) -> dict[int, dict]:
     return {d["step"]: d for d in map(json.loads, (run / "losses.jsonl").read_text().splitlines())}
 
 
-def _cfg(out: Path, plan, steps: int, **kw) -> RunConfig:
-    if "predict" in RunConfig.__dataclass_fields__:     # no simulated prediction: not what is tested
-        kw["predict"] = False
-    return RunConfig(spec=str(recipe_spec(out.parent)), out=str(out), plan=plan.to_dict(), steps=steps,
-                     data="synthetic", progress=False, trace=False, checkpoint_every=10, **kw)
+def _cfg(out: Path, plan, steps: int, **kw) -> RunCase:
+    return case(recipe_spec(out.parent), out=str(out), plan=plan, steps=steps, data="synthetic", progress=False,
+                trace=False, checkpoint_every=10, **kw)
 
 
 @pytest.mark.slow

@@ -21,12 +21,13 @@ import json
 from pathlib import Path
 
 import pytest
+from _cases import case
 
 from geotrain.costs.cost_model import CostModel
 from geotrain.costs.memory import runtime_state_bytes_per_param, sharded_fractions
 from geotrain.models.llama import build_units
 from geotrain.planner.manual import plan_from_job
-from geotrain.runtime.train_config import RunConfig
+from geotrain.runtime.train_config import RunCase
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,12 +46,12 @@ def tied_spec(tmp: Path) -> Path:
     return path
 
 
-def bytes_cases(tmp: Path) -> list[RunConfig]:
+def bytes_cases(tmp: Path) -> list[RunCase]:
     """Every sharding x precision case, then the tied model (conftest's `collective_counts` runs them)."""
-    cases = [RunConfig(spec=str(SPEC), out=str(tmp / f"{p}-{s}"), steps=STEPS, data="synthetic", progress=False,
+    cases = [case(SPEC, out=str(tmp / f"{p}-{s}"), steps=STEPS, data="synthetic", progress=False,
                        checkpoint_every=0, overrides={"precision": p, "sharding": s})
              for p, s in CASES]
-    cases.append(RunConfig(spec=str(tied_spec(tmp)), out=str(tmp / "tied"), steps=STEPS, data="synthetic",
+    cases.append(case(tied_spec(tmp), out=str(tmp / "tied"), steps=STEPS, data="synthetic",
                            progress=False, checkpoint_every=0))
     return cases
 

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from _cases import case
 from _reference import reference_run, single_process_losses
 
 from geotrain.layout.plan import StagePlan
 from geotrain.planner.manual import plan_from_job, split_even
 from geotrain.runtime.launch import launch
-from geotrain.runtime.train_config import RunConfig
+from geotrain.runtime.train_config import RunCase
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,10 +73,10 @@ def read_losses(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines() if line.strip()]
 
 
-def _case_config(tmp: Path, spec_path: Path, name: str, overrides: dict, vps: int) -> RunConfig:
+def _case_config(tmp: Path, spec_path: Path, name: str, overrides: dict, vps: int) -> RunCase:
     spec = load_spec(spec_path)
     plan = plan_from_job(spec, virtual_per_stage=vps).with_(precision="fp32", **overrides)
-    return RunConfig(spec=str(spec_path), out=str(tmp / name), plan=plan.to_dict(), steps=STEPS, data="synthetic",
+    return case(spec_path, out=str(tmp / name), plan=plan, steps=STEPS, data="synthetic",
                      progress=False, checkpoint_every=0)
 
 
@@ -84,7 +85,7 @@ def launched(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("runtime")
     cases = [_case_config(tmp, recipe_spec(tmp), n, o, v) for n, o, v in CASES]
     spec = load_spec(SPEC)
-    fp16 = RunConfig(spec=str(SPEC), out=str(tmp / "fp16"), steps=6, data="synthetic", progress=False,
+    fp16 = case(SPEC, out=str(tmp / "fp16"), steps=6, data="synthetic", progress=False,
                      checkpoint_every=0, overrides={"precision": "fp16", "sharding": "zero3"},
                      inject_inf=[[3, 3]])
     assert plan_from_job(spec).num_ranks == 4

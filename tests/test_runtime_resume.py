@@ -12,17 +12,18 @@ import json
 from pathlib import Path
 
 import pytest
+from _cases import case
 
 from geotrain.errors import GeotrainError
 from geotrain.runtime.launch import launch
-from geotrain.runtime.train_config import RunConfig
+from geotrain.runtime.train_config import RunCase
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
 
 
-def _cfg(out: Path, **kw) -> RunConfig:
-    return RunConfig(spec=str(SPEC), out=str(out), steps=6, data="synthetic", progress=False,
+def _cfg(out: Path, **kw) -> RunCase:
+    return case(SPEC, out=str(out), steps=6, data="synthetic", progress=False,
                      checkpoint_every=2, overrides={"precision": "fp32", "sharding": "zero3"}, **kw)
 
 

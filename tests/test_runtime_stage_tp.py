@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from _cases import case
 from _reference import single_process_losses
 
 from geotrain.layout.plan import Plan, StagePlan
 from geotrain.planner.manual import split_even
 from geotrain.runtime.launch import launch
-from geotrain.runtime.train_config import RunConfig
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,12 +41,12 @@ def _losses(run_dir: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("runtime_stage_tp")
-    cases = [RunConfig(spec=str(SPEC), out=str(tmp / name), plan=_plan(tps).to_dict(), steps=STEPS,
+    cases = [case(SPEC, out=str(tmp / name), plan=_plan(tps), steps=STEPS,
                        data="synthetic", progress=False, trace=False, checkpoint_every=STEPS)
              for name, tps in (("tp2-1", (2, 1)), ("tp1-2", (1, 2)))]
     # ... and one more step at tp 1/2 from the tp 2/1 run's checkpoint (both stages' TP-split weights
     # resharded), in the same launch: the cases run back to back
-    cases.append(RunConfig(spec=str(SPEC), out=str(tmp / "resumed"), plan=_plan((1, 2)).to_dict(), steps=STEPS + 1,
+    cases.append(case(SPEC, out=str(tmp / "resumed"), plan=_plan((1, 2)), steps=STEPS + 1,
                            data="synthetic", progress=False, trace=False, checkpoint_every=0,
                            resume_from=str(tmp / "tp2-1")))
     launch(cases, 3, tmp / "launch", timeout_s=120)

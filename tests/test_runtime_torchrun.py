@@ -28,10 +28,10 @@ def _losses(run: Path) -> list[float]:
     return [json.loads(x)["loss"] for x in (run / "losses.jsonl").read_text().splitlines() if x.strip()]
 
 
-def _torchrun(*args: str, timeout: float = 240, nproc: int = 4) -> subprocess.CompletedProcess:
+def _torchrun(source: Path, *args: str, timeout: float = 240, nproc: int = 4) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                            "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-                           "--master-port", str(free_port()), "-m", "geotrain.cli", "train", str(SPEC), *args],
+                           "--master-port", str(free_port()), "-m", "geotrain.cli", "train", str(source), *args],
                           env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
@@ -45,7 +45,9 @@ covered_by_rehearse = pytest.mark.skipif(os.geteuid() == 0, reason="as root, tes
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_2dc_builtin_run):
     tmp = tmp_path_factory.mktemp("torchrun")
-    r = _torchrun("--steps", "3", "--wan", "auto", "--out", str(tmp / "auto"), "--no-progress", "--data", "synthetic")
+    # The plan the built-in run trained (its RUN_DIR/plan.json): under torchrun a rank trains a plan file.
+    r = _torchrun(tiny_2dc_builtin_run / "plan.json", "--steps", "3", "--wan", "auto", "--out", str(tmp / "auto"),
+                  "--no-progress", "--data", "synthetic")
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp, r, tiny_2dc_builtin_run
 
@@ -70,7 +72,7 @@ def test_auto_under_torchrun_trains_like_the_built_in_launcher(runs):
 
 def test_serve_prefill_under_torchrun_is_refused_in_one_line(tmp_path):
     # refused before the process group forms: one rank shows it
-    r = _torchrun("--steps", "1", "--serve-prefill", "0", "--out", str(tmp_path / "x"), timeout=120, nproc=1)
+    r = _torchrun(SPEC, "--steps", "1", "--serve-prefill", "0", "--out", str(tmp_path / "x"), timeout=120, nproc=1)
     assert r.returncode != 0
     assert "--serve-prefill is not available under torchrun" in r.stderr
 
@@ -160,3 +162,11 @@ def test_the_outage_limit_holds_under_torchrun(tmp_path):
     assert hit, err[-3000:]
     assert hit[0][0] - t0 < 5 + 20, (hit[0][0] - t0, err[-3000:])
     assert "rank 0 (east)" in hit[0][1] or "rank(s) 0" in hit[0][1], hit[0][1]
+
+
+def test_a_rank_never_plans_a_toml_under_torchrun_is_refused_in_one_line(tmp_path):
+    r = _torchrun(SPEC, "--steps", "1", "--out", str(tmp_path / "x"), timeout=120, nproc=1)
+    assert r.returncode != 0, r.stderr[-2000:]
+    lines = [x for x in r.stderr.splitlines() if "geotrain train: error:" in x]
+    assert len(lines) == 1 and "none plans: make it once (`geotrain plan" in lines[0], r.stderr[-2000:]
+    assert not (tmp_path / "x").exists()

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from _cases import case
 from _reference import reference_run
 from test_runtime_pipeline import recipe_spec
 
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan, StagePlan
 from geotrain.runtime.launch import launch
-from geotrain.runtime.train_config import RunConfig, resolve
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def launched(tmp_path_factory) -> Path:
     # checked against its spec's GPUs before any rank starts)
     (tmp / "cluster4.toml").write_text(CLUSTER.read_text().replace("gpus = 2\n", "gpus = 4\n"))
     spec.write_text(spec.read_text().replace(f'cluster = "{CLUSTER}"', f'cluster = "{tmp / "cluster4.toml"}"'))
-    cases = [RunConfig(spec=str(spec), out=str(tmp / name), plan=_plan(pp, dp, m, **kw).to_dict(), steps=STEPS,
+    cases = [case(spec, out=str(tmp / name), plan=_plan(pp, dp, m, **kw), steps=STEPS,
                        data="synthetic", progress=False, checkpoint_every=0)
              for name, pp, dp, m, kw in CASES]
     launch(cases, 4, tmp / "launch", timeout_s=120)
@@ -118,9 +118,8 @@ def test_tp_shards_the_block_weights(launched: Path) -> None:
 
 def test_tp_layout_errors_are_one_line(tmp_path: Path) -> None:
     spec = load_spec(SPEC)
-    wide = RunConfig(spec=str(SPEC), plan=_plan(2, 1, 4).with_(tp=4).to_dict())
     with pytest.raises(GeotrainError, match="wider than a node of datacenter east"):
-        resolve(wide)
+        case(SPEC, plan=_plan(2, 1, 4).with_(tp=4))
     from geotrain.layout.tp_check import tp_problem
 
     def with_nodes(gpus_per_node: int):
@@ -132,16 +131,14 @@ def test_tp_layout_errors_are_one_line(tmp_path: Path) -> None:
     assert "does not divide model tiny's kv_heads=2" in tp_problem(spec.model, _plan(2, 1, 4).with_(tp=4),
                                                                    with_nodes(4))
     assert tp_problem(spec.model, _plan(2, 1, 4), spec.cluster) is None
-    zero1 = RunConfig(spec=str(SPEC), plan=_plan(2, 1, 4, sharding="zero1").to_dict())
     with pytest.raises(GeotrainError, match="zero1"):
-        resolve(zero1)
+        case(SPEC, plan=_plan(2, 1, 4, sharding="zero1"))
 
 
 def test_selective_checkpointing_with_a_split_backward_is_refused() -> None:
-    zb = RunConfig(spec=str(SPEC), plan=_plan(2, 1, 4, schedule="zb-h1", checkpointing="selective").to_dict())
     with pytest.raises(GeotrainError, match="selective checkpointing cannot run under the zb-h1"):
-        resolve(zb)
-    resolve(RunConfig(spec=str(SPEC), plan=_plan(2, 1, 4, schedule="1f1b", checkpointing="selective").to_dict()))
+        case(SPEC, plan=_plan(2, 1, 4, schedule="zb-h1", checkpointing="selective"))
+    case(SPEC, plan=_plan(2, 1, 4, schedule="1f1b", checkpointing="selective"))
 
 
 def test_wan_routes_each_tp_rank_to_its_own_peer(tmp_path: Path) -> None:
@@ -150,6 +147,7 @@ def test_wan_routes_each_tp_rank_to_its_own_peer(tmp_path: Path) -> None:
     import torch.distributed as dist
 
     from geotrain.runtime.cross_dc import build_transport
+    from geotrain.runtime.train_config import WanConfig
     from geotrain.schedule.builders import schedule_for_plan
 
     spec = load_spec(SPEC)
@@ -159,7 +157,7 @@ def test_wan_routes_each_tp_rank_to_its_own_peer(tmp_path: Path) -> None:
     try:
         for rank in range(plan.num_ranks):
             stage, replica, t = plan.coords(rank)
-            transport = build_transport({"mode": "shaper", "rate_scale": 1.0}, spec, plan, schedule, rank,
+            transport = build_transport(WanConfig(mode="shaper"), spec, plan, schedule, rank,
                                         p2p_groups={})     # one process plays every rank: no real groups
             try:
                 peer = plan.rank(1 - stage, replica, t)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _cli import geotrain
+from _cases import case
 
 from geotrain.costs import CostModel
 from geotrain.errors import GeotrainError
@@ -25,7 +25,7 @@ from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.cross_dc import leftover_namespaces, sends_per_boundary, start_delay, turn_order
 from geotrain.runtime.launch import launch, run_with_wan
 from geotrain.runtime.p2p import RoutedTransport
-from geotrain.runtime.train_config import RunConfig
+from geotrain.runtime.train_config import RunCase, TestHooks, TrainConfig, WanConfig
 from geotrain.schedule.actions import Op
 from geotrain.schedule.builders import build_schedule
 from geotrain.spec.load import load_spec
@@ -43,9 +43,9 @@ def _plan(connections: int = 1, sharing: str = "fair", offsets=()):
     return base.with_(links=links, pipeline_offsets=tuple(offsets))
 
 
-def _cfg(out: Path, plan, trace: bool = False) -> RunConfig:
-    return RunConfig(spec=str(SPEC), out=str(out), plan=plan.to_dict(), steps=STEPS, data="synthetic",
-                     progress=False, checkpoint_every=0, trace=trace)
+def _cfg(out: Path, plan, trace: bool = False, mode: str = "off") -> RunCase:
+    return case(SPEC, out=str(out), plan=plan, steps=STEPS, data="synthetic", progress=False, checkpoint_every=0,
+                trace=trace, wan=WanConfig(mode=mode))
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -146,12 +146,11 @@ def test_plan_offsets_and_turn_order():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wan")
-    spec = load_spec(SPEC)
     launch([_cfg(tmp / "ref", _plan())], 4, tmp / "ref")
     cases = {"c1-fair": _plan(1), "c4-fair": _plan(4), "c4-temporal": _plan(4, "temporal", offsets=(0.0, 0.2))}
     said = []
-    wan = run_with_wan([_cfg(tmp / n, p, trace=n == "c4-fair") for n, p in cases.items()], spec, _plan(),
-                       tmp / "wan", mode=MODE, say=said.append)
+    wan = run_with_wan([_cfg(tmp / n, p, trace=n == "c4-fair", mode=MODE) for n, p in cases.items()], tmp / "wan",
+                       say=said.append)
     return tmp, wan, said
 
 
@@ -207,10 +206,9 @@ def test_nothing_is_left_behind(runs):
 def test_the_user_space_shaper_fallback_trains_the_same(runs, tmp_path):
     """--wan shaper (what non-root machines get): delay and rates inside the transport, same losses."""
     tmp, _, _ = runs
-    spec = load_spec(SPEC)
     said = []
-    wan = run_with_wan([_cfg(tmp_path / "shaped", _plan(2, "temporal", offsets=(0.0, 0.1)))], spec, _plan(),
-                       tmp_path, mode="shaper", say=said.append)
+    wan = run_with_wan([_cfg(tmp_path / "shaped", _plan(2, "temporal", offsets=(0.0, 0.1)), mode="shaper")], tmp_path,
+                       say=said.append)
     assert wan.mode == "shaper" and said[0].startswith("WAN: user-space shaper")
     assert "StripedTransport, 2 connections, temporal, turn order [1, 0], shaper" in _rank_logs(tmp_path)
     assert _losses(tmp_path / "shaped") == _losses(tmp / "ref")
@@ -220,15 +218,16 @@ def test_the_user_space_shaper_fallback_trains_the_same(runs, tmp_path):
 def test_a_failing_rank_ends_the_run_with_one_line_and_tears_the_wan_down(tmp_path, capfd):
     """`geotrain train --wan MODE`: rank 3 dies in step 2 while temporal turns are in use; the run
     fails at once naming it (exit 2, no traceback) and the emulation is gone afterwards."""
-    plan = _plan(2, "temporal")
-    plan_file = tmp_path / "plan.json"
-    from geotrain.layout.plan import save_plan
+    from geotrain.orchestrate.training_run import train
 
-    save_plan(plan_file, plan, spec_path=str(SPEC))
-    rc, out, err = geotrain(capfd, "train", plan_file, "--steps", "3", "--wan", MODE, "--no-progress", "--data",
-                            "synthetic", "--out", tmp_path / "run", env={"GEOTRAIN_FAIL_AT": "3:2"})
-    assert rc == 2, err
-    assert "rank 3 (stage 1, replica 1, west) failed" in err and "Traceback" not in err
+    said = []
+    config = TrainConfig(out=str(tmp_path / "run"), steps=3, wan=WanConfig(mode=MODE), progress=False,
+                         data="synthetic", hooks=TestHooks(fail_at=[(3, 2)]))
+    with pytest.raises(GeotrainError) as e:
+        train(load_spec(SPEC), config, plan=_plan(2, "temporal"), say=said.append)
+    assert "rank 3 (stage 1, replica 1, west) failed" in str(e.value) and "\n" not in str(e.value)
+    assert "injected failure at step 2" in str(e.value)
+    out = "\n".join(said)
     assert "WAN: " in out
     if MODE == "kernel":
         tag = out.split("gt-", 1)[1].split("-*", 1)[0]

@@ -12,17 +12,18 @@ import json
 from pathlib import Path
 
 import pytest
+from _cases import case
 
-from geotrain.runtime.train_config import RunConfig
+from geotrain.runtime.train_config import RunCase
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
 CASES = [("bf16", 1), ("bf16", 3), ("fp16", 1), ("fp16", 3)]   # fp32 runs the bf16 path (no loss scaling)
 
 
-def sync_cases(tmp: Path) -> list[RunConfig]:
+def sync_cases(tmp: Path) -> list[RunCase]:
     """1 and 3 steps in bf16 and fp16, an inf injected in fp16's step 2 (conftest's `collective_counts` runs them)."""
-    return [RunConfig(spec=str(SPEC), out=str(tmp / f"{p}-{n}"), steps=n, data="synthetic", progress=False,
+    return [case(SPEC, out=str(tmp / f"{p}-{n}"), steps=n, data="synthetic", progress=False,
                       checkpoint_every=0, overrides={"precision": p},
                       inject_inf=[[3, 2]] if (p, n) == ("fp16", 3) else [])
             for p, n in CASES]

@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cases import case
 from _reference import single_process_losses
 
 from geotrain.errors import GeotrainError
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime import shared_gpu as S
 from geotrain.runtime.launch import launch, launch_ranks
-from geotrain.runtime.train_config import RunConfig
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,9 +76,9 @@ def test_what_cannot_be_staged_is_refused_in_one_line():
 def test_the_launcher_refuses_before_any_rank_starts(tmp_path, monkeypatch):
     monkeypatch.setenv(S.FAKE_GPUS_ENV, "1")
     plan = _plan(dp=1, tp=2, sharding="replicate")
-    cfg = RunConfig(spec=str(SPEC), out=str(tmp_path / "run"), plan=plan.to_dict(), steps=1, progress=False)
+    cfg = case(SPEC, out=str(tmp_path / "run"), plan=plan, steps=1, progress=False)
     with pytest.raises(GeotrainError, match="TP group"):
-        launch([cfg], plan.num_ranks, tmp_path / "run", plan=plan)
+        launch([cfg], plan.num_ranks, tmp_path / "run")
     assert not (tmp_path / "run" / "logs").exists()
 
 
@@ -100,8 +100,8 @@ def test_four_ranks_on_one_gpu_train_like_one_process(tmp_path):
     cases = {}
     for sharding in ("zero3", "replicate"):
         plan = plan_from_job(spec).with_(precision="fp32", sharding=sharding)
-        cases[sharding] = RunConfig(spec=str(SPEC), out=str(tmp_path / sharding), plan=plan.to_dict(), steps=3,
-                                    data="synthetic", progress=False, checkpoint_every=0)
+        cases[sharding] = case(SPEC, out=str(tmp_path / sharding), plan=plan, steps=3, data="synthetic",
+                               progress=False, checkpoint_every=0)
     os.environ[S.FAKE_GPUS_ENV] = "1"
     try:
         launch(list(cases.values()), 4, tmp_path / "launch", timeout_s=240, env={S.FAKE_GPUS_ENV: "1"})

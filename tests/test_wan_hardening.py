@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 import pytest
+from _cases import case
 
 from geotrain.layout.plan import LinkPlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import launch, run_with_wan
-from geotrain.runtime.train_config import RunConfig
+from geotrain.runtime.train_config import RunCase, WanConfig
 from geotrain.spec.load import load_spec
 from geotrain.transport.auth import HELLO, MAGIC, STRIPED, TAG_BYTES
 from geotrain.transport.sockets import close_quietly
@@ -48,9 +49,9 @@ def _plan():
     return base.with_(dp=1, links=links, pipeline_offsets=())
 
 
-def _cfg(out: Path, plan, steps: int = STEPS) -> RunConfig:
-    return RunConfig(spec=str(SPEC), out=str(out), plan=plan.to_dict(), steps=steps, data="synthetic",
-                     progress=False, checkpoint_every=0)
+def _cfg(out: Path, plan, steps: int = STEPS, **wan) -> RunCase:
+    return case(SPEC, out=str(out), plan=plan, steps=steps, data="synthetic", progress=False, checkpoint_every=0,
+                wan=WanConfig(**wan))
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -207,8 +208,8 @@ def test_a_live_run_under_attack_and_tampering_keeps_its_losses_and_logs_each_re
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])),
            "GEOTRAIN_TEST_RELAY": f"127.0.0.1:{relay.port}"}
     try:
-        run_with_wan([_cfg(tmp_path, _plan())], load_spec(SPEC), _plan(), tmp_path, mode="shaper",
-                     say=lambda _line: None, timeout_s=240, env=env, entry="_tamper_rank")
+        run_with_wan([_cfg(tmp_path, _plan(), mode="shaper")], tmp_path, say=lambda _line: None, timeout_s=240,
+                     env=env, entry="_tamper_rank")
     finally:
         stop.set()
         t.join()
@@ -234,8 +235,7 @@ def test_a_live_run_under_attack_and_tampering_keeps_its_losses_and_logs_each_re
 
 @pytest.mark.slow
 def test_a_tls_run_trains_with_identical_losses(reference, tmp_path):
-    run_with_wan([_cfg(tmp_path, _plan())], load_spec(SPEC), _plan(), tmp_path, mode="shaper",
-                 say=lambda _line: None, timeout_s=240, tls=True)
+    run_with_wan([_cfg(tmp_path, _plan(), mode="shaper", tls=True)], tmp_path, say=lambda _line: None, timeout_s=240)
     assert _losses(tmp_path) == reference
     logs = _logs(tmp_path)
     assert logs.count("shaper, TLS (listening on") == 2 and "Traceback" not in logs
@@ -267,8 +267,8 @@ def test_ss_kill_inside_the_dc_namespaces_of_a_tls_run_leaves_the_losses_identic
     t = threading.Thread(target=killer, daemon=True)
     t.start()
     try:
-        run_with_wan([_cfg(tmp_path, _plan())], load_spec(SPEC), _plan(), tmp_path, mode="kernel",
-                     say=lambda _line: None, timeout_s=240, on_wan=wans.append, tls=True)
+        run_with_wan([_cfg(tmp_path, _plan(), mode="kernel", tls=True)], tmp_path, say=lambda _line: None,
+                     timeout_s=240, on_wan=wans.append)
     finally:
         stop.set()
         t.join()
@@ -361,8 +361,8 @@ def test_a_live_run_survives_a_flood_past_its_descriptor_limit_and_a_reset_of_ev
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])),
            "GEOTRAIN_TEST_NOFILE": str(NOFILE), "GEOTRAIN_HANDSHAKE_TIMEOUT_S": "3"}
     try:
-        run_with_wan([_cfg(tmp_path, _plan(), FLOOD_STEPS)], load_spec(SPEC), _plan(), tmp_path, mode="shaper",
-                     say=lambda _line: None, timeout_s=240, env=env, entry="_fd_limited_rank")
+        run_with_wan([_cfg(tmp_path, _plan(), FLOOD_STEPS, mode="shaper")], tmp_path, say=lambda _line: None,
+                     timeout_s=240, env=env, entry="_fd_limited_rank")
     finally:
         stop.set()
         t.join()

@@ -23,7 +23,7 @@ class RunningService:
     service: PrefillService
     executor: BubbleExecutor
     url: str
-    rank_config: dict          # what each rank needs to join (RunConfig.bubbletea)
+    rank_config: dict          # what each rank needs to join (TrainConfig.serve's address, secret_file...)
     model: object = None       # the inference model, for requests left when training ends
     work_dir: str | None = None  # holds the Unix socket and the ranks' secret file; removed on close
 

@@ -18,7 +18,7 @@ from geotrain.layout.plan import StagePlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.launch import free_port
 from geotrain.runtime.rank_run import run_rank
-from geotrain.runtime.train_config import RunConfig, resolve_run
+from geotrain.runtime.train_config import RunCase, TrainConfig
 from geotrain.spec.load import load_spec
 
 
@@ -36,9 +36,8 @@ def measure_interpreter(spec_path: str, micro_batch: int, num_microbatches: int,
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1)
         try:
-            cfg = RunConfig(spec=spec_path, out=tmp, plan=plan.to_dict(), steps=steps, progress=False,
-                            data="synthetic", checkpoint_every=0)
-            trace = run_rank(cfg, *resolve_run(cfg))["trace"]     # the merged trace, in memory
+            cfg = TrainConfig(out=tmp, steps=steps, progress=False, data="synthetic", checkpoint_every=0)
+            trace = run_rank(RunCase(spec, plan, cfg))["trace"]     # the merged trace, in memory
         finally:
             dist.destroy_process_group()
     gaps, fwd, bwd = [], [], []

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from geotrain.calibrate.cpuload import CpuSampler, cores
 from geotrain.runtime.launch import run_with_wan
-from geotrain.runtime.train_config import RunConfig
+from geotrain.runtime.train_config import RunCase, TrainConfig, WanConfig
 
 DEFAULT_MODE = "shaper"
 
@@ -143,12 +143,12 @@ def run_plan(spec, plan, out: Path, steps: int, mode: str = DEFAULT_MODE, warmup
     "rank_slowdown" ({rank: measured CPU-sharing slow-down after `warmup` steps}, see RunSampling),
     "mode" (the WAN that ran) and "wall_s"."""
     out = Path(out)
-    cfg = RunConfig(spec=str(spec.path), out=str(out), plan=plan.to_dict(), steps=steps, progress=False,
-                    data="synthetic", checkpoint_every=0)
+    cfg = TrainConfig(out=str(out), steps=steps, progress=False, data="synthetic", checkpoint_every=0,
+                      wan=WanConfig(mode=mode))
     (out / "losses.jsonl").unlink(missing_ok=True)
     t0 = time.time()
     with RunSampling(out / "losses.jsonl") as sampling:
-        wan = run_with_wan([cfg], spec, plan, out, mode=mode, say=lambda line: None, timeout_s=timeout_s,
+        wan = run_with_wan([RunCase(spec, plan, cfg)], out, say=lambda line: None, timeout_s=timeout_s,
                            rank0_stdout=False)
     sampler = sampling.sampler
     return out / "measured_trace.jsonl", {"background_runnable": sampler.background_runnable(),

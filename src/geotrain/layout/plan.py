@@ -307,14 +307,19 @@ class PlanFile(BaseModel):
     plan: dict[str, Any]
 
 
+def plan_document(plan: Plan, spec_path: str | None = None, extra: dict[str, Any] | None = None,
+                  spec: Spec | None = None) -> dict[str, Any]:
+    """A plan file's content (see `save_plan`)."""
+    resolved = spec_document(spec) if spec is not None else None
+    return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "spec": spec_path or (resolved or {}).get("source"),
+            "resolved_spec": resolved, "plan": plan.to_dict(), **(extra or {})}
+
+
 def save_plan(path: str | Path, plan: Plan, spec_path: str | None = None,
               extra: dict[str, Any] | None = None, spec: Spec | None = None) -> None:
     """Write a plan file: the plan plus the experiment it was made for -- `spec` embedded whole
     when given (then `spec_path` defaults to the TOML it came from)."""
-    resolved = spec_document(spec) if spec is not None else None
-    doc = {"format": PLAN_FORMAT, "version": PLAN_VERSION,
-           "spec": spec_path or (resolved or {}).get("source"), "resolved_spec": resolved,
-           "plan": plan.to_dict(), **(extra or {})}
+    doc = plan_document(plan, spec_path, extra, spec)
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(doc, indent=2) + "\n")
@@ -346,6 +351,11 @@ def load_plan(path: str | Path) -> tuple[Plan, dict[str, Any]]:
         raise SpecError(where, "plan", f"malformed plan file ({str(e)[:200]})") from None
     except RecursionError:
         raise SpecError(where, "plan", "malformed plan file (nested thousands of levels deep)") from None
+    return plan_from_document(doc, where), doc
+
+
+def plan_from_document(doc: Any, where: str) -> Plan:
+    """The plan of a plan file's content (`plan_document`), checked; a SpecError naming `where` if not."""
     if isinstance(doc, dict) and doc.get("format") == "geotrain-plan/1":
         raise SpecError(where, "format", "a version-1 plan file (from an older geotrain, naming its spec by path): "
                                          "make it again with `geotrain plan`")
@@ -366,7 +376,7 @@ def load_plan(path: str | Path) -> tuple[Plan, dict[str, Any]]:
     problem = plan_field_problem(plan)
     if problem:
         raise SpecError(where, problem[0], problem[1])
-    return plan, doc
+    return plan
 
 
 def plan_spec(doc: dict[str, Any], path: str | Path) -> Spec:

@@ -30,6 +30,7 @@ from geotrain.layout.plan import save_plan
 from geotrain.planner.replanning import describe, replan
 from geotrain.runtime.checkpoint import latest_checkpoint
 from geotrain.runtime.launch import RankFailure
+from geotrain.runtime.train_config import RunCase
 from geotrain.trace.schema import json_text
 
 MAX_REPLANS = 4
@@ -144,21 +145,22 @@ def _best_replan(out: Path, dropped: list[str], candidates: list[str], home: str
     return best
 
 
-def train_elastic(cfg, spec, plan, launch_once, say=print, cut: Cut | None = None,
+def train_elastic(case: RunCase, launch_once, say=print, cut: Cut | None = None,
                   max_replans: int = MAX_REPLANS) -> list[dict]:
-    """Run `launch_once(cfg, spec, plan, watch)` until it finishes, re-planning after each DC loss.
-    Returns the re-plan events (also in RUN_DIR/elastic.jsonl)."""
-    out = Path(cfg.out)
+    """Run `launch_once(case, watch)` until it finishes, re-planning after each DC loss (the next
+    case: the new plan, resuming this run's last checkpoint). Returns the re-plan events (also in
+    RUN_DIR/elastic.jsonl)."""
+    out, plan = Path(case.config.out), case.plan
     events: list[dict] = []
     dropped: list[str] = []
     log = out / "elastic.jsonl"
-    if not cfg.resume and not cfg.resume_from and log.exists():
+    if not case.config.resume.any and log.exists():
         log.unlink()
     while True:
         watcher = CutWatcher(cut, plan, out / "losses.jsonl") if cut is not None else None
         t_launch = time.time()
         try:
-            launch_once(cfg, spec, plan, watcher)
+            launch_once(case, watcher)
             return events
         except RankFailure as failure:
             t_detect = time.time()
@@ -199,7 +201,7 @@ def train_elastic(cfg, spec, plan, launch_once, say=print, cut: Cut | None = Non
             with log.open("a") as f:
                 f.write(json_text(event) + "\n")
             plan = r.after
-            cfg = replace(cfg, plan=plan.to_dict(), resume=False, resume_from=str(out))
+            case = replace(case, plan=plan, config=case.config.with_(resume={"from_run": str(out)}))
             cut = cut if watcher is None or watcher.at is None else None
 
 

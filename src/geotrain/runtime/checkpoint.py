@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from geotrain.errors import GeotrainError
-from geotrain.runtime.runfile import read_run_config
+from geotrain.runtime.runfile import last_checkpoint_every
 from geotrain.runtime.scaler import GlobalLossScaler
 from geotrain.torch_compat import flatten_state_dict
 
@@ -357,12 +357,7 @@ def check_resumable(out: Path, every: int | None) -> int | None:
         resume_point(out / "checkpoints")        # the newest complete one (the ranks say which, if not latest)
     except GeotrainError as e:
         raise GeotrainError(f"{e} (train with --checkpoint-every N, or job.checkpoint_every, to save some)") from None
-    if every is None:
-        try:
-            every = read_run_config(out / "logs" / "run_config.json")[0].checkpoint_every
-        except (GeotrainError, IndexError):
-            pass   # an older run's file, or none: keep the default
-    return every
+    return last_checkpoint_every(out) if every is None else every
 
 
 def latest_checkpoint(root: Path) -> Path | None:

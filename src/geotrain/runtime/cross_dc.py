@@ -50,7 +50,7 @@ from geotrain.emulation.ports import spread_port_connections
 from geotrain.errors import GeotrainError
 from geotrain.runtime import p2p as T
 from geotrain.runtime.compress import CompressedTransport
-from geotrain.runtime.runfile import DEFAULT_OUTAGE_LIMIT_S, outage_limit_s
+from geotrain.runtime.train_config import DEFAULT_OUTAGE_LIMIT_S, WanConfig
 from geotrain.torch_compat import default_store
 from geotrain.transport.auth import run_secret
 from geotrain.transport.striped import StripedTransport
@@ -170,7 +170,7 @@ class RecordedTurns:
             self.inner.close()
 
 
-def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
+def build_transport(wan: WanConfig | None, spec, plan, schedule, rank: int,
                     p2p_groups: dict | None = None, recorder=None, staged_peers=frozenset()):
     """The transport for this rank: plain gloo/NCCL without a WAN config; else a RoutedTransport with
     StripedTransport on the cross-DC peers (see module docstring). p2p_groups: the per-direction
@@ -186,14 +186,14 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
     default = T.RoutedTransport(plain, dict.fromkeys(staged_peers, T.HostStaging(plain)))
     stage, replica, t = plan.coords(rank)
     links = cross_dc_links(plan, schedule, stage, replica)
-    if not wan:
+    if wan is None or wan.mode == "off":
         for peer_stage in links:
             print(f"geotrain wan: rank {rank} ({plan.dc_of(stage, replica)}) -> stage {peer_stage} "
                   f"({plan.dc_of(peer_stage, replica)}): TorchTransport (plain {dist.get_backend()} across the WAN: "
                   "--wan off)", file=sys.stderr, flush=True)
         return default
-    if wan.get("mode") not in RANK_MODES:
-        raise GeotrainError(f"wan mode {wan.get('mode')!r} is not one of {', '.join(RANK_MODES)}")
+    if wan.mode not in RANK_MODES:
+        raise GeotrainError(f"wan mode {wan.mode!r} is not one of {', '.join(RANK_MODES)}")
     if not links:
         # Still a RoutedTransport: the trainer enters its closing barrier on ranks whose transport has
         # close(), so every rank of a WAN run must have one (pp=4 over two DCs: stages 0 and 3 have no
@@ -203,8 +203,8 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
     store = default_store()
     run = f"geotrain/rt{_BUILT[0]}"
     my_dc = plan.dc_of(stage, replica)
-    host = wan["hosts"][my_dc] if wan["mode"] == "kernel" else wan.get("bind", "127.0.0.1")
-    timeout = float(wan.get("timeout_s", outage_limit_s()))
+    host = wan.hosts[my_dc] if wan.mode == "kernel" else wan.bind or "127.0.0.1"
+    timeout = wan.outage_limit_s
     secret = run_secret(store)     # the launcher's 0600 file, else shared through the store
     conns: dict[int, int] = {}
     turns: dict[int, object] = {}
@@ -219,7 +219,7 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
             key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.stage_tp(stage) > 1 else "")
             # The turn passes once the transfer has drained from the network's queue (transport.turns);
             # emulated links run at rate_scale of the spec's rates.
-            scale = float(wan.get("rate_scale", 1.0))
+            scale = wan.rate_scale
             handoff = link_handoff(wl.capacity_gbps * scale, wl.rate_gbps(lp.connections) * scale,
                                    wl.latency_ms, slots)
             turn, arbiter = turns_via_store(store, key, replica, order, host=host,
@@ -241,13 +241,12 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
                 if turn is not None:
                     turns[peer] = turn
     hooks: dict[str, Any] = {}      # the emulation's instruments; a real WAN gets none of them
-    if wan["mode"] == "shaper":
+    if wan.mode == "shaper":
         # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.emulation.fallback import fallback_shaper
 
-        hooks["shaper"] = fallback_shaper(spec.cluster, lambda r: plan.dc_of_rank(r), my_dc,
-                                          float(wan.get("rate_scale", 1.0)))
-    elif wan["mode"] == "kernel":
+        hooks["shaper"] = fallback_shaper(spec.cluster, lambda r: plan.dc_of_rank(r), my_dc, wan.rate_scale)
+    elif wan.mode == "kernel":
         # One htb per-connection bucket per connection, and disjoint blocks of buckets for the ranks
         # of one DC (they share the link's classes at the router).
         stride = max(conns.values(), default=1)
@@ -256,15 +255,15 @@ def build_transport(wan: dict[str, Any] | None, spec, plan, schedule, rank: int,
     max_message = plan.micro_batch * spec.model.seq_len * spec.model.hidden * 4
     striped = StripedTransport(rank, store, secret=secret, host=host, connections=lambda d: conns.get(d, 1),
                                turns=turns.get, prefix=f"{run}/striped", min_chunk_bytes=MIN_CHUNK_BYTES,
-                               timeout_s=timeout, stall_s=float(wan.get("stall_s", min(DEFAULT_STALL_S, timeout / 4))),
-                               max_message_bytes=max_message, tls=bool(wan.get("tls")),
+                               timeout_s=timeout, stall_s=wan.stall_s or min(DEFAULT_STALL_S, timeout / 4),
+                               max_message_bytes=max_message, tls=wan.tls,
                                describe=lambda r: f"rank {r} ({plan.dc_of_rank(r)})", **hooks)
     for peer in conns:        # every peer's address now: a reconnect later must not need the store
         striped.lookup(peer)
     for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it
         how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
         print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.dc_of(peer_stage, replica)}): "
-              f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan['mode']}"
+              f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan.mode}"
               f"{f', boundaries {lp.compression}' if lp.compression != 'none' else ''}"
               f"{f', boundaries low-rank {lp.rank}' if lp.rank else ''}"
               f"{', TLS' if striped.tls is not None else ''} "
@@ -293,14 +292,14 @@ class WanLaunch:
     tls: bool = False                           # cross-DC connections in TLS (transport.tls)
     link_bytes: dict[str, dict[str, int]] = field(default_factory=dict)   # kernel: per DC, at close
 
-    def rank_config(self) -> dict[str, Any] | None:
+    def rank_config(self, asked: WanConfig | None = None) -> WanConfig:
+        """The WAN as the ranks run it: `asked` narrowed to this launch's mode, with its addresses."""
+        asked = asked or WanConfig()
         if self.mode == "off":
-            return None
-        cfg: dict[str, Any] = {"mode": self.mode, "rate_scale": self.rate_scale, "timeout_s": self.timeout_s,
-                               "tls": self.tls}
-        if self.emulation is not None:
-            cfg["hosts"] = {dc: self.emulation.address(dc) for dc in self.emulation.dcs}
-        return cfg
+            return WanConfig(mode="off")
+        hosts = {dc: self.emulation.address(dc) for dc in self.emulation.dcs} if self.emulation is not None else {}
+        return asked.model_copy(update={"mode": self.mode, "rate_scale": self.rate_scale,
+                                        "timeout_s": self.timeout_s, "tls": self.tls, "hosts": hosts})
 
     def env(self, rank: int, master_port: int, inherited: dict[str, str] | None = None) -> dict[str, str]:
         """The rank's namespace environment; NCCL variables already in `inherited` (what the rank

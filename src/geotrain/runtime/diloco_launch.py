@@ -22,11 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from geotrain.errors import GeotrainError
-from geotrain.layout.plan import Plan
 from geotrain.runtime.cross_dc import open_wan
 from geotrain.runtime.launch import WAN_BYTES_NAME, free_port, launch
 from geotrain.runtime.outer_store import READY
-from geotrain.spec import load_spec, spec_from_document
+from geotrain.runtime.train_config import DilocoConfig, RunCase
 from geotrain.transport.auth import new_secret, write_secret_file
 
 STORE_START_S = 60.0
@@ -60,15 +59,14 @@ def _start_store(wan, dc: str, run_dir: Path) -> tuple[subprocess.Popen, str]:
                         f"{Path(run_dir) / 'logs' / 'outer_store.log'})")
 
 
-def run_workers(cfg, spec, plan, run_dir: Path, mode: str = "auto", rate_scale: float = 1.0, say=print,
-                tls: bool = False, dead_after_s: float | None = None, outage_limit_s: float | None = None,
-                watch=None, **kw):
-    """Train DiLoCo plan `plan` (every worker) from run config `cfg`; returns the WanLaunch (closed),
-    with `.lost` the workers that failed ({worker: message})."""
-    run_dir = Path(run_dir)
+def run_workers(case: RunCase, say=print, dead_after_s: float | None = None, watch=None, **kw):
+    """Train DiLoCo case `case` (every worker of its plan, over the WAN its config asks for); returns the
+    WanLaunch (closed), with `.lost` the workers that failed ({worker: message})."""
+    cfg, spec, plan = case.config, case.spec, case.plan
+    run_dir, asked = Path(cfg.out), cfg.wan
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    wan = open_wan(mode, spec, plan, rate_scale, say=say, tls=tls,
-                   **({"timeout_s": outage_limit_s} if outage_limit_s is not None else {}))
+    wan = open_wan(asked.mode, spec, plan, asked.rate_scale, say=say, tls=asked.tls,
+                   **({"timeout_s": asked.timeout_s} if asked.timeout_s is not None else {}))
     secret_file = run_dir / "logs" / "outer_secret"
     secret_file.unlink(missing_ok=True)
     write_secret_file(secret_file, new_secret())
@@ -85,12 +83,11 @@ def run_workers(cfg, spec, plan, run_dir: Path, mode: str = "auto", rate_scale: 
         def one(w: int) -> None:
             wplan = plan.worker_plan(w)
             out = worker_dir(run_dir, w)
-            extra = {"dead_after_s": dead_after_s if dead_after_s is not None else spec.job.diloco.dead_after_s}
-            # test hook: a fail_at entry [rank, step, worker] fails that worker only ([rank, step]: every worker)
-            fail = [x[:2] for x in cfg.fail_at if len(x) < 3 or x[2] == w]
-            case = replace(cfg, plan=wplan.to_dict(), out=str(out), fail_at=fail,
-                           diloco={"worker": w, "store": address, "secret_file": str(secret_file.resolve()),
-                                   "incarnation": 0, **extra})
+            # test hook: a fail_at entry (rank, step, worker) fails that worker only ((rank, step): every worker)
+            meet = DilocoConfig(worker=w, store=address, secret_file=str(secret_file.resolve()),
+                                dead_after_s=dead_after_s if dead_after_s is not None else spec.job.diloco.dead_after_s)
+            one_case = replace(case, plan=wplan, config=cfg.with_(out=str(out), diloco=meet,
+                                                                   hooks=cfg.hooks.for_worker(w)))
             view = replace(wan, rank_dc=[wplan.dc_of_rank(r) for r in range(wplan.num_ranks)])
 
             def watching(procs) -> None:
@@ -100,7 +97,7 @@ def run_workers(cfg, spec, plan, run_dir: Path, mode: str = "auto", rate_scale: 
                     watch(w, procs)
 
             try:
-                launch([case], wplan.num_ranks, out, wan=view, plan=wplan, watch=watching, rank0_stdout=w == 0,
+                launch([one_case], wplan.num_ranks, out, wan=view, watch=watching, rank0_stdout=w == 0,
                        describe=lambda r: f"worker {w} rank {r}, {wplan.dc_of_rank(r)}", **kw)
             except _Stop:
                 lost[w] = "stopped"
@@ -140,19 +137,19 @@ def run_workers(cfg, spec, plan, run_dir: Path, mode: str = "auto", rate_scale: 
     return wan
 
 
-def torchrun_worker(cfg, worker: int | None, store: str | None):
-    """Under torchrun, a plan with DiLoCo workers runs as worker `worker`'s own job, meeting the
-    others at `store` ("host:port" of `python -m geotrain.runtime.outer_store`); other plans as given."""
-    plan = Plan.from_dict(cfg.plan) if cfg.plan else None
-    if plan is None or plan.num_workers < 2:
-        if worker is not None or store:
+def torchrun_worker(case: RunCase) -> RunCase:
+    """Under torchrun, a plan with DiLoCo workers runs as worker `config.diloco.worker`'s own job, meeting
+    the others at `config.diloco.store` ("host:port" of `python -m geotrain.runtime.outer_store`); other
+    plans as given."""
+    plan, d = case.plan, case.config.diloco
+    if plan.num_workers < 2:
+        if d is not None:
             raise GeotrainError("--diloco-worker and --outer-store are for a plan with DiLoCo workers")
-        return cfg
-    if worker is None or not store:
+        return case
+    if d is None or not d.store:
         raise GeotrainError(f"the plan trains {plan.num_workers} DiLoCo workers, each its own torchrun job: give "
                             "--diloco-worker W and --outer-store HOST:PORT")
-    if not 0 <= worker < plan.num_workers:
+    if not 0 <= d.worker < plan.num_workers:
         raise GeotrainError(f"--diloco-worker must be 0..{plan.num_workers - 1}")
-    spec = spec_from_document(cfg.spec_doc, cfg.spec) if cfg.spec_doc else load_spec(cfg.spec)
-    return replace(cfg, plan=plan.worker_plan(worker).to_dict(),
-                   diloco={"worker": worker, "store": store, "dead_after_s": spec.job.diloco.dead_after_s})
+    meet = d.model_copy(update={"dead_after_s": d.dead_after_s or case.spec.job.diloco.dead_after_s})
+    return replace(case, plan=plan.worker_plan(d.worker), config=case.config.with_(diloco=meet))

@@ -38,40 +38,39 @@ def build_diloco(cfg, spec, plan, me, recorder) -> DiLoCo | None:
     named = named_parameters(me.chunks)
     if o.num_workers == 1:
         return DiLoCo(o, named, None, replicated, me.replica, me.dp_group, recorder)
-    d = cfg.diloco or {}
-    if not d.get("store"):
+    d = cfg.diloco
+    if d is None or not d.store:
         raise GeotrainError(f"plan {plan.name!r} trains {o.num_workers} DiLoCo workers, but this rank was not told "
                             "where they meet (start it with `geotrain train`, which launches every worker)")
     R, W = plan.num_ranks, o.num_workers
-    wan = cfg.wan or {}
+    wan = cfg.wan
     my_dc = plan.dc_of_rank(me.rank)
-    host = wan["hosts"][my_dc] if wan.get("mode") == "kernel" else d.get("bind") or wan.get("bind", "127.0.0.1")
+    host = wan.hosts[my_dc] if wan.mode == "kernel" else d.bind or wan.bind or "127.0.0.1"
     full = plan.with_(worker=0)
 
     def dc_of(ident: int) -> str:
         return full.worker_plan((ident // R) % W).dc_of_rank(ident % R)
 
     hooks: dict[str, Any] = {}
-    if wan.get("mode") == "shaper":
+    if wan.mode == "shaper":
         # lazy: pydantic only when called (importers that never call it stay free of it)
         from geotrain.emulation.fallback import fallback_shaper
 
-        hooks["shaper"] = fallback_shaper(spec.cluster, dc_of, my_dc, float(wan.get("rate_scale", 1.0)))
-    elif wan.get("mode") == "kernel":     # buckets past the pipeline transports' (rank * their stride)
+        hooks["shaper"] = fallback_shaper(spec.cluster, dc_of, my_dc, wan.rate_scale)
+    elif wan.mode == "kernel":     # buckets past the pipeline transports' (rank * their stride)
         hooks["connect"] = functools.partial(spread_port_connections, first_bucket=(R + me.rank) * o.connections)
-    timeout = float(wan.get("timeout_s", 300.0))
+    timeout = wan.outage_limit_s
     params = sum(p.numel() for _, p in named)
 
     def transport(ident: int) -> StripedTransport:
         return StripedTransport(ident, store, secret=secret, host=host, connections=o.connections,
                                 prefix=f"geotrain/outer/r{me.rank}/striped", min_chunk_bytes=4096, timeout_s=timeout,
-                                max_message_bytes=4 * params + 4096, tls=bool(wan.get("tls")),
+                                max_message_bytes=4 * params + 4096, tls=wan.tls,
                                 describe=lambda r: f"worker {(r // R) % W} rank {r % R} ({dc_of(r)})", **hooks)
 
-    store, beats = connect(d["store"]), connect(d["store"])
+    store, beats = connect(d.store), connect(d.store)
     # the launcher's 0600 file for the workers; under torchrun the run's (GEOTRAIN_SECRET_FILE), else the store's
-    secret = read_secret_file(Path(d["secret_file"])) if d.get("secret_file") else run_secret(store)
+    secret = read_secret_file(Path(d.secret_file)) if d.secret_file else run_secret(store)
     group = OuterGroup(store, beats, transport, worker=plan.worker, workers=W, inner_rank=me.rank, inner_ranks=R,
-                       dead_after_s=float(d.get("dead_after_s", DEFAULT_DEAD_AFTER_S)),
-                       incarnation=int(d.get("incarnation", 0)))
+                       dead_after_s=d.dead_after_s or DEFAULT_DEAD_AFTER_S, incarnation=d.incarnation)
     return DiLoCo(o, named, group, replicated, me.replica, me.dp_group, recorder, link=f"{my_dc}->workers")

@@ -41,7 +41,7 @@ from geotrain.runtime.log_echo import OutageEcho
 from geotrain.runtime.rank_model import report_rank
 from geotrain.runtime.runfile import write_run_config
 from geotrain.runtime.shared_gpu import check_local_devices
-from geotrain.runtime.train_config import RunConfig, resolve
+from geotrain.runtime.train_config import RunCase
 from geotrain.trace.metrics import LINK_COUNTERS_NAME
 from geotrain.transport.auth import SECRET_ENV, new_secret, write_secret_file
 
@@ -129,35 +129,26 @@ def _first_failure(err_dir: Path, procs: list[subprocess.Popen], describe, kille
     return "a rank failed"
 
 
-def launch(cases: list[RunConfig], world_size: int, run_dir: Path, threads: int = 1,
+def launch(cases: list[RunCase], world_size: int, run_dir: Path, threads: int = 1,
            env: dict[str, str] | None = None, describe=lambda r: f"rank {r}", timeout_s: float | None = None,
-           rank0_stdout: bool = True, wan=None, entry: str = "geotrain.runtime.worker", watch=None,
-           plan=None) -> None:
+           rank0_stdout: bool = True, wan=None, entry: str = "geotrain.runtime.worker", watch=None) -> None:
     """Run `cases` on `world_size` local processes; raise RankFailure naming the first failed rank.
     `entry` is the module each rank runs (`python -m ENTRY CONFIG.json`): the worker, or one that
     installs a plug-in first (`geotrain.orchestrate.rank_entry`). `watch(procs)`, if given, is called on
-    every poll (rehearsals cut a datacenter's ranks from it). `plan`: the first case's, where the
-    caller resolved it already (else it is resolved here, to know which rank prints)."""
+    every poll (rehearsals cut a datacenter's ranks from it). The rank owning the first case's loss
+    prints to this process's stdout."""
     check_local_world_size(world_size)  # before anything is written
-    if plan is not None:
-        check_local_devices(plan)       # ranks sharing a GPU in a communicator NCCL cannot have
-    if wan is not None and wan.rank_config() is not None:
-        cases = [replace(c, wan=wan.rank_config()) for c in cases]
+    if cases:
+        check_local_devices(cases[0].plan)       # ranks sharing a GPU in a communicator NCCL cannot have
+    if wan is not None:
+        cases = [replace(c, config=c.config.with_(wan=wan.rank_config(c.config.wan))) for c in cases]
     logs = Path(run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     cfg_path = logs / "run_config.json"
     write_run_config(cfg_path, cases)
     launch_ranks([sys.executable, "-m", entry, str(cfg_path)], world_size, logs, threads=threads, env=env,
                  describe=describe, timeout_s=timeout_s, rank0_stdout=rank0_stdout, wan=wan, watch=watch,
-                 shown_rank=report_rank(plan) if plan is not None else _reporting_rank(cases))
-
-
-def _reporting_rank(cases: list[RunConfig]) -> int:
-    """The rank that owns the loss and prints (the last stage's first replica), for the first case."""
-    try:
-        return report_rank(resolve(cases[0])[1])
-    except GeotrainError:
-        return 0             # the ranks will report the bad case themselves
+                 shown_rank=report_rank(cases[0].plan) if cases else 0)
 
 
 def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1, env: dict[str, str] | None = None,
@@ -181,9 +172,8 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
     secret_path = write_secret_file(secret_dir / "secret", new_secret())   # swept at the next start after a kill -9
     port = free_port()
     base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "GEOTRAIN_THREADS": str(threads),
-            "OMP_NUM_THREADS": str(threads), "GEOTRAIN_ERROR_DIR": str(err_dir),
-            "GEOTRAIN_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1",
+            "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": str(threads),
+            "GEOTRAIN_ERROR_DIR": str(err_dir), "GEOTRAIN_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1",
             SECRET_ENV: str(secret_path)}
     procs: list[subprocess.Popen] = []
     files = []
@@ -237,21 +227,20 @@ def launch_ranks(argv: list[str], world_size: int, logs: Path, threads: int = 1,
                 signal.signal(sig, handler)
 
 
-def run_with_wan(cases: list[RunConfig], spec, plan, run_dir: Path, mode: str = "auto", rate_scale: float = 1.0,
-                 say=print, outage_limit_s: float | None = None, on_wan=None, tls: bool = False, **kw):
-    """`launch` over the WAN chosen by `mode` (runtime.cross_dc.open_wan), torn down afterwards -- also when
-    a rank fails or on Ctrl-C. Returns the WanLaunch (closed; `.mode` says what ran).
-    outage_limit_s: how long a cross-DC transfer may wait before its rank fails (default: the WAN's);
-    on_wan(wan), if given, sees the WAN before the ranks start (a rehearsal that cuts a link needs it);
-    tls: cross-DC connections in TLS keyed by the run secret (geotrain.transport.tls)."""
+def run_with_wan(cases: list[RunCase], run_dir: Path, say=print, on_wan=None, **kw):
+    """`launch` over the WAN the first case's `config.wan` asks for (runtime.cross_dc.open_wan: mode,
+    rate scale, TLS, how long a cross-DC transfer may wait), torn down afterwards -- also when a rank
+    fails or on Ctrl-C. Returns the WanLaunch (closed; `.mode` says what ran). on_wan(wan), if given,
+    sees the WAN before the ranks start (a rehearsal that cuts a link needs it)."""
+    spec, plan, asked = cases[0].spec, cases[0].plan, cases[0].config.wan
     check_local_world_size(plan.num_ranks)  # before any WAN emulation is set up
     check_local_devices(plan)
-    wan = open_wan(mode, spec, plan, rate_scale, say=say, tls=tls,
-                   **({"timeout_s": outage_limit_s} if outage_limit_s is not None else {}))
+    wan = open_wan(asked.mode, spec, plan, asked.rate_scale, say=say, tls=asked.tls,
+                   **({"timeout_s": asked.timeout_s} if asked.timeout_s is not None else {}))
     try:
         if on_wan is not None:
             on_wan(wan)
-        launch(cases, plan.num_ranks, run_dir, wan=wan, plan=plan, **kw)
+        launch(cases, plan.num_ranks, run_dir, wan=wan, **kw)
     finally:
         wan.close()
         if wan.link_bytes:      # kernel emulation: what crossed each DC's emulated link, whoever sent it

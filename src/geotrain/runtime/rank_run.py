@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +40,7 @@ from geotrain.runtime.rank_model import RankModel, build_rank_model, report_rank
 from geotrain.runtime.recipe import GradNorm, param_groups
 from geotrain.runtime.recorder import Recorder
 from geotrain.runtime.scaler import GlobalLossScaler
+from geotrain.runtime.train_config import RunCase, TrainConfig
 from geotrain.runtime.trainer import StepGroup, Trainer, make_optimizer
 
 # (conf, rank, recorder) -> an object with fill(...)/filling()/close(), or None; see PipelineRank's `bubble`.
@@ -48,16 +48,6 @@ BubbleHookFactory = Callable[[dict[str, Any], int, Any], Any]
 
 # The attribute `run_rank` sets on the exception a rank fails with: time.time() when it failed.
 FAILED_AT = "geotrain_failed_at"
-
-
-def _parse_hook(name: str) -> set[tuple[int, int]]:
-    """Test hooks: GEOTRAIN_INJECT_INF / GEOTRAIN_FAIL_AT = "rank:step[,rank:step]" (steps 1-based)."""
-    out = set()
-    for part in os.environ.get(name, "").split(","):
-        if ":" in part:
-            r, s = part.split(":")
-            out.add((int(r), int(s)))
-    return out
 
 
 def common_clock() -> float:
@@ -68,19 +58,23 @@ def common_clock() -> float:
     return float(t0.item())
 
 
-def _bubble(cfg, factory, me: RankModel, recorder: Recorder):
+def _bubble(cfg: TrainConfig, factory, me: RankModel, recorder: Recorder):
     """What runs in this rank's pipeline bubbles (BubbleTea), or None."""
-    if not cfg.bubbletea:
+    serve = cfg.serve
+    if serve is None:
         return None
     if factory is None:
         raise GeotrainError("the run config asks for BubbleTea but no bubble hook was installed (start the "
                             "ranks with `python -m geotrain.orchestrate.rank_entry`, as `geotrain train` does)")
-    # The inference model lives on this rank's device, beside training.
-    return factory({**cfg.bubbletea, "device": str(me.device)}, me.rank, recorder)
+    conf = {"address": serve.address, "secret_file": serve.secret_file, "inference_model": serve.model,
+            "priority": None if serve.priority == "auto" else serve.priority, "duty": serve.duty,
+            "device": str(me.device)}      # the inference model lives on this rank's device, beside training
+    return factory(conf, me.rank, recorder)
 
 
-def _build_trainer(cfg, spec, plan, schedule, me: RankModel, optimizer, scaler, recorder, bubble):
+def _build_trainer(case: RunCase, me: RankModel, optimizer, scaler, recorder, bubble):
     """The pipeline interpreter over this rank's transport, and the Trainer stepping it."""
+    cfg, spec, plan, schedule = case.config, case.spec, case.plan, case.schedule
     transport = build_transport(cfg.wan, spec, plan, schedule, me.rank, recorder=recorder, staged_peers=me.shared.peers)
     runner = PipelineRank(plan=plan, schedule=schedule, stage=me.stage, replica=me.replica, tp_rank=me.tp_rank,
                           tp_group=me.tp_group(plan), chunks=me.chunks, transport=transport, recorder=recorder,
@@ -91,25 +85,26 @@ def _build_trainer(cfg, spec, plan, schedule, me: RankModel, optimizer, scaler, 
     group = StepGroup(dp_group=me.dp_group, dp=plan.dp, loss_copies=plan.dp * plan.stage_tp(plan.pp - 1),
                       holds_loss=schedule.num_virtual - 1 in me.chunks,
                       device=torch.device("cpu") if me.shared.dp else me.device)   # sharing a GPU: sum over gloo
-    inject = {s for r, s in _parse_hook("GEOTRAIN_INJECT_INF") | {tuple(x) for x in cfg.inject_inf} if r == me.rank}
     # The gradient norm's exchange (clipping on, bf16/fp32: fp16 folds it into its overflow all-reduce).
-    norm = GradNorm(plan, me.rank, me.device) if spec.job.grad_clip > 0 and plan.precision != "fp16" else None
+    norm = GradNorm(plan, me.rank, me.device, cfg.wan.outage_limit_s) \
+        if spec.job.grad_clip > 0 and plan.precision != "fp16" else None
     head_copies = me.tied.params if plan.pp > 1 and me.stage == plan.pp - 1 else []   # counted on stage 0
     trainer = Trainer(runner, me.params, optimizer, scaler, tied=me.tied, group=group, recorder=recorder,
-                      stage=min(me.chunks), inject_inf=inject, job=spec.job, norm=norm, norm_skip=head_copies)
+                      stage=min(me.chunks), inject_inf=cfg.hooks.steps("inject_inf", me.rank), job=spec.job,
+                      norm=norm, norm_skip=head_copies)
     return transport, trainer
 
 
-def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = None) -> dict[str, Any]:
-    """Train on this rank (an initialized process group). Returns the run's outputs on the rank that
-    owns the loss (`outputs.write_outputs`: losses, summary, trace), {} elsewhere.
+def run_rank(case: RunCase, bubble_hook: BubbleHookFactory | None = None) -> dict[str, Any]:
+    """Train `case` on this rank (an initialized process group). Returns the run's outputs on the rank
+    that owns the loss (`outputs.write_outputs`: losses, summary, trace), {} elsewhere.
 
     `bubble_hook(conf, rank, recorder)` builds what runs in this rank's pipeline bubbles when
-    `cfg.bubbletea` is set; the caller installs it (`orchestrate.rank_entry` installs BubbleTea's), so the
+    `config.serve` is set; the caller installs it (`orchestrate.rank_entry` installs BubbleTea's), so the
     runtime never imports what plugs into it."""
+    cfg, spec, plan, schedule = case.config, case.spec, case.plan, case.schedule
     job, out = spec.job, Path(cfg.out)
-    steps = cfg.steps or job.steps
-    every = job.checkpoint_every if cfg.checkpoint_every is None else cfg.checkpoint_every
+    steps, every = cfg.run_steps(spec), cfg.saving_every(spec)
     me = build_rank_model(spec, plan)
     optimizer = make_optimizer(param_groups(me.chunks.values(), job, embeddings=me.tied.params), job,
                                plan.sharding, me.dp_group)
@@ -122,22 +117,22 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
     outer = build_diloco(cfg, spec, plan, me, recorder)      # DiLoCo's outer loop (None: no workers)
     ckpt = Checkpointer(out / "checkpoints", me.stage, me.replica, me.chunks, optimizer, scaler,
                         layout=(plan.pp, plan.dp, tp_code(plan)), outer=outer)
-    fail_at = {s for r, s in _parse_hook("GEOTRAIN_FAIL_AT") | {tuple(x) for x in cfg.fail_at} if r == me.rank}
+    fail_at = cfg.hooks.steps("fail_at", me.rank)
     peak = StepPeak(me.device)     # measured on one steady-state step: the second (optimizer state exists)
     bubble = _bubble(cfg, bubble_hook, me, recorder)
-    transport, trainer = _build_trainer(cfg, spec, plan, schedule, me, optimizer, scaler, recorder, bubble)
-    start, resumed = _resume(cfg, spec, plan, ckpt, data, every, me.rank == report_rank(plan))
+    transport, trainer = _build_trainer(case, me, optimizer, scaler, recorder, bubble)
+    start, resumed = _resume(case, ckpt, data, every, me.rank == report_rank(plan))
     if me.rank == report_rank(plan):
         write_data_report(data.source, out, steps, show=cfg.progress)
     tokens_per_step = plan.inner_plan().global_batch * spec.model.seq_len     # this worker's
+    from_run = Path(cfg.resume.from_run) if cfg.resume.from_run else None
     log = LossLog(out, me.rank == report_rank(plan), steps, start, tokens_per_step, recorder.t0,
-                  progress=cfg.progress, resume_from=Path(cfg.resume_from) if cfg.resume_from else None,
-                  nan_policy=spec.job.nan_policy)
+                  progress=cfg.progress, resume_from=from_run, nan_policy=spec.job.nan_policy)
     run_start = time.time()
     try:
         for step in range(start + 1, steps + 1):
             if step in fail_at:
-                raise RuntimeError(f"injected failure at step {step} (GEOTRAIN_FAIL_AT)")
+                raise RuntimeError(f"injected failure at step {step} (hooks.fail_at)")
             recorder.iteration = step
             measuring = contextlib.nullcontext()
             if step == min(steps, start + 2):
@@ -157,8 +152,8 @@ def run_rank(cfg, spec, plan, schedule, bubble_hook: BubbleHookFactory | None = 
                 extra.update(_evaluate(trainer, data, job.eval_batches))
             if bubble is not None:
                 extra["prefill"] = bubble.filling()      # BubbleTea was filling bubbles in this step
-            if step == start + 1 and cfg.resume_from:    # the curve continues on a new layout here
-                extra.update(resumed_from=str(cfg.resume_from),
+            if step == start + 1 and from_run:    # the curve continues on a new layout here
+                extra.update(resumed_from=str(from_run),
                              layout={"pp": plan.pp, "dp": plan.dp, "tp": plan.tp, "sharding": plan.sharding},
                              resume_wall={**resumed, "step_start": step_start, "step_end": time.time()})
             if outer is not None:
@@ -206,18 +201,18 @@ def _evaluate(trainer: Trainer, data: RankBatches, batches: int) -> dict[str, An
     return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)) if math.isfinite(loss) else None}
 
 
-def _resume(cfg, spec, plan, ckpt: Checkpointer, data: RankBatches, every: int, reporter: bool):
-    """Load the latest checkpoint if asked to (this run's, or `resume_from`'s on any layout); write the
-    run's plan.json. Returns (the step to continue after -- 0: a fresh run --, the load's wall clock)."""
+def _resume(case: RunCase, ckpt: Checkpointer, data: RankBatches, every: int, reporter: bool):
+    """Load the latest checkpoint if asked to (this run's, or `resume.from_run`'s on any layout); write
+    the run's plan.json. Returns (the step to continue after -- 0: a fresh run --, the load's wall clock)."""
+    resume, out = case.config.resume, Path(case.config.out)
     t_load = time.time()
-    start, loader_state = ckpt.begin(cfg.resume, saving=bool(every),
-                                     source=Path(cfg.resume_from) / "checkpoints" if cfg.resume_from else None)
-    resumed = {"load_start": t_load, "load_end": time.time()} if cfg.resume or cfg.resume_from else {}
+    start, loader_state = ckpt.begin(resume.own, saving=bool(every),
+                                     source=Path(resume.from_run) / "checkpoints" if resume.from_run else None)
+    resumed = {"load_start": t_load, "load_end": time.time()} if resume.any else {}
     data.load_state_dict(loader_state)
     if reporter:      # the run directory is the reporting rank's (its host's, under torchrun)
         for line in ckpt.notes:                   # a resume that fell back to an older checkpoint: on the console
             print(line, flush=True)
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
-        save_plan(Path(cfg.out) / "plan.json", plan, spec=spec,
-                  spec_path=None if cfg.spec_doc else str(Path(cfg.spec).resolve()))
+        out.mkdir(parents=True, exist_ok=True)
+        save_plan(out / "plan.json", case.plan, spec=case.spec)
     return start, resumed

@@ -26,7 +26,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from geotrain.runtime.runfile import outage_limit_s
 from geotrain.runtime.scaler import _local
 
 NORM_TAG = 1 << 30  # the gradient norm's p2p tags (+0 partial sums, +1 the total): above every p2p.make_tag
@@ -137,8 +136,9 @@ class GradNorm:
     NCCL, and the host needs the norm anyway; each cross-stage wait is bounded by the outage limit
     and names its peer."""
 
-    def __init__(self, plan, rank: int, device: torch.device):
+    def __init__(self, plan, rank: int, device: torch.device, limit_s: float = 300.0):
         stage, replica, t = plan.coords(rank)
+        self.limit_s = limit_s           # the outage limit: how long a cross-stage wait may last
         self.device, self.stage_ranks, self.stage, self.pp = device, plan.dp * plan.stage_tp(stage), stage, plan.pp
         self.stage_group = None
         for s in range(plan.pp):
@@ -160,7 +160,7 @@ class GradNorm:
         self.from_down, self.to_up = source(stage - 1), targets(stage + 1)      # the total
 
     def _wait(self, work, peer: int | None) -> None:
-        limit = outage_limit_s()
+        limit = self.limit_s
         try:
             work.wait(timeout=timedelta(seconds=limit))
         except RuntimeError as e:

@@ -1,40 +1,48 @@
-"""The run-config file: what the launcher hands every rank (RUN_DIR/logs/run_config.json).
+"""The run file: what the launcher hands every rank (RUN_DIR/logs/run_config.json).
 
-A versioned envelope around the RunConfig cases, validated by pydantic on the way in (types of
-every field, no unknown keys), so a file from another geotrain version, or not a run config at
-all, is a one-line error instead of a TypeError deep in a rank.
+A versioned envelope around the run's cases, each its TrainConfig and its plan as a plan file holds
+it (the plan and the whole experiment, `layout.plan.plan_document`), so a rank reads Spec + Plan
+objects from it and never a TOML, never the planner. Validated on the way in (pydantic: types of
+every field, no unknown keys): a file from another geotrain version, or not a run file at all, is a
+one-line error instead of a TypeError deep in a rank.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from geotrain.errors import GeotrainError
-from geotrain.runtime.train_config import RunConfig
+from geotrain.layout.plan import plan_document, plan_from_document, plan_spec
+from geotrain.runtime.train_config import RunCase, TrainConfig
 
-RUN_CONFIG_FORMAT, RUN_CONFIG_VERSION = "geotrain-run-config", 1
-_FIELDS = {f.name for f in fields(RunConfig)}
+RUN_CONFIG_FORMAT, RUN_CONFIG_VERSION = "geotrain-run-config", 2
 
 
-class RunConfigFile(BaseModel):
+class _Case(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    config: TrainConfig
+    plan_file: dict[str, Any]
+
+
+class RunFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: Literal["geotrain-run-config"]
-    version: Literal[1]
-    cases: list[RunConfig]
+    version: Literal[2]
+    cases: list[_Case]
 
 
-def write_run_config(path: Path, cases: list[RunConfig]) -> None:
-    doc = {"format": RUN_CONFIG_FORMAT, "version": RUN_CONFIG_VERSION, "cases": [asdict(c) for c in cases]}
+def write_run_config(path: Path, cases: list[RunCase]) -> None:
+    doc = {"format": RUN_CONFIG_FORMAT, "version": RUN_CONFIG_VERSION,
+           "cases": [{"config": c.config.model_dump(mode="json"), "plan_file": plan_document(c.plan, spec=c.spec)}
+                     for c in cases]}
     Path(path).write_text(json.dumps(doc, indent=1))
 
 
-def read_run_config(path: Path) -> list[RunConfig]:
+def read_run_config(path: Path) -> list[RunCase]:
     """The cases in `path`; a GeotrainError naming the file and the problem otherwise."""
     try:
         doc = json.loads(Path(path).read_text())
@@ -45,24 +53,25 @@ def read_run_config(path: Path) -> list[RunConfig]:
     if doc.get("version") != RUN_CONFIG_VERSION:
         raise GeotrainError(f"{path}: run config version {doc.get('version')!r}; this geotrain reads version "
                             f"{RUN_CONFIG_VERSION}")
-    for i, case in enumerate(doc.get("cases") or []):
-        unknown = sorted(set(case) - _FIELDS) if isinstance(case, dict) else []
-        if unknown:
-            raise GeotrainError(f"{path}: cases[{i}].{unknown[0]}: unknown key")
     try:
-        return RunConfigFile.model_validate(doc).cases
+        parsed = RunFile.model_validate(doc)
     except ValidationError as e:
         err = e.errors()[0]
-        raise GeotrainError(f"{path}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+        where = ".".join(str(x) for x in err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        raise GeotrainError(f"{path}: {where}: {msg}") from None
+    cases = []
+    for i, case in enumerate(parsed.cases):
+        where = f"{path} (cases[{i}])"
+        if not case.plan_file.get("resolved_spec"):
+            raise GeotrainError(f"{where}: the plan carries no experiment (resolved_spec)")
+        cases.append(RunCase(plan_spec(case.plan_file, where), plan_from_document(case.plan_file, where), case.config))
+    return cases
 
 
-OUTAGE_LIMIT_ENV = "GEOTRAIN_OUTAGE_LIMIT_S"   # --outage-limit, for every rank (our launcher's and torchrun's)
-DEFAULT_OUTAGE_LIMIT_S = 300.0
-
-
-def outage_limit_s() -> float:
-    """How long a cross-DC wait may last before its rank fails: --outage-limit, else the default."""
+def last_checkpoint_every(run_dir: Path) -> int | None:
+    """The --checkpoint-every an interrupted run was started with (its run file), if it can be told."""
     try:
-        return float(os.environ.get(OUTAGE_LIMIT_ENV, DEFAULT_OUTAGE_LIMIT_S))
-    except ValueError:
-        raise GeotrainError(f"{OUTAGE_LIMIT_ENV} must be a number of seconds") from None
+        return read_run_config(Path(run_dir) / "logs" / "run_config.json")[0].config.checkpoint_every
+    except (GeotrainError, IndexError):
+        return None        # an older run's file, or none

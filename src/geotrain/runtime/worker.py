@@ -2,7 +2,7 @@
 or `run_cases` called in-process when `geotrain train` itself runs under torchrun. An entry that
 plugs something into the runtime (`geotrain.orchestrate.rank_entry`: BubbleTea) calls `main` with it.
 
-CONFIG.json holds a list of RunConfig dicts run one after another on the same process group,
+CONFIG.json (`runfile.py`) holds RunCases run one after another on the same process group,
 which lets tests pay the few seconds of process start-up once for several cases. A failing
 rank writes ERROR_DIR/rank<R>.json (time, exception, traceback) so the launcher can name the
 rank that failed first rather than the ones that merely lost their peer.
@@ -30,7 +30,7 @@ from geotrain.runtime.cross_dc import bind_address
 from geotrain.runtime.rank_model import rank_device
 from geotrain.runtime.rank_run import FAILED_AT, BubbleHookFactory, run_rank
 from geotrain.runtime.runfile import read_run_config
-from geotrain.runtime.train_config import RunConfig, resolve_run
+from geotrain.runtime.train_config import RunCase
 from geotrain.torch_compat import default_store
 
 
@@ -54,29 +54,26 @@ def backend_for(cuda: bool) -> str:
     return "cpu:gloo,cuda:nccl" if cuda else "gloo"
 
 
-def init_distributed() -> None:
+def init_distributed(timeout_s: float = 600.0) -> None:
     if dist.is_initialized():
         return
     backend = backend_for(torch.cuda.is_available())
     if torch.cuda.is_available():
         torch.cuda.set_device(rank_device())
-    timeout = timedelta(seconds=float(os.environ.get("GEOTRAIN_DIST_TIMEOUT_S", 600)))
-    dist.init_process_group(backend=backend, timeout=timeout)
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
 
 
-def run_cases(cases: list[RunConfig], bubble_hook: BubbleHookFactory | None = None,
-              resolved: list | None = None) -> list[dict]:
-    """Train each case in turn on this rank; `resolved`: each case's `train_config.resolve_run`, where the
-    caller has them (else each is resolved here)."""
-    torch.set_num_threads(int(os.environ.get("GEOTRAIN_THREADS", 1)))
-    init_distributed()
-    marks = os.environ.get(CASE_MARKS_ENV)
+def run_cases(cases: list[RunCase], bubble_hook: BubbleHookFactory | None = None) -> list[dict]:
+    """Train each case in turn on this rank (one CPU thread unless OMP_NUM_THREADS says otherwise)."""
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
+    init_distributed(max(c.config.collective_timeout_s for c in cases) if cases else 600.0)
+    marks = cases[0].config.hooks.case_marks if cases else None
     try:
         out = []
-        for i, (c, r) in enumerate(zip(cases, resolved or [None] * len(cases), strict=True)):
+        for i, c in enumerate(cases):
             if marks:
                 _hand_over(Path(marks), i)
-            out.append(run_rank(c, *(r or resolve_run(c)), bubble_hook))
+            out.append(run_rank(c, bubble_hook))
         if marks:
             _hand_over(Path(marks), len(cases))
         _leave_store_host_last()
@@ -108,11 +105,8 @@ def _leave_store_host_last(timeout_s: float = 30.0, linger_s: float = 1.0) -> No
     time.sleep(linger_s)
 
 
-CASE_MARKS_ENV = "GEOTRAIN_CASE_MARKS"
-
-
 def _hand_over(marks: Path, i: int, timeout_s: float = 120.0) -> None:
-    """Test hook (GEOTRAIN_CASE_MARKS=DIR): before case i (and after the last), rank 0 writes DIR/ready<i>
+    """Test hook (`hooks.case_marks` = DIR): before case i (and after the last), rank 0 writes DIR/ready<i>
     and waits for DIR/go<i> from whoever watches (a test reading the emulated links' counters between
     cases); then every rank meets it at a barrier. Nothing crosses the network meanwhile."""
     if dist.get_rank() == 0:
@@ -120,7 +114,7 @@ def _hand_over(marks: Path, i: int, timeout_s: float = 120.0) -> None:
         deadline = time.time() + timeout_s
         while not (marks / f"go{i}").exists():
             if time.time() > deadline:
-                raise GeotrainError(f"{CASE_MARKS_ENV}: no go{i} in {marks} within {timeout_s:.0f} s")
+                raise GeotrainError(f"hooks.case_marks: no go{i} in {marks} within {timeout_s:.0f} s")
             time.sleep(0.02)
     dist.barrier()
 
