@@ -17,6 +17,7 @@ def case(spec: str | Path | Spec, out: str | Path = "runs/test", plan: Plan | No
          inject_inf=(), fail_at=(), **config) -> RunCase:
     """`config`: TrainConfig fields (steps, data, progress, checkpoint_every, trace, wan...)."""
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    config.setdefault("hooks", TestHooks(inject_inf=list(inject_inf), fail_at=list(fail_at)))
     cfg = TrainConfig(out=str(out), resume=ResumeConfig(own=resume, from_run=str(resume_from) if resume_from else None),
-                      hooks=TestHooks(inject_inf=list(inject_inf), fail_at=list(fail_at)), **config)
+                      **config)
     return load_case(spec, cfg, plan or plan_from_job(spec), overrides)

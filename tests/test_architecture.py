@@ -126,6 +126,43 @@ def test_every_function_local_import_says_why():
                        f"dependency they keep out): {found}")
 
 
+# geotrain's own modules imported inside functions: each hides a dependency between two of our
+# modules. The commands once held ~100 (cli imported every command to build --help); now a command
+# module is imported only when chosen, so its imports sit at the top. What is left keeps an optional
+# heavy library out of importers that never take that path (the ASGI stack, safetensors, torch in a
+# process that only builds namespaces). The issue's bound is 20; the budget is today's count and a little.
+LOCAL_GEOTRAIN_IMPORTS_BUDGET = 12
+
+
+def local_geotrain_imports(source: str) -> list[int]:
+    """Line numbers of function-local imports of geotrain modules."""
+    found = set()
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == \
+                        "geotrain" or isinstance(node, ast.Import) and any(
+                            a.name.split(".")[0] == "geotrain" for a in node.names):
+                    found.add(node.lineno)
+    return sorted(found)
+
+
+def test_few_function_local_imports_of_geotrain_modules():
+    found = {p.relative_to(PACKAGE).as_posix(): local_geotrain_imports(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    found = {f: lines for f, lines in found.items() if lines}
+    total = sum(len(lines) for lines in found.values())
+    assert total <= LOCAL_GEOTRAIN_IMPORTS_BUDGET, (f"{total} function-local imports of geotrain modules (budget "
+                                                    f"{LOCAL_GEOTRAIN_IMPORTS_BUDGET}); hoist them: {found}")
+
+
+def test_the_local_import_count_sees_them():
+    src = ("import os\nfrom geotrain import errors\n\n\ndef f():\n    # lazy: x\n"
+           "    from geotrain.sim import simulate\n    import geotrain.trace\n    import json\n\n"
+           "    def g():\n        from geotrain import spec\n        from . import rel\n"
+           "    return simulate, json, g\n")
+    assert local_geotrain_imports(src) == [7, 8, 12]
+
+
 def test_the_local_import_check_sees_an_uncommented_one():
     src = ("import os\n\n\ndef f():\n    # lazy: torch only when called\n    import torch\n    from a import b\n\n"
            "    return torch\n\n\ndef g():\n    x = 1\n    import json\n    return json, x\n")
@@ -157,6 +194,16 @@ def test_help_imports_no_command():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "LOADED []" in res.stdout, res.stdout + res.stderr
     assert "train" in res.stdout and "simulate" in res.stdout     # the table was printed
+
+
+def test_commands_are_thin():
+    """A command is argparse and a run() of at most 40 lines handing the work to the library."""
+    long = {}
+    for p in (PACKAGE / "commands").glob("*_cmd.py"):
+        run = next(n for n in ast.parse(p.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == "run")
+        if run.end_lineno - run.lineno + 1 > 40:
+            long[p.name] = run.end_lineno - run.lineno + 1
+    assert not long, f"run() over 40 lines (move the work into the library): {long}"
 
 
 def test_every_command_in_the_table_loads():

@@ -57,13 +57,15 @@ def test_profile_round_trips_and_drives_the_cost_model(tmp_path, spec, unit_prof
     path = tmp_path / "profile.json"
     save_profile(unit_profile, path)
     loaded = load_profile(path)
-    assert loaded == unit_profile
+    assert loaded.as_dict() == unit_profile
+    assert loaded.runtime.cores == unit_profile["runtime"]["cores"]          # typed: named fields
+    assert loaded.runtime.allreduce["2"].alpha_s == unit_profile["runtime"]["allreduce"]["2"]["alpha_s"]
     m, gpu = spec.model, spec.cluster.gpu("cpu")
     plain = CostModel(m, precision="bf16")
     measured = CostModel(m, precision="bf16", profile=cost_profile(loaded))
     units = range(0, 3)                        # embedding + 2 blocks
     t = measured.stage_times(units, gpu, 2)
-    emb, blk = loaded["embedding"]["2"], loaded["block"]["2"]
+    emb, blk = loaded.embedding["2"], loaded.block["2"]
     assert t.forward == pytest.approx(emb[0] + 2 * blk[0])
     assert t.backward == pytest.approx(emb[1] + 2 * blk[1])
     assert t.forward != pytest.approx(plain.stage_times(units, gpu, 2).forward, rel=0.05)

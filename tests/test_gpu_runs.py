@@ -19,9 +19,9 @@ from geotrain.calibrate.gpu_runs import (
 )
 from geotrain.calibrate.gpu_table import gpu_markdown
 from geotrain.calibrate.gpu_validation import validate_gpu_runs
-from geotrain.commands.simulate_cmd import check_plan_for_spec
 from geotrain.costs import CostModel
 from geotrain.errors import GeotrainError
+from geotrain.layout.plan_check import check_plan_for_spec
 from tests._cli import geotrain
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data" / "gpu_runs"

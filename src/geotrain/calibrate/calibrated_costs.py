@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.calibrate.calibrated_links import calibrated_cluster, slowdown
-from geotrain.calibrate.profile_file import cost_profile
+from geotrain.calibrate.profile_file import MeasuredProfile, RuntimeProfile
 from geotrain.calibrate.waits import ack_delays, global_sync_s
 from geotrain.costs import CostModel, StageTimes, comm
 from geotrain.costs.memory import fsdp_gather_bytes_per_param
@@ -82,16 +82,16 @@ class CalibratedInputs:
     costs: CalibratedCosts | None = None    # what priced them (the simulator's transfers too)
 
 
-def core_slowdown(spec, plan, profile: dict, background: float, residual: float) -> list[float] | None:
+def core_slowdown(spec, plan, profile: MeasuredProfile | dict, background: float,
+                  residual: float) -> list[float] | None:
     """The simulator's core pool table [unused, k=1, ..., k=units] for a CPU-emulated run whose ranks
     outnumber the host's cores: k units (tp ranks each) computing at once beside `background`
     runnable threads each run residual x max(1, (k x tp + background) / cores) slower (processor
     sharing, sim.cores says why). None when each rank has its own core or GPU: the pool is off.
     Both sides are known before the run: the plan's ranks (all on this host under the emulation)
     and the profile's `cores` (os.sched_getaffinity when it was taken)."""
-    rt = profile.get("runtime", {})
-    ncores = int(rt.get("cores", 0))
-    threads = max(1, int(rt.get("threads", 1)))
+    rt = MeasuredProfile.of(profile).runtime
+    ncores, threads = rt.cores, max(1, rt.threads)
     cpu = all(spec.cluster.dc(st.dc).gpu_type == "cpu" for st in plan.stages)
     if not cpu or ncores < 1 or plan.num_ranks * threads <= ncores:
         return None
@@ -99,12 +99,12 @@ def core_slowdown(spec, plan, profile: dict, background: float, residual: float)
     return [1.0] + [residual * slowdown(k * plan.tp * threads, background, ncores) for k in range(1, units + 1)]
 
 
-def profile_mode(profile: dict) -> str:
+def profile_mode(profile: MeasuredProfile | dict) -> str:
     """The WAN mode the profile's calibration run used ("shaper" for profiles made before modes)."""
-    return profile.get("runtime", {}).get("calibration_run", {}).get("wan_mode", "shaper")
+    return MeasuredProfile.of(profile).runtime.calibration_run.wan_mode
 
 
-def fsdp_gather_s(plan, cost, units: range, rt: dict) -> tuple[float, float]:
+def fsdp_gather_s(plan, cost, units: range, rt: RuntimeProfile) -> tuple[float, float]:
     """(per forward, per backward) seconds of FSDP2 parameter all-gathers inside one micro-batch's
     compute (runtime.parallelize.apply_fsdp: one group per block plus the chunk's root). How many
     per iteration is costs.comm.fsdp_gathers: zero3 frees the gathered weights after each forward
@@ -115,14 +115,14 @@ def fsdp_gather_s(plan, cost, units: range, rt: dict) -> tuple[float, float]:
     all-gather moves half of what an all-reduce does)."""
     if plan.sharding not in ("zero2", "zero3") or plan.dp <= 1:
         return 0.0, 0.0
-    fit = rt.get("allreduce", {}).get(str(plan.dp))
+    fit = rt.allreduce.get(str(plan.dp))
     if not fit:
         return 0.0, 0.0
     blocks = [u for u in units if 0 < u <= cost.model.layers]
     root = [u for u in units if u not in blocks]
     groups = [[u] for u in blocks] + ([root] if root else [])
     param_bytes = fsdp_gather_bytes_per_param(cost.precision)
-    gather = sum(fit["alpha_s"] + param_bytes * cost.stage_params(g) * fit["per_byte_s"] / 2 for g in groups)
+    gather = sum(fit.alpha_s + param_bytes * cost.stage_params(g) * fit.per_byte_s / 2 for g in groups)
     m = max(1, plan.num_microbatches)
     gathers = comm.fsdp_gathers(plan.sharding, m) * gather
     if plan.sharding == "zero3":
@@ -138,32 +138,33 @@ class CalibratedCosts(StageCosts):
     WAN overhead (its cluster) and the ACK wait (`wan`). TP all-reduces, the tied embedding's sum,
     boundary bytes and the turn rule are the analytic ones."""
 
-    def __init__(self, spec, plan, profile: dict, background: float | None = None, mode: str | None = None,
-                 message_scale: float | None = None):
-        self.rt = rt = profile.get("runtime", {})
+    def __init__(self, spec, plan, profile: MeasuredProfile | dict, background: float | None = None,
+                 mode: str | None = None, message_scale: float | None = None):
+        profile = MeasuredProfile.of(profile)
+        self.rt = rt = profile.runtime
         cost = CostModel(spec.model, precision=plan.precision, checkpointing=plan.checkpointing,
-                         optimizer=spec.job.optimizer, profile=cost_profile(profile), ep=plan.ep)
+                         optimizer=spec.job.optimizer, profile=profile.cost_tables(), ep=plan.ep)
         self.mode = mode or profile_mode(profile)
         boundary = cost.boundary_bytes(plan.micro_batch)   # what the runtime sends: the training dtype
         super().__init__(cost, calibrated_cluster(spec, profile, background, self.mode, boundary, message_scale, plan))
         self.ack = ack_delays(spec, self.cluster, self.mode)
         self.global_sync = global_sync_s(spec, plan, profile, self.mode)
         # Interpreter time per compute action: its own plus its share of the stage's non-compute actions.
-        per_action = float(rt.get("per_action_s", 0.0))
+        per_action = rt.per_action_s
         compute_ops = {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT}
         self.share = [per_action * len(acts) / max(1, sum(1 for a in acts if a.op in compute_ops))
                       for acts in plan_schedule(plan).actions]
 
     def stage_compute(self, plan, v: int) -> StageTimes:
         t = super().stage_compute(plan, v)       # the profile's per-unit times
-        factor, split = self.rt.get("compute_factor", {}), self.rt.get("split_backward")
+        factor, split = self.rt.compute_factor, self.rt.split_backward
         a, b = plan.virtual_units()[v]
         o = self.share[v % plan.pp]
-        ff, fb = factor.get("forward", 1.0), factor.get("backward", 1.0)
+        ff, fb = factor.forward, factor.backward
         g_fwd, g_bwd = fsdp_gather_s(plan, self.base, range(a, b), self.rt)
         b_in, b_w = t.backward_input, t.backward_weight
         if split:       # measured zero-bubble split (profile.time_split_backward)
-            b_in, b_w = t.backward * split["input"], t.backward * split["weight"]
+            b_in, b_w = t.backward * split.input, t.backward * split.weight
         b_in += g_bwd   # FSDP re-gathers at the first backward pass
         if v == 0:      # the runtime defers the first stage's whole backward to W (no input gradient to send)
             b_in, b_w = 0.0, t.backward + g_bwd
@@ -174,21 +175,20 @@ class CalibratedCosts(StageCosts):
         """The measured gloo all-reduce fit at the plan's dp, times its in-run factor; FSDP2's
         gathers are in the compute (fsdp_gather_s), so this is the reduction. Without a fit at
         that dp, the analytic sync."""
-        fit = self.rt.get("allreduce", {}).get(str(plan.dp))
+        fit = self.rt.allreduce.get(str(plan.dp))
         if plan.dp <= 1 or not fit:
             return super().stage_sync(plan, s, spread)
-        factor = self.rt.get("compute_factor", {})
-        f = factor.get("allreduce_first_stage" if s == 0 else "allreduce_other_stages", factor.get("allreduce", 1.0))
+        f = self.rt.compute_factor.allreduce_at(s)
         # replicated DP reduces in the training dtype (runtime.parallelize.allreduce_grads)
         params = self.base.stage_params(plan.stages[s].units)
-        return (fit["alpha_s"] + self.base.dtype_bytes * params * fit["per_byte_s"]) * f
+        return (fit.alpha_s + self.base.dtype_bytes * params * fit.per_byte_s) * f
 
     def stage_optimizer(self, plan, s: int) -> float:
-        opt = self.rt.get("optimizer")
+        opt = self.rt.optimizer
         if not opt:
             return super().stage_optimizer(plan, s)
         params = self.base.stage_params(plan.stages[s].units)
-        return (opt["fixed_s"] + params * opt["per_param_s"]) * self.rt.get("compute_factor", {}).get("optimizer", 1.0)
+        return (opt.fixed_s + params * opt.per_param_s) * self.rt.compute_factor.optimizer
 
     def wan(self, a: str, b: str, connections: int, sharing: str, pipelines: int, copies: int = 1):
         w = super().wan(a, b, connections, sharing, pipelines, copies)
@@ -197,7 +197,7 @@ class CalibratedCosts(StageCosts):
         return replace(w, ack_s=self.ack.get(f"{a}->{b}", w.ack_s))
 
 
-def calibrated_inputs(spec, plan, profile: dict, background: float | None = None,
+def calibrated_inputs(spec, plan, profile: MeasuredProfile | dict, background: float | None = None,
                       mode: str | None = None, message_scale: float | None = None) -> CalibratedInputs:
     """Per-stage costs for `geotrain.sim.simulate_costs`, before contention (see module docstring)."""
     costs = CalibratedCosts(spec, plan, profile, background, mode, message_scale)
@@ -233,7 +233,7 @@ def compute_concurrency(result, plan) -> list[float]:
     return out
 
 
-def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = True,
+def predict(spec, plan, profile: MeasuredProfile | dict, iterations: int = 3, contention: bool = True,
             background: float | None = None, mode: str | None = None,
             rank_slowdown: dict[int, float] | None = None):
     """Simulate `plan` with the calibrated inputs; returns (SimResult, details dict).
@@ -248,43 +248,43 @@ def predict(spec, plan, profile: dict, iterations: int = 3, contention: bool = T
     ranks' mean instead of the processor-sharing model -- for runs on a machine whose other load
     is too bursty to model from a sample of runnable threads."""
 
-    mode = mode or profile_mode(profile)
+    profile = MeasuredProfile.of(profile)
+    rt, cal = profile.runtime, profile.runtime.calibration_run
+    mode = mode or cal.wan_mode
     # Measured CPU sharing: the message hand-offs slow down like the ranks' main threads did,
     # relative to the calibration run (the processor-sharing model of a bursty sampled background
     # read 6x at a background of 11 threads where the ranks measured 1.3-1.5x).
     msg_scale = None
-    cal_slow = (profile.get("runtime", {}).get("calibration_run", {}).get("rank_slowdown") or {}).values()
+    cal_slow = cal.rank_slowdown.values()
     if rank_slowdown and contention and cal_slow:
         msg_scale = (sum(rank_slowdown.values()) / len(rank_slowdown)) / (sum(cal_slow) / len(cal_slow))
     inp = calibrated_inputs(spec, plan, profile, background, mode, msg_scale)
-    rt = profile.get("runtime", {})
-    ncores = int(rt.get("cores", 1))
     # Default: the conditions of the calibration run, which the compute factors were measured under.
-    cal = rt.get("calibration_run", {})
     # Profiles with `sharing_residual`: processor sharing at the calibration run's sampled background,
     # times what its ranks lost beyond that. (The older additive "effective background" put that
     # loss into phantom runnable threads, which over-charged every plan that keeps both cores
     # busy: +27 % on the 2 ms link, quiet machine.)
-    residual = float(cal.get("sharing_residual", 1.0)) if background is None else 1.0
-    if background is None and "sharing_residual" in cal:
-        bg = float(cal.get("background_runnable", 0.0))
+    residual = (cal.sharing_residual or 1.0) if background is None else 1.0
+    if background is None and cal.sharing_residual is not None:
+        bg = cal.background_runnable or 0.0
         # Where the sampled count over-states what the calibration run's ranks measured (the
         # residual would be < 1: a load burst of many threads in few sessions, which the autogroup
         # scheduler shares by -- 20.8 runnable threads once, where the ranks' measured slow-down
         # read as 0.76), the background that reproduces their measured CPU share instead.
-        if "background_effective" in cal:
-            bg = min(bg, float(cal["background_effective"]))
+        if cal.background_effective is not None:
+            bg = min(bg, cal.background_effective)
     else:
-        bg = float(cal.get("background_effective", cal.get("background_runnable", rt.get("background_runnable", 0.0)))
-                   if background is None else background)
+        bg = next(x for x in (cal.background_effective, cal.background_runnable, rt.background_runnable)
+                  if x is not None) if background is None else background
     factors = [1.0] * plan.pp
     res = None
     measured = bool(rank_slowdown) and contention
     # A dp >= 2 plan whose ranks outnumber the cores: what the profile's own dp = 2 run computed beyond
     # the pool's prediction (calibration_run.allreduce_factor_run says why), under the same conditions.
     # (The calibration run's own when the profiled job has dp >= 2, else its dp = 2 run's.)
-    pool_residual = float(cal.get("pool_residual", cal.get("allreduce_run", {}).get("pool_residual", 1.0))) \
-        if background is None and plan.dp >= 2 else 1.0
+    pool_residual = next(x for x in (cal.pool_residual, cal.allreduce_run.get("pool_residual"), 1.0)
+                         if x is not None) if background is None and plan.dp >= 2 else 1.0
+    ncores = rt.cores or 1
     pool = core_slowdown(spec, plan, profile, bg, residual * pool_residual) if contention and not measured else None
     if measured:
         factors = [sum(rank_slowdown.get(plan.rank(st, d), 1.0) for d in range(plan.dp)) / plan.dp

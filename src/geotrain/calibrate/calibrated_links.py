@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from geotrain.calibrate.profile_file import MeasuredProfile, WanMessages
+
 
 def slowdown(concurrent: float, background: float, cores: int) -> float:
     """Processor sharing: `concurrent` of our ranks computing at once beside `background` runnable
@@ -24,21 +26,22 @@ def slowdown(concurrent: float, background: float, cores: int) -> float:
     return max(1.0, (concurrent + background) / max(1, cores))
 
 
-def calibrated_cluster(spec, profile: dict, background: float | None = None, mode: str = "shaper",
+def calibrated_cluster(spec, profile: MeasuredProfile | dict, background: float | None = None, mode: str = "shaper",
                        boundary_bytes: int = 0, message_scale: float | None = None, plan=None):
     """The spec's cluster with intra-DC latency/bandwidth replaced by the measured gloo p2p, and each
     WAN message's transport overhead (thread hand-offs in the user-space WAN, which wait for a core
     when the machine is busy) added to the WAN latency, scaled by the CPU sharing at `background`
     (processor sharing), or by `message_scale` when the run's CPU sharing was measured (predict)."""
-    rt = profile.get("runtime", {})
+    profile = MeasuredProfile.of(profile)
+    rt = profile.runtime
     cluster = spec.cluster
-    p2p = rt.get("p2p")
+    p2p = rt.p2p
     if p2p:
         dcs = []
         for dc in cluster.datacenters:
-            upd = {"intra_dc_latency_us": p2p["alpha_s"] * 1e6}
-            if p2p["per_byte_s"] > 0:
-                upd["intra_dc_gbps"] = 8 / p2p["per_byte_s"] / 1e9
+            upd = {"intra_dc_latency_us": p2p.alpha_s * 1e6}
+            if p2p.per_byte_s > 0:
+                upd["intra_dc_gbps"] = 8 / p2p.per_byte_s / 1e9
             dcs.append(dc.model_copy(update=upd))
         cluster = cluster.model_copy(update={"datacenters": dcs})
     if mode == "off" and cluster.wan_links:
@@ -47,9 +50,9 @@ def calibrated_cluster(spec, profile: dict, background: float | None = None, mod
         links = [wl.model_copy(update={"latency_ms": dc0.intra_dc_latency_us * 1e-3, "capacity_gbps": dc0.intra_dc_gbps,
                                        "per_connection_gbps": dc0.intra_dc_gbps}) for wl in cluster.wan_links]
         return cluster.model_copy(update={"wan_links": links})
-    if cluster.wan_links and (rt.get("wan_message_overhead_s") or rt.get("wan_messages")):
-        ncores = int(rt.get("cores", 1))
-        b0 = float(rt.get("calibration_run", {}).get("background_runnable", 0.0))
+    if cluster.wan_links and (rt.wan_message_overhead_s or rt.wan_messages):
+        ncores = rt.cores or 1
+        b0 = rt.calibration_run.background_runnable or 0.0
         b = b0 if background is None else background
         scale = slowdown(1, b, ncores) / slowdown(1, b0, ncores) if message_scale is None else message_scale
         links = []
@@ -74,7 +77,7 @@ def calibrated_cluster(spec, profile: dict, background: float | None = None, mod
     return cluster
 
 
-def message_overhead_s(profile: dict, latency_ms: float) -> tuple[float, float]:
+def message_overhead_s(profile: MeasuredProfile | dict, latency_ms: float) -> tuple[float, float]:
     """(per-message overhead, per-queued-message gap) in seconds on a WAN link of `latency_ms`.
 
     The level comes from the calibration run (`wan_message_overhead_s`, read off its trace at the
@@ -91,13 +94,13 @@ def message_overhead_s(profile: dict, latency_ms: float) -> tuple[float, float]:
     costs the measured overhead in total, each one queued behind another pays the gap again. The
     probe's gap is scaled like its overhead (run / probe at L0): in the run the sender computes while
     its dispatcher and writer hand the next message on."""
-    rt = profile.get("runtime", {})
-    level = float(rt.get("wan_message_overhead_s", 0.0))
-    probe = rt.get("wan_messages") or {}
-    curve = sorted((float(k), float(v)) for k, v in probe.get("overhead_s", {}).items())
-    gap = float(probe.get("gap_s", 0.0))
+    rt = MeasuredProfile.of(profile).runtime
+    level = rt.wan_message_overhead_s
+    probe = rt.wan_messages or WanMessages()
+    curve = sorted((float(k), float(v)) for k, v in probe.overhead_s.items())
+    gap = probe.gap_s
     if curve and all(v > 0 for _, v in curve):
-        l0 = float(rt.get("calibration_run", {}).get("latency_ms", latency_ms))
+        l0 = rt.calibration_run.latency_ms if rt.calibration_run.latency_ms is not None else latency_ms
         ref = _interp(curve, l0)
         # The run's hand-offs cost `in_run` times the probe's (the peer computes, the cores are
         # shared); the queued message's gap is made of the same hand-offs.

@@ -17,6 +17,7 @@ import torch
 
 from geotrain.calibrate.calibrated_costs import predict
 from geotrain.calibrate.case_rows import bubble_per_rank, compare_case, drop_warmup, measured_metrics
+from geotrain.calibrate.profile_file import MeasuredProfile
 from geotrain.calibrate.replay import replay_run
 from geotrain.calibrate.timers import time_unit
 from geotrain.calibrate.wanrun import DEFAULT_MODE, run_plan
@@ -135,12 +136,12 @@ def case_plan(spec, case: Case):
     return plan
 
 
-def unit_speed(spec, profile: dict, micro_batch: int, precision: str) -> float | None:
+def unit_speed(spec, profile: MeasuredProfile | dict, micro_batch: int, precision: str) -> float | None:
     """Diagnostic only, never an input of any prediction: one transformer block's forward + backward
     timed now, as the profile timed it (one thread, 10th percentile), over the profile's time -- above
     1 the machine computes slower than when it was profiled (runs minutes apart differed 30-45 % at
     the same sampled load). None when the profile has no such entry."""
-    ref = (profile.get("block") or {}).get(str(micro_batch))
+    ref = MeasuredProfile.of(profile).block.get(str(micro_batch))
     if not ref or sum(ref) <= 0:
         return None
     threads = torch.get_num_threads()
@@ -152,7 +153,7 @@ def unit_speed(spec, profile: dict, micro_batch: int, precision: str) -> float |
     return (fwd + bwd) / sum(ref)
 
 
-def run_case(case: Case, profile: dict, directory: Path, steps: int = 6, warmup: int = 2,
+def run_case(case: Case, profile: MeasuredProfile | dict, directory: Path, steps: int = 6, warmup: int = 2,
              mode: str | None = None):
     """Predict `case` from the profile alone, then run it for real (steps iterations, the first
     `warmup` discarded) over the runtime's WAN `mode` (default: wanrun.DEFAULT_MODE) and compare.

@@ -14,7 +14,7 @@ import torch
 from geotrain.calibrate.calibration_run import calibration_run
 from geotrain.calibrate.overheads import measure_interpreter
 from geotrain.calibrate.pool import run_pool
-from geotrain.calibrate.profile_file import RUNTIME_KEY
+from geotrain.calibrate.profile_file import RUNTIME_KEY, MeasuredProfile, as_dict
 from geotrain.calibrate.timers import fit_line, measure_startup, measure_units, time_optimizer, time_split_backward
 from geotrain.costs import CostModel
 from geotrain.costs.memory import optimizer_step_bytes_per_param
@@ -98,9 +98,10 @@ def measure_profile(spec, *, quick: bool = False, micro_batches: list[int] | Non
     return prof
 
 
-def recalibrate(spec, profile: dict[str, Any], mode: str) -> dict[str, Any]:
+def recalibrate(spec, profile: MeasuredProfile | dict[str, Any], mode: str) -> dict[str, Any]:
     """The profile with its calibration run redone over WAN `mode` (the unit, pool and interpreter
     timings kept): what the other WAN mode's predictions need, without profiling twice."""
+    profile = as_dict(profile)
     runtime = dict(profile[RUNTIME_KEY])
     runtime["compute_factor"], runtime["wan_message_overhead_s"], runtime["calibration_run"] = \
         calibration_run(spec, {**profile, RUNTIME_KEY: runtime}, mode=mode)

@@ -2,7 +2,8 @@
 
 The file is the cost model's profile format (geotrain.costs.unit_times: per-unit-kind forward and
 backward seconds per micro-batch, `memory_bytes_per_s`) plus one extra key, "runtime", with what
-the cost model has no field for but the calibrated simulation (costs.py) uses:
+the cost model has no field for but the calibrated simulation (calibrated_costs.py) uses -- typed as
+`MeasuredProfile` / `RuntimeProfile` below, whose fields say what each is:
 
     "runtime": {
       "precision", "threads", "cores", "model", "micro_batches",
@@ -52,30 +53,138 @@ PROFILE_FORMAT, PROFILE_VERSION = "geotrain-profile", 1
 UnitTable = dict[str, Annotated[list[NonNegativeFloat], Field(min_length=2, max_length=3)]]
 
 
-class ProfileFile(BaseModel):
-    """The file: format and version, the cost model's unit tables, and the runtime measurements
-    (their many fields are read by calibrate.calibrated_costs, which checks what it uses)."""
+class _Part(BaseModel):
+    # Unknown keys are kept (a newer geotrain's measurement survives a load and save here).
+    model_config = ConfigDict(extra="allow", frozen=True)
 
-    model_config = ConfigDict(extra="forbid")
-    format: str
-    version: int
+
+class Fit(_Part):
+    alpha_s: float = 0.0            # seconds per message
+    per_byte_s: float = 0.0
+
+
+class OptimizerFit(_Part):
+    fixed_s: float = 0.0            # one optimizer step of a stage: fixed + per parameter
+    per_param_s: float = 0.0
+
+
+class SplitBackward(_Part):
+    input: float = 1.0              # zero-bubble B_input and W, as fractions of one backward
+    weight: float = 1.0
+
+
+class ComputeFactors(_Part):
+    """In-runtime over isolated compute, from the calibration run (DP all-reduce: its dp = 2 run)."""
+
+    forward: float = 1.0
+    backward: float = 1.0
+    optimizer: float = 1.0
+    allreduce: float = 1.0
+    allreduce_first_stage: float | None = None
+    allreduce_other_stages: float | None = None
+
+    def allreduce_at(self, stage: int) -> float:
+        f = self.allreduce_first_stage if stage == 0 else self.allreduce_other_stages
+        return self.allreduce if f is None else f
+
+
+class WanMessages(_Part):
+    overhead_s: dict[str, float] = {}   # per-message WAN overhead by link latency (ms, as text)
+    gap_s: float = 0.0                  # back-to-back hand-off per message
+
+
+class WanProbe(_Part):
+    per_connection_gbps: float | None = None
+    aggregate_gbps: float | None = None
+    latency_ms: float | None = None
+    achieved_gbps: dict[str, float] = {}   # connections -> achieved rate
+
+
+class CalibrationRun(_Part):
+    """The real 2-stage run the profile ends with (`calibration_run`): its conditions and what it measured."""
+
+    wan_mode: str = "shaper"            # the runtime WAN it ran over (profiles made before modes: shaper)
+    background_runnable: float | None = None    # other runnable threads meanwhile
+    background_effective: float | None = None   # the background its ranks' measured CPU share implies
+    sharing_residual: float | None = None       # what its ranks lost beyond processor sharing
+    pool_residual: float | None = None          # a dp >= 2 run's compute beyond the core pool's
+    allreduce_run: dict[str, Any] = {}          # its dp = 2 run (pool_residual there), or why skipped
+    rank_slowdown: dict[int | str, float] = {}  # rank -> measured CPU-sharing slow-down
+    global_sync_s: float | None = None          # the step-wide collective per step
+    latency_ms: float | None = None             # its WAN link's latency
+    ranks: int = 2
+    measured_iteration_s: float | None = None
+
+
+class RuntimeProfile(_Part):
+    """What the cost model has no field for but the calibrated simulation uses (module docstring)."""
+
+    precision: str | None = None
+    threads: int = 1
+    cores: int = 0
+    model: str | None = None
+    micro_batches: list[int] = []
+    optimizer: OptimizerFit | None = None
+    allreduce: dict[str, Fit] = {}      # dp (as text) -> gloo all-reduce fit
+    p2p: Fit | None = None
+    contention: dict[int | str, float] = {}     # k ranks computing at once -> slow-down
+    background_runnable: float = 0.0
+    per_action_s: float = 0.0
+    forward_call_s: float = 0.0
+    backward_call_s: float = 0.0
+    split_backward: SplitBackward | None = None
+    startup_s: float = 0.0
+    compute_factor: ComputeFactors = ComputeFactors()
+    wan_message_overhead_s: float = 0.0
+    wan_messages: WanMessages | None = None
+    calibration_run: CalibrationRun = CalibrationRun()
+    wan: WanProbe | None = None
+
+
+class MeasuredProfile(_Part):
+    """A profile, typed: the cost model's unit tables and the runtime's measurements. Readers take one
+    (or the plain dict a measurement assembles: `of`); the file is `save_profile` / `load_profile`'s."""
+
     embedding: UnitTable = {}
-    block: UnitTable
+    block: UnitTable = {}
     head: UnitTable = {}
     memory_bytes_per_s: PositiveFloat | None = None
     reference_gpu: dict[str, Any] | None = None
-    runtime: dict[str, Any] = {}
+    runtime: RuntimeProfile = RuntimeProfile()
     source: str | None = None   # where an imported profile came from (calibrate.gpu_runs)
 
+    @classmethod
+    def of(cls, profile: MeasuredProfile | dict[str, Any]) -> MeasuredProfile:
+        return profile if isinstance(profile, MeasuredProfile) else cls.model_validate(
+            {k: v for k, v in profile.items() if k not in ("format", "version")})
 
-def save_profile(profile: dict[str, Any], path: str | Path) -> None:
-    doc = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **profile}
+    def as_dict(self) -> dict[str, Any]:
+        """The plain data, as the file holds it (fields never set left out)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def cost_tables(self) -> dict[str, Any]:
+        """The part `CostModel(profile=...)` accepts (its format has no 'runtime' key)."""
+        return cost_profile(self.as_dict())
+
+
+class ProfileFile(MeasuredProfile):
+    """The file: format and version around the profile."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: str
+    version: int
+    block: UnitTable
+
+
+def save_profile(profile: MeasuredProfile | dict[str, Any], path: str | Path) -> None:
+    data = profile.as_dict() if isinstance(profile, MeasuredProfile) else profile
+    doc = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **data}
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def load_profile(path: str | Path) -> dict[str, Any]:
-    """The profile in `path` (without its format and version), or a one-line GeotrainError for a
-    missing, foreign, older or malformed file."""
+def load_profile(path: str | Path) -> MeasuredProfile:
+    """The profile in `path`, typed, or a one-line GeotrainError for a missing, foreign, older or
+    malformed file."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -96,18 +205,24 @@ def load_profile(path: str | Path) -> dict[str, Any]:
                             f"{PROFILE_VERSION} (measure again with `geotrain profile`)")
     try:
         ProfileFile.model_validate(doc)
+        profile = MeasuredProfile.of(doc)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
         raise GeotrainError(f"{path}: {where}: {err['msg']}") from None
-    profile = {k: v for k, v in doc.items() if k not in ("format", "version")}
     try:
-        Profile(cost_profile(profile))   # the table keys and interpolation points (costs.unit_times)
+        Profile(profile.cost_tables())   # the table keys and interpolation points (costs.unit_times)
     except ValueError as e:
         raise GeotrainError(f"{path}: {e}") from None
     return profile
 
 
-def cost_profile(profile: dict[str, Any]) -> dict[str, Any]:
+def cost_profile(profile: MeasuredProfile | dict[str, Any]) -> dict[str, Any]:
     """The part `CostModel(profile=...)` accepts (its format has no 'runtime' key)."""
-    return {k: v for k, v in profile.items() if k in PROFILE_KEYS}
+    data = profile.as_dict() if isinstance(profile, MeasuredProfile) else profile
+    return {k: v for k, v in data.items() if k in PROFILE_KEYS}
+
+
+def as_dict(profile: MeasuredProfile | dict[str, Any]) -> dict[str, Any]:
+    """A profile as plain data (what a measurement that adds to it works on)."""
+    return profile.as_dict() if isinstance(profile, MeasuredProfile) else profile

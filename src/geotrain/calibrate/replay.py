@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from geotrain.calibrate.calibrated_costs import calibrated_inputs, profile_mode
 from geotrain.calibrate.case_rows import drop_warmup
+from geotrain.calibrate.profile_file import MeasuredProfile
 from geotrain.layout.stage_costs import StageCosts
 from geotrain.sim.columns import SimTrace
 from geotrain.sim.engine import run_engine
@@ -70,7 +71,7 @@ def replay_costs(plan, cluster, stage_costs, allreduce: list[float], optimizer: 
     return SimResult(trace, sched, plan, None, tokens, None)   # iteration time: the metrics' (same definition)
 
 
-def replay_run(spec, plan, profile: dict, measured: Trace, warmup: int, mode: str | None = None,
+def replay_run(spec, plan, profile: MeasuredProfile | dict, measured: Trace, warmup: int, mode: str | None = None,
                rank_slowdown: dict[int, float] | None = None) -> SimResult:
     """A validation case's run replayed: its measured compute (after `warmup` iterations) in the
     calibrated model of everything else, at the run's WAN mode. Added as modelled: the interpreter's
@@ -81,7 +82,7 @@ def replay_run(spec, plan, profile: dict, measured: Trace, warmup: int, mode: st
     compute -- the interpreter's time, the transport's hand-offs -- is slowed by it as in
     `calibrated_costs.predict(rank_slowdown=...)`."""
     msg_scale, factors = None, [1.0] * plan.pp
-    cal = (profile.get("runtime", {}).get("calibration_run", {}).get("rank_slowdown") or {}).values()
+    cal = MeasuredProfile.of(profile).runtime.calibration_run.rank_slowdown.values()
     if rank_slowdown:
         if cal:
             msg_scale = (sum(rank_slowdown.values()) / len(rank_slowdown)) / (sum(cal) / len(cal))

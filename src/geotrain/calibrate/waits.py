@@ -5,8 +5,10 @@ simulation (calibrated_costs.py)."""
 
 from __future__ import annotations
 
+from geotrain.calibrate.profile_file import CalibrationRun, MeasuredProfile
 
-def global_sync_s(spec, plan, profile: dict, mode: str) -> float:
+
+def global_sync_s(spec, plan, profile: MeasuredProfile | dict, mode: str) -> float:
     """Seconds of the runtime's step-wide collectives before each optimizer step: fp16's world-wide
     all-reduce (`_world_allreduce_s`), which carries the gradient norm too, or else -- with gradient
     clipping on (`job.grad_clip` > 0) -- the global norm (`_grad_norm_s`)."""
@@ -17,18 +19,18 @@ def global_sync_s(spec, plan, profile: dict, mode: str) -> float:
     return _grad_norm_s(spec, plan, profile, mode) if getattr(spec.job, "grad_clip", 0.0) > 0 else 0.0
 
 
-def _hop(spec, profile: dict) -> float:
+def _hop(spec, profile: MeasuredProfile | dict) -> float:
     """One exchange's hand-off between two ranks: the calibration run's measured world-wide
     collective over its steps where it has one, else the gloo p2p latency."""
-    rt = profile.get("runtime", {})
-    cal = rt.get("calibration_run", {})
-    hop = float(rt.get("p2p", {}).get("alpha_s", 50e-6))
-    if cal.get("global_sync_s") is not None:
+    rt = MeasuredProfile.of(profile).runtime
+    cal = rt.calibration_run
+    hop = rt.p2p.alpha_s if rt.p2p is not None else 50e-6
+    if cal.global_sync_s is not None:
         # The calibration run (2 stages, stage-major ranks) crosses the WAN in one exchange step.
-        measured = float(cal["global_sync_s"])
-        if cal.get("wan_mode") == "kernel":
+        measured = cal.global_sync_s
+        if cal.wan_mode == "kernel":
             measured -= 2 * _calibration_latency(spec, cal)
-        hop = max(hop, measured / (2 * max(1, (int(cal.get("ranks", 2)) - 1).bit_length())))
+        hop = max(hop, measured / (2 * max(1, (cal.ranks - 1).bit_length())))
     return hop
 
 
@@ -41,7 +43,7 @@ def _edge(spec, plan, mode: str, hop: float):
     return edge
 
 
-def _grad_norm_s(spec, plan, profile: dict, mode: str) -> float:
+def _grad_norm_s(spec, plan, profile: MeasuredProfile | dict, mode: str) -> float:
     """The global gradient norm of a bf16/fp32 step with clipping (runtime.recipe.GradNorm): an
     all-reduce of one scalar inside each stage (its DP x TP ranks, one DC: halving-doubling, hops
     only), then every stage's total to every other stage's ranks by batch_isend_irecv -- one exchange
@@ -58,7 +60,7 @@ def _grad_norm_s(spec, plan, profile: dict, mode: str) -> float:
     return inside + 2 * max(edge(a, b) for a in firsts for b in firsts if a != b)
 
 
-def _world_allreduce_s(spec, plan, profile: dict, mode: str) -> float:
+def _world_allreduce_s(spec, plan, profile: MeasuredProfile | dict, mode: str) -> float:
     """Seconds of fp16's world-wide all-reduce of two float64 (overflow flag, loss).
 
     Modelled as recursive halving-doubling: log2(n) pairwise exchange steps (rank r with r xor 2^j)
@@ -80,10 +82,11 @@ def _world_allreduce_s(spec, plan, profile: dict, mode: str) -> float:
     return 2 * total
 
 
-def _calibration_latency(spec, cal: dict) -> float:
+def _calibration_latency(spec, cal: CalibrationRun) -> float:
     """One-way latency of the link the calibration run crossed (the spec's first WAN link)."""
-    return float(cal.get("latency_ms", spec.cluster.wan_links[0].latency_ms if spec.cluster.wan_links else 0.0)) \
-        * 1e-3
+    if cal.latency_ms is not None:
+        return cal.latency_ms * 1e-3
+    return (spec.cluster.wan_links[0].latency_ms if spec.cluster.wan_links else 0.0) * 1e-3
 
 
 def ack_delays(spec, cluster, mode: str) -> dict[str, float] | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from geotrain.runtime.hf_export import export_run
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="directory written by `geotrain train` (with a checkpoint)")
@@ -13,9 +15,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # lazy: numpy, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
-    from geotrain.runtime.hf_export import export_run
-
     out, model = export_run(args.run_dir, args.hf, args.dtype)
     print(f"wrote {out}/config.json and model.safetensors ({model.name}: {model.layers} layers, "
           f"{model.param_count() / 1e6:.2f} M parameters, {args.dtype})")

@@ -9,6 +9,8 @@ import argparse
 from pathlib import Path
 
 from geotrain.errors import GeotrainError
+from geotrain.layout.plan import save_plan
+from geotrain.planner.replanning import describe, replan
 
 DESCRIPTION = ("Write a new plan for RUN_DIR's model, global batch and optimizer on what is left of its cluster, "
                "print what changed and the simulated iteration time before and after.")
@@ -36,10 +38,6 @@ def parse_gpus(items: list[str]) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    # lazy: numpy, pydantic only when the command runs (keeps `geotrain --help` fast)
-    from geotrain.layout.plan import save_plan
-    from geotrain.planner.replanning import describe, replan
-
     if args.top_k < 1:
         raise GeotrainError("--top-k must be >= 1")
     if not (args.without or args.gpus or args.spec):

@@ -99,9 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # TrainConfig field -> the option that sets it, for one-line errors that name what the user typed.
-FLAGS = {"worker": "--diloco-worker", "steps": "--steps", "checkpoint_every": "--checkpoint-every", "resume": "--resume-from",
-         "timeout_s": "--outage-limit", "rate_scale": "--wan-rate-scale", "duty": "--prefill-duty",
-         "port": "--serve-prefill", "elastic": "--cut-dc"}
+FLAGS = {"worker": "--diloco-worker", "steps": "--steps", "checkpoint_every": "--checkpoint-every",
+         "resume": "--resume-from", "timeout_s": "--outage-limit", "rate_scale": "--wan-rate-scale",
+         "duty": "--prefill-duty", "port": "--serve-prefill", "elastic": "--cut-dc"}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from geotrain.errors import GeotrainError
+from geotrain.calibrate.validation_run import validate_gpu, validate_sim
 
 DESCRIPTION = (
     "Profile this machine once (or load --profile), then predict each validation case from the profile alone "
@@ -36,38 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # lazy: numpy, pydantic, torch, tqdm only when the command runs (keeps `geotrain --help` fast)
-    from geotrain.calibrate.profile_file import load_profile
-    from geotrain.calibrate.validation import run_validation
-
     if args.gpu_runs:
-        return _gpu_runs(args)
-    if args.warmup < 0 or args.steps <= args.warmup or args.runs < 1:
-        raise GeotrainError("--steps must be larger than --warmup (and --warmup >= 0), --runs >= 1")
-    profile = load_profile(args.profile) if args.profile else None
-    _, md = run_validation(Path(args.out), quick=args.quick, profile=profile, steps=args.steps,
-                           warmup=args.warmup, only=args.case, modes=args.wan.split(","), runs=args.runs)
-    print()
-    print(md)
-    print(f"wrote {Path(args.out) / 'VALIDATION.md'} and results.json")
-    return 0
-
-
-def _gpu_runs(args: argparse.Namespace) -> int:
-    # lazy: pydantic only when the command runs (keeps `geotrain --help` fast)
-    import json
-
-    from geotrain.calibrate.gpu_runs import load_gpu_runs
-    from geotrain.calibrate.gpu_table import gpu_markdown
-    from geotrain.calibrate.gpu_validation import validate_gpu_runs
-
-    out = Path(args.out)
-    result = validate_gpu_runs(load_gpu_runs(args.gpu_runs), out / "gpu_runs")
-    md = gpu_markdown(result)
-    (out / "GPU_VALIDATION.md").write_text(md)
-    (out / "gpu_results.json").write_text(json.dumps(result.as_dict(), indent=1) + "\n")
-    print(md)
-    print(f"wrote {out / 'GPU_VALIDATION.md'}, {out / 'gpu_results.json'} and per run {out / 'gpu_runs'}/RUN/ "
-          "(spec.toml, plan.json; `geotrain simulate RUN/plan.json --p2p blocking --profile "
-          f"{out / 'gpu_runs'}/profile-...json` repeats one)")
+        validate_gpu(args.gpu_runs, args.out)
+    else:
+        validate_sim(args.out, quick=args.quick, profile_path=args.profile, steps=args.steps, warmup=args.warmup,
+                     cases=args.case, modes=args.wan, runs=args.runs)
     return 0

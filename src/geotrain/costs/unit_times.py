@@ -31,9 +31,11 @@ carries its TP communication (`includes_tp_comm`); for the others the cost model
 from __future__ import annotations
 
 import bisect
+import json
 from typing import Any
 
 from geotrain.costs.units import KINDS
+from geotrain.errors import SpecError
 from geotrain.spec.cluster import GPUType
 
 PROFILE_KEYS = set(KINDS) | {"reference_gpu", "memory_bytes_per_s"}
@@ -168,3 +170,21 @@ class Profile:
         if self.reference_gpu is None:
             return 1.0
         return self.reference_gpu.achieved_flops(precision) / gpu.achieved_flops(precision)
+
+
+def read_unit_profile(path: str) -> dict[str, Any]:
+    """A profile file (`geotrain profile`'s, or this format), checked: a SpecError naming the file otherwise."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise SpecError(path, "", f"cannot read profile: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise SpecError(path, "", f"not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise SpecError(path, "", "a profile must be a JSON object")
+    try:
+        Profile(data)
+    except ValueError as e:
+        raise SpecError(path, "profile", str(e)) from None
+    return data

@@ -46,11 +46,15 @@ from typing import Any
 
 import torch.distributed as dist
 
+from geotrain.emulation.fallback import fallback_shaper
+from geotrain.emulation.network import WanEmulation, WanUnavailable, emulation_available
 from geotrain.emulation.ports import spread_port_connections
 from geotrain.errors import GeotrainError
+from geotrain.layout.plan import LinkPlan
 from geotrain.runtime import p2p as T
 from geotrain.runtime.compress import CompressedTransport
 from geotrain.runtime.train_config import DEFAULT_OUTAGE_LIMIT_S, WanConfig
+from geotrain.schedule.actions import Op
 from geotrain.torch_compat import default_store
 from geotrain.transport.auth import run_secret
 from geotrain.transport.striped import StripedTransport
@@ -74,9 +78,6 @@ def cross_dc_links(plan, schedule, stage: int, replica: int = 0):
     """{peer stage: LinkPlan} for this stage's peers in another DC (a missing LinkPlan: 1 connection, fair).
     Boundary tensors stay inside one DP pipeline, so the DCs compared are that pipeline's: a region
     plan's pipeline is whole inside one DC and has none."""
-    # lazy: pydantic only when called (importers that never call it stay free of it)
-    from geotrain.layout.plan import LinkPlan
-
     mine = plan.dc_of(stage, replica)
     out = {}
     for p in sorted(peer_stages(plan, schedule, stage)):
@@ -98,9 +99,6 @@ def sends_per_boundary(plan, schedule) -> dict[tuple[int, int], list[tuple[str, 
     """Per (sending stage, receiving stage): the sends one replica makes per iteration, in order,
     as (kind, virtual stage, micro-batch). Every replica runs the same list, so temporal turns
     (one message per replica per round) stay matched; tests check it holds for every schedule."""
-    # lazy: pydantic only when called (importers that never call it stay free of it)
-    from geotrain.schedule.actions import Op
-
     out: dict[tuple[int, int], list[tuple[str, int, int]]] = {}
     for s, actions in enumerate(schedule.actions):
         for a in actions:
@@ -242,9 +240,6 @@ def build_transport(wan: WanConfig | None, spec, plan, schedule, rank: int,
                     turns[peer] = turn
     hooks: dict[str, Any] = {}      # the emulation's instruments; a real WAN gets none of them
     if wan.mode == "shaper":
-        # lazy: pydantic only when called (importers that never call it stay free of it)
-        from geotrain.emulation.fallback import fallback_shaper
-
         hooks["shaper"] = fallback_shaper(spec.cluster, lambda r: plan.dc_of_rank(r), my_dc, wan.rate_scale)
     elif wan.mode == "kernel":
         # One htb per-connection bucket per connection, and disjoint blocks of buckets for the ranks
@@ -360,9 +355,6 @@ def open_wan(mode: str, spec, plan, rate_scale: float = 1.0, timeout_s: float = 
     fast = max((ln.capacity_gbps * rate_scale for ln in spec.cluster.wan_links), default=0.0)
     why = ""
     if mode in ("auto", "kernel"):
-        # lazy: pydantic only when called (importers that never call it stay free of it)
-        from geotrain.emulation.network import WanEmulation, WanUnavailable, emulation_available
-
         ok, why = emulation_available()
         if ok:
             cluster = _cluster_of(spec.cluster, used)

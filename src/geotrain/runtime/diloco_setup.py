@@ -13,6 +13,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from geotrain.emulation.fallback import fallback_shaper
 from geotrain.emulation.ports import spread_port_connections
 from geotrain.errors import GeotrainError
 from geotrain.runtime.diloco import DiLoCo
@@ -53,9 +54,6 @@ def build_diloco(cfg, spec, plan, me, recorder) -> DiLoCo | None:
 
     hooks: dict[str, Any] = {}
     if wan.mode == "shaper":
-        # lazy: pydantic only when called (importers that never call it stay free of it)
-        from geotrain.emulation.fallback import fallback_shaper
-
         hooks["shaper"] = fallback_shaper(spec.cluster, dc_of, my_dc, wan.rate_scale)
     elif wan.mode == "kernel":     # buckets past the pipeline transports' (rank * their stride)
         hooks["connect"] = functools.partial(spread_port_connections, first_bucket=(R + me.rank) * o.connections)

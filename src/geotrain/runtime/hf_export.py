@@ -21,6 +21,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from geotrain.errors import GeotrainError
+from geotrain.layout.plan import load_plan, plan_spec
 from geotrain.models.families import hf_config
 from geotrain.models.hf_weights import to_hf_state
 
@@ -58,9 +59,6 @@ def checkpoint_model_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def run_model_spec(run_dir: str | Path):
     """The model spec a training run trained (from its plan.json's embedded experiment)."""
-    # lazy: pydantic only when called (importers that never call it stay free of it)
-    from geotrain.layout.plan import load_plan, plan_spec
-
     run_dir = Path(run_dir)
     if not (run_dir / "plan.json").is_file():
         raise GeotrainError(f"{run_dir}: not a training run directory (no plan.json)")
