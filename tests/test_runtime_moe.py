@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from _cases import case
 from _reference import reference_run
 
 from geotrain.layout.plan import Plan, StagePlan
 from geotrain.runtime.launch import launch
-from geotrain.runtime.train_config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -65,13 +65,13 @@ def _rows(run: Path) -> dict[int, dict]:
 def _launch(tmp: Path, names: list[str], resume: bool) -> None:
     """One launch of 4 ranks (a module-scoped fixture each: one test's time limit holds one launch)."""
     spec = str(moe_spec(tmp))
-    cfgs = [RunConfig(spec=spec, out=str(tmp / n), plan=CASES[n].to_dict(), steps=STEPS, data="synthetic",
-                      progress=False, checkpoint_every=STEPS if n == "pp2-dp2-ep2" else 0) for n in names]
+    cfgs = [case(spec, out=tmp / n, plan=CASES[n], steps=STEPS, data="synthetic", progress=False,
+                 checkpoint_every=STEPS if n == "pp2-dp2-ep2" else 0) for n in names]
     if resume:
-        first = RunConfig(spec=spec, out=str(tmp / "first-half"), plan=CASES["pp2-dp2-ep2"].to_dict(), steps=2,
-                          data="synthetic", progress=False, checkpoint_every=2)
-        cfgs += [first, RunConfig(spec=spec, out=str(tmp / "resumed"), plan=RESUMED.to_dict(), steps=STEPS,
-                                  data="synthetic", progress=False, checkpoint_every=0, resume_from=first.out)]
+        cfgs += [case(spec, out=tmp / "first-half", plan=CASES["pp2-dp2-ep2"], steps=2, data="synthetic",
+                      progress=False, checkpoint_every=2),
+                 case(spec, out=tmp / "resumed", plan=RESUMED, steps=STEPS, data="synthetic", progress=False,
+                      checkpoint_every=0, resume_from=tmp / "first-half")]
     launch(cfgs, 4, tmp / "launch", timeout_s=280)
 
 
