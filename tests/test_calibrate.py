@@ -316,7 +316,7 @@ def test_message_overhead_follows_the_probed_latency_curve_and_queued_messages_p
 
 
 def test_validate_sim_passes_its_wan_mode_on(monkeypatch, tmp_path):
-    import geotrain.calibrate.validation as validate
+    import geotrain.calibrate.validation_run as validate
     from geotrain.cli import main
 
     seen = {}
