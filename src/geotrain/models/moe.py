@@ -57,9 +57,12 @@ def expert_mlp(xs: torch.Tensor, counts: list[int], w_gate: torch.Tensor, w_up: 
     """Rows grouped by expert (counts[e] rows for expert e of the stacked weights) -> each
     through its expert's gated MLP. An expert without rows still joins the graph (zero gradient)."""
     outs = []
-    for e, part in enumerate(torch.split(xs, counts)):
-        h = act(F.linear(part, w_gate[e])) * F.linear(part, w_up[e])
-        outs.append(F.linear(h, w_down[e]))
+    # unbind: one gradient tensor per stacked weight in backward (indexing w[e] would zero-fill a
+    # whole-size gradient per expert: 61 % of a CPU step at 8 experts)
+    for part, g, u, d in zip(torch.split(xs, counts), w_gate.unbind(0), w_up.unbind(0), w_down.unbind(0),
+                             strict=True):
+        h = act(F.linear(part, g)) * F.linear(part, u)
+        outs.append(F.linear(h, d))
     return torch.cat(outs)
 
 
