@@ -6,12 +6,21 @@ simulate_costs call (engine + trace columns + metrics), events per second, and t
 the 2 s target. CPU time is printed too because the machine is often shared: wall time then
 includes waiting for a core.
 
-    .venv/bin/python bench/bench_sim.py [--quick]
+With --against OLD_ENGINE.py (an engine.py of another version, e.g. `git show REV:src/geotrain/sim/engine.py`)
+each case's simulate_costs runs with that engine and with this one, alternating, --rounds times,
+and the best CPU times and their ratio are printed: the side-by-side comparison an engine change
+is judged by (the machine's drift hits both alike).
+
+    .venv/bin/python bench/bench_sim.py [--quick] [--against OLD_ENGINE.py [--rounds N]]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
+import importlib.util
+import sys
 import time
 
 from geotrain.layout.plan import LinkPlan, Plan, StagePlan
@@ -57,10 +66,43 @@ def run_case(pp: int, dp: int, m: int, dcs: int, sharing: str) -> None:
           f"Event objects on request: {t_events:.2f} s ({len(ev):,})")
 
 
+def compare(path: str, rounds: int, quick: bool) -> None:
+    """This engine against the one in `path`, interleaved (see the module docstring)."""
+    simulate_mod = importlib.import_module("geotrain.sim.simulate")   # the module (sim re-exports the function)
+    symmetry_mod = importlib.import_module("geotrain.sim.symmetry")
+    spec = importlib.util.spec_from_file_location("other_engine", path)
+    other = importlib.util.module_from_spec(spec)
+    sys.modules["other_engine"] = other
+    spec.loader.exec_module(other)
+    engines = {"this": simulate_mod.run_engine, "other": other.run_engine}
+    shapes = [(16, 64), (16, 256)][:1 if quick else 2]
+    for pp, dp in shapes:
+        for sharing in ("fair", "temporal"):
+            plan, cluster = make_case(pp, dp, 64, 4, sharing)
+            costs = [StageCost(forward=0.010, backward=0.020, backward_input=0.012, backward_weight=0.008,
+                               send_bytes=16 * 2**20 if s < pp - 1 else 0) for s in range(pp)]
+            best = {}
+            for r in range(rounds):
+                for name in (("this", "other") if r % 2 == 0 else ("other", "this")):
+                    simulate_mod.run_engine = symmetry_mod.run_engine = engines[name]
+                    gc.collect()
+                    c0 = time.process_time()
+                    simulate_costs(plan, cluster, costs, [0.05] * pp, [0.01] * pp, tokens_per_iteration=1)
+                    best[name] = min(best.get(name, float("inf")), time.process_time() - c0)
+            simulate_mod.run_engine = symmetry_mod.run_engine = engines["this"]
+            print(f"{pp * dp:5d} GPUs {sharing:8s}: simulate_costs CPU, best of {rounds}: this {best['this']:.3f} s, "
+                  f"{path} {best['other']:.3f} s -> this / other {best['this'] / best['other']:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="only the 1,024-GPU cases")
+    ap.add_argument("--against", metavar="ENGINE_PY", help="compare with another engine.py, interleaved")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds of --against (each runs both engines)")
     args = ap.parse_args()
+    if args.against:
+        compare(args.against, args.rounds, args.quick)
+        return
     for sharing in ("fair", "temporal"):
         run_case(16, 64, 64, 4, sharing)
     if not args.quick:

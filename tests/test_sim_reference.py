@@ -1,99 +1,88 @@
-"""The engine against a naive reference on random plans where links never contend.
-
-The reference is the obvious, slow algorithm written independently of the engine: GPUs take
-turns, each runs its action list while the inputs are there (a receive needs its matching send
-to have happened, an all-reduce needs every replica to have reached it); a transfer arrives
-latency + bytes / rate after it was sent, and its sender holds the ACK one latency later (an
-optimizer step waits for the ACKs of the GPU's WAN sends, as the runtime does). With links wide
-enough that transfers never compete, the engine (run-ahead units, slots, event heap, processor
-sharing) must give the same start time for every compute action.
-"""
+"""The fast engine against the simulator's specification (geotrain.sim.reference) on random plans:
+every schedule kind, links that contend (fair and temporal sharing, several slots), pipeline
+offsets, replicas alike (one simulated for all), mixed tensor parallelism (scattered boundaries
+and copies), core pools and blocking sends. Every compute, all-reduce and transfer must start and
+end when the reference says."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
-from _toy import random_case
+from _toy import random_case, toy_cluster, toy_plan, uniform_costs
 
-from geotrain.schedule.actions import Op
+from geotrain.layout.plan import StagePlan
+from geotrain.layout.stage_costs import StageCosts
 from geotrain.sim import simulate_costs
+from geotrain.sim.reference import iteration_time, reference_events
 
-COMPUTE = {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.OPTIMIZER}
-
-
-def reference(plan, cluster, sched, costs, allreduce, optimizer, iterations):
-    pp, dp = plan.pp, plan.dp
-    offsets = list(plan.pipeline_offsets) + [0.0] * dp
-
-    def hop(src: int, dst: int, nbytes: int) -> tuple[float, float]:
-        """(arrival after the send, ACK back at the sender after the send)."""
-        a, b = plan.stages[src].dc, plan.stages[dst].dc
-        if a == b:
-            dc = cluster.dc(a)
-            return (dc.intra_dc_latency_us * 1e-6 + nbytes / (dc.intra_dc_gbps * 1e9 / 8),) * 2
-        wl = cluster.link(a, b)
-        lp = plan.link_between(a, b)
-        arrive = wl.latency_ms * 1e-3 + nbytes / (wl.rate_gbps(lp.connections) * 1e9 / 8)
-        return arrive, arrive + wl.latency_ms * 1e-3
-
-    todo = {(s, d): [(it, a) for it in range(iterations) for a in sched.actions[s]]
-            for s in range(pp) for d in range(dp)}
-    pos = dict.fromkeys(todo, 0)
-    clock = {(s, d): offsets[d] for s, d in todo}
-    acked = dict.fromkeys(todo, 0.0)
-    arrived: dict[tuple, float] = {}
-    reached: dict[tuple, dict[int, float]] = {}
-    starts: dict[tuple, float] = {}
-    moved = True
-    while moved:
-        moved = False
-        for (s, d), acts in todo.items():
-            while pos[(s, d)] < len(acts):
-                it, a = acts[pos[(s, d)]]
-                t = clock[(s, d)]
-                if a.op == Op.OPTIMIZER:
-                    t = max(t, acked[(s, d)])
-                if a.op in COMPUTE:
-                    starts[(s, d, a.op.value, a.stage, a.mb, it)] = t
-                    dur = optimizer[s] if a.op == Op.OPTIMIZER else getattr(costs[a.stage], a.op.value)
-                    clock[(s, d)] = t + dur
-                elif a.op in (Op.SEND_ACT, Op.SEND_GRAD):
-                    nbytes = costs[a.stage if a.op == Op.SEND_ACT else a.peer].send_bytes
-                    key = (d, a.op == Op.SEND_ACT, a.stage, a.peer, a.mb, it)
-                    arrive, ack = hop(s, a.peer % pp, nbytes)
-                    arrived[key] = t + arrive
-                    acked[(s, d)] = max(acked[(s, d)], t + ack)
-                elif a.op in (Op.RECV_ACT, Op.RECV_GRAD):
-                    key = (d, a.op == Op.RECV_ACT, a.peer, a.stage, a.mb, it)
-                    if key not in arrived:
-                        break
-                    clock[(s, d)] = max(t, arrived[key])
-                elif a.op == Op.ALLREDUCE:
-                    got = reached.setdefault((s, it), {})
-                    got.setdefault(d, t)
-                    if len(got) < dp:
-                        break
-                    clock[(s, d)] = max(got.values()) + allreduce[s]
-                else:
-                    raise AssertionError(a)
-                pos[(s, d)] += 1
-                moved = True
-    assert all(pos[k] == len(v) for k, v in todo.items()), "reference deadlocked"
-    return starts
+KINDS = ("forward", "backward", "backward_input", "backward_weight", "optimizer", "allreduce")
 
 
-@pytest.mark.parametrize("seed", range(100, 125))
-def test_engine_matches_reference(seed):
-    plan, cluster, costs, allreduce, optimizer, iterations = random_case(seed)
-    wide = cluster.model_copy(update={"wan_links": [
-        w.model_copy(update={"capacity_gbps": 1e6, "per_connection_gbps": 1e4}) for w in cluster.wan_links]})
-    plan = plan.with_(links=tuple(lp.__class__(**{**lp.__dict__, "sharing": "fair"}) for lp in plan.links))
-    res = simulate_costs(plan, wide, costs, allreduce, optimizer, tokens_per_iteration=1, iterations=iterations)
-    ref = reference(plan, wide, res.schedule, costs, allreduce, optimizer, iterations)
-    got = {}
+def engine_events(res, plan) -> dict[tuple, tuple[float, float]]:
+    out = {}
     for e in res.trace.events:
-        if e.kind in ("forward", "backward", "backward_input", "backward_weight", "optimizer"):
-            s, d, _ = plan.coords(e.rank)
-            got[(s, d, e.kind, e.stage, e.mb, e.iteration)] = e.start
+        s, d, t = plan.coords(e.rank)
+        if e.kind in KINDS and t == 0:
+            out[(s, d, e.kind, e.stage, e.mb, e.iteration)] = (e.start, e.end)
+        elif e.kind == "transfer":
+            out[(s, d, "transfer", e.stage, e.mb, e.iteration, plan.coords(e.peer)[0])] = (e.start, e.end)
+    return out
+
+
+def check(plan, cluster, costs, allreduce, optimizer, iterations, core_slowdown=None, p2p="overlapped",
+          step_sync=None):
+    res = simulate_costs(plan, cluster, costs, allreduce, optimizer, tokens_per_iteration=1, iterations=iterations,
+                         core_slowdown=core_slowdown, p2p=p2p, step_sync=step_sync)
+    ref = reference_events(plan, StageCosts(None, cluster), res.schedule, costs, allreduce, optimizer, iterations,
+                           core_slowdown, blocking=p2p == "blocking", step_sync=step_sync)
+    got = engine_events(res, plan)
     assert got.keys() == ref.keys()
     bad = [k for k in ref if got[k] != pytest.approx(ref[k], rel=1e-9, abs=1e-12)]
     assert not bad, [(k, got[k], ref[k]) for k in bad[:5]]
+    assert res.iteration_time == pytest.approx(iteration_time(ref, iterations), rel=1e-9)
+    return res
+
+
+@pytest.mark.parametrize("seed", range(100, 160))
+def test_engine_matches_the_reference(seed):
+    """Random plans as _toy.random_case makes them (both sharings, contending links, offsets); every
+    third with a step-wide collective before the optimizer step."""
+    case = random_case(seed)
+    check(*case, step_sync=[0.004 * (s + 1) for s in range(case[0].pp)] if seed % 3 == 0 else None)
+
+
+@pytest.mark.parametrize("seed", range(200, 215))
+def test_engine_matches_the_reference_with_mixed_tp(seed):
+    """Stages of tp 1, 2 and 4: scattered boundaries (the receiver's TP gather) and whole copies."""
+    plan, cluster, costs, allreduce, optimizer, iterations = random_case(seed)
+    rng = random.Random(seed)
+    tps = [rng.choice([1, 2, 2, 4]) for _ in range(plan.pp)]
+    plan = plan.with_(stages=tuple(StagePlan(dc=st.dc, chunks=st.chunks, tp=t) for st, t in zip(plan.stages, tps)))
+    check(plan, cluster, costs, allreduce, optimizer, iterations)
+
+
+@pytest.mark.parametrize("seed", range(300, 312))
+def test_engine_matches_the_reference_on_a_core_pool(seed):
+    """Compute sharing a host's cores (processor sharing on 2 cores, a residual of 1.1)."""
+    plan, cluster, costs, allreduce, optimizer, iterations = random_case(seed)
+    units = plan.pp * plan.dp
+    check(plan, cluster, costs, allreduce, optimizer, iterations,
+          core_slowdown=[1.0] + [1.1 * max(1.0, k / 2) for k in range(1, units + 1)])
+
+
+@pytest.mark.parametrize("dp,sharing", [(4, "fair"), (6, "fair"), (3, "temporal")])
+def test_engine_matches_the_reference_with_replicas_on_one_saturated_link(dp, sharing):
+    """Fair replicas alike are simulated as one (sim.symmetry); temporal ones take turns."""
+    cluster = toy_cluster(2, capacity_gbps=100.0, per_connection_gbps=10.0)
+    plan = toy_plan(4, dp, 6, dcs=2, connections=4, sharing=sharing, order=tuple(range(dp)))
+    res = check(plan, cluster, uniform_costs(4, 0.01, 0.02, send_bytes=50_000_000), [0.005] * 4, [0.002] * 4, 2)
+    assert res.trace.meta["engine"]["replicas_simulated"] == (1 if sharing == "fair" else dp)
+
+
+@pytest.mark.parametrize("pp,m", [(2, 2), (3, 5), (4, 8)])
+def test_engine_matches_the_reference_with_blocking_sends(pp, m):
+    cluster = toy_cluster(1)
+    plan = toy_plan(pp, 2, m)
+    check(plan, cluster, uniform_costs(pp, 0.01, 0.02, send_bytes=4_000_000), [0.003] * pp, [0.001] * pp, 2,
+          p2p="blocking")

@@ -2,46 +2,42 @@
 
 Why it is fast: a GPU's timeline depends only on its own compute times, on when its inputs
 arrive and on its DP collectives -- not on a global clock. So each GPU ("unit": one stage
-replica; its tp group moves as one) runs ahead as far as it can in a tight loop over integer op
-codes, and stops only at a receive whose tensor has not arrived yet, or at an all-reduce its
-replicas have not all reached. Intra-DC sends have a known arrival time (latency + bytes /
-bandwidth; intra-DC contention is not modelled), so they are delivered at once, waking the
-receiver if it waits. Only WAN transfers, whose finish depends on what else shares the link,
-go through a global event heap, processed in time order (links.py: fair sharing between flows
--- a flow is a (sending GPU, receiving GPU) pair, FIFO inside -- or temporal turns).
+replica; its tp group moves as one) runs ahead as far as it can in a tight loop over its
+program's op codes (sim.program), and stops only at a receive whose tensor has not arrived yet,
+or at an all-reduce its replicas have not all reached. Intra-DC sends have a known arrival time
+(latency + bytes / bandwidth; no intra-DC contention), so they are delivered at once, waking the
+receiver if it waits. Only WAN transfers, whose finish depends on what else shares the link, go
+through a global event heap, in time order (links.py: fair sharing between flows -- a (sending
+GPU, receiving GPU) pair, FIFO inside -- or temporal turns). The loop: run every woken unit
+ahead, pop the next event, hand it to the handler of its kind, repeat. sim/reference.py is the
+slow, obvious specification it must match (tests/test_sim_reference.py).
 
 That is exact, not an approximation: every event pushed on the heap is at or after the heap's
 current time, because a unit only runs when woken by something that happened at or before its
 own clock (start, an arrival, a collective's end), and its clock never goes back. Ties at one
 instant: link arrivals and link completions first (phase 0), then temporal admissions (phase 1),
-so a temporal link picks among *all* transfers ready at that instant by plan order.
+so a free temporal link picks among *all* transfers ready at that instant by plan order (a slot
+freed by a completion goes at once to those waiting then).
 
-Before its optimizer step a GPU waits until every WAN send it made is acknowledged, as the
-runtime does (its transport completes a send on the receiver's ACK): a WAIT_ACKS slot blocks
-while any of its transfers is undelivered, then until the latest ACK is back (delivery plus the
-direction's `ack_s`, one round trip by default).
-
-Blocking sends (SEND_SYNC, `p2p="blocking"`: DeepSpeed's pipe engine): a send and its receive meet.
-The first to arrive waits -- a receive as always (its slot), a send by leaving an offer keyed by
-the receive's (unit, slot); the second starts the transfer at the later of the two clocks and both
-go on when it ends (dur later).
-
-CPU cores (`cores`, a sim.cores.CorePool; CPU-emulated runs whose ranks outnumber the host's
-cores only): each compute action then needs a core -- it is posted on the heap at the time its
-unit reaches it (phase 0, code _CORE_START) and ends when the pool says its work is done at the
-shared rate (_CORE_DONE, versioned like a fair link's completion); the unit waits meanwhile
-(wait -4). The compute op codes are remapped to _POOLED in a copy of the programs, so a run
-without a pool executes exactly the loop it always did.
+Before its optimizer step a GPU waits (WAIT_ACKS) until every WAN send it made is acknowledged,
+as the runtime's transport completes a send on the receiver's ACK: delivery plus the direction's
+`ack_s`, then the slot's duration -- the step-wide collective, where one is modelled. A blocking
+send (SEND_SYNC, p2p "blocking") meets its receive: the first there waits (a send leaves an offer
+keyed by the receive's (unit, slot)), the transfer starts at the later clock, both go on after it.
+With a core pool (sim.cores; CPU-emulated runs whose ranks outnumber the cores) every compute is
+COMPUTE_POOLED: it goes through the heap (CORE_START) and ends when the pool says (CORE_DONE,
+versioned like a fair link's completion); a run without a pool runs the plain loop.
 
 What it records: for each unit and program slot, one float -- when the action started (a
 receive: when the GPU reached it; a WAN send: when the transfer entered the link) -- and for
-each receive slot, when its tensor arrived. Everything in the trace follows from these two
-arrays plus the compiled program, so no event object is built during the run. With a core pool
-also when each compute ended (`end`; without one, start + duration).
+each receive slot, when its tensor arrived: the trace follows from these two arrays and the
+compiled program, so no event object is built during the run. With a core pool or a replay
+(`unit_dur`: every unit its own durations) also when each action ended (`end`).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from heapq import heappop, heappush
@@ -52,6 +48,7 @@ from geotrain.sim.links import FairLink, TemporalLink
 from geotrain.sim.program import (
     ALLREDUCE,
     COMPUTE,
+    COMPUTE_POOLED,
     RECV,
     SEND_INTRA,
     SEND_LOCAL,
@@ -62,8 +59,15 @@ from geotrain.sim.program import (
 )
 from geotrain.transport.turns import concurrent_turns
 
-_ARRIVE, _FAIR_DONE, _DISPATCH, _CORE_START, _CORE_DONE = 0, 1, 2, 3, 4
-_POOLED = 7                  # a COMPUTE slot that needs a core from the pool (see module docstring)
+# Kinds of heap event: (time, phase, seq, kind, x, y).
+ARRIVE = 0       # a WAN send enters its link: x unit, y slot
+FAIR_DONE = 1    # a link's predicted completion: x link, y its version then (stale when it moved on)
+DISPATCH = 2     # a temporal link admits waiting transfers (phase 1): x link
+CORE_START = 3   # a pooled compute starts: x unit, y slot
+CORE_DONE = 4    # the pool's predicted completion: x its version then
+
+# What a blocked unit waits for (`Engine.wait`); >= 0: the receive slot whose tensor it needs.
+RUNNABLE, COLLECTIVE, ACKS, CORE, RENDEZVOUS = -1, -2, -3, -4, -5
 
 
 @dataclass
@@ -78,249 +82,313 @@ class EngineResult:
 
 def run_engine(prog: Program, offsets: list[float], progress: bool = False,
                cores: CorePool | None = None, unit_dur: list[list[float]] | None = None) -> EngineResult:
-    """Run the program (see the module docstring). `unit_dur`: per unit (stage * dp + replica), per
-    slot, its own durations instead of its stage's -- a replay of measured compute, where every
-    rank's every action took its own time (calibrate.replay); `end` then holds each slot's end."""
-    t_wall = time.perf_counter()
-    dp = prog.dp
-    P = len(prog.stages)
-    U = P * dp
-    assert ALLREDUCE == 5 and COMPUTE == 0 and RECV == 1 and SEND_LOCAL == 2 and SEND_INTRA == 3 and SEND_WAN == 4
-    assert WAIT_ACKS == 6 and SEND_SYNC == 8
-    stage_data = []
-    for s, p in enumerate(prog.stages):
-        ddst = [(ds - s) * dp if ds >= 0 else 0 for ds in p.dst_stage]
-        ops = p.ops if cores is None else [_POOLED if op == COMPUTE else op for op in p.ops]
-        stage_data.append((ops, p.dur, ddst, p.dst_slot, len(p)))
-    if unit_dur is not None and (len(unit_dur) != U or any(len(d) != len(prog.stages[u // dp])
-                                                               for u, d in enumerate(unit_dur))):
-        raise ValueError("unit_dur needs one duration per slot of every unit's program")
-    # per unit: its stage's program (replicas share the lists) with its own durations under a replay
-    sdata = [stage_data[u // dp] if unit_dur is None else stage_data[u // dp][:1] + (unit_dur[u],)
-             + stage_data[u // dp][2:] for u in range(U)]
-    lengths = [len(p) for p in prog.stages]
-    start = [[0.0] * lengths[u // dp] for u in range(U)]
-    box = [[-1.0] * lengths[u // dp] for u in range(U)]
-    end = [[-1.0] * lengths[u // dp] for u in range(U)] if cores is not None else None
-    pcs = [0] * U
-    clock = [float(offsets[u % dp]) if offsets else 0.0 for u in range(U)]
-    # slot a unit is blocked on (-1 running/runnable, -2 in a collective, -3 acks, -4 a core, -5 a blocking send)
-    wait = [-1] * U
-    # WAN sends not yet delivered, and when the latest delivered one's ACK reaches its sender.
-    unacked = [0] * U
-    acked = [0.0] * U
-    ack_of = [w.ack_s for w in prog.wan]
-    links: list[FairLink | TemporalLink] = [
-        FairLink(w.capacity, w.flow_rate, w.latency) if w.sharing == "fair"
-        else TemporalLink(w.flow_rate, w.latency, w.priority, w.capacity, concurrent_turns(w.capacity, w.flow_rate),
-                          w.turn_s)
-        for w in prog.wan
-    ]
-    wan_of = [p.wan for p in prog.stages]
-    nbytes_of = [p.nbytes for p in prog.stages]
-    ddst_of = [d[2] for d in stage_data]
-    collectives: dict[int, list] = {}
-    offers: dict[tuple[int, int], tuple[int, int, float, float]] = {}   # blocking sends waiting for their receive
-    heap: list[tuple] = []
-    seq = 0
-    heap_events = 0
-    stack = list(range(U - 1, -1, -1))
-    total = sum(lengths[u // dp] for u in range(U))
-    bar = None
-    if progress:
-        # lazy: tqdm only when called (importers that never call it stay free of it)
-        from tqdm import tqdm
+    """Run `prog` with DP replica d starting at offsets[d] (see the module docstring). `unit_dur`:
+    per unit (stage * dp + replica), per slot, its own durations instead of its stage's -- a replay
+    of measured compute, where every rank's every action took its own time (calibrate.replay);
+    `end` then holds each slot's end."""
+    return Engine(prog, offsets, cores, unit_dur).run(progress)
 
-        bar = tqdm(total=total, desc="simulate", unit="act", unit_scale=True, leave=False)
-    executed = 0
-    shown = 0
 
-    def deliver(u: int, slot: int, when: float) -> None:
-        _, _, ddst, dslot, _ = sdata[u]
-        v = u + ddst[slot]
-        j = dslot[slot]
-        box[v][j] = when
-        if wait[v] == j:
-            wait[v] = -1
-            stack.append(v)
+class Engine:
+    """One run of a compiled program: its units' state, the links, the heap."""
 
-    while True:
+    def __init__(self, prog: Program, offsets: list[float], cores: CorePool | None = None,
+                 unit_dur: list[list[float]] | None = None):
+        self.t_wall = time.perf_counter()
+        self.prog, self.cores, self.unit_dur = prog, cores, unit_dur
+        self.dp = dp = prog.dp
+        self.units = units = len(prog.stages) * dp
+        length = [len(prog.stages[u // dp]) for u in range(units)]
+        if unit_dur is not None and (len(unit_dur) != units or any(len(d) != n for d, n in zip(unit_dur, length))):
+            raise ValueError("unit_dur needs one duration per slot of every unit's program")
+        # Per stage: (op codes, durations, receiver's unit offset, receiver's slot, length); per unit
+        # its stage's (the replicas share it), with its own durations under a replay.
+        stages = [(p.ops if cores is None else [COMPUTE_POOLED if op == COMPUTE else op for op in p.ops],
+                   p.dur, [(ds - s) * dp if ds >= 0 else 0 for ds in p.dst_stage], p.dst_slot, len(p))
+                  for s, p in enumerate(prog.stages)]
+        self.programs = [stages[u // dp] if unit_dur is None else stages[u // dp][:1] + (unit_dur[u],)
+                         + stages[u // dp][2:] for u in range(units)]
+        self.start = [[0.0] * n for n in length]
+        self.box = [[-1.0] * n for n in length]      # a receive slot's arrival time, -1 until it arrives
+        self.end = [[-1.0] * n for n in length] if cores is not None else None
+        self.pcs = [0] * units
+        self.clock = [float(offsets[u % dp]) if offsets else 0.0 for u in range(units)]
+        self.wait = [RUNNABLE] * units
+        self.unacked = [0] * units       # WAN sends not yet delivered
+        self.acked = [0.0] * units       # when the latest delivered one's ACK reaches its sender
+        self.ack_s = [w.ack_s for w in prog.wan]
+        self.sends = [(p.wan, p.nbytes, st[2]) for p, st in zip(prog.stages, stages)]   # per stage: its WAN sends
+        self.links = [FairLink(w.capacity, w.flow_rate, w.latency) if w.sharing == "fair"
+                      else TemporalLink(w.flow_rate, w.latency, w.priority, w.capacity,
+                                        concurrent_turns(w.capacity, w.flow_rate), w.turn_s)
+                      for w in prog.wan]
+        self.collectives: dict[int, list] = {}           # (stage, slot) -> [replicas arrived, latest clock]
+        self.offers: dict[tuple[int, int], tuple] = {}   # blocking sends waiting for their receive
+        self.heap: list[tuple] = []
+        self.seq = itertools.count(1)                    # heap tie-break: push order
+        self.stack = list(range(units - 1, -1, -1))      # units to run ahead
+        self.executed = self.heap_events = 0
+        self.state: tuple | None = None     # what run_ahead reads, while running
+
+    def run(self, progress: bool = False) -> EngineResult:
+        """Run woken units ahead; pop the next heap event, hand it to its kind's handler; repeat."""
+        bar = _bar(sum(len(self.prog.stages[u // self.dp]) for u in range(self.units))) if progress else None
+        on_event = self.event_handlers()
+        heap, stack, events = self.heap, self.stack, 0
+        self.state = (stack, self.box, self.start, self.pcs, self.clock, self.programs, self.dp, self.wait,
+                      self.unacked, heap, self.seq, self.op_handlers(), self.offers)
+        try:
+            while True:
+                if stack:
+                    self.run_ahead()
+                    if bar is not None and self.executed - bar.n > 65536:
+                        bar.update(self.executed - bar.n)
+                if not heap:
+                    break
+                now, _, _, kind, x, y = heappop(heap)
+                events += 1
+                on_event[kind](now, x, y)
+        finally:
+            self.state = None      # its handlers refer to the engine: no cycle left behind
+        self.heap_events = events
+        if bar is not None:
+            bar.update(bar.total - bar.n)
+            bar.close()
+        self.check_finished()
+        if self.unit_dur is not None and self.end is None:
+            self.end = [[st + d for st, d in zip(self.start[u], self.unit_dur[u])] for u in range(self.units)]
+        return EngineResult(start=self.start, arrival=self.box, actions=self.executed, wan_events=self.heap_events,
+                            wall_s=time.perf_counter() - self.t_wall, end=self.end)
+
+    # -- units ------------------------------------------------------------------------------------
+    def run_ahead(self) -> None:
+        """Run every woken unit ahead until it finishes or blocks: the hot loop, the common ops
+        inline; an op that may block goes to its handler (`op_handlers`), which returns the unit's
+        new clock, or None when the unit blocks there."""
+        stack, box, start, pcs, clock, programs, dp, wait, unacked, heap, seq, on_op, offers = self.state
+        executed = 0
         while stack:
             u = stack.pop()
-            ops, dur, ddst, dslot, L = sdata[u]
+            ops, dur, ddst, dslot, n = programs[u]
             pc = pc0 = pcs[u]
             t = clock[u]
             mst = start[u]
             mbox = box[u]
-            while pc < L:
+            while pc < n:
                 op = ops[pc]
-                if op == 0:                      # COMPUTE
+                if op == COMPUTE:
                     mst[pc] = t
                     t += dur[pc]
-                elif op == 1:                    # RECV
+                elif op == RECV:
                     a = mbox[pc]
-                    if a < 0.0:
-                        offer = offers.pop((u, pc), None) if offers else None
-                        if offer is None:
+                    if a < 0.0:                            # not there yet: block, or meet a blocking send
+                        if not offers or (u, pc) not in offers:
                             wait[u] = pc
                             break
-                        w, wslot, ts, d = offer      # a blocking sender waits here: meet, transfer
-                        a = mbox[pc] = (ts if ts > t else t) + d
-                        start[w][wslot] = a - d
-                        pcs[w] = wslot + 1
-                        clock[w] = a
-                        wait[w] = -1
-                        stack.append(w)
+                        a = on_op[RECV](u, pc, t)
                     mst[pc] = t
                     if a > t:
                         t = a
-                elif op == 3:                    # SEND_INTRA
+                elif op == SEND_INTRA:                     # arrives dur later: delivered now
                     mst[pc] = t
                     v = u + ddst[pc]
                     j = dslot[pc]
                     box[v][j] = t + dur[pc]
                     if wait[v] == j:
-                        wait[v] = -1
+                        wait[v] = RUNNABLE
                         stack.append(v)
-                elif op == 4:                    # SEND_WAN: enters its link in time order
+                elif op == SEND_WAN:                       # enters its link in time order
                     mst[pc] = t
                     unacked[u] += 1
-                    seq += 1
-                    heappush(heap, (t, 0, seq, _ARRIVE, u, pc))
-                elif op == 5:                    # ALLREDUCE
-                    s = u // dp
-                    key = s * (1 << 32) + pc
-                    c = collectives.get(key)
-                    if c is None:
-                        c = collectives[key] = [0, t]
-                    c[0] += 1
-                    if t > c[1]:
-                        c[1] = t
-                    if c[0] < dp:
-                        wait[u] = -2
-                        break
-                    del collectives[key]
-                    t0 = c[1]
-                    t = t0 + dur[pc]
-                    for w in range(s * dp, s * dp + dp):
-                        start[w][pc] = t0
-                        if w != u:
-                            pcs[w] = pc + 1
-                            clock[w] = t
-                            wait[w] = -1
-                            stack.append(w)
-                elif op == 6:                    # WAIT_ACKS: every WAN send so far acknowledged
-                    if unacked[u]:
-                        wait[u] = -3
-                        break
-                    mst[pc] = t
-                    if acked[u] > t:
-                        t = acked[u]
-                    t += dur[pc]                 # then the step-wide collective (0 unless modelled)
-                elif op == 8:                    # SEND_SYNC: a rendezvous with the receive
-                    v = u + ddst[pc]
-                    j = dslot[pc]
-                    if wait[v] != j:                 # the receiver is not there yet: wait for it
-                        offers[(v, j)] = (u, pc, t, dur[pc])
-                        wait[u] = -5
-                        break
-                    t0 = clock[v] if clock[v] > t else t
-                    mst[pc] = t0
-                    t = t0 + dur[pc]
-                    box[v][j] = t
-                    wait[v] = -1
-                    stack.append(v)
-                elif op == _POOLED:              # COMPUTE on a shared core: the pool says when it ends
-                    mst[pc] = t
-                    wait[u] = -4
-                    seq += 1
-                    heappush(heap, (t, 0, seq, _CORE_START, u, pc))
-                    break
-                else:                            # SEND_LOCAL
+                    heappush(heap, (t, 0, next(seq), ARRIVE, u, pc))
+                elif op == SEND_LOCAL:                     # to the same GPU
                     mst[pc] = t
                     mbox[dslot[pc]] = t
+                else:
+                    t1 = on_op[op](u, pc, t)
+                    if t1 is None:
+                        break
+                    t = t1
                 pc += 1
             pcs[u] = pc
             clock[u] = t
             executed += pc - pc0
-            if bar is not None and executed - shown > 65536:
-                bar.update(executed - shown)
-                shown = executed
-        if not heap:
-            break
-        now, _, _, code, x, y = heappop(heap)
-        heap_events += 1
-        if code == _ARRIVE:
-            s = x // dp
-            li = wan_of[s][y]
+        self.executed += executed
+
+    def resume(self, u: int, pc: int, t: float) -> None:
+        """A blocked unit goes on at slot pc, its clock t (woken: run ahead next)."""
+        self.pcs[u], self.clock[u], self.wait[u] = pc, t, RUNNABLE
+        self.stack.append(u)
+
+    def op_handlers(self) -> dict:
+        """The ops that may block, by op code: (unit, slot, its clock) -> its new clock, or None
+        when it blocks there (its `wait` says on what). RECV's: a receive whose blocking sender
+        waits for it -> the tensor's arrival. Closures over the engine's state."""
+        heap, seq, programs, start, box, clock, wait, stack, unacked, acked, collectives, offers, dp = (
+            self.heap, self.seq, self.programs, self.start, self.box, self.clock, self.wait, self.stack,
+            self.unacked, self.acked, self.collectives, self.offers, self.dp)
+        resume = self.resume
+
+        def meet(u: int, pc: int, t: float) -> float:
+            """The transfer starts at the later of their clocks; the sender goes on when it ends."""
+            w, wslot, ts, d = offers.pop((u, pc))
+            a = box[u][pc] = (ts if ts > t else t) + d
+            start[w][wslot] = a - d
+            resume(w, wslot + 1, a)
+            return a
+
+        def send_sync(u: int, pc: int, t: float) -> float | None:
+            """A blocking send: waits for its receive, then both go on when the transfer ends."""
+            _, dur, ddst, dslot, _ = programs[u]
+            v, j = u + ddst[pc], dslot[pc]
+            if wait[v] != j:                    # the receiver is not there yet: leave an offer
+                offers[(v, j)] = (u, pc, t, dur[pc])
+                wait[u] = RENDEZVOUS
+                return None
+            t0 = clock[v] if clock[v] > t else t
+            start[u][pc] = t0
+            box[v][j] = t0 + dur[pc]
+            wait[v] = RUNNABLE
+            stack.append(v)
+            return t0 + dur[pc]
+
+        def allreduce(u: int, pc: int, t: float) -> float | None:
+            """A DP collective: starts when every replica of the stage reached it, at the latest clock."""
+            s = u // dp
+            key = s * (1 << 32) + pc
+            c = collectives.get(key)
+            if c is None:
+                c = collectives[key] = [0, t]
+            c[0] += 1
+            if t > c[1]:
+                c[1] = t
+            if c[0] < dp:
+                wait[u] = COLLECTIVE
+                return None
+            del collectives[key]
+            t0 = c[1]
+            t1 = t0 + programs[u][1][pc]
+            for w in range(s * dp, s * dp + dp):
+                start[w][pc] = t0
+                if w != u:
+                    resume(w, pc + 1, t1)
+            return t1
+
+        def wait_acks(u: int, pc: int, t: float) -> float | None:
+            """Before the optimizer step: every WAN send so far delivered, then its latest ACK
+            back, then the step-wide collective (its duration, 0 unless modelled)."""
+            if unacked[u]:
+                wait[u] = ACKS
+                return None
+            start[u][pc] = t
+            return (acked[u] if acked[u] > t else t) + programs[u][1][pc]
+
+        def pooled_compute(u: int, pc: int, t: float) -> None:
+            """A compute that needs a core: the pool says when it ends (CORE_START, CORE_DONE)."""
+            start[u][pc] = t
+            wait[u] = CORE
+            heappush(heap, (t, 0, next(seq), CORE_START, u, pc))
+            return None
+
+        return {RECV: meet, SEND_SYNC: send_sync, ALLREDUCE: allreduce, WAIT_ACKS: wait_acks,
+                COMPUTE_POOLED: pooled_compute}
+
+    # -- heap events --------------------------------------------------------------------------
+    def event_handlers(self) -> tuple:
+        """One handler per kind of heap event, indexed by kind: (now, x, y) -> None. Closures over
+        the engine's state, which they read and change (the engine calls one per event)."""
+        heap, seq, links, sends, ack_s, units, dp = (self.heap, self.seq, self.links, self.sends, self.ack_s,
+                                                     self.units, self.dp)
+        programs, box, start, wait, stack, unacked, acked = (self.programs, self.box, self.start, self.wait,
+                                                             self.stack, self.unacked, self.acked)
+
+        def arrive(now: float, u: int, slot: int) -> None:
+            """A WAN send enters its link; its flow: (sending unit, receiving unit)."""
+            wan_of, nbytes, ddst = sends[u // dp]
+            li = wan_of[slot]
             link = links[li]
-            seq += 1
+            n = next(seq)
             if type(link) is FairLink:
-                nxt = link.arrive(now, nbytes_of[s][y], seq, x, y, x * U + x + ddst_of[s][y])
+                nxt = link.arrive(now, nbytes[slot], n, u, slot, u * units + u + ddst[slot])
                 if nxt is not None:
-                    heappush(heap, (nxt, 0, seq, _FAIR_DONE, li, link.version))
+                    heappush(heap, (nxt, 0, n, FAIR_DONE, li, link.version))
             else:
-                nxt = link.arrive(now, nbytes_of[s][y], seq, x, y, x % dp, x * U + x + ddst_of[s][y])
+                nxt = link.arrive(now, nbytes[slot], n, u, slot, u % dp, u * units + u + ddst[slot])
                 if nxt is not None:
-                    heappush(heap, (nxt, 1, seq, _DISPATCH, li, 0))
-        elif code == _FAIR_DONE:
-            link = links[x]
-            if link.version != y:
-                continue                         # superseded by a later arrival or completion
+                    heappush(heap, (nxt, 1, n, DISPATCH, li, 0))
+
+        def fair_done(now: float, li: int, version: int) -> None:
+            """Transfers whose last byte left now: delivered one latency later (waking a receiver
+            that waits for it), their ACK back at the sender `ack_s` after now (waking a WAIT_ACKS)."""
+            link = links[li]
+            if link.version != version:
+                return                            # superseded by a later arrival or completion
             when = now + link.latency
             done, started = link.complete(now)
-            ack = now + ack_of[x]
+            ack = now + ack_s[li]
             for u, slot in done:
-                deliver(u, slot, when)
+                _, _, ddst, dslot, _ = programs[u]
+                v, j = u + ddst[slot], dslot[slot]
+                box[v][j] = when
+                if wait[v] == j:
+                    wait[v] = RUNNABLE
+                    stack.append(v)
                 unacked[u] -= 1
                 if ack > acked[u]:
                     acked[u] = ack
-                if wait[u] == -3 and not unacked[u]:
-                    wait[u] = -1
+                if wait[u] == ACKS and not unacked[u]:
+                    wait[u] = RUNNABLE
                     stack.append(u)
             for u, slot in started:
                 start[u][slot] = now
             if link.heads:
-                seq += 1
-                heappush(heap, (link.next_completion(), 0, seq, _FAIR_DONE, x, link.version))
-        elif code == _CORE_START:
-            cores.add(now, x, y, sdata[x][1][y])
-            seq += 1
-            heappush(heap, (cores.next_completion(), 0, seq, _CORE_DONE, cores.version, 0))
-        elif code == _CORE_DONE:
-            if x != cores.version:
-                continue                         # superseded: another compute started or ended since
-            for u, slot in cores.pop_done(now):
-                end[u][slot] = now
-                executed += 1
-                pcs[u] = slot + 1
-                clock[u] = now
-                wait[u] = -1
-                stack.append(u)
-            nxt = cores.next_completion()
-            if nxt is not None:
-                seq += 1
-                heappush(heap, (nxt, 0, seq, _CORE_DONE, cores.version, 0))
-        else:                                    # _DISPATCH: a temporal link admits waiting transfers
-            link = links[x]
+                heappush(heap, (link.next_completion(), 0, next(seq), FAIR_DONE, li, link.version))
+
+        def dispatch(now: float, li: int, _: int) -> None:
+            """A temporal link admits what waits for it (after every arrival of the instant)."""
+            link = links[li]
             for u, slot in link.admit(now):
                 start[u][slot] = now
             if link.heads:
-                seq += 1
-                heappush(heap, (link.next_completion(), 0, seq, _FAIR_DONE, x, link.version))
-    if bar is not None:
-        bar.update(total - shown)
-        bar.close()
-    stuck = [u for u in range(U) if pcs[u] < lengths[u // dp]]
-    if stuck:
-        u = stuck[0]
-        s, d = divmod(u, dp)
-        p = prog.stages[s]
-        pc = pcs[u]
-        what = "a collective" if wait[u] == -2 else f"slot {pc} (virtual stage {p.vstage[pc]}, micro-batch {p.mb[pc]})"
-        raise GeotrainError(f"the schedule deadlocks: {len(stuck)} GPUs never finish; stage {s} replica {d} "
-                            f"waits at {what}")
-    if unit_dur is not None and end is None:
-        end = [[st + d for st, d in zip(start[u], unit_dur[u])] for u in range(U)]
-    return EngineResult(start=start, arrival=box, actions=executed, wan_events=heap_events,
-                        wall_s=time.perf_counter() - t_wall, end=end)
+                heappush(heap, (link.next_completion(), 0, next(seq), FAIR_DONE, li, link.version))
+
+        cores, end, resume = self.cores, self.end, self.resume
+
+        def core_start(now: float, u: int, slot: int) -> None:
+            cores.add(now, u, slot, programs[u][1][slot])
+            heappush(heap, (cores.next_completion(), 0, next(seq), CORE_DONE, cores.version, 0))
+
+        def core_done(now: float, version: int, _: int) -> None:
+            """The pool's computes whose work is done: their units go on."""
+            if version != cores.version:
+                return                            # superseded: another compute started or ended since
+            done = cores.pop_done(now)
+            for u, slot in done:
+                end[u][slot] = now
+                resume(u, slot + 1, now)
+            self.executed += len(done)
+            nxt = cores.next_completion()
+            if nxt is not None:
+                heappush(heap, (nxt, 0, next(seq), CORE_DONE, cores.version, 0))
+
+        return arrive, fair_done, dispatch, core_start, core_done
+
+    # -----------------------------------------------------------------------------------------
+    def check_finished(self) -> None:
+        stuck = [u for u in range(self.units) if self.pcs[u] < len(self.prog.stages[u // self.dp])]
+        if stuck:
+            u = stuck[0]
+            s, d = divmod(u, self.dp)
+            p = self.prog.stages[s]
+            pc = self.pcs[u]
+            what = "a collective" if self.wait[u] == COLLECTIVE else \
+                f"slot {pc} (virtual stage {p.vstage[pc]}, micro-batch {p.mb[pc]})"
+            raise GeotrainError(f"the schedule deadlocks: {len(stuck)} GPUs never finish; stage {s} replica {d} "
+                                f"waits at {what}")
+
+
+def _bar(total: int):
+    # lazy: tqdm only when called (importers that never call it stay free of it)
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="simulate", unit="act", unit_scale=True, leave=False)

@@ -34,21 +34,24 @@ from heapq import heappop, heappush
 
 class _SharedLink:
     """Virtual-service accounting both link kinds share: every admitted transfer (a head) gets
-    min(per-flow rate, capacity / heads); `served` is the bytes each head received since the
-    link was last idle, so a head finishes when `served` reaches its finish level."""
+    min(per-flow rate, capacity / heads), computed inline (the engine asks per event); `served`
+    is the bytes each head received since the link was last idle, so a head finishes when
+    `served` reaches its finish level."""
 
     __slots__ = ("capacity", "flow_rate", "latency", "served", "t", "heads", "version")
 
-    def _rate(self) -> float:
-        share = self.capacity / len(self.heads)
-        return self.flow_rate if self.flow_rate < share else share
-
     def _advance(self, now: float) -> None:
         if self.heads:
-            self.served += self._rate() * (now - self.t)
+            share = self.capacity / len(self.heads)
+            self.served += (self.flow_rate if self.flow_rate < share else share) * (now - self.t)
         else:
             self.served = 0.0
         self.t = now
+
+    def next_completion(self) -> float:
+        """When the head with the least left finishes, at the current sharing."""
+        share = self.capacity / len(self.heads)
+        return self.t + max(0.0, self.heads[0][0] - self.served) / (self.flow_rate if self.flow_rate < share else share)
 
 
 class FairLink(_SharedLink):
@@ -76,10 +79,6 @@ class FairLink(_SharedLink):
         heappush(self.heads, (self.served + nbytes, seq, flow, unit, slot))
         self.version += 1
         return self.next_completion()
-
-    def next_completion(self) -> float:
-        level = self.heads[0][0]
-        return self.t + max(0.0, level - self.served) / self._rate()
 
     def complete(self, now: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The predicted completion happened. Returns (finished, started): (unit, slot) of the
@@ -158,9 +157,6 @@ class TemporalLink(_SharedLink):
             started.append((unit, slot))
         self.version += 1
         return started
-
-    def next_completion(self) -> float:
-        return self.t + max(0.0, self.heads[0][0] - self.served) / self._rate()
 
     def complete(self, now: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """As FairLink.complete: the transfers whose last byte left now, and those that start on

@@ -39,6 +39,7 @@ SEND_INTRA = 3   # inside a DC: arrives after dur = latency + bytes / bandwidth 
 SEND_WAN = 4     # queued on a WAN link direction (fair or temporal sharing)
 ALLREDUCE = 5    # DP collective: starts when every replica of the stage reached it
 WAIT_ACKS = 6    # before the optimizer step: until every WAN send so far is acknowledged (see below), then dur
+COMPUTE_POOLED = 7  # the engine's, with a core pool: a COMPUTE that needs a core (sim.cores)
 SEND_SYNC = 8    # inside a DC, blocking (p2p="blocking"): a rendezvous with the receive, then dur for both
 
 GBPS = 1e9 / 8   # bytes/s per Gbit/s
