@@ -30,6 +30,7 @@ class _Recording:
     def __init__(self):
         self.vectors: list[torch.Tensor] = []
         self.exchanges = self.sent_bytes = 0
+        self.admitted: list = []
 
     def average(self, v, codec):
         self.vectors.append(v.clone())

@@ -26,8 +26,9 @@ from geotrain.layout.workers import OuterPlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.diloco_launch import run_workers
 from geotrain.runtime.launch import run_with_wan
-from geotrain.runtime.train_config import RunCase
+from geotrain.runtime.train_config import ElasticConfig, RunCase
 from geotrain.spec.load import load_spec
+from geotrain.trace.schema import Trace
 
 pytestmark = pytest.mark.slow
 
@@ -75,8 +76,9 @@ grad_clip = 0.0
 
 
 def _cfg(spec_path: Path, out: Path, plan, steps: int, every: int, **kw) -> RunCase:
+    kw.setdefault("trace", False)
     return case(spec_path, out=str(out), plan=plan, data="synthetic", progress=False, steps=steps,
-                checkpoint_every=every, trace=False, **kw)
+                checkpoint_every=every, **kw)
 
 
 def _model(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
@@ -92,9 +94,15 @@ def test_h1_outer_sgd_lr1_momentum0_trains_as_synchronous_dp(tmp_path):
     spec = _spec(tmp_path, pp=1, dp=2)
     base = plan_from_job(spec)
     # two workers of dp 2 (replicated: each replica exchanges half and they all-gather) vs dp 4
+    # the two replicas of a worker send over one link: with temporal sharing they take turns there
     plan = base.with_(outer=OuterPlan(workers=(("a",), ("b",)), inner_steps=1, lr=1.0, momentum=0.0,
-                                      nesterov=False, connections=2))
-    run_workers(_cfg(tmp_path / "spec.toml", tmp_path / "dl", plan, 4, 4))
+                                      nesterov=False, connections=4, sharing="temporal"))
+    run_workers(_cfg(tmp_path / "spec.toml", tmp_path / "dl", plan, 4, 4, trace=True))
+    events = Trace.read_jsonl(tmp_path / "dl" / "measured_trace.jsonl").events
+    turns = [e for e in events if e.kind == "turn"]
+    assert {e.link for e in turns} == {"a->b"} and {e.rank for e in turns} == {0, 1}
+    syncs = [e for e in events if e.kind == "outer_sync"]
+    assert len(syncs) == 2 * 4 and {e.link for e in syncs} == {"a->workers"}
     sync = base.with_(dp=4)
     run_with_wan([_cfg(tmp_path / "spec.toml", tmp_path / "sync", sync, 4, 4)], tmp_path / "sync")
     step = "checkpoints/step_00000004"
@@ -144,3 +152,23 @@ def test_a_lost_worker_does_not_stop_the_others(tmp_path):
     assert "outer exchange #1 goes on without worker(s) 1" in logs or "goes on without worker(s) 1" in \
         (tmp_path / "run" / "worker2" / "logs" / "rank0.log").read_text()
     assert any("worker(s) 1 lost; the others finished" in line for line in said)
+
+
+def test_with_elastic_a_lost_worker_rejoins_from_the_others_state(tmp_path, capfd):
+    spec = _spec(tmp_path, optimizer="adamw")
+    o = OuterPlan(workers=(("a",), ("b",)), inner_steps=4, connections=2)
+    plan = plan_from_job(spec).with_(outer=o)
+    said: list[str] = []
+    steps = 40
+    cfg = _cfg(tmp_path / "spec.toml", tmp_path / "run", plan, steps, steps, fail_at=[[0, 3, 1]],
+               elastic=ElasticConfig(enabled=True))
+    wan = run_workers(cfg, say=said.append, dead_after_s=3.0)
+    assert not wan.lost, said
+    assert any("worker 1 lost" in line and "restarting it to rejoin" in line for line in said)
+    rejoined = [json.loads(x)["step"] for x in (tmp_path / "run" / "worker1" / "losses.jsonl").read_text().splitlines()]
+    assert rejoined[:2] == [1, 2] and rejoined[-1] == steps and 4 < rejoined[2] < steps   # a gap, then on to the end
+    assert rejoined[2] % 4 == 1                                   # it continued right after an outer exchange
+    assert "worker 1 rejoined after step" in capfd.readouterr().out      # worker 0's rank 0 prints to ours
+    last = f"checkpoints/step_{steps:08d}"
+    a, b = _model(tmp_path / "run" / last, tmp_path), _model(tmp_path / "run" / "worker1" / last, tmp_path)
+    assert all(torch.equal(a[k], b[k]) for k in a)                # one model again after the last exchange

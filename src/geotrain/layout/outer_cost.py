@@ -9,8 +9,10 @@ part that one owns (reduce-scatter), then its own averaged part to each (all-gat
 encoded by the outer codec (costs.compression.outer_wire_bytes). So per exchange a link
 direction between two workers' DCs carries 2 / k of each rank's fragment per rank pair that
 crosses it. Time: two phases, each one-way latency plus the direction's bytes at min(capacity,
-flows x connections x per-connection rate), the last send acknowledged (one round trip), and the
-commit in the workers' store (about two round trips to it, in the first worker's DC).
+flows x connections x per-connection rate; with temporal sharing the ranks of a worker take turns,
+transport.turns.turn_slots of them at once, each turn's grant on top), the last send acknowledged
+(one round trip), and the commit in the workers' store (about two round trips to it, in the first
+worker's DC).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from geotrain.costs.compression import outer_wire_bytes
+from geotrain.transport.turns import TURN_OVERHEAD_S, turn_slots
 
 GBIT = 1e9 / 8
 STORE_ROUND_TRIPS = 2
@@ -75,9 +78,12 @@ def outer_cost(costs, plan, inner_step_s: float) -> OuterCost:
     slowest, rtt = 0.0, 0.0
     for (a, b), nbytes in by_dir.items():
         link = costs.link(a, b)
-        rate = min(link.capacity_gbps, flows[(a, b)] * link.rate_gbps(o.connections)) * GBIT
+        one = link.rate_gbps(o.connections)
+        slots = turn_slots(o.sharing, link.capacity_gbps, one, flows[(a, b)])     # temporal: turns taken
+        rate = min(link.capacity_gbps, (slots or flows[(a, b)]) * one) * GBIT
+        turns = TURN_OVERHEAD_S * flows[(a, b)] * 2 * (o.num_workers - 1) / slots if slots else 0.0
         lat = link.latency_ms * 1e-3
-        slowest = max(slowest, 2 * lat + nbytes / rate + 2 * lat)
+        slowest = max(slowest, 2 * lat + nbytes / rate + 2 * lat + turns)
         rtt = max(rtt, 2 * lat)
     exchange = slowest + STORE_ROUND_TRIPS * rtt
     exposed = max(0.0, exchange - o.overlap * inner_step_s)

@@ -44,7 +44,8 @@ def train_locally(case: RunCase, say=print) -> LocalResult:
     cfg, spec, plan = case.config, case.spec, case.plan
     el = cfg.elastic
     cut = parse_cut(el.cut_dc, plan) if el.cut_dc else parse_cut(el.cut_link, plan, "link") if el.cut_link else None
-    if el.enabled and not cfg.saving_every(spec):
+    diloco = plan.num_workers > 1      # DiLoCo: --elastic restarts a lost worker, which rejoins (no re-plan)
+    if el.enabled and not diloco and not cfg.saving_every(spec):
         raise GeotrainError("--elastic resumes from checkpoints: give --checkpoint-every N (or job.checkpoint_every)")
     data = cfg.data if cfg.data is not None else spec.job.data
     if data not in (None, "stdlib", "synthetic") or spec.model.hf:
@@ -72,7 +73,7 @@ def train_locally(case: RunCase, say=print) -> LocalResult:
         last["plan"] = case.plan
         out = Path(case.config.out)
         with RunSampling(None, period_s=0.5) as sampling:
-            if case.plan.num_workers > 1:      # DiLoCo: one job per worker (runtime.diloco_launch)
+            if case.plan.num_workers > 1:      # DiLoCo: one job per worker (runtime.diloco_launch), elastic inside
                 last["wan"] = run_workers(case, say=say, entry=entry)
             else:
                 last["wan"] = run_with_wan([case], out, say=say, describe=describe, entry=entry, watch=watch,
@@ -80,7 +81,7 @@ def train_locally(case: RunCase, say=print) -> LocalResult:
         (out / MACHINE_LOAD_NAME).write_text(json_text(sampling.machine_load()) + "\n")
 
     try:
-        if el.enabled:
+        if el.enabled and not diloco:
             events = train_elastic(case, launch_once, say=say, cut=cut)
             if events:
                 say(f"elastic: {len(events)} re-plan(s), see {Path(cfg.out) / 'elastic.jsonl'} and "

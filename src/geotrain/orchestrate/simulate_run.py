@@ -128,7 +128,9 @@ def _print_summary(plan, res, schedules, iterations: int, say) -> None:
         + (f" x tp={plan.tp_label()}" if max(plan.stage_tps) > 1 else "")
         + (f", ep={plan.ep}" if plan.ep > 1 else "")
         + f" ({plan.num_ranks} GPUs), {plan.num_microbatches} micro-batches of {plan.micro_batch}, "
-        f"{iterations} iteration(s)")
+        f"{iterations} iteration(s)"
+        + (f"; x {plan.num_workers} DiLoCo workers, an outer exchange every {plan.outer.inner_steps} steps "
+           "(per step: the slowest worker's plus its share of each exchange)" if plan.outer else ""))
     say(format_table(["metric", "value"], [
         ["iteration time", human_seconds(m.iteration_time)],
         ["tokens/s", human_rate(m.tokens_per_s, "tok/s")],

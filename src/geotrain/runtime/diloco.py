@@ -29,6 +29,8 @@ from torch import nn
 from geotrain.runtime.outer_group import OuterGroup
 from geotrain.runtime.scaler import _local
 
+JOIN_TAG = 1 << 40      # transport tags of the state a rejoining worker receives (exchanges use small ones)
+
 
 def fragments_of(sizes: list[int], f: int) -> list[list[int]]:
     """Indices 0..n-1 cut into `f` contiguous groups of about equal total size (a group may be empty)."""
@@ -58,10 +60,13 @@ class DiLoCo:
         self.ready: set[int] = set()                  # fragments whose average sits in self.pending
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="outer") if outer.overlap else None
         self.syncs: list[tuple[int, int]] = []        # (step, fragment) of every exchange started
+        self.step = 0
+        self.joining = False                          # a restarted worker: join() before training
 
     # -- the schedule ---------------------------------------------------------------------------
     def after_step(self, step: int) -> None:
         """Called after inner step `step` (1-based): apply what is due, start what the plan starts."""
+        self.step = step
         for f in sorted(f for f, at in self.due.items() if at == step):
             self._apply(f)
         for f in self.o.syncs_after(step):
@@ -73,6 +78,8 @@ class DiLoCo:
         """The end of training: apply every average still in flight or waiting, now."""
         for f in sorted(self.due):
             self._apply(f)
+        if self.group is not None:
+            self.group.finished()
 
     def settle(self) -> None:
         """Wait for exchanges in flight (a checkpoint stores their averages, applied when due)."""
@@ -158,6 +165,52 @@ class DiLoCo:
                 else:
                     p.copy_(anchor)
                 avg.zero_()
+        if self.group is not None and self.group.admitted:
+            self._admit(step_after=self.step)
+
+    # -- a worker rejoining ---------------------------------------------------------------------------
+    def _flat(self, tensors: dict) -> torch.Tensor:
+        return torch.cat([_local(tensors[n]).reshape(-1).float().cpu() for n in self.names]) if self.names \
+            else torch.zeros(0)
+
+    def _admit(self, step_after: int) -> None:
+        """After an exchange that admitted joiners: the lowest surviving worker's rank sends each its
+        state -- anchor, momentum, and the step it continues after; the others only note them."""
+        g = self.group
+        joiners, g.admitted = g.admitted, []
+        survivors = [m for m in g.members if m not in joiners]
+        if g.me != min(survivors):
+            return
+        meta = torch.tensor([step_after, g.exchanges], dtype=torch.int64)
+        for m in joiners:
+            g.welcome(m, g.members)
+            works = [g.transport.send(t, g.ident(m), JOIN_TAG + k)
+                     for k, t in enumerate((self._flat(self.anchor), self._flat(self.momentum), meta))]
+            for w in works:
+                w.wait()
+            print(f"geotrain diloco: worker {m[0]} rejoined after step {step_after} with worker {g.worker}'s state",
+                  flush=True)
+
+    def join(self) -> int:
+        """(A restarted worker) wait to be admitted, take the state sent, return the step to continue after."""
+        g = self.group
+        g.announce()
+        sender = g.welcomed()
+        n = sum(_local(p).numel() for p in self.params)
+        bufs = [torch.empty(n), torch.empty(n), torch.empty(2, dtype=torch.int64)]
+        for k, b in enumerate(bufs):
+            g.transport.recv(b, g.ident(sender), JOIN_TAG + k).wait()
+        at = 0
+        with torch.no_grad():
+            for n_, p in zip(self.names, self.params, strict=True):
+                dst = [_local(t) for t in (self.anchor[n_], self.momentum[n_], p)]
+                k = dst[0].numel()
+                dst[0].copy_(bufs[0][at:at + k].view(dst[0].shape))
+                dst[1].copy_(bufs[1][at:at + k].view(dst[1].shape))
+                dst[2].copy_(dst[0])
+                at += k
+        self.step = int(bufs[2][0])
+        return self.step
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -8,7 +8,9 @@ first worker's DC) and a secret (a 0600 file) that keys their outer transport. W
 into RUN_DIR, worker w > 0 into RUN_DIR/worker<w>.
 
 A worker that fails is reported in one line and the others go on (runtime.outer_group drops it
-from the exchanges once its heartbeat stops); the run fails only if every worker failed.
+from the exchanges once its heartbeat stops); the run fails only if every worker failed. With
+`elastic` the lost worker is started again and rejoins (its new incarnation takes the others'
+outer state at their next exchange and trains on from their step).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from geotrain.runtime.train_config import DilocoConfig, RunCase
 from geotrain.transport.auth import new_secret, write_secret_file
 
 STORE_START_S = 60.0
+MAX_REJOINS = 3
+REJOIN_WAIT_S = 300.0     # elastic: the others hold an exchange this long for a restarted worker
 
 
 def worker_dir(run_dir: Path, w: int) -> Path:
@@ -61,9 +65,11 @@ def _start_store(wan, dc: str, run_dir: Path) -> tuple[subprocess.Popen, str]:
 
 def run_workers(case: RunCase, say=print, dead_after_s: float | None = None, watch=None, **kw):
     """Train DiLoCo case `case` (every worker of its plan, over the WAN its config asks for); returns the
-    WanLaunch (closed), with `.lost` the workers that failed ({worker: message})."""
+    WanLaunch (closed), with `.lost` the workers that failed ({worker: message}). With
+    `config.elastic.enabled` a worker that fails is started again (up to MAX_REJOINS times) and
+    rejoins with the others' state (runtime.diloco)."""
     cfg, spec, plan = case.config, case.spec, case.plan
-    run_dir, asked = Path(cfg.out), cfg.wan
+    run_dir, asked, elastic = Path(cfg.out), cfg.wan, cfg.elastic.enabled
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     wan = open_wan(asked.mode, spec, plan, asked.rate_scale, say=say, tls=asked.tls,
                    **({"timeout_s": asked.timeout_s} if asked.timeout_s is not None else {}))
@@ -83,11 +89,6 @@ def run_workers(case: RunCase, say=print, dead_after_s: float | None = None, wat
         def one(w: int) -> None:
             wplan = plan.worker_plan(w)
             out = worker_dir(run_dir, w)
-            # test hook: a fail_at entry (rank, step, worker) fails that worker only ((rank, step): every worker)
-            meet = DilocoConfig(worker=w, store=address, secret_file=str(secret_file.resolve()),
-                                dead_after_s=dead_after_s if dead_after_s is not None else spec.job.diloco.dead_after_s)
-            one_case = replace(case, plan=wplan, config=cfg.with_(out=str(out), diloco=meet,
-                                                                   hooks=cfg.hooks.for_worker(w)))
             view = replace(wan, rank_dc=[wplan.dc_of_rank(r) for r in range(wplan.num_ranks)])
 
             def watching(procs) -> None:
@@ -96,14 +97,27 @@ def run_workers(case: RunCase, say=print, dead_after_s: float | None = None, wat
                 if watch is not None:
                     watch(w, procs)
 
-            try:
-                launch([one_case], wplan.num_ranks, out, wan=view, watch=watching, rank0_stdout=w == 0,
-                       describe=lambda r: f"worker {w} rank {r}, {wplan.dc_of_rank(r)}", **kw)
-            except _Stop:
-                lost[w] = "stopped"
-            except GeotrainError as e:
-                lost[w] = str(e)
-                say(f"DiLoCo: worker {w} lost: {e}")
+            for incarnation in range(MAX_REJOINS + 1 if elastic else 1):
+                # test hook: a fail_at entry (rank, step, worker) fails that worker only (its first start)
+                meet = DilocoConfig(worker=w, store=address, secret_file=str(secret_file.resolve()),
+                                    incarnation=incarnation, rejoin_wait_s=REJOIN_WAIT_S if elastic else 0.0,
+                                    dead_after_s=dead_after_s or spec.job.diloco.dead_after_s)
+                hooks = cfg.hooks.for_worker(w) if not incarnation else cfg.hooks.model_copy(update={"fail_at": []})
+                one_case = replace(case, plan=wplan, config=cfg.with_(out=str(out), diloco=meet, hooks=hooks,
+                                                                       resume={"own": False, "from_run": None}))
+                try:
+                    launch([one_case], wplan.num_ranks, out, wan=view, watch=watching, rank0_stdout=w == 0,
+                           describe=lambda r: f"worker {w} rank {r}, {wplan.dc_of_rank(r)}", **kw)
+                    lost.pop(w, None)
+                    return
+                except _Stop:
+                    lost[w] = "stopped"
+                    return
+                except GeotrainError as e:
+                    lost[w] = str(e)
+                    again = elastic and incarnation < MAX_REJOINS and not stop.is_set()
+                    say(f"DiLoCo: worker {w} lost: {e}" + ("; restarting it to rejoin from the other workers' "
+                                                          "state" if again else ""))
 
         threads = [threading.Thread(target=one, args=(w,), name=f"worker{w}") for w in range(W)]
         for t in threads:

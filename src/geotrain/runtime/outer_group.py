@@ -15,6 +15,15 @@ writes it after all its receives arrived and its sends were acknowledged), or "a
 that found another dead; the aborter then writes the next attempt's members (the dead removed),
 and everyone retries with them. So survivors either all apply an attempt's average or all retry:
 their parameters never diverge. A member that finds itself removed raises `WorkerDropped`.
+
+A lost worker restarted (a new incarnation, `--elastic`) rejoins: it announces itself in the store
+(`join`); the member committing an exchange of inner rank 0's group names the joiners it sees in
+the verdict ("commit:" + their list), which every group of every rank follows (`admit/<seq>`), so a
+joiner is admitted at the same exchange by all of its ranks; it takes part from the next exchange,
+with the state the lowest surviving worker sends it (runtime.diloco: anchor, momentum, the step).
+With `rejoin_wait_s` (elastic runs) a member that drops a dead worker marks it expected, and the
+next commit of inner rank 0's group waits up to that long for its announcement -- the launcher is
+restarting it -- so a restart slower than the others' remaining steps still rejoins.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from geotrain.runtime.compress import decode_outer, encode_outer
 
 POLL_S = 0.25           # how often a waiting member looks at the store (abort decided? a peer dead?)
 Member = tuple[int, int]   # (worker, incarnation)
+FINISHED = "geotrain/outer/finished"
+EXPECT = "geotrain/outer/expect"        # workers the others wait for at their next exchange (elastic)
 
 
 class WorkerDropped(GeotrainError):
@@ -46,10 +57,12 @@ class OuterGroup:
 
     def __init__(self, store, beat_store, transport: Callable[[int], object], *, worker: int, workers: int,
                  inner_rank: int, inner_ranks: int, dead_after_s: float = 30.0, incarnation: int = 0,
-                 members: list[Member] | None = None):
+                 members: list[Member] | None = None, rejoin_wait_s: float = 0.0):
         self.store, self.worker, self.workers = store, worker, workers
         self.inner_rank, self.inner_ranks, self.incarnation = inner_rank, inner_ranks, incarnation
         self.dead_after_s = dead_after_s
+        self.rejoin_wait_s = rejoin_wait_s      # elastic: how long an exchange waits for a lost worker's restart
+        self._expected: dict[int, float] = {}   # worker -> when this member started waiting for it
         self.key = f"geotrain/outer/r{inner_rank}"
         self.members: list[Member] = members or [(w, 0) for w in range(workers)]
         self.me: Member = (worker, incarnation)
@@ -61,6 +74,8 @@ class OuterGroup:
         threading.Thread(target=self._beats, name="outer-heartbeat", daemon=True).start()
         self.exchanges = 0
         self.sent_bytes = 0        # outer payloads this member put on its transport, all exchanges
+        self.admitted: list[Member] = []     # joiners the last exchange admitted (they get the state)
+        self.also_close: list = []           # closed with the group (the outer turns' arbiters and clients)
 
     def ident(self, m: Member) -> int:
         """The transport identity of member m: unique per worker, inner rank and incarnation."""
@@ -103,7 +118,8 @@ class OuterGroup:
                                     "found it unresponsive and went on)")
             out = self._attempt(seq, a, members, vec, codec)
             if out is not None:
-                self.members, self.exchanges = members, seq + 1
+                self.admitted = self._admitted(seq, a, members)
+                self.members, self.exchanges = members + self.admitted, seq + 1
                 return out
             a += 1
             raw = self.store.get(f"{self.key}/m/{seq}/{a}")
@@ -169,10 +185,10 @@ class OuterGroup:
         while True:
             verdict = self._verdict(seq, a)
             if verdict:
-                return verdict == "commit"
+                return verdict.startswith("commit")
             missing = [m for m, key in zip(members, keys, strict=True) if not self.store.check([key])]
             if not missing:
-                return self._decide(seq, a, "commit") == "commit"
+                return self._decide(seq, a, self._commit_value(members)).startswith("commit")
             dead = [m for m in missing if self._dead(m)]
             if dead and not self._abort(seq, a, members, dead):
                 return False
@@ -193,19 +209,84 @@ class OuterGroup:
     def _abort(self, seq: int, a: int, members: list[Member], dead: list[Member]) -> bool:
         """Try to abort the attempt without `dead`; False if aborted (by us or another), True if it
         was committed meanwhile (every member finished: keep waiting, the bytes are on their way)."""
-        if self._decide(seq, a, "abort") == "commit":
+        if self._decide(seq, a, "abort").startswith("commit"):
             return True
         survivors = [m for m in members if m not in dead]
         self.store.compare_set(f"{self.key}/m/{seq}/{a + 1}", "", json.dumps(survivors))
+        if self.rejoin_wait_s:          # elastic: the launcher restarts them; hold an exchange for their return
+            for w, _ in dead:
+                self.store.set(f"{EXPECT}/{w}", "1")
         print(f"geotrain diloco: rank {self.inner_rank} of worker {self.worker}: outer exchange #{seq} goes on "
               f"without worker(s) {', '.join(str(w) for w, _ in dead)} (no heartbeat for {self.dead_after_s:g} s)",
               flush=True)
         return False
 
+    # -- joining ---------------------------------------------------------------------------
+    def _commit_value(self, members: list[Member]) -> str:
+        """ "commit", naming (inner rank 0's group only) the workers waiting to rejoin."""
+        if self.inner_rank != 0:
+            return "commit"
+        here = {w for w, _ in members}
+        for w in range(self.workers):   # a worker being restarted: wait (up to rejoin_wait_s) for its announce
+            if w in here or not self.store.check([f"{EXPECT}/{w}"]):
+                continue
+            since = self._expected.setdefault(w, time.monotonic())
+            while not self.store.check([f"{self.key}/join/{w}"]) and time.monotonic() - since < self.rejoin_wait_s:
+                time.sleep(POLL_S)
+            if not self.store.check([f"{self.key}/join/{w}"]):
+                self.store.delete_key(f"{EXPECT}/{w}")      # gave up waiting: go on without it
+        joiners = [[w, int(self.store.get(f"{self.key}/join/{w}"))] for w in range(self.workers)
+                   if w not in here and self.store.check([f"{self.key}/join/{w}"])]
+        for w, _ in joiners:
+            self.store.delete_key(f"{EXPECT}/{w}")
+            self._expected.pop(w, None)
+        return "commit:" + json.dumps(joiners) if joiners else "commit"
+
+    def _admitted(self, seq: int, a: int, members: list[Member]) -> list[Member]:
+        """The joiners exchange `seq` admits: inner rank 0's verdict, published for every rank's group."""
+        admit = "geotrain/outer/admit"
+        if self.inner_rank == 0:
+            verdict = self._verdict(seq, a)
+            joiners = verdict.split(":", 1)[1] if ":" in verdict else "[]"
+            self.store.set(f"{admit}/{seq}", joiners)
+        else:
+            raw = self.store.get(f"{admit}/{seq}")
+            joiners = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return [tuple(m) for m in json.loads(joiners) if tuple(m) not in members]
+
+    def announce(self) -> None:
+        """A restarted worker (incarnation > 0) asks to be admitted."""
+        self.store.set(f"{self.key}/join/{self.worker}", str(self.incarnation))
+
+    def welcome(self, to: Member, members: list[Member]) -> None:
+        """Tell joiner `to` who sends it the state and who the members are now."""
+        self.store.set(f"{self.key}/welcome/{to[0]}/{to[1]}", json.dumps({"from": self.me, "members": members,
+                                                                         "exchanges": self.exchanges}))
+
+    def welcomed(self) -> Member:
+        """(Joiner) wait to be admitted; returns who sends the state; members and exchange count set."""
+        key = f"{self.key}/welcome/{self.worker}/{self.incarnation}"
+        while not self.store.check([key]):
+            if self.store.check([FINISHED]):
+                raise GeotrainError(f"worker {self.worker} restarted too late: the other workers finished "
+                                    "before an outer exchange could admit it")
+            time.sleep(POLL_S)
+        raw = self.store.get(key)
+        doc = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        self.members = [tuple(m) for m in doc["members"]]
+        self.exchanges = int(doc["exchanges"])
+        return tuple(doc["from"])
+
+    def finished(self) -> None:
+        """This member trained to the end (a worker still waiting to rejoin then gives up)."""
+        self.store.set(FINISHED, "1")
+
     def close(self) -> None:
         self._closed.set()
         if hasattr(self.transport, "close"):
             self.transport.close()
+        for x in self.also_close:
+            x.close()
 
 
 def _ok(work) -> bool:

@@ -122,6 +122,8 @@ def run_rank(case: RunCase, bubble_hook: BubbleHookFactory | None = None) -> dic
     bubble = _bubble(cfg, bubble_hook, me, recorder)
     transport, trainer = _build_trainer(case, me, optimizer, scaler, recorder, bubble)
     start, resumed = _resume(case, ckpt, data, every, me.rank == report_rank(plan))
+    if outer is not None and outer.joining:
+        start = outer.join()      # a restarted DiLoCo worker: the others' state, and the step they reached
     if me.rank == report_rank(plan):
         write_data_report(data.source, out, steps, show=cfg.progress)
     tokens_per_step = plan.inner_plan().global_batch * spec.model.seq_len     # this worker's
@@ -147,6 +149,8 @@ def run_rank(case: RunCase, bubble_hook: BubbleHookFactory | None = None) -> dic
                 result = trainer.step(step, batches)
                 seconds = time.time() - step_start
                 del batches
+            if outer is not None:      # DiLoCo's outer loop: exchanges and outer steps after this inner step
+                outer.after_step(step)
             extra: dict[str, Any] = {}
             if job.eval_every and (step % job.eval_every == 0 or step == steps):
                 extra.update(_evaluate(trainer, data, job.eval_batches))
@@ -156,8 +160,6 @@ def run_rank(case: RunCase, bubble_hook: BubbleHookFactory | None = None) -> dic
                 extra.update(resumed_from=str(from_run),
                              layout={"pp": plan.pp, "dp": plan.dp, "tp": plan.tp, "sharding": plan.sharding},
                              resume_wall={**resumed, "step_start": step_start, "step_end": time.time()})
-            if outer is not None:
-                outer.after_step(step)
             log.record(step, result.loss, result.skipped, scaler.scale, seconds, lr=result.lr,
                        grad_norm=result.grad_norm, **extra)
             if every and (step % every == 0 or step == steps):
@@ -165,7 +167,7 @@ def run_rank(case: RunCase, bubble_hook: BubbleHookFactory | None = None) -> dic
                     outer.settle()
                 ckpt.save(step, data.state_dict())
         if outer is not None:
-            outer.finish()
+            outer.finish()     # an exchange still overlapping the last steps: applied (not saved: resume exact)
     except BaseException as e:
         # When this rank failed, stamped before closing its transport makes its peers fail in turn:
         # the launcher names the earliest failure (worker.write_error), and the peers' "closed its

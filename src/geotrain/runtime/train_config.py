@@ -105,6 +105,7 @@ class DilocoConfig(_Part):
     secret_file: str | None = None           # the 0600 secret keying the outer transport
     incarnation: NonNegativeInt = 0
     dead_after_s: PositiveFloat | None = None   # a worker whose heartbeat stops this long is dropped
+    rejoin_wait_s: float = Field(0.0, ge=0)  # elastic: how long an exchange waits for a restarted worker
     bind: str | None = None                  # the outer transport's address (default: the WAN's)
 
 

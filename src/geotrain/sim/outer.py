@@ -20,19 +20,28 @@ from geotrain.trace.metrics import Metrics
 from geotrain.trace.schema import Event, Trace
 
 MAX_TIMELINE_STEPS = 64
+TIMELINE_EVENTS = 500_000     # the timeline shows a whole period when it holds fewer events than this
 
 
 class OuterSimResult:
     """A DiLoCo plan's simulation: `inner` (the slowest worker's SimResult), `outer` (OuterCost),
     per inner step `iteration_time` and `metrics` (tokens of every worker, WAN bytes with the
-    outer exchange's share), `trace` the timeline (see the module docstring)."""
+    outer exchange's share), `trace` the timeline (see the module docstring), simulated when first
+    read -- the planner prices modes without it."""
 
-    def __init__(self, plan: Plan, inner, outer: OuterCost, trace: Trace, tokens: int):
-        self.plan, self.inner, self.outer, self.trace = plan, inner, outer, trace
+    def __init__(self, plan: Plan, inner, outer: OuterCost, timeline, tokens: int):
+        self.plan, self.inner, self.outer = plan, inner, outer
         self.schedule = inner.schedule
         self.iteration_time = inner.iteration_time + outer.per_step_s
         self._tokens = tokens
         self._metrics: Metrics | None = None
+        self._timeline, self._trace = timeline, None
+
+    @property
+    def trace(self) -> Trace:
+        if self._trace is None:
+            self._trace = self._timeline()
+        return self._trace
 
     @property
     def tokens_per_s(self) -> float:
@@ -57,13 +66,21 @@ def simulate_outer(spec, plan: Plan, iterations: int, simulate_one, costs: Stage
     for w in range(o.num_workers):       # workers alike in GPU types simulate once
         wp = plan.worker_plan(w).inner_plan()
         kinds.setdefault(tuple(spec.cluster.dc(st.dc).gpu_type for st in wp.stages), wp)
-    steps = min(MAX_TIMELINE_STEPS, max(iterations, o.inner_steps + o.overlap))     # a whole period
-    results = [simulate_one(spec, wp, steps if i == 0 else 1) for i, wp in enumerate(kinds.values())]
+    results = [simulate_one(spec, wp, 1) for wp in kinds.values()]
     slowest = max(results, key=lambda r: r.iteration_time)
     costs = costs or StageCosts.for_plan(spec, plan, cost)
     out = outer_cost(costs, plan, slowest.iteration_time)
-    trace = _timeline(results[0].trace, plan, out, steps)
-    return OuterSimResult(plan, slowest, out, trace, plan.global_batch * spec.model.seq_len)
+    first = next(iter(kinds.values()))
+    # A whole period where the plan is small; else up to the first exchange's outer step.
+    events = len(slowest.trace.events) if first.num_ranks <= 64 else TIMELINE_EVENTS
+    period = o.inner_steps + o.overlap
+    steps = period if events * period <= TIMELINE_EVENTS else o.fragment_offset(0) + o.overlap
+    steps = min(MAX_TIMELINE_STEPS, max(iterations, steps))
+
+    def timeline() -> Trace:
+        return _timeline(simulate_one(spec, first, steps).trace, plan, out, steps)
+
+    return OuterSimResult(plan, slowest, out, timeline, plan.global_batch * spec.model.seq_len)
 
 
 def _timeline(inner: Trace, plan: Plan, out: OuterCost, steps: int) -> Trace:
