@@ -253,8 +253,6 @@ def build_transport(wan: WanConfig | None, spec, plan, schedule, rank: int,
                                timeout_s=timeout, stall_s=wan.stall_s or min(DEFAULT_STALL_S, timeout / 4),
                                max_message_bytes=max_message, tls=wan.tls,
                                describe=lambda r: f"rank {r} ({plan.dc_of_rank(r)})", **hooks)
-    for peer in conns:        # every peer's address now: a reconnect later must not need the store
-        striped.lookup(peer)
     for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it
         how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
         print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.dc_of(peer_stage, replica)}): "
