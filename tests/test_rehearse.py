@@ -169,7 +169,7 @@ def test_each_datacenter_is_one_block_of_ranks_in_plan_order():
 
 
 def test_the_link_table_stays_aligned_with_long_datacenter_names():
-    from geotrain.commands.rehearse_cmd import _link_lines
+    from geotrain.orchestrate.rehearse_run import _link_lines
 
     row = {"measured_connections_per_pair": [2], "turns_per_iteration": 4, "turn_pipelines": 2, "plan_turns": False,
            "turn_slots": 1, "turns_held_at_once": 1, "plan_connections": 2, "sharing": "fair",

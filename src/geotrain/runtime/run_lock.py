@@ -26,6 +26,7 @@ LOCK_NAME = ".geotrain.lock"
 def run_dir_lock(run_dir: Path, say=print) -> Iterator[None]:
     """Hold `run_dir` for this process while the block runs (see the module docstring)."""
     run_dir = Path(run_dir)
+    created = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
@@ -44,7 +45,19 @@ def run_dir_lock(run_dir: Path, say=print) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
-        yield
+        try:
+            yield
+        except BaseException:
+            if created and [p.name for p in run_dir.iterdir()] == [LOCK_NAME]:
+                # refused before it wrote anything (a request too big for this machine, a bad plan):
+                # leave no empty run directory behind
+                os.close(fd)
+                fd = -1
+                (run_dir / LOCK_NAME).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()
+            raise
         os.ftruncate(fd, 0)   # released cleanly: nothing stale for the next run to report
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
