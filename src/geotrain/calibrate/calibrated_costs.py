@@ -1,50 +1,13 @@
-"""Calibrated simulation: the simulator's inputs built from a measured profile, with the effects the
-plain cost model leaves out modelled explicitly -- `CalibratedCosts`, the analytic StageCosts
-(layout.stage_costs) with what the profile measures in their place.
+"""Calibrated simulation: `CalibratedCosts`, the analytic StageCosts (layout.stage_costs) with what a
+measured profile knows in place of the cost model's estimates.
 
-What is modelled (each from a number in the profile's "runtime" part, see profile.py):
-  * compute per virtual stage: the sum of its units' measured forward/backward (CostModel with the
-    profile) times the runtime factor of that kind (`compute_factor`, from the profile's real
-    2-stage calibration run: what running inside the runtime beside another rank adds), plus the
-    interpreter's own time around each compute action (`per_action_s` for the compute action and
-    the receive/send actions that come with it); zero-bubble B_input / W as the measured split of
-    the runtime's two autograd passes (the first stage's whole backward at W); FSDP zero2/zero3
-    parameter all-gathers inside forward/backward (`fsdp_gather_s`);
-  * the DP reduction: the measured gloo all-reduce fit alpha + bytes x per_byte at that dp, on the
-    gradients the runtime reduces (replicated DP: in the training dtype), times the calibration run's in-run factor
-    for it (`compute_factor["allreduce"]`: that run's when it had dp > 1, else a dp = 2 run of its
-    own, `calibration_run.allreduce_factor_run`; the first stage's and the other stages' apart,
-    "allreduce_first_stage" / "allreduce_other_stages", where the profile has them);
-  * the optimizer step: measured fixed + per-parameter cost;
-  * intra-DC point-to-point and WAN messages: the measured gloo p2p and per-message transport
-    overhead in the cluster's numbers (calibrated_links.py);
-  * the ACK wait: a send completes when the receiver's ACK is back (transport/striped_send.py) and every
-    rank waits for its sends before its optimizer step -- one round trip after the last byte left
-    over the kernel WAN, only the hand-offs over the user-space shaper, which ACKs before it holds
-    the message for the emulated latency (`ack_delays`; the simulator's WAIT_ACKS);
-  * the runtime's step-wide collective before every optimizer step (runtime.trainer.Trainer.step):
-    fp16's global all-reduce of (overflow flag, loss, gradient norm) over ALL ranks, else with
-    gradient clipping the global norm (runtime.recipe.GradNorm: inside each stage, then across the
-    pipeline) -- gloo, so it crosses the WAN where the ranks' gloo traffic does ("kernel" mode: ranks
-    in DC namespaces; "shaper" mode: gloo stays on loopback, only StripedTransport is shaped). Added
-    as a wait before each stage's step (`global_sync_s`, the simulator's `step_sync`); waiting for the slowest
-    stage at that barrier is slack the simulator's schedule already has (the first stage, which
-    finishes last, is on the critical path);
-  * CPU contention: measured, when the run was (`rank_slowdown`: each rank's CPU + run-queue time
-    over CPU time while it trained, wanrun.py), scales its stage's compute. Otherwise modelled:
-    when more ranks compute at once than the machine has free cores, each is slower: processor
-    sharing, k ranks computing beside b runnable threads of other work (sampled while the plan ran,
-    cpuload.py, or the calibration run's effective background) get cores / (k + b) of a core
-    each. The profile's measured slow-down table f(k) checks this model. Two ways to apply it:
-    - ranks outnumber the host's cores (a CPU-emulated run: every stage's DC has gpu_type "cpu",
-      all ranks on this host, ranks x threads > the profile's `cores`): the simulator's core pool
-      (sim.cores) shares the cores instant by instant -- k units computing at once each run
-      residual x max(1, (k + b) / C) slower, a rank waiting on a message holds no core and a rank
-      woken by one shares with whoever computes then (`core_slowdown`);
-    - otherwise (a core per rank, or GPUs) a fixed point of averages: simulate, measure per physical
-      stage the time-averaged number of ranks computing while it computes, scale its compute by the
-      slow-down, simulate again (3 rounds; it settles in 2). With a core per rank and a quiet
-      machine that factor is the residual alone.
+It adds what the plain cost model leaves out, each from a number in the profile's runtime part:
+the runtime's compute factors and per-action interpreter time, the measured DP all-reduce with its
+in-run factor, the optimizer step, p2p and per-message WAN overhead (calibrated_links), the ACK
+wait and the step-wide collective before each optimizer step, and CPU contention -- the
+simulator's core pool where ranks outnumber cores (`core_slowdown`), else a fixed point of
+averages. docs/VALIDATION.md ("What the calibrated simulation models") says what each term is,
+how it is measured and why.
 """
 
 from __future__ import annotations

@@ -1,54 +1,12 @@
 """Bytes a unit keeps alive between its forward and its backward, derived op by op from llama.py.
 
-The count is what the runtime really holds, not a textbook formula: the plain model of
-`geotrain.models.llama` run the way `runtime/interpreter.py` runs it -- fp32 weights, `torch.autocast`
-for bf16/fp16 (so the residual stream and the norms stay fp32 and every matmul input is cast),
-blocks wrapped by `runtime/activation_ckpt.py`, the loss computed in fp32 outside autocast. It is
-checked against a live-storage measurement for every (precision, checkpointing) pair in
-tests/test_cost_activations.py. Notation: T = micro_batch * seq_len tokens, h hidden, kv =
-kv_heads * head_dim, f ffn, V vocab, p the compute dtype's bytes (4 fp32, 2 under autocast).
-
-A unit's bytes are the storages its forward creates that are still alive afterwards -- saved for
-backward, or its output, which the next unit saves (so the stage input is not a unit's: see
-`stage_input_bytes`). Per block, without checkpointing:
-
-  * residual stream (fp32 whatever the precision; autocast leaves additions alone): the
-    attention output added to x (4Th, saved by the second norm) and the block output (4Th);
-  * each RMSNorm: x * rsqrt(mean x^2) (4Th, saved by the weight multiply) and rsqrt (4T); its
-    input is the residual already counted. In fp32 the weighted output is saved once more by the
-    linears reading it (4Th). Under autocast it is not: every linear casts it to p, and autocast
-    caches casts of leaves only, so each consumer keeps its own copy -- 3 (wq, wk, wv) after the
-    attention norm, 2 (gate, up) after the MLP norm, 1 (the head) after the final norm;
-  * attention: q and k after RoPE (pTh, pT*kv), v (pT*kv), SDPA's output (pTh) and its fp32
-    log-sum-exp (4*b*heads*s), the re-laid-out output wo reads (pTh); no s^2 term (fused SDPA
-    never stores the attention matrix). Under autocast RoPE casts its cos/sin slices to p
-    (4 tables of s * head_dim/2);
-  * SwiGLU: gate output, silu(gate), up output and their product (4pTf);
-  * autocast's p copies of the weights, made once per forward and saved by every matmul's
-    backward: p * (block matmul parameters) per micro-batch in flight, whatever the tokens.
-
-Full checkpointing keeps only the block output (4Th); the block input is the previous unit's
-output, held by the checkpoint for the recompute. A selective policy (`runtime/activation_ckpt.py`:
-selective checkpointing stores exactly the outputs of the ops its policy marks MUST_SAVE, and
-replays everything else in backward) keeps those outputs and the block output:
-  * "selective": the seven matmul outputs (3pTh + 2pT*kv + 2pTf) and SDPA's output and
-    log-sum-exp (pTh + 4*b*heads*s); norms, RoPE, SiLU and products are recomputed;
-  * "keep-matmul": the seven matmul outputs; SDPA is recomputed too (its s^2 FLOPs);
-  * "keep-attention": SDPA's output and log-sum-exp; every matmul is recomputed (nearly full
-    checkpointing's time, without attention's s^2 recompute).
-
-A split backward (zero-bubble B then W, `runtime/interpreter.py` with torch.distributed.pipelining's
-`stage_backward_input`) keeps more between B and W: B runs autograd with `retain_graph=True`, so
-every saved tensor stays, and hooks keep the gradient at each node where a weight's path joins the
-input's (the `intermediates` of its parameter groups) for W -- the seven matmul outputs'
-gradients (p) and the two norm-weight products' (fp32) per block, the head matmul's (pTV) and its
-norm's; the input's gradient (4Th) stays on the slot until W too. What goes: the nodes above
-every intermediate -- the loss's log-softmax and scalars (the stage output is detached). Under
-full checkpointing B's recomputed tensors go when B's graph task ends (W recomputes), so the same
-bytes stay whatever the checkpointing. See `deferred_weight_bytes`.
-The embedding keeps its fp32 output (4Th; token ids are data, counted with the batch). The head
-keeps its norm (as above), autocast's copy of the output weight (pVh), fp32 log-softmax of the
-logits (4TV, cross-entropy's saved output) and two fp32 scalars (the loss and its total weight).
+The count is what the runtime really holds, not a textbook formula: the plain model run as
+`runtime/interpreter.py` runs it (fp32 weights, `torch.autocast` for bf16/fp16, blocks wrapped by
+`runtime/activation_ckpt.py`, the loss in fp32), under each checkpointing policy and, for a split
+backward, between B and W (`deferred_weight_bytes`). docs/MEMORY.md lists what each op keeps and
+why; tests/test_cost_activations.py checks the count exactly against live storages.
+Notation: T = micro_batch * seq_len tokens, h hidden, kv = kv_heads * head_dim, f ffn, V vocab,
+p the compute dtype's bytes (4 fp32, 2 under autocast).
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """The WAN bytes a plan moves per iteration, per link direction: the one definition the egress
-price (`layout.price`), `plan`/`simulate`'s printed WAN bytes (the simulator adds `collective_*`
-to its trace's transfer bytes: `trace.metrics`) and the report's predicted row all read.
+price (`layout.price`), `plan`/`simulate`'s printed WAN bytes and the report's predicted row read.
 
-Three kinds of traffic cross a DC boundary:
-  * pipeline: at each boundary between virtual stages in different DCs, every DP pipeline's
-    micro-batches send their activation forward and their gradient back, one copy to each
-    receiving TP rank (as sim/program.py moves them, so the simulator's transfer events carry
-    exactly these bytes);
-  * the DP sync of a region plan (`Plan.replica_dcs`): per reduce-scatter or all-gather of a
-    stage's B bytes, (k-1)/k * B over each hop of the ring through its k DCs (the volume
-    costs.comm.cross_dc_sync_time prices in time, over the same collectives). How many of each
-    the runtime really runs is `sync_collectives` (costs.comm.sync_collectives): under zero3
-    FSDP2 re-gathers a chunk's weights for every forward after which it resharded
-    (reshard_after_forward) and for the backward that follows it, so a pipeline with m
-    micro-batches gathers m+1 times per iteration, not twice;
-  * the tied embedding's gradient sum (`runtime.tied`, costs.comm.tied_sum_time): per DP
-    replica and TP index a two-rank all-reduce of CostModel.tied_grad_bytes between the first
-    and the last stage, i.e. those bytes each way over every link of its route;
-  * the step's control all-reduces (`runtime.trainer.StepGroup`): bf16/fp32 sum the loss (one
-    float64) over the last stage's DP group -- across a region plan's DCs --, fp16 all-reduces
-    its overflow flag and the loss (two float64; a third, the squared gradient norm, when the job
-    clips) over the whole world -- every DC the plan uses. A ring all-reduce of b bytes over k DCs
-    puts 2 (k-1)/k b on each hop of the ring;
-  * the gradient norm's exchange (bf16/fp32, job.grad_clip > 0; `runtime.recipe.GradNorm`): one
-    float64 all-reduce per stage over its dp x tp ranks (across a region plan's DCs), then per
-    replica one float64 to each receiving TP rank at every boundary, down the pipeline and back.
-
-Checked against the router counters of an emulated region run (tiny_2dc, pp2 x dp2 in
-east+west, bf16, 1f1b, 4 micro-batches, `RUN_DIR/wan_bytes.json`, per iteration from the
-difference of a 4-step and a 2-step run; tests/test_wan_bytes.py): see MEASURED below.
+It counts what crosses a DC boundary: pipeline activations and gradients (one copy per receiving
+TP rank, as the simulator's transfer events carry them); a region plan's DP sync over the ring of
+its DCs, with every collective `costs.comm.sync_collectives` says the runtime runs; the tied
+embedding's gradient sum; the step's control all-reduces (loss, fp16's overflow flag); and the
+gradient norm's exchange. MEASURED below is the check against an emulated run's router counters.
 """
 
 from __future__ import annotations

@@ -6,31 +6,11 @@ Layout under RUN_DIR/checkpoints/ (one run's series of checkpoints):
   step_00000020.tmp/  a save in progress -- never read; removed by the next save
   latest              the name of the newest complete checkpoint (replaced atomically)
 
-Every rank writes its shards into the .tmp directory; only after the collective save and a
-barrier does rank 0 rename it to a name no checkpoint has, repoint `latest` (write + os.replace)
-and only then prune: so a run killed at any moment still has a complete checkpoint that `latest`
-names. Pruning keeps the `keep` highest steps of the series (by step number, not by name) and
-never the one `latest` names.
-
-A fresh run (not --resume) into a directory that holds an earlier run's checkpoints starts a new
-series: the earlier ones move, untouched, to RUN_DIR/checkpoints.run<N>/, and it says so.
-`--resume` takes the newest *complete* checkpoint: the one `latest` names, else (its .metadata
-deleted, a shard missing, a load that fails) the one before it, and the run says so on the
-console; with none complete it is a one-line error naming what is missing. Checkpoints
-need a directory every rank shares (all shards of a step sit in one place): that is checked once
-at start, collectively, and a rank that cannot see rank 0's file there is named.
-
-State keys do not depend on the layout: parameters and their optimizer state are keyed by the
-plain model's names (`model.units.7.attn.wq.weight`, `optim.state.units.7.attn.wq.weight.exp_avg`;
-`units.N` is the global unit index, see models.llama.UnitStack), whatever stage, virtual chunk,
-replica or shard holds them. DCP records each tensor's global shape and the pieces every rank
-wrote, so a checkpoint saved under one pp split, dp and sharding (replicate, zero1, zero2, zero3,
-tp) loads into any other (`--resume-from`): each rank asks only for the names (and, for FSDP2 and
-TP DTensors, the slices) it now holds. ZeRO-1 ranks save and load only the parameters their
-partition owns, by name, so a new dp regroups them too. Step, loss scale and layout are
-replicated scalars; the RNG state is per rank (restored on the same layout, else rank 0's, which
-every rank starts from). Only tensors are stored -- DCP unpickles non-tensor values, and nothing
-from another process is unpickled -- and the loader state is JSON.
+A save is renamed into place and `latest` repointed before anything is pruned, so a run killed at
+any moment keeps a complete checkpoint; a fresh run moves an earlier series to
+checkpoints.run<N>/; `--resume` falls back past an incomplete latest, saying so. State is keyed by
+the plain model's parameter names, never by stage, rank or shard, so DCP reshards a checkpoint
+onto any other layout (`--resume-from`); only tensors are stored and the loader state is JSON.
 """
 
 from __future__ import annotations
@@ -158,6 +138,13 @@ def prune(root: Path, keep: int) -> None:
 
 
 class Checkpointer:
+    """One rank's saves and loads. Every rank writes its shards into the .tmp directory; after the
+    collective save and a barrier rank 0 commits (`commit`, then `prune`). Keys: `model.units.N...`
+    and `optim.state.units.N...` (N the global unit index), so each rank asks only for the names
+    (and DTensor slices) it now holds; ZeRO-1 ranks save and load only their partition's names.
+    Step, loss scale and layout are replicated scalars; the RNG state is per rank, restored on the
+    same layout, else rank 0's. The directory must be shared by every rank (checked at start)."""
+
     def __init__(self, root: Path, stage: int, replica: int, chunks: dict[int, nn.Module],
                  optimizer: torch.optim.Optimizer, scaler: GlobalLossScaler, layout: tuple[int, ...] = (),
                  outer=None):

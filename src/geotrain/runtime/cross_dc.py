@@ -1,34 +1,15 @@
 """The WAN in real training: where ranks run, and how their cross-DC transfers travel.
 
-Launcher side (`open_wan`): `--wan kernel` builds the emulated datacenters (one network namespace
-per DC, a router namespace adding each link's latency, capacity and per-connection cap; see
-geotrain.emulation.network) and starts every rank inside its DC's namespace, gloo bound to the
-namespace's interface and MASTER_ADDR in rank 0's namespace; tear-down follows the run, also on
-failure and Ctrl-C. `--wan shaper` keeps every rank on 127.0.0.1 and emulates delay and rates
-inside the project's own transport (the fallback where namespaces are impossible). `auto` picks
-kernel where it can, else shaper, and says which.
+Launcher side (`open_wan`): `--wan kernel` starts every rank inside its DC's network namespace of
+the emulated WAN (geotrain.emulation); `--wan shaper` keeps ranks on 127.0.0.1 and shapes inside
+the transport; `auto` picks kernel where it can. Under torchrun `--wan auto` runs the same
+transport over the real network ("direct": `bind_address`); `--wan off` is plain gloo/NCCL.
 
-Under torchrun (one invocation per DC or host, a real WAN between them) `--wan auto` runs the
-same mechanisms over the real network ("direct" mode): each rank binds its StripedTransport to
-this host's routable address (`bind_address`: `--wan-bind ADDR`, else the address the host uses
-to reach the rendezvous, MASTER_ADDR) and publishes it in the c10d store; `--wan off` is the only
-way to send plain gloo/NCCL across DCs. Every rank logs which transport carries each of its links.
-
-Rank side (`build_transport`): pairs of ranks in one DC keep gloo/NCCL (TorchTransport); pairs across a
-WAN link go through StripedTransport with the LinkPlan's number of TCP connections. (A region plan's
-pipelines are each inside one DC: all their pairs keep gloo/NCCL, and the only cross-DC traffic is the
-DP reduction, a collective of the process group.) When the
-LinkPlan says "temporal", the DP pipelines sending over that stage boundary (one direction) take
-turns in the plan's order, each transfer alone on the link; "fair" lets them all send at once.
-
-Why turns cannot deadlock: every replica executes the same action list, so the senders of one
-boundary post the same number of messages per iteration in the same order; sends are
-non-blocking and the receiver buffers what arrives before its recv is posted, so a turn only
-waits for other replicas' earlier-or-equal messages, which they post without waiting for this
-one; and every send completes before the iteration's world-wide loss all-reduce. A rank that
-dies anyway cannot hang the others forever: waits time out (`timeout_s`) with an error naming
-the transfer or the pipeline whose turn it was, and the launcher stops the run at the first
-failed rank. `sends_per_boundary` is the schedule check behind the first claim.
+Rank side (`build_transport`): pairs inside a DC keep gloo/NCCL; pairs across a WAN link go
+through StripedTransport with the LinkPlan's connections, taking turns when it says "temporal".
+Turns cannot deadlock: every replica posts the same sends in the same order, sends are
+non-blocking and receivers buffer, so a turn waits only for messages posted without waiting on it
+(`sends_per_boundary` checks the first claim); a dead peer ends the run by timeout, named.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """A host's CPU cores as a resource the simulated ranks share: for CPU-emulated runs with more ranks
 than cores.
 
-On a GPU cluster every rank has its own GPU, and a CPU run with a core per rank has its own core:
-the engine then gives each unit its compute time and no pool exists (`run_engine(cores=None)`:
-no per-event cost). When the ranks of one host outnumber its cores (the validation set's pp2 x dp2
-and pp4 runs: four single-thread ranks on two cores), compute needs a core; a rank that waits on a
-message or a collective holds none; a rank woken by a tensor competes for the cores with whoever is
-computing at that instant.
-
-Which scheduling model, by measurement. Linux shares the cores by timeslices (EEVDF on the 6.18
-kernel here, CFS before it; slices of ~1-3 ms) and a task woken after a sleep keeps its lag, so it
-runs within about a slice of waking: on the scale of a 2-10 ms compute action the cores behave as
-*processor sharing*, not as FIFO run-to-completion (a woken rank would then wait for a whole
-action of another rank to finish). Measured on the 2-core validation machine: the profile's contention table
-(k processes timing the same compute unit at once) reads 1.28 / 1.88 / 2.27 at k = 2 / 3 / 4 --
-every unit stretched about k / C-fold, where run-to-completion would leave each unit at its
-isolated time (1.0) and make the k-th wait instead; and in the 4-rank runs' traces a forward or
-backward of 4-8 ms lasts 1.4-1.8x its 2-rank time, stretched while others compute, where FIFO would
-show unstretched compute behind a wait. So: every unit computing at an instant progresses at the
-same rate 1 / slowdown[k], k = the number computing (`CorePool.slowdown`; the caller derives it from
-the profile: processor sharing on C cores with the profile's background and residual,
-calibrate.calibrated_costs). A compute action starts when its rank reaches it (as the runtime records it) and
-ends when its work is done at the shared rate -- its recorded duration stretches, as measured.
-
-Exact as an event model: a pooled compute's start and each completion go through the engine's
-time-ordered heap, so the set of units computing is known at every instant; all jobs progress at
-one rate, so the one with the least work left ends first.
+Without a pool (GPUs, or a core per rank) the engine gives each unit its compute time, at no
+per-event cost. With one, compute needs a core, a rank waiting on a message holds none, and all
+units computing at an instant progress at one rate, 1 / slowdown[k] for k computing: processor
+sharing, which is how Linux's timeslices behave at the scale of a compute action (measured:
+docs/DECISIONS.md, Simulator). A pooled compute's start and end go through the engine's heap, so
+the set computing is known at every instant and the one with the least work left ends first.
 """
 
 from __future__ import annotations

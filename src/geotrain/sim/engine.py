@@ -1,38 +1,15 @@
 """The discrete-event engine: runs every GPU's program against the links.
 
-Why it is fast: a GPU's timeline depends only on its own compute times, on when its inputs
-arrive and on its DP collectives -- not on a global clock. So each GPU ("unit": one stage
-replica; its tp group moves as one) runs ahead as far as it can in a tight loop over its
-program's op codes (sim.program), and stops only at a receive whose tensor has not arrived yet,
-or at an all-reduce its replicas have not all reached. Intra-DC sends have a known arrival time
-(latency + bytes / bandwidth; no intra-DC contention), so they are delivered at once, waking the
-receiver if it waits. Only WAN transfers, whose finish depends on what else shares the link, go
-through a global event heap, in time order (links.py: fair sharing between flows -- a (sending
-GPU, receiving GPU) pair, FIFO inside -- or temporal turns). The loop: run every woken unit
-ahead, pop the next event, hand it to the handler of its kind, repeat. sim/reference.py is the
-slow, obvious specification it must match (tests/test_sim_reference.py).
-
-That is exact, not an approximation: every event pushed on the heap is at or after the heap's
-current time, because a unit only runs when woken by something that happened at or before its
-own clock (start, an arrival, a collective's end), and its clock never goes back. Ties at one
-instant: link arrivals and link completions first (phase 0), then temporal admissions (phase 1),
-so a free temporal link picks among *all* transfers ready at that instant by plan order (a slot
-freed by a completion goes at once to those waiting then).
-
-Before its optimizer step a GPU waits (WAIT_ACKS) until every WAN send it made is acknowledged,
-as the runtime's transport completes a send on the receiver's ACK: delivery plus the direction's
-`ack_s`, then the slot's duration -- the step-wide collective, where one is modelled. A blocking
-send (SEND_SYNC, p2p "blocking") meets its receive: the first there waits (a send leaves an offer
-keyed by the receive's (unit, slot)), the transfer starts at the later clock, both go on after it.
-With a core pool (sim.cores; CPU-emulated runs whose ranks outnumber the cores) every compute is
-COMPUTE_POOLED: it goes through the heap (CORE_START) and ends when the pool says (CORE_DONE,
-versioned like a fair link's completion); a run without a pool runs the plain loop.
-
-What it records: for each unit and program slot, one float -- when the action started (a
-receive: when the GPU reached it; a WAN send: when the transfer entered the link) -- and for
-each receive slot, when its tensor arrived: the trace follows from these two arrays and the
-compiled program, so no event object is built during the run. With a core pool or a replay
-(`unit_dur`: every unit its own durations) also when each action ended (`end`).
+Why it is fast: a GPU's timeline depends only on its own compute, on when its inputs arrive and
+on its DP collectives -- not on a global clock. So each unit (one stage replica; its tp group
+moves as one) runs ahead over its program's op codes (sim.program) until a receive whose tensor
+has not arrived or an all-reduce its replicas have not all reached. Intra-DC sends have a known
+arrival time and are delivered at once; only WAN transfers, whose finish depends on what shares
+the link, go through a time-ordered heap (sim.links). The loop: run every woken unit ahead, pop
+the next event, hand it to its kind's handler. It is exact: a unit only runs when woken by
+something at or before its clock, so nothing is pushed into the heap's past. sim/reference.py is
+the slow, obvious specification it must match (tests/test_sim_reference.py); `Engine` documents
+ties, the blocking ops and what is recorded.
 """
 
 from __future__ import annotations
@@ -90,7 +67,19 @@ def run_engine(prog: Program, offsets: list[float], progress: bool = False,
 
 
 class Engine:
-    """One run of a compiled program: its units' state, the links, the heap."""
+    """One run of a compiled program: its units' state, the links, the heap.
+
+    Ties at one instant: link arrivals and completions first (phase 0), then temporal admissions
+    (phase 1), so a free temporal link picks among *all* transfers ready then, by plan order.
+    WAIT_ACKS: before its optimizer step a unit waits until every WAN send it made is acknowledged
+    (delivery plus the direction's `ack_s`), then the slot's duration (the step-wide collective).
+    SEND_SYNC (p2p "blocking"): a send and its receive meet -- the first there waits (a send leaves
+    an offer keyed by the receive's (unit, slot)), the transfer starts at the later clock.
+    COMPUTE_POOLED (a core pool, sim.cores): compute goes through the heap (CORE_START) and ends
+    when the pool says (CORE_DONE, versioned like a fair link's completion).
+    Recorded per unit and slot: when the action started (a receive: when the unit reached it; a WAN
+    send: when it entered the link) and, per receive, when its tensor arrived -- the trace follows
+    from these and the program; with a pool or `unit_dur` also each action's end."""
 
     def __init__(self, prog: Program, offsets: list[float], cores: CorePool | None = None,
                  unit_dur: list[list[float]] | None = None):

@@ -1,40 +1,17 @@
 """Temporal sharing of a WAN link between DP pipelines (Atlas), and fair sharing as the baseline.
 
-With fair sharing every pipeline sends whenever it is ready and TCP splits the link between them:
-each transfer takes D times longer and every pipeline stalls. With temporal sharing the pipelines
-that send over one link (one direction) take turns -- each transfer at the link's full rate --
-so one computes while another sends. The turns are work-conserving: when the link is free, the
-next waiting pipeline in the plan's cyclic order gets it, and a pipeline whose turn it is but
-that has nothing ready is skipped, never waited for (strict turns kept the link idle while a
-ready pipeline waited: 177 ms vs 150 ms fair in the validation set). When one transfer's TCP
-connections cannot fill the link, `slots` transfers hold it at once (`concurrent_turns`), so
-temporal sharing never leaves capacity unused that fair sharing would use.
+Fair sharing lets every pipeline send at once and TCP splits the link, so every transfer takes
+D times longer and every pipeline stalls. Temporal sharing gives pipelines turns, each transfer
+alone at the link's full rate, so one computes while another sends. Turns are work-conserving (a
+pipeline with nothing ready is skipped, never waited for) and `slots` transfers hold the link at
+once when one cannot fill it (`turn_slots`, the one rule simulator, planner and runtime use). A
+turn is handed on when its bytes have drained from the network's queue, not when they were
+written (`Handoff`), so the next holder never queues behind it (docs/DECISIONS.md, Transport).
 
-When a turn passes matters as much as who gets it. The bottleneck of a WAN is somewhere in the
-network (the emulation's router, a real provider's link), not in the sender's socket: a transfer's
-bytes leave the socket at once and queue there. A turn handed on when the last byte was *written*
-(as before) was handed on while the whole transfer still queued, so the next holder's bytes joined
-the same queue -- fair sharing with the arbiter's round trips on top (measured on the kernel
-emulation, 10 Mbit/s: turns held 0.7 ms for transfers of 40 ms). A turn with a `Handoff` is held
-until at most one round trip's worth of its bytes (rate x RTT) is unacknowledged: the queue has
-drained and the rest is on the wire, so the next holder's first bytes reach the bottleneck as
-these leave it -- the link stays busy and each transfer has it to itself.
-
-The transport consults a `Turns` object around every cross-DC send: `acquire()` before the first
-byte, `release()` once the transfer has drained to its `handoff` (an attribute; None: after the
-last byte is written). Implementations:
-  * `FairSharing`      -- no-op (everyone at once), the baseline;
-  * `TurnArbiter`      -- the baton itself (in-process; `LocalTurns` binds it to one pipeline);
-  * `RemoteTurns`      -- a client of an arbiter served over TCP by one process in the sending DC
-                          (`TurnArbiter.serve`), for pipelines in different processes.
-Wire protocol: the challenge-response handshake of `transport.auth` (the run's secret; the client's
-pipeline key is the rank it proves), then one authenticated frame per request: b"A" acquire
-(answered b"G" when granted, b"T" on a timeout), b"R" release, b"L" leave. A connection that fails
-the handshake or sends an unauthenticated or unknown frame is logged in one line and dropped; it
-never holds or frees a turn. No pickle.
-
-A pipeline that finishes calls `leave()`. A wait longer than `timeout_s` raises instead of
-hanging, naming who holds the link.
+The transport calls a `Turns` object around every cross-DC send: `acquire()` before the first
+byte, `release()` once drained. `FairSharing` is a no-op; `TurnArbiter` the baton (`LocalTurns`
+in-process); `RemoteTurns` its client over TCP (`TurnArbiter.serve`). A wait longer than
+`timeout_s` raises, naming who holds the link.
 """
 
 from __future__ import annotations
@@ -216,7 +193,13 @@ class TurnArbiter:
 
     # ---------------------------------------------------------------- TCP service
     def serve(self, host: str = "127.0.0.1", port: int = 0, *, secret: bytes) -> tuple[str, int]:
-        """Serve this arbiter to other processes holding `secret`; returns (host, port). Daemon threads."""
+        """Serve this arbiter to other processes holding `secret`; returns (host, port). Daemon threads.
+
+        Wire protocol: `transport.auth`'s challenge-response handshake (the client's pipeline key is
+        the rank it proves), then one authenticated frame per request: b"A" acquire (answered b"G"
+        when granted, b"T" on a timeout), b"R" release, b"L" leave. A connection failing the
+        handshake or sending an unauthenticated or unknown frame is logged and dropped; it never
+        holds or frees a turn. No pickle."""
         ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         ls.bind((host, port))
