@@ -1,29 +1,13 @@
 """Temporal vs fair sharing of one emulated WAN link, measured through the runtime's own WAN path.
 
-d DP pipelines of two stages, stage 0 in DC "east" and stage 1 in DC "west", run the 1F1B action
-lists of `geotrain.schedule` over the kernel emulation (`emulation.network`: real namespaces, the
-router's packet delayer and htb caps). Each pipeline stage is a process of its own, as a rank is
-(forked from one process per DC, which imports torch once and, in east, serves the rendezvous
-store: a fresh interpreter per stage would cost 2 s of CPU each). Every cross-DC transfer goes
-through `StripedTransport` with the plan's K connections (source ports spread as `--wan kernel`
-spreads them), and under temporal sharing through `RemoteTurns` clients of a `TurnArbiter`
-served over TCP with the run's secret, one arbiter per link direction, hosted by the first
-pipeline's process, with the link's `Handoff` -- `runtime.cross_dc.build_transport` wires the same
-pieces for a training run.
+d two-stage DP pipelines (stage 0 in DC "east", stage 1 in "west") run 1F1B over the kernel
+emulation, one process per stage as a rank is, every cross-DC transfer through `StripedTransport`
+and, under temporal sharing, `RemoteTurns` of a served `TurnArbiter` with the link's `Handoff` --
+the pieces `runtime.cross_dc.build_transport` wires for a training run. Compute is slept, not run:
+eight pipelines on two shared cores would measure the CPU, not the link. Each case keeps its
+connections and alternates the sharing between rounds, so the machine's drift hits both alike.
 
-What is emulated, and why: compute. Eight training pipelines on the machine's two shared cores
-would measure the CPU, not the link, so FORWARD and BACKWARD actions sleep for the given
-per-micro-batch times (a GPU computes while its host's threads move bytes; sleeping threads do
-too). Transfers carry real bytes of the given size. Everything on the WAN path -- sockets, frames,
-ACKs, turns, the kernel's TCP under the router's shaping -- is the code a real cluster runs.
-
-Each case keeps its connections for all its runs and switches only the turns: one message each
-way to open the connections, then `rounds` rounds of one iteration per sharing, the order
-alternating between rounds, so drift in the machine's load hits both alike. An iteration is
-timed in east, from the common start to the last stage process's last backward.
-
-    measure(cases, cluster) -> per case and sharing: the iteration times, and per turn the wait
-        for the link and the time it was held;
+    measure(cases, cluster) -> per case and sharing: iteration times, and per turn its wait and hold;
     simulated(case, sharing, cluster) -> the simulator's iteration time for the same pipelines.
 """
 

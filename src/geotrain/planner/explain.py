@@ -189,7 +189,8 @@ def infeasible_reason(ctx: PlanningContext, tightest=None) -> str:
         gpu = ctx.gpu(dc)
         return (f"{model.name} does not fit: the leanest layout tried ({desc}) needs "
                 f"{human_bytes(frac * gpu.memory_gib * 2**30)} "
-                f"per GPU in {dc}, whose {ctx.dc(dc).gpu_type} GPUs have {human_bytes(gpu.memory_gib * 2**30)} -- use more GPUs "
+                f"per GPU in {dc}, whose {ctx.dc(dc).gpu_type} GPUs have {human_bytes(gpu.memory_gib * 2**30)} "
+                f"-- use more GPUs "
                 f"(deeper pipeline), GPUs with more memory, or allow checkpointing/sharding")
     return (f"{model.name} cannot be placed on {cl.name}: no layout with pp <= {model.layers} stages, equal dp "
             f"dividing global_batch={job.global_batch} and micro-batches >= stages fits the DCs' GPU counts "

@@ -1,29 +1,12 @@
 """The outer exchange of DiLoCo: one rank per worker (the same rank of every worker's layout, so
 the same parameters) averaging a vector over the authenticated striped transport.
 
-An exchange is a reduce-scatter and an all-gather done directly between the members (one hop
-each, 2 (k-1)/k of the vector per member over the WAN, like a ring but without its k-1 chained
-latencies): member j owns part j, receives every member's (compressed) part j, sums it in fp32 in
-member order, encodes the mean once and sends those bytes back to every member -- so every
-worker decodes the same bytes and holds the same average, bit for bit, whatever the codec.
-
-Membership survives a lost worker. Every member heartbeats in the outer store (a counter it
-increments; a peer is dead when its counter stands still for `dead_after_s` of the observer's own
-clock -- no clocks compared across hosts). An attempt (exchange `seq`, try `a`) is decided exactly
-once in the store by compare-and-set: "commit" once every member has written its `done` key (each
-writes it after all its receives arrived and its sends were acknowledged), or "abort" by a member
-that found another dead; the aborter then writes the next attempt's members (the dead removed),
-and everyone retries with them. So survivors either all apply an attempt's average or all retry:
-their parameters never diverge. A member that finds itself removed raises `WorkerDropped`.
-
-A lost worker restarted (a new incarnation, `--elastic`) rejoins: it announces itself in the store
-(`join`); the member committing an exchange of inner rank 0's group names the joiners it sees in
-the verdict ("commit:" + their list), which every group of every rank follows (`admit/<seq>`), so a
-joiner is admitted at the same exchange by all of its ranks; it takes part from the next exchange,
-with the state the lowest surviving worker sends it (runtime.diloco: anchor, momentum, the step).
-With `rejoin_wait_s` (elastic runs) a member that drops a dead worker marks it expected, and the
-next commit of inner rank 0's group waits up to that long for its announcement -- the launcher is
-restarting it -- so a restart slower than the others' remaining steps still rejoins.
+An exchange is a reduce-scatter and an all-gather directly between the members (one hop each,
+no ring's chained latencies): member j owns part j, sums every member's part j in fp32 in member
+order, encodes the mean once and sends those bytes to all -- so every worker holds the same
+average, bit for bit, whatever the codec. Membership survives a lost worker and admits a
+restarted one (`OuterGroup`): survivors either all apply an attempt's average or all retry, so
+their parameters never diverge.
 """
 
 from __future__ import annotations
@@ -51,6 +34,18 @@ class WorkerDropped(GeotrainError):
 
 class OuterGroup:
     """Rank `inner_rank` of worker `worker` among its counterparts in every worker.
+
+    Membership: every member heartbeats in the outer store (a counter; a peer is dead when its
+    counter stands still for `dead_after_s` of the observer's own clock -- no clocks compared
+    across hosts). An attempt (exchange `seq`, try `a`) is decided once in the store by
+    compare-and-set: "commit" once every member wrote its `done` key (after its receives arrived
+    and its sends were acknowledged), or "abort" by a member that found another dead; the aborter
+    writes the next attempt's members and all retry. A member removed raises `WorkerDropped`.
+    Rejoin (`--elastic`): a restarted worker announces itself (`join`); the member committing an
+    exchange of inner rank 0's group names the joiners in the verdict, which every group follows
+    (`admit/<seq>`), so all of a joiner's ranks are admitted at one exchange, with the state the
+    lowest surviving worker sends (runtime.diloco). With `rejoin_wait_s` the next commit waits that
+    long for a dropped worker the launcher is restarting.
 
     `store` / `beat_store`: two clients of the outer store (the heartbeat thread has its own);
     `transport(ident)` builds this member's StripedTransport under the identity `ident`."""

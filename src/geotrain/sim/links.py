@@ -1,29 +1,9 @@
 """WAN link directions as shared resources, under the two sharing policies.
 
-Both keep only what the policy needs and return times; the engine owns the event heap.
-
-FairLink -- processor sharing among flows (what concurrent TCP flows converge to). A flow is a
-(sending GPU, receiving GPU) pair: its transfers share the same connections, so they go one
-after the other (FIFO), while the k flows with something to send each progress at
-min(flow_rate, capacity / k). Every flow on one direction has the same cap (one LinkPlan per
-DC pair), so all active flows progress at the same rate and the "virtual service" trick
-applies: `served` is the bytes every active flow has received so far; a transfer that starts
-with b bytes finishes when `served` reaches its start level + b. A heap of finish levels gives
-the next completion in O(log k); a change of k only changes the rate. The last byte reaches
-the receiver one latency after it left. With one flow on the direction this is exactly the
-temporal policy (one transfer at a time at the flow rate).
-
-TemporalLink -- transfers take turns, and the turns are work-conserving: a ready transfer
-never waits while the link has capacity to spare. At most `slots` transfers are on the link at
-once (`geotrain.transport.turns.concurrent_turns`: 1 when one transfer's connections fill the link,
-else as many as it takes to fill it), sharing it like FairLink; the others wait, the one ready
-first going next (ties: the plan's pipeline order). A transfer that finds a free slot starts at
-once -- no pipeline waits for the turn of one that has nothing to send. The last byte reaches the
-receiver one latency after it left, so latency overlaps with the next transfer. Each transfer
-also arrives `turn_s` later (`transport.turns.TURN_OVERHEAD_S`: it asks the arbiter first); the link
-loses nothing to it, because a holder hands its turn on that much early and the next one's grant
-overlaps its last bytes. Where transfers are that short, temporal sharing costs more than it
-saves, and the planner, which simulates both, keeps fair sharing.
+`FairLink` is processor sharing among flows, what concurrent TCP flows converge to; `TemporalLink`
+lets transfers take work-conserving turns, at most `slots` at once, each paying its turn's
+overhead. Both keep only what their policy needs and return times; the engine owns the event
+heap. The last byte of a transfer reaches the receiver one latency after it left.
 """
 
 from __future__ import annotations
@@ -55,6 +35,13 @@ class _SharedLink:
 
 
 class FairLink(_SharedLink):
+    """Processor sharing among flows. A flow is a (sending GPU, receiving GPU) pair: its transfers
+    share connections, so they go one after the other, while the k flows with something to send
+    each progress at min(flow_rate, capacity / k). All flows on a direction have one cap, so the
+    "virtual service" trick applies: `served` is the bytes every active flow has received; a
+    transfer starting with b bytes ends when `served` reaches its start level + b. A heap of finish
+    levels gives the next completion in O(log k). With one flow this is the temporal policy."""
+
     __slots__ = ("queues",)
 
     def __init__(self, capacity: float, flow_rate: float, latency: float):
@@ -104,8 +91,13 @@ class FairLink(_SharedLink):
 
 
 class TemporalLink(_SharedLink):
-    """Same virtual-service accounting as FairLink, over the admitted transfers only. A flow's
-    transfers go one after the other (as on its connections), as in FairLink."""
+    """Work-conserving turns: at most `slots` transfers (`transport.turns.concurrent_turns`: 1 when
+    one transfer's connections fill the link) are on it at once, the others wait, the one ready
+    first going next (ties: the plan's pipeline order); a ready transfer never waits while a slot
+    is free. Each arrives `turn_s` later (`TURN_OVERHEAD_S`: it asks the arbiter first); the link
+    loses nothing to it, since a holder hands its turn on that much early. Where transfers are that
+    short temporal costs more than it saves, and the planner, which simulates both, keeps fair.
+    Same virtual-service accounting as FairLink, over the admitted transfers only."""
 
     __slots__ = ("priority", "slots", "waiting", "busy", "pending")
 

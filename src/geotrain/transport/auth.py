@@ -1,31 +1,20 @@
 """Who may talk to a run's listeners: a per-run secret, a challenge-response handshake, MAC'd frames.
 
-Every TCP listener of the WAN layer (the striped transport, the turn arbiter) accepts a connection
-only after the opener proved it holds the run's secret, and then reads only frames that carry a
-valid HMAC-SHA256 tag; anything else is logged in one line and dropped while the run goes on.
-The local listeners (the BubbleTea executor's socket, the emulation's WAN probe) use the same
-handshake to admit only openers that hold their secret.
-
-Secret: 32 random bytes per run (`new_secret`). The launcher writes it to a 0600 file and names the
-file in GEOTRAIN_SECRET_FILE (never on a command line); under torchrun without such a file the
-first rank to ask generates one and shares it through the rendezvous store -- which anyone who can
-reach the store can read, so rank 0 prints a one-line warning then (give every host the same 0600
-file to avoid it).
+Every listener of the WAN layer (striped transport, turn arbiter) and the local ones (BubbleTea's
+executor socket, the emulation's probe) accept a connection only after the opener proved it holds
+the run's secret (32 random bytes, `new_secret`, shared as `run_secret` says), then read only
+frames with a valid HMAC-SHA256 tag; anything else is logged in one line and dropped.
 
 Handshake (the opener is the client):
     client -> HELLO  (magic, purpose, client rank, server rank, stripe, client nonce)
     server -> CHALLENGE (magic, server rank, server nonce)
     client -> HMAC(secret, "client" + transcript)      server checks it, then
     server -> HMAC(secret, "server" + transcript)      client checks it (mutual).
-The transcript is HELLO + CHALLENGE, so the proof binds the connection to the claimed rank, the
-rank it wanted to reach, the purpose and two fresh nonces: a recorded connection replayed later
-meets a new server nonce and fails. Per-direction session keys are derived from the transcript.
-
-Frames: header bytes + payload + 32-byte tag = HMAC(direction key, counter + header + payload).
-The counter is implicit (both ends count frames per direction), so a frame replayed, dropped or
-reordered inside a connection fails its check; a frame from another connection has another key.
-Payloads are bounded by the caller (`max_payload`): nothing of an attacker-chosen size is ever
-allocated, and nothing is acted upon before its tag verified.
+The transcript (HELLO + CHALLENGE) binds the proof to both ranks, the purpose and two fresh
+nonces, so a replayed connection fails; per-direction keys are derived from it. A frame's tag is
+HMAC(direction key, implicit counter + header + payload): a frame replayed, dropped or reordered
+fails. Payloads are bounded by the caller (`max_payload`), and nothing is acted on before its tag
+verified.
 """
 
 from __future__ import annotations
@@ -105,8 +94,10 @@ def read_secret_file(path: Path) -> bytes:
 
 
 def run_secret(store=None) -> bytes:
-    """This run's secret: from the 0600 file named by GEOTRAIN_SECRET_FILE, else through `store`:
-    the first rank to ask generates it (compare-and-set), every other rank reads the same one."""
+    """This run's secret: from the 0600 file named by GEOTRAIN_SECRET_FILE (the launcher writes it;
+    never on a command line), else through `store`: the first rank to ask generates it
+    (compare-and-set), every other rank reads the same one -- and anyone who can reach the store
+    can read it, so rank 0 warns (give every host the same 0600 file instead)."""
     path = os.environ.get(SECRET_ENV)
     if path:
         return read_secret_file(Path(path))
