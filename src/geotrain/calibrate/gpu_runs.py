@@ -1,27 +1,13 @@
 """Published GPU training runs as geotrain inputs: a run's spec, its pinned plan, its measured profile.
 
-The data (`bench/data/gpu_runs/`, its README says where from) are Sailor's (SOSP'25) measurements of
-OPT-350 on Clariden (GH200, 4 GPUs a node): per run the plan (pp, dp, tp, micro-batch, the split
-of Sailor's 26 layers onto stages) and the measured iteration time, gradient-reduction time and
-peak memory; per (model, GPU, micro-batch, tp) the per-layer forward / backward times; per layer
-and tp the parameters and the activation memory kept for backward. This module turns them into
-what geotrain reads, so the simulator predicts each run from the same inputs a user would give it:
-
-* the model: geotrain's decoder is Llama-shaped, OPT is not (learned positions, LayerNorm, a GeLU
-  MLP of two matrices, biases). The shape keeps what sets bytes and parameters: hidden, heads,
-  layers, seq_len, the padded vocabulary the runs used at their tp, and an ffn of 2732 so that
-  SwiGLU's three matrices hold OPT's two (8.39 M vs 8.39 M parameters a block). Sailor's layer i
-  is geotrain's unit i (0 embedding, 1..24 blocks, 25 final norm + untied head); what the shapes
-  still differ in is listed in `APPROXIMATIONS`.
-* the times: the profile in the (micro-batch, tp) table format of `costs.unit_times`
-  (`sailor_profile`), per-GPU at each tp with the layer's TP collectives inside, as measured.
-* the memory: each unit's saved bytes per micro-batch are Sailor's measured activation memory
-  (the third number of a table entry): the runs' runtime keeps attention's s x s scores and
-  dropout masks that geotrain's own runtime (SDPA) does not, so the derived activations would be
-  another runtime's.
-* the network: one node's inter-node link from the published NCCL send/recv curve of ONE GPU
-  pair (`node_link`), shared by the node's 4 GPUs -- the runs' DP rings and pipeline sends go
-  through it at once (docs/VALIDATION.md says why that curve and not the 4-pair one).
+The data (`bench/data/gpu_runs/`, its README says where from) are Sailor's (SOSP'25) measurements
+of OPT-350 on Clariden (GH200, 4 GPUs a node): per run the plan and the measured iteration time,
+gradient reduction and peak memory; per layer the forward/backward times, parameters and saved
+activation bytes. This module turns them into what geotrain reads -- a Llama-shaped model holding
+OPT's bytes and parameters (what still differs: `APPROXIMATIONS`), a (micro-batch, tp) profile
+(`sailor_profile`) carrying the measured activation bytes, and one node's link from the published
+NCCL curve (`node_link`) -- so the simulator predicts each run from the inputs a user would give.
+docs/VALIDATION.md, section 1, says why each choice.
 """
 
 from __future__ import annotations

@@ -1,38 +1,14 @@
 """The profile file `geotrain profile` writes: what the simulator needs, measured on this machine.
 
-The file is the cost model's profile format (geotrain.costs.unit_times: per-unit-kind forward and
-backward seconds per micro-batch, `memory_bytes_per_s`) plus one extra key, "runtime", with what
-the cost model has no field for but the calibrated simulation (calibrated_costs.py) uses -- typed as
-`MeasuredProfile` / `RuntimeProfile` below, whose fields say what each is:
-
-    "runtime": {
-      "precision", "threads", "cores", "model", "micro_batches",
-      "optimizer":  {"fixed_s", "per_param_s"},           # one optimizer step of a stage (fit)
-      "allreduce":  {"2": {"alpha_s", "per_byte_s"}, ...}, # gloo all-reduce of dp ranks (fit)
-      "p2p":        {"alpha_s", "per_byte_s"},             # gloo isend/irecv between two ranks
-      "contention": {"1": 1.0, "2": f2, ...},              # compute slow-down when k ranks compute at once
-      "background_runnable",                                  # other runnable threads meanwhile (cpuload.py)
-      "per_action_s", "forward_call_s", "backward_call_s", # interpreter overheads (see _interpreter)
-      "split_backward": {"input", "weight"},              # zero-bubble B_input, W over one backward
-      "startup_s",                                         # one rank's process start-up (import torch ...)
-      "compute_factor": {"forward", "backward", "optimizer", # in-runtime / isolated compute (calibration run)
-                         "allreduce", "allreduce_first_stage", "allreduce_other_stages"},  # DP (dp = 2 run)
-      "wan_message_overhead_s", "calibration_run",         # per-message WAN overhead, global all-reduce,
-                                                           # wan_mode, rank_slowdown, background_effective
-      "wan": {"per_connection_gbps", "aggregate_gbps", "latency_ms", "achieved_gbps": {"1": .., "4": ..}}
-    }
-
-The measuring is split by job: `timers` (one process: units, split backward, optimizer, start-up),
-`overheads` (the runtime's interpreter on one rank), `pool` (several processes on the runtime's
-launcher: contention, collectives, WAN), `calibration_run` (a real 2-stage pipeline), and `measure`
-(`measure_profile`, the thin orchestrator of the four).
-
-Why measure this way: each unit is timed as `geotrain.runtime` executes it -- a `UnitStack` of the
-unit, fp32 weights under the precision's autocast, one CPU thread, float32 boundary tensors, the
-last unit's loss through the runtime's own `lm_loss` -- so the numbers are the runtime's, not a
-kernel benchmark's. Multi-process measurements run in one pool of spawned worker processes (one
-start-up paid once); the pool is started only after the single-process timings, so nothing else
-competes for the cores while those run.
+The file is the cost model's profile format (`costs.unit_times`: per-unit-kind forward and
+backward seconds per micro-batch) plus "runtime", what only the calibrated simulation uses; both
+are typed below (`MeasuredProfile`, `RuntimeProfile`), whose fields say what each is. The
+measuring is split by job -- `timers` (one process), `overheads` (one real rank), `pool` (several
+processes: contention, collectives, WAN), `calibration_run` (a real 2-stage pipeline) -- and
+`measure.measure_profile` runs them in that order, so nothing competes for the cores while the
+single-process timings run. Each unit is timed as `geotrain.runtime` executes it (fp32 weights
+under autocast, one thread, the runtime's `lm_loss`): the numbers are the runtime's, not a kernel
+benchmark's.
 """
 
 from __future__ import annotations
@@ -117,28 +93,28 @@ class CalibrationRun(_Part):
 
 
 class RuntimeProfile(_Part):
-    """What the cost model has no field for but the calibrated simulation uses (module docstring)."""
+    """What the cost model has no field for but the calibrated simulation (calibrated_costs) uses."""
 
     precision: str | None = None
-    threads: int = 1
-    cores: int = 0
+    threads: int = 1                    # torch threads per rank while measuring
+    cores: int = 0                      # the machine's cores
     model: str | None = None
     micro_batches: list[int] = []
-    optimizer: OptimizerFit | None = None
+    optimizer: OptimizerFit | None = None       # one optimizer step of a stage: fixed + per parameter
     allreduce: dict[str, Fit] = {}      # dp (as text) -> gloo all-reduce fit
-    p2p: Fit | None = None
+    p2p: Fit | None = None              # gloo isend/irecv between two ranks
     contention: dict[int | str, float] = {}     # k ranks computing at once -> slow-down
-    background_runnable: float = 0.0
-    per_action_s: float = 0.0
+    background_runnable: float = 0.0    # other runnable threads meanwhile (cpuload)
+    per_action_s: float = 0.0           # the interpreter's own time per action (overheads)
     forward_call_s: float = 0.0
     backward_call_s: float = 0.0
-    split_backward: SplitBackward | None = None
-    startup_s: float = 0.0
-    compute_factor: ComputeFactors = ComputeFactors()
+    split_backward: SplitBackward | None = None     # zero-bubble B_input and W over one backward
+    startup_s: float = 0.0              # one rank's process start-up (import torch ...)
+    compute_factor: ComputeFactors = ComputeFactors()   # in-runtime over isolated compute, per kind
     wan_message_overhead_s: float = 0.0
-    wan_messages: WanMessages | None = None
+    wan_messages: WanMessages | None = None     # the per-message overhead's probe over latency
     calibration_run: CalibrationRun = CalibrationRun()
-    wan: WanProbe | None = None
+    wan: WanProbe | None = None         # the link's measured rates and latency
 
 
 class MeasuredProfile(_Part):

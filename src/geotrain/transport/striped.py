@@ -1,29 +1,17 @@
 """StripedTransport: one tensor over K authenticated TCP connections, resent if a connection breaks.
 
-On a WAN one TCP connection is window/RTT bound, so a cross-DC transfer is split into K contiguous
-chunks sent on K connections at once (Atlas). Implements the runtime's Transport contract
-(`send(tensor, dst, tag) -> Work`, `recv(tensor, src, tag) -> Work`, both non-blocking; messages
-of one (src, dst, tag) are matched in the order sent).
-
-Trust: every connection starts with the challenge-response handshake of `transport.auth` (the run's
-secret, the sender's rank bound to the connection) and then carries only HMAC-authenticated frames
-(`transport.striped_frames`), with `tls` inside a TLS 1.3 channel keyed by the same secret (`transport.tls`);
-a forged hello, garbage, an altered or replayed frame, or a header that announces more than the
-plan can send is logged in one line and its connection dropped, and the run goes on. Nothing
-received is unpickled; a payload is copied into the posted tensor only after its tag verified;
-the buffer of a message that arrives before its recv is posted is bounded by `max_message_bytes`
-(the plan's largest boundary tensor).
-
-Delivery: each direction numbers its messages; the receiver acknowledges a message once every
-byte arrived, and the sender (`transport.striped_send`) keeps it until then, so after a reset it
-reconnects and resends, and the receiver ignores what it already has: a dropped connection costs
-time, not the run. A wait with no progress is reported by name every `stall_s`; a link down for
-`timeout_s` ends the run with an error naming it. A sender that closes on purpose says BYE, so
-receives still pending from it fail at once instead of waiting for the timeout.
-
-Rendezvous: every rank listens on `host`:ephemeral and publishes "host:port" in a torch.distributed
-Store (the runtime's default store, or any object with set/get). Connections are opened lazily on
-the first send to a peer, bound to consecutive even source ports (see `sockets`).
+On a WAN one TCP connection is window/RTT bound, so a cross-DC transfer is split into K chunks
+sent on K connections at once (Atlas). It implements the runtime's Transport contract (`send`,
+`recv`: non-blocking; messages of one (src, dst, tag) matched in order sent).
+Trust: `transport.auth`'s handshake, then only HMAC-authenticated frames (`striped_frames`),
+optionally inside TLS 1.3 (`tls`); anything forged, altered, replayed or oversized is logged and its
+connection dropped, and the run goes on. Nothing received is unpickled; a payload is copied only
+after its tag verified; an early message's buffer is bounded by `max_message_bytes`.
+Delivery: messages are numbered and acknowledged; the sender (`striped_send`) keeps each until its
+ACK, so after a reset it reconnects and resends and the receiver drops duplicates. A stall is
+reported every `stall_s`; a link down for `timeout_s` ends the run, named. A BYE fails pending
+receives at once. Rendezvous: each rank listens on `host`:ephemeral and publishes "host:port" in
+a Store; connections open on the first send, on consecutive even source ports (`sockets`).
 """
 
 from __future__ import annotations
