@@ -1,16 +1,14 @@
 """geotrain replan RUN_DIR: a new plan for the cluster that is left after losing a DC or GPUs.
 
-The work is `planner.replanning`; this prints what changed and writes the plan, which
+The work is `orchestrate.replan_run`; the plan it writes is what
 `geotrain train NEW_PLAN --resume-from RUN_DIR` continues the run's last checkpoint on."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from geotrain.errors import GeotrainError
-from geotrain.layout.plan import save_plan
-from geotrain.planner.replanning import describe, replan
+from geotrain.orchestrate.replan_run import replan_command
 
 DESCRIPTION = ("Write a new plan for RUN_DIR's model, global batch and optimizer on what is left of its cluster, "
                "print what changed and the simulated iteration time before and after.")
@@ -38,20 +36,5 @@ def parse_gpus(items: list[str]) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.top_k < 1:
-        raise GeotrainError("--top-k must be >= 1")
-    if not (args.without or args.gpus or args.spec):
-        raise GeotrainError("say what changed: --without DC, --gpus DC=N or --spec NEW_SPEC")
-    run_dir = Path(args.run_dir)
-    r = replan(run_dir, args.without, parse_gpus(args.gpus), args.spec, top_k=args.top_k)
-    out = Path(args.out) if args.out else run_dir / "replan.json"
-    save_plan(out, r.after, spec_path=r.spec_path, spec=r.spec_after,
-              extra={"simulated_s": r.after_s, "replan": {"run": str(run_dir.resolve()), "dropped": r.dropped,
-                                                          "gpus": r.after.gpus_per_dc(), "before_s": r.before_s}})
-    gone = f" without {', '.join(r.dropped)}" if r.dropped else ""
-    print(f"re-plan of {run_dir} ({r.spec_before.model.name}, global batch {r.before.global_batch}) for "
-          f"{r.spec_after.cluster.name}{gone}:")
-    for line in describe(r):
-        print(line)
-    print(f"wrote {out}; continue the run with:  geotrain train {out} --resume-from {run_dir} --out NEW_RUN_DIR")
+    replan_command(args.run_dir, args.without, parse_gpus(args.gpus), args.spec, top_k=args.top_k, out=args.out)
     return 0
