@@ -4,13 +4,16 @@ striped transports, one of them going silent."""
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 from datetime import timedelta
 
 import pytest
 import torch
 from torch.distributed import TCPStore
 
+from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan, StagePlan
 from geotrain.layout.workers import OuterPlan, outer_problem
 from geotrain.runtime.diloco import DiLoCo, fragments_of
@@ -98,7 +101,8 @@ def test_plan_refuses_impossible_outer_settings():
 
 
 # ------------------------------------------------------------------------- the exchange protocol
-def _group(store_port: int, secret: bytes, w: int, workers: int, dead_after_s: float) -> OuterGroup:
+def _group(store_port: int, secret: bytes, w: int, workers: int, dead_after_s: float, inner_rank: int = 0,
+           inner_ranks: int = 1, incarnation: int = 0) -> OuterGroup:
     def client():
         return TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=30))
 
@@ -108,13 +112,36 @@ def _group(store_port: int, secret: bytes, w: int, workers: int, dead_after_s: f
         return StripedTransport(ident, store, secret=secret, connections=2, prefix="t/striped", min_chunk_bytes=256,
                                 timeout_s=60, max_message_bytes=1 << 20)
 
-    return OuterGroup(store, client(), transport, worker=w, workers=workers, inner_rank=0, inner_ranks=1,
-                      dead_after_s=dead_after_s)
+    return OuterGroup(store, client(), transport, worker=w, workers=workers, inner_rank=inner_rank,
+                      inner_ranks=inner_ranks, dead_after_s=dead_after_s, incarnation=incarnation)
+
+
+def _master() -> TCPStore:
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+
+
+def _in_threads(calls: dict, limit_s: float = 20) -> tuple[dict, dict]:
+    """Run {name: fn} in threads; their results and exceptions by name (a thread still running fails)."""
+    results, errors = {}, {}
+
+    def run(name, fn):
+        try:
+            results[name] = fn()
+        except BaseException as e:  # noqa: BLE001 -- returned to the test
+            errors[name] = e
+
+    threads = {n: threading.Thread(target=run, args=(n, fn), daemon=True) for n, fn in calls.items()}
+    for t in threads.values():
+        t.start()
+    for n, t in threads.items():
+        t.join(limit_s)
+        assert not t.is_alive(), f"{n} still waiting after {limit_s} s"
+    return results, errors
 
 
 @pytest.mark.parametrize("codec", ["fp32", "int8"])
 def test_members_hold_the_same_average_and_go_on_without_a_silent_one(codec):
-    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    master = _master()
     secret = new_secret()
     groups = [_group(master.port, secret, w, 3, dead_after_s=1.0) for w in range(3)]
     vecs = [torch.randn(1000, generator=torch.Generator().manual_seed(w)) for w in range(3)]
@@ -150,4 +177,50 @@ def test_members_hold_the_same_average_and_go_on_without_a_silent_one(codec):
     with pytest.raises(WorkerDropped):     # the silent one, back for round 1, finds it went on without it
         groups[2].average(vecs[2], codec)
     for g in groups:
+        g.close()
+
+
+# ------------------------------------------------------------- no wait on the store outlives a lost peer
+def test_survivors_go_on_when_the_aborter_died_before_naming_them():
+    """Worker 2 aborted exchange #0 and died before it wrote who retries: the others find it dead
+    and name the survivors themselves (the store client's 30 s timeout used to raise instead)."""
+    master, secret = _master(), new_secret()
+    groups = [_group(master.port, secret, w, 3, dead_after_s=0.5) for w in range(3)]
+    groups[2]._closed.set()                                  # no more heartbeats: it is gone
+    master.set("geotrain/outer/r0/fin/0/0", "abort")          # its abort, and nothing after it
+    vecs = [torch.full((64,), float(w)) for w in range(2)]
+    t0 = time.monotonic()
+    results, errors = _in_threads({w: functools.partial(groups[w].average, vecs[w], "fp32") for w in range(2)})
+    assert not errors, errors
+    assert time.monotonic() - t0 < 10
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], torch.full((64,), 0.5))
+    assert groups[0].members == [(0, 0), (1, 0)]
+    for g in groups:
+        g.close()
+
+
+def test_ranks_whose_ranks_0_are_lost_stop_in_one_line_instead_of_waiting():
+    """Rank 1 of each worker learns whom an exchange admits from a rank 0; every rank 0 is gone:
+    the ranks 1 say so once those heartbeats stood still (a store get used to wait out its timeout)."""
+    master, secret = _master(), new_secret()
+    zeros = [_group(master.port, secret, w, 2, dead_after_s=0.5, inner_ranks=2) for w in range(2)]
+    for g in zeros:
+        g._closed.set()
+    ones = [_group(master.port, secret, w, 2, dead_after_s=0.5, inner_rank=1, inner_ranks=2) for w in range(2)]
+    results, errors = _in_threads({w: functools.partial(ones[w].average, torch.ones(32), "fp32") for w in range(2)})
+    assert not results and sorted(errors) == [0, 1]
+    for e in errors.values():
+        assert isinstance(e, GeotrainError) and "rank 0 stopped" in str(e) and "\n" not in str(e)
+    for g in (*zeros, *ones):
+        g.close()
+
+
+def test_a_restarted_worker_with_no_one_left_to_admit_it_stops_in_one_line():
+    master, secret = _master(), new_secret()
+    other = _group(master.port, secret, 1, 2, dead_after_s=0.5)
+    other._closed.set()                                      # the only other worker: gone, never finished
+    joiner = _group(master.port, secret, 0, 2, dead_after_s=0.5, incarnation=1)
+    _, errors = _in_threads({"join": joiner.welcomed})
+    assert "no other worker is alive to admit it" in str(errors["join"])
+    for g in (other, joiner):
         g.close()

@@ -46,6 +46,10 @@ class OuterGroup:
     (`admit/<seq>`), so all of a joiner's ranks are admitted at one exchange, with the state the
     lowest surviving worker sends (runtime.diloco). With `rejoin_wait_s` the next commit waits that
     long for a dropped worker the launcher is restarting.
+    No wait on the store is unbounded: a member waiting for a key watches the heartbeats of those
+    who write it (an aborted attempt's survivors: its members; a rank's admission list: every
+    worker's inner rank 0; a joiner's welcome: the other workers), so a lost peer is left behind or
+    ends the wait in a one-line error -- never a hang, nor the store client's timeout as a traceback.
 
     `store` / `beat_store`: two clients of the outer store (the heartbeat thread has its own);
     `transport(ident)` builds this member's StripedTransport under the identity `ident`."""
@@ -62,7 +66,7 @@ class OuterGroup:
         self.members: list[Member] = members or [(w, 0) for w in range(workers)]
         self.me: Member = (worker, incarnation)
         self.transport = transport(self.ident(self.me))
-        self._seen: dict[Member, tuple[int, float, float]] = {}   # counter, since (local), first seen
+        self._seen: dict[str, tuple[int, float]] = {}   # heartbeat counter -> its value, since when (local clock)
         self._closed = threading.Event()
         self._beat_store = beat_store
         self._beat()
@@ -83,6 +87,7 @@ class OuterGroup:
 
     def _beat(self) -> None:
         self._beat_store.add(self._hb(self.me), 1)
+        self._beat_store.add(f"{self.key}/alive/{self.worker}", 1)     # any incarnation: a joiner watches it
 
     def _beats(self) -> None:
         while not self._closed.wait(self.dead_after_s / 6):
@@ -93,14 +98,26 @@ class OuterGroup:
 
     def _dead(self, m: Member) -> bool:
         """Whether m's heartbeat stood still for dead_after_s (10x that before its first beat)."""
-        value = int(self.store.add(self._hb(m), 0))
+        return self._still(self._hb(m))
+
+    def _still(self, counter: str) -> bool:
+        """Whether a heartbeat counter stood still for dead_after_s of our clock (10x before its first beat)."""
+        value = int(self.store.add(counter, 0))
         now = time.monotonic()
-        old = self._seen.get(m)
+        old = self._seen.get(counter)
         if old is None or old[0] != value:
-            self._seen[m] = (value, now, old[2] if old else now)
+            self._seen[counter] = (value, now)
             return False
         limit = self.dead_after_s if value > 0 else 10 * self.dead_after_s
         return now - old[1] > limit
+
+    def _await(self, key: str, lost) -> str:
+        """The value of `key` once written; meanwhile `lost()` (polled) may end the wait by raising."""
+        while not self.store.check([key]):
+            lost()
+            time.sleep(POLL_S)
+        raw = self.store.get(key)
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
 
     # -- the exchange -------------------------------------------------------------------------
     def average(self, vec: torch.Tensor, codec: str) -> torch.Tensor:
@@ -117,8 +134,19 @@ class OuterGroup:
                 self.members, self.exchanges = members + self.admitted, seq + 1
                 return out
             a += 1
-            raw = self.store.get(f"{self.key}/m/{seq}/{a}")
-            members = [tuple(m) for m in json.loads(raw.decode() if isinstance(raw, bytes) else raw)]
+            members = [tuple(m) for m in json.loads(self._survivors(seq, a, members))]
+
+    def _survivors(self, seq: int, a: int, members: list[Member]) -> str:
+        """Attempt a's members (JSON), named by whoever aborted attempt a - 1 -- or, if it died before
+        naming them, by the first member to find someone of `members` dead (compare-and-set: one list)."""
+        key = f"{self.key}/m/{seq}/{a}"
+
+        def lost() -> None:
+            dead = [m for m in members if m != self.me and self._dead(m)]
+            if dead:
+                self.store.compare_set(key, "", json.dumps([m for m in members if m not in dead]))
+
+        return self._await(key, lost)
 
     def _attempt(self, seq: int, a: int, members: list[Member], vec: torch.Tensor, codec: str):
         k = len(members)
@@ -245,8 +273,14 @@ class OuterGroup:
             joiners = verdict.split(":", 1)[1] if ":" in verdict else "[]"
             self.store.set(f"{admit}/{seq}", joiners)
         else:
-            raw = self.store.get(f"{admit}/{seq}")
-            joiners = raw.decode() if isinstance(raw, bytes) else str(raw)
+            workers = sorted({w for w, _ in members})
+
+            def lost() -> None:       # every worker's rank 0 writes the same list: one alive is enough
+                if all([self._still(f"geotrain/outer/r0/alive/{w}") for w in workers]):
+                    raise GeotrainError(f"DiLoCo worker {self.worker}: rank {self.inner_rank} waited for a rank 0 to "
+                                        f"say whom outer exchange #{seq} admits, but the heartbeat of every "
+                                        f"worker's rank 0 stopped {self.dead_after_s:g} s ago")
+            joiners = self._await(f"{admit}/{seq}", lost)
         return [tuple(m) for m in json.loads(joiners) if tuple(m) not in members]
 
     def announce(self) -> None:
@@ -260,14 +294,17 @@ class OuterGroup:
 
     def welcomed(self) -> Member:
         """(Joiner) wait to be admitted; returns who sends the state; members and exchange count set."""
-        key = f"{self.key}/welcome/{self.worker}/{self.incarnation}"
-        while not self.store.check([key]):
+        others = [w for w in range(self.workers) if w != self.worker]
+
+        def lost() -> None:
             if self.store.check([FINISHED]):
                 raise GeotrainError(f"worker {self.worker} restarted too late: the other workers finished "
                                     "before an outer exchange could admit it")
-            time.sleep(POLL_S)
-        raw = self.store.get(key)
-        doc = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+            if all([self._still(f"{self.key}/alive/{w}") for w in others]):     # every one polled: no short cut
+                raise GeotrainError(f"worker {self.worker} restarted, but no other worker is alive to admit it (no "
+                                    f"heartbeat for {self.dead_after_s:g} s)")
+
+        doc = json.loads(self._await(f"{self.key}/welcome/{self.worker}/{self.incarnation}", lost))
         self.members = [tuple(m) for m in doc["members"]]
         self.exchanges = int(doc["exchanges"])
         return tuple(doc["from"])
