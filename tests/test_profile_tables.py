@@ -5,6 +5,7 @@ the cost model taking per-GPU times (TP collectives inside) and measured saved b
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from geotrain.models.presets import PRESETS
 from geotrain.spec.cluster import BUILTIN_GPU_TYPES, Datacenter
 from tests._cli import geotrain
 
+GPU_RUNS = Path(__file__).resolve().parents[1] / "bench" / "data" / "gpu_runs"
 CPU = BUILTIN_GPU_TYPES["cpu"]
 DC = Datacenter(name="dc", gpu_type="cpu", gpus=8, gpus_per_node=4)
 
@@ -125,3 +127,29 @@ def test_plan_and_simulate_accept_a_measured_table(tmp_path, capfd):
     rc, _, err = geotrain(capfd, "simulate", tmp_path / "p.json", "--profile", tmp_path / "bad.json", "--out",
                           tmp_path / "bad", "--no-compare", "--no-progress")
     assert rc == 2 and "MICRO_BATCH,TP" in err and "Traceback" not in err
+
+
+def test_a_peers_profile_is_imported(tmp_path, capfd):
+    """`geotrain profile --import-sailor`: Sailor's per-layer profile (the gpu_runs folder) as a table
+    per (micro-batch, tp), on the GPU it was measured on; a last layer without the LM head is not a head."""
+    sailor = json.loads((GPU_RUNS / "profiles.json").read_text())["profiles"]
+    out = tmp_path / "neo.json"
+    rc, _, err = geotrain(capfd, "profile", "--import-sailor", GPU_RUNS, "--model", "GPT-Neo-2.7", "--gpu", "A100-40",
+                          "--out", out)
+    assert rc == 0, err
+    table = json.loads(out.read_text())
+    assert set(table) >= {"embedding", "block"} and "head" not in table     # layer 33 is the final norm alone
+    assert table["memory_bytes_per_s"] == 1.555e12
+    e = next(x for x in sailor["GPT-Neo-2.7"]["A100-40"] if (x["mbs"], x["tp"]) == (8, 4))
+    cost = CostModel(PRESETS["tiny"], precision="fp32", profile=table)
+    t = cost.stage_times([1], BUILTIN_GPU_TYPES["a100-40g"], 8, tp=4)       # measured there: no scaling
+    assert (t.forward, t.backward) == pytest.approx((sum(e["fwd_s"][1:33]) / 32, sum(e["bwd_s"][1:33]) / 32))
+    h100 = cost.stage_times([1], BUILTIN_GPU_TYPES["h100-80g"], 8, tp=4).forward
+    assert h100 < t.forward / 2                                              # another GPU: by achieved FLOP/s
+    rc, _, err = geotrain(capfd, "profile", "--import-sailor", GPU_RUNS, "--model", "OPT-350", "--gpu", "GH-96",
+                          "--out", tmp_path / "opt.json")
+    assert rc == 0, err
+    assert "head" in json.loads((tmp_path / "opt.json").read_text())        # OPT's layer 25 holds the LM head
+    rc, _, err = geotrain(capfd, "profile", "--import-sailor", GPU_RUNS, "--model", "OPT-350", "--gpu", "H100",
+                          "--out", tmp_path / "x.json")
+    assert rc == 2 and "A100-40, GH-96" in err and "Traceback" not in err

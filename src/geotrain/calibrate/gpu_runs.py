@@ -28,6 +28,12 @@ GPU_TYPE = "gh200-96g"
 DC = "clariden"
 FFN = 2732                      # SwiGLU width holding OPT's 2 x 4h MLP parameters, divisible by tp 1..4
 HBM_BYTES_PER_S = 4.0e12        # GH200 96 GB HBM3 datasheet (the optimizer step is memory-bound)
+# Per profiled GPU of profiles.json: HBM bandwidth (datasheets) and the GPU as a geotrain GPU type, so
+# that an imported profile's times scale to another GPU by the ratio of achieved FLOP/s (unit_times).
+GPU_HBM_BYTES_PER_S = {"GH-96": HBM_BYTES_PER_S, "A100-40": 1.555e12}
+GH200_TYPE = {"bf16_tflops": 989, "fp16_tflops": 989, "fp32_tflops": 67, "memory_gib": 96.0, "efficiency": 0.5}
+A100_40_TYPE = {"bf16_tflops": 312, "fp16_tflops": 312, "fp32_tflops": 19.5, "memory_gib": 40.0, "efficiency": 0.5}
+GPU_REFERENCE = {"GH-96": GH200_TYPE, "A100-40": A100_40_TYPE}
 NVLINK_GBPS = 2 * 8 * 150       # inside a node: the intra-node curves peak near 250 GB/s for 4 GPUs
 APPROXIMATIONS = (
     "blocks: geotrain's are identical; each is the mean of Sailor's 24 profiled blocks (block 1 is "
@@ -183,16 +189,28 @@ def run_plan(run: dict[str, Any]) -> Plan:
                 name=run["id"].rsplit("/", 1)[-1])
 
 
+def has_lm_head(models: dict[str, Any], model: str) -> bool:
+    """Whether Sailor's last layer of `model` holds the vocabulary projection (OPT-350's does;
+    GPT-Neo-2.7's is the final LayerNorm alone: the artifact's model has no LM-head layer)."""
+    m = models[model]
+    last = int(m["llm_info_per_layer"]["1"]["params_floats"][-1])
+    return last >= int(m["hidden"]) * int(m["vocab"]["padded_vocab_by_tp"]["1"])
+
+
 def sailor_profile(data: GpuRunData, model: str, gpu: str) -> dict[str, Any]:
     """Sailor's per-layer profile of `model` on `gpu` as a geotrain measured profile: per (mbs, tp)
     the embedding (layer 0), one block (the mean of layers 1..L) and the head (layer L+1), forward
     and backward seconds and -- where models.json has that tp -- the activation bytes a micro-batch
-    keeps (act_mem_floats x 4 x mbs)."""
+    keeps (act_mem_floats x 4 x mbs). A last layer without the LM head (GPT-Neo-2.7) is not taken
+    as geotrain's head, whose vocabulary projection it never measured: the head is left to the
+    cost model's estimate."""
     entries = data.profiles[model][gpu]
     layers = int(data.models[model]["transformer_layers"])
     info = data.models[model]["llm_info_per_layer"]
-    out: dict[str, Any] = {"embedding": {}, "block": {}, "head": {}}
     kinds = {"embedding": [0], "block": list(range(1, layers + 1)), "head": [layers + 1]}
+    if not has_lm_head(data.models, model):
+        del kinds["head"]
+    out: dict[str, Any] = {kind: {} for kind in kinds}
     for e in entries:
         mbs, tp = int(e["mbs"]), int(e["tp"])
         act = info.get(str(tp), {}).get("act_mem_floats")
@@ -205,7 +223,38 @@ def sailor_profile(data: GpuRunData, model: str, gpu: str) -> dict[str, Any]:
             out[kind][table_key(mbs, tp)] = row
     if any(len({len(r) for r in out[k].values()}) > 1 for k in out):   # bytes for some tps only: drop them
         out = {k: {key: r[:2] for key, r in t.items()} for k, t in out.items()}
-    out["memory_bytes_per_s"] = HBM_BYTES_PER_S
+    out["memory_bytes_per_s"] = GPU_HBM_BYTES_PER_S.get(gpu, HBM_BYTES_PER_S)
     out["source"] = (f"Sailor (SOSP'25) per-layer profile of {model} on {gpu} (profiles.json in "
                      f"{data.directory}), imported by geotrain.calibrate.gpu_runs")
+    return out
+
+
+def import_sailor_profile(directory: str | Path, model: str, gpu: str) -> dict[str, Any]:
+    """`sailor_profile` of `model` on `gpu` from a folder in the gpu_runs format (only its
+    profiles.json and models.json are read), with the GPU it was measured on as `reference_gpu`:
+    what `geotrain profile --import-sailor` writes. A one-line GeotrainError for a missing folder,
+    file, model or GPU."""
+    directory = Path(directory)
+    docs = []
+    for name in ("profiles.json", "models.json"):
+        try:
+            docs.append(json.loads((directory / name).read_text()))
+        except FileNotFoundError:
+            raise GeotrainError(f"--import-sailor {directory}: {name} is missing (the gpu_runs folder format: "
+                                "bench/data/gpu_runs)") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise GeotrainError(f"--import-sailor {directory}: cannot read {name} ({e})") from None
+    try:
+        profiles, models = docs[0]["profiles"], docs[1]["models"]
+    except (KeyError, TypeError) as e:
+        raise GeotrainError(f"--import-sailor {directory}: unexpected layout ({e!r} missing)") from None
+    if model not in profiles or model not in models:
+        raise GeotrainError(f"--import-sailor: no model {model!r} (the folder has {', '.join(sorted(profiles))})")
+    if gpu not in profiles[model]:
+        raise GeotrainError(f"--import-sailor: no profile of {model} on {gpu!r} (there are: "
+                            f"{', '.join(sorted(profiles[model]))})")
+    data = GpuRunData(runs=[], profiles=profiles, models=models, cluster={}, setup={}, directory=directory)
+    out = sailor_profile(data, model, gpu)
+    if gpu in GPU_REFERENCE:
+        out["reference_gpu"] = dict(GPU_REFERENCE[gpu])
     return out
