@@ -73,16 +73,19 @@ def print_estimate(spec_path: str, profile_path: str | None = None, say=print) -
         stage_cost = [_cost(spec, plan, s, profile) for s in range(plan.pp)]
     except ValueError as e:
         raise SpecError(profile_path or spec_path, "profile", str(e)) from None
-    model, cluster, mb = spec.model, spec.cluster, plan.micro_batch
-    widest = max(plan.stage_tps)
-    cost = stage_cost[0]
-    peaks, note = _stage_peaks(spec, plan)
-    tokens = plan.global_batch * model.seq_len
+    _say_job(spec, plan, stage_cost[0], profile, spec_path, say)
+    _say_units(spec, plan, stage_cost, say)
+    _say_stage_times(spec, plan, stage_cost, say)
+    _say_memory(spec, plan, say)
 
+
+def _say_job(spec, plan, cost, profile, spec_path: str, say) -> None:
+    model, cluster = spec.model, spec.cluster
+    tokens = plan.global_batch * model.seq_len
     say(f"{spec.name}: {model.name} ({human_rate(model.param_count(), '')} params, {model.layers} layers) "
         f"on {cluster.name} ({len(cluster.datacenters)} DCs, {cluster.total_gpus} GPUs)")
     say(f"layout: pp={plan.pp} dp={plan.dp} tp={plan.tp_label()}" + (f" ep={plan.ep}" if plan.ep > 1 else "")
-        + f", micro-batch {mb} x {plan.num_microbatches}, "
+        + f", micro-batch {plan.micro_batch} x {plan.num_microbatches}, "
         f"schedule {plan.schedule}, {plan.precision}, checkpointing {plan.checkpointing_label()}, "
         f"sharding {plan.sharding}, optimizer {spec.job.optimizer}"
         + (", measured profile" if profile else ""))
@@ -93,8 +96,11 @@ def print_estimate(spec_path: str, profile_path: str | None = None, say=print) -
         say(f"note: the job leaves {', '.join(auto)} to the planner; this is the default layout filled in "
             f"above, not the planner's choice -- `geotrain plan {spec_path}` picks them")
 
+
+def _say_units(spec, plan, stage_cost, say) -> None:
+    model, cluster, mb = spec.model, spec.cluster, plan.micro_batch
     say("\nPer unit (values for ONE unit and one micro-batch; saved = bytes kept for backward by the whole "
-        "unit; times on the stage's GPU" + (", divided by the stage's tp" if widest > 1 else "") + ")")
+        "unit; times on the stage's GPU" + (", divided by the stage's tp" if max(plan.stage_tps) > 1 else "") + ")")
     rows = []
     for s, st in enumerate(plan.stages):
         gpu = cluster.gpu(cluster.dc(st.dc).gpu_type)
@@ -108,6 +114,9 @@ def print_estimate(spec_path: str, profile_path: str | None = None, say=print) -
                          human_seconds(t.forward), human_seconds(t.backward)])
     say(format_table(["stage", "units", "kind", "params", "fwd FLOP", "bwd FLOP", "saved/mb", "fwd", "bwd"], rows))
 
+
+def _say_stage_times(spec, plan, stage_cost, say) -> None:
+    cluster, mb, widest = spec.cluster, plan.micro_batch, max(plan.stage_tps)
     say("\nPer stage: time (fwd/bwd per micro-batch incl. recompute; DP sync and optimizer per iteration)")
     rows, busiest = [], (0.0, 0)
     for s, st in enumerate(plan.stages):
@@ -131,6 +140,10 @@ def print_estimate(spec_path: str, profile_path: str | None = None, say=print) -
                         "compute/iter", "DP sync", "optimizer"], rows))
     say(f"busiest stage: {busiest[1]} ({human_seconds(busiest[0])} of compute per iteration)")
 
+
+def _say_memory(spec, plan, say) -> None:
+    cluster = spec.cluster
+    peaks, note = _stage_peaks(spec, plan)
     say(f"\nPer stage: peak memory per GPU of one step (in flight = micro-batches whose activations are "
         f"held at the {plan.schedule} peak, as whole-stage equivalents; B-W = of them, those a split "
         f"backward ran B for and not yet W; transient = logits and their gradients, a recomputed block; "
