@@ -1,25 +1,13 @@
 """What a WAN message and the per-step global all-reduce really cost, read off a measured trace.
 
-The profile's calibration run (a 2-stage 1F1B pipeline, one stage per DC) is the source. Two
-quantities the simulator needs and the unit timings cannot give:
-
-* `waiting_overhead`: per boundary tensor, arrival (the receiver's recv_wait end) minus when
-  it was due: its producing forward/backward's end on the sender, plus the serialization time (after
-  the messages queued before it on the same connections), plus the latency -- taken only over
-  messages whose receiver was ALREADY waiting when the bytes were due, because only there the
-  arrival time is observed (a busy receiver picks the tensor up whenever it gets to it). Its
-  median is the transport's own cost per message: the hand-offs
-  between the sender's dispatcher and writer threads, the receiver's reader and delay-timer threads
-  and the waiting rank, each of which needs a core.
-
-  It replaces a constant fitted earlier by bisection on the iteration time, which folded every
-  unexplained millisecond of the calibration run (compute mis-scaled under load, the global
-  all-reduce) into "per message": ~5-10 ms where the transport costs ~0.7-1 ms, so every case whose
-  iteration has many messages on its critical path relative to compute (the 2 ms link) was
-  over-predicted by 20-30 %.
+The source is the profile's calibration run (a 2-stage 1F1B pipeline, one stage per DC):
+* `waiting_overhead`: per boundary tensor, its arrival (the receiver's recv_wait end) minus when
+  it was due (its producer's end + serialization behind earlier messages on its connections +
+  latency), over messages whose receiver was already waiting -- only there is the arrival
+  observed. The median is the transport's own cost per message (its threads' hand-offs, each
+  needing a core). Why not a fitted constant: docs/DECISIONS.md, Calibration.
 * `global_sync`: the runtime's all-reduce of (overflow flag, loss) over all ranks before every
-  optimizer step. Per iteration, the rank that arrives last waits only for the collective itself:
-  the minimum over ranks of that wait (recv_wait with stage -1) is its cost.
+  optimizer step: per iteration, the minimum over ranks of that wait (recv_wait with stage -1).
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """User-space WAN shaping inside the project's own transport: the fallback where the kernel
 emulation is impossible (not root), and a deterministic tool for unit tests.
 
-Pacing is a virtual clock per connection and one shared by all connections of a shaper (the
-aggregate); each advances by B / rate per block of B bytes. So K connections reach
-min(K * per_connection, aggregate), like K window-limited TCP connections on a link of that
-capacity. The one-way delay is applied by the receiver: each chunk carries its delay and completes
-that long after its last byte arrived (transit on loopback ~ 0).
-
-When a block leaves (`ShaperConfig.exact`):
-  * exact (default): when its LAST byte would have left a link of that rate -- max over the clocks
-    of (start on that clock + B / rate). A message of B bytes then arrives B / rate + delay after it
-    was sent, as on a real link and as the simulator charges it. Bulk rates are the same as below.
-  * burst (exact=False): at the start of its slot, with up to 128 KB of burst credit. Right for long
-    transfers, but a lone 32 KB message crossed a "10 Mbit/s" link in ~0 ms instead of 26 ms, so
-    per-message timings (pipeline boundary tensors) came out too fast.
-
-Limits: the aggregate is per sending process (ranks of one DC do not coordinate), and only traffic
-through StripedTransport is shaped -- gloo collectives are not.
+Pacing is a virtual clock per connection and one shared by a shaper's connections (the
+aggregate), each advanced by B / rate per block of B bytes, so K connections reach
+min(K * per_connection, aggregate) like K window-limited TCP connections. A block leaves when its
+last byte would have left a link of that rate (`ShaperConfig.exact`, the default; `exact=False`
+allows 128 KB of burst credit, too fast for lone messages: docs/DECISIONS.md), so a message
+arrives B / rate + delay after it was sent, as the simulator charges it. The receiver applies the
+one-way delay. Limits: the aggregate is per sending process, and only StripedTransport's traffic
+is shaped -- gloo collectives are not.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """What a listener of the WAN layer lets in before a peer has proved anything.
 
-A hostile or broken opener must not exhaust or stall a rank (issue #30: ~1,100 slow openers
-under `ulimit -n 1024` stopped a rank's listener for good; a handshake timeout that restarted
-with every byte kept 50 of 50 slow openers for 60 s). So every listener (the striped transport,
-the turn arbiter) accepts through `accept_loop` and admits through a `Gate`:
-
-* `accept_loop` survives descriptor exhaustion: EMFILE / ENFILE / ENOBUFS / ENOMEM are logged (one
-  line per burst), backed off (50 ms doubling to 1 s) and accepting goes on; only closing the
-  listener ends the loop;
-* `Gate.admit` gives each connection a handshake *deadline* (`handshake_s`, default
-  `HANDSHAKE_TIMEOUT_S`, GEOTRAIN_HANDSHAKE_TIMEOUT_S to change it) that bytes do not extend: one
-  reaper thread shuts the socket down when it passes, whatever the opener sends (a known peer's
-  address gets TRUSTED_FACTOR times as long: its K connections handshake one after another, TLS
-  first, on hosts that may be busy training);
-* and at most `per_source` connections of one source address in their handshake at once (default
-  128: a peer opens one per stripe, up to the plan's connections), and from addresses that are not
-  a known peer's (`trusted`: the hosts the transport looked its peers up at) at most `untrusted`
-  together (default a quarter of the descriptor limit), so a flood from many addresses cannot take
-  the descriptors the rank itself needs (its files, its own connections); more are closed at accept.
+A hostile or broken opener must not exhaust or stall a rank (docs/DECISIONS.md, Transport), so
+every listener (striped transport, turn arbiter) accepts through `accept_loop`, which survives
+descriptor exhaustion (logs once per burst, backs off 50 ms doubling to 1 s), and admits through
+a `Gate`: a handshake *deadline* that bytes do not extend (`HANDSHAKE_TIMEOUT_S`,
+GEOTRAIN_HANDSHAKE_TIMEOUT_S; a known peer's address gets TRUSTED_FACTOR times as long, its K
+connections handshaking one after another), at most `per_source` connections of one address in
+their handshake (default 128), and from addresses that are not a known peer's at most `untrusted`
+together (default a quarter of the descriptor limit), so a flood cannot take the descriptors the
+rank itself needs.
 """
 
 from __future__ import annotations
