@@ -2,10 +2,10 @@
 
 * `network.WanEmulation`: datacenters as network namespaces joined through a router namespace that
   adds each link's latency (`delayer`, a user-space TUN delayer), capacity and per-connection cap
-  (`shaping`, htb classes keyed on TCP source-port bits).
+  (`htb`, classes keyed on TCP source-port bits).
 * `ports.spread_port_connections`: K connections bound to consecutive even source ports, so the
   htb buckets hold one connection each (how `StripedTransport` connects inside the emulation).
-* `shaper`: user-space delay and rate limits handed to `StripedTransport` as its pacing hook (the
+* `user_shaper`: user-space delay and rate limits handed to `StripedTransport` as its pacing hook (the
   fallback where namespaces are impossible); `fallback` chooses between the two.
 * `probe`: ping/bulk-send probes run inside the namespaces.
 

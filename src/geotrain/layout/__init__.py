@@ -1,4 +1,7 @@
-"""Plans: where each pipeline stage runs, how the WAN is used, and the planner that picks one."""
+"""Plans as data: where each pipeline stage runs and how the WAN is used (`plan`), their checks, and
+what a plan costs -- per stage (`stage_costs`, the one cost interface), in peak memory, WAN bytes
+and price. The planner that picks one is `geotrain.planner`.
+"""
 
 from geotrain.layout.plan import LinkPlan, Plan, StagePlan, load_plan, save_plan
 

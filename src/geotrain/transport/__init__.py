@@ -1,8 +1,9 @@
 """The WAN-aware transport a real cluster runs (Atlas mechanisms made real).
 
-* `striped.StripedTransport`: one tensor striped over K TCP connections, reassembled and verified;
-  optional hooks for how connections are opened and paced (the emulation plugs in there).
-* `temporal`: DP pipelines sharing a WAN link take turns (one at a time at full rate) or share fairly.
+* `striped.StripedTransport`: one tensor striped over K authenticated TCP connections (`auth`,
+  optional `tls`, listeners admitted by `admission`), resent across broken connections; hooks for
+  how connections are opened and paced (the emulation plugs in there).
+* `turns`: DP pipelines sharing a WAN link take turns (each alone at full rate) or share fairly.
 
 The emulated WAN (namespaces, delayer, htb, user-space shaper) lives in `geotrain.emulation`.
 Names are imported lazily.
