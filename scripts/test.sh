@@ -10,7 +10,7 @@ if [ "${GEOTRAIN_SKIP_TORCH211:-0}" != 1 ]; then
     source "$ROOT/scripts/_venv_torch211.sh"
     export GEOTRAIN_TORCH211_PYTHON="$VENV211/bin/python"     # tests/test_gpu_check.py rehearses on it
 fi
-python -m pytest -q "$@"
+python -m pytest -q --durations=20 "$@"
 if [ $# -eq 0 ] && [ "${GEOTRAIN_SKIP_TORCH211:-0}" != 1 ]; then
     echo "-- torch $("$VENV211/bin/python" -c 'import torch; print(torch.__version__)') (the oldest supported): " \
          "pytest -m oldest_torch"
