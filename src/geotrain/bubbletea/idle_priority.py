@@ -1,19 +1,12 @@
 """Prefill at the CPU's idle priority: it may take a core only when no training work wants it.
 
-On a GPU a rank's bubble is idle device time. On a CPU, ranks share cores with each other and with
-the service: when one rank waits, another rank's forward may be running on the core it would use,
-so prefill at normal priority in that "bubble" takes time a training process needed. Linux's
-SCHED_IDLE policy gives a thread a core only when nothing else is runnable on it -- the CPU
-analogue of the lowest-priority GPU stream. Measured with `bench/bench_bubbletea_runtime.py
---duty 4` (steps with prefill vs without, inside one run) on 2 cores: the demo's pp=2 x dp=2,
-1.037 idle vs 1.055 normal; pp=2 x dp=1, 1.011 vs 1.023. It does not make CPU work free on a
-virtual machine (two SCHED_IDLE busy loops beside training cost it 15-20% here), which is why
-the bubble budgets still bound what runs.
-
-The policy is per thread, and an unprivileged thread may not leave SCHED_IDLE again, so prefill
-runs on one long-lived thread that lowers itself once. The rank's main thread hands it a bubble's
-work and waits for it, as it would wait for prefill run in place; torch releases the GIL while it
-computes, so the main thread's waiting costs nothing.
+On a CPU, ranks share cores with each other and with the service, so prefill at normal priority
+in one rank's "bubble" takes time another rank needed. Linux's SCHED_IDLE gives a thread a core
+only when nothing else is runnable on it -- the CPU analogue of the lowest-priority GPU stream. It
+does not make CPU work free on a virtual machine (docs/DECISIONS.md, BubbleTea), so the bubble
+budgets still bound what runs. The policy is per thread and an unprivileged thread may not leave
+it, so prefill runs on one long-lived thread that lowers itself once; the rank's main thread hands
+it a bubble's work and waits (torch releases the GIL while it computes).
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def predict(spec, plan, profile: MeasuredProfile | dict, iterations: int = 3, co
 
     background: other threads ready to run on the machine while the plan runs, on average
     (cpuload.CpuSampler.background_runnable); None: the background the profile's calibration run
-    had, as the processor-sharing model reads its measured CPU shares (profile.py).
+    had, as the processor-sharing model reads its measured CPU shares (profile_file.py).
     mode: the runtime's WAN mode of the run predicted ("shaper", "kernel", "off"); None: the
     profile's calibration run's.
     rank_slowdown: {rank: CPU-sharing slow-down measured while the run trained} (wanrun.run_plan,

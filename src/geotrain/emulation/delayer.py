@@ -1,17 +1,11 @@
 """User-space packet delayer: the WAN's propagation delay (this kernel has no netem).
 
-Runs inside the router namespace (`python -m geotrain.emulation.delayer ...`). Policy routing sends every
-packet forwarded between DC namespaces into a TUN device; this process reads each IP packet, holds
-it for the one-way latency of the link between its source and destination DC, and writes it back
-into the TUN, from where the kernel forwards it to the destination (through the htb rate limits).
-
-One thread, `select` plus a heap: with 64 KB packets (`shaping.MAX_MTU`) 1 Gbit/s is ~2k packets/s, far below what
-Python handles. Packets between DCs without a link are dropped; the link's `loss` and `jitter_ms`
-are applied (jitter never reorders: a packet leaves no earlier than the one before it on its link).
-
-Safety: the delayer exits when its lifetime ends or its owner process dies, and in both cases tears
-the whole emulation down, so a crashed run never leaves traffic silently black-holed behind a dead
-delayer (the owner also watches the delayer and restarts it).
+Runs inside the router namespace (`python -m geotrain.emulation.delayer ...`): policy routing
+sends every packet forwarded between DC namespaces into a TUN device; this process holds each one
+for its link's one-way latency (with the link's loss and jitter, never reordering) and writes it
+back, to be forwarded through the htb rate limits. One thread, `select` plus a heap: 1 Gbit/s of
+64 KB packets is ~2k packets/s. It exits when its lifetime ends or its owner dies, tearing the
+whole emulation down, so a crash never leaves traffic black-holed behind a dead delayer.
 """
 
 from __future__ import annotations

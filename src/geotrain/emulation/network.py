@@ -8,7 +8,7 @@ Topology for a cluster with DCs 0..n-1:
 
 In the router, `ip rule iif gtdI lookup 100` sends every forwarded packet into the TUN, the delayer
 holds it for its link's one-way latency and writes it back, the main table forwards it to the
-destination port, whose htb (see `shaping`) applies the link capacity and per-connection cap.
+destination port, whose htb (see `htb`) applies the link capacity and per-connection cap.
 Each direction is delayed and shaped separately, so RTT = 2 x latency_ms, as on a real link.
 
 Processes of a DC run inside its namespace (`popen`/`exec_in`) and talk real TCP: gloo with
@@ -130,7 +130,7 @@ class WanEmulation:
             owner_start=None if manual else N.process_start_time(os.getpid()),
             lifetime_s=lifetime_s,
         )
-        # Packets small enough that htb paces a message at its cap (shaping.emulation_mtu).
+        # Packets small enough that htb paces a message at its cap (htb.emulation_mtu).
         self.mtu = emulation_mtu([min(wl.per_connection_gbps, wl.capacity_gbps) * rate_scale
                                   for wl in cluster.wan_links])
         self.delayer: subprocess.Popen | None = None

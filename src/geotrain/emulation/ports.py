@@ -1,14 +1,11 @@
 """Connections the emulated WAN can cap one by one: K sockets on consecutive even source ports.
 
-The router's htb puts each TCP connection in a bucket chosen by source-port bits 1..6 (`shaping`),
-as a real long fat pipe limits each connection by its window. Binding the K connections of one
-transfer to consecutive even ports puts them in K different buckets; `first_bucket` says where
-the block starts, so the transports of several ranks of one DC (DP replicas sending over the same
-link) take disjoint buckets too -- with every block aligned to 128, as before, each transport's
-first connection landed in bucket 0 and two pipelines' single connections shared one cap
-(measured: dp2 with 1 connection each at 10 Mb/s, every activation 2 x 13 ms on the wire).
-A real cluster needs none of this: `StripedTransport` gets this as its `connect` hook only inside
-the emulation.
+The router's htb puts each TCP connection in a bucket chosen by source-port bits 1..6 (`htb`), as
+a real long fat pipe limits each connection by its window. Binding one transfer's K connections to
+consecutive even ports puts them in K buckets; `first_bucket` says where the block starts, so the
+transports of several ranks of one DC take disjoint buckets too (docs/DECISIONS.md, Emulation). A
+real cluster needs none of this: `StripedTransport` gets it as its `connect` hook only inside the
+emulation.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The planner's search: scan layouts in lower-bound order, keep the best estimates, and list the
 finalists a caller confirms by simulation (geotrain.planner.confirm does, for the commands).
 
-`search` scores layouts (scorer.py) in lower-bound order (layouts.py) until the bound passes the
-keep-th best estimate. `shortlist` adds to the top-k distinct estimates their variants -- fair
+`search` (scan.py) scores layouts (chains.py, scorer.py) in lower-bound order until the bound
+passes the keep-th best estimate. `shortlist` adds to the top-k distinct estimates their variants -- fair
 sharing where temporal was picked, staggered pipeline starts -- and the PP baselines upgraded
 with this planner's WAN use, less repeats and baselines the estimate puts far behind; the
 simulator picks among them a level up, and `conclude` turns the pick into a PlanResult with its

@@ -153,7 +153,7 @@ def build_transport(wan: WanConfig | None, spec, plan, schedule, rank: int,
                     p2p_groups: dict | None = None, recorder=None, staged_peers=frozenset()):
     """The transport for this rank: plain gloo/NCCL without a WAN config; else a RoutedTransport with
     StripedTransport on the cross-DC peers (see module docstring). p2p_groups: the per-direction
-    process groups (default: `transport.directed_groups`, a collective every rank enters);
+    process groups (default: `p2p.directed_groups`, a collective every rank enters);
     recorder: where the temporal turns taken are recorded (`RecordedTurns`); staged_peers: peers on
     this rank's own GPU, reached through host memory over gloo (NCCL refuses them: `shared_gpu`)."""
 
