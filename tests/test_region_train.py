@@ -165,7 +165,7 @@ def test_the_region_runs_link_bytes_are_the_plans_wan_bytes(region_run):
     """What the emulated link counted (RUN_DIR/wan_bytes.json) against layout.wan_bytes, printed
     beside it and in the report's row: with gloo's reduce-scatter (an all-reduce on the wire) and
     zero3's 5 gathers per stage (1f1b, 4 micro-batches) 1.02-1.03x under the counters (TCP/IP:
-    layout/wan_bytes.py MEASURED); NCCL's count is 1.19x under, the old count 2.4x."""
+    docs/DECISIONS.md, WAN bytes); NCCL's count is 1.19x under, the old count 2.4x."""
     from geotrain.layout.wan_bytes import predicted_link_bytes
     from geotrain.report.build import rebuild
 

@@ -1,4 +1,4 @@
-"""Rows a GPU check measured itself, in the GPU validation's table format (issue #26 item 5).
+"""Rows a GPU check measured itself, in the GPU validation's table format.
 
 `scripts/gpu_check.py`'s `predict` step trains a plan on the GPU (its `single` run), measures the
 plan's units on that device (`calibrate.timers.measure_units`, CUDA events), simulates the plan with

@@ -1,4 +1,4 @@
-"""Ranking: does the simulator order pairs of plans the way they really run? (issue #26 item 3)
+"""Ranking: does the simulator order pairs of plans the way they really run?
 
 A planner needs the order of its candidates more than their absolute times. Each pair below is a
 choice the planner makes (schedule kind, connections per link, fair vs temporal sharing, the pp/dp

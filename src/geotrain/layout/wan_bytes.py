@@ -5,7 +5,8 @@ It counts what crosses a DC boundary: pipeline activations and gradients (one co
 TP rank, as the simulator's transfer events carry them); a region plan's DP sync over the ring of
 its DCs, with every collective `costs.comm.sync_collectives` says the runtime runs; the tied
 embedding's gradient sum; the step's control all-reduces (loss, fp16's overflow flag); and the
-gradient norm's exchange. MEASURED below is the check against an emulated run's router counters.
+gradient norm's exchange. docs/DECISIONS.md (WAN bytes) has the check against an emulated run's
+router counters.
 """
 
 from __future__ import annotations
@@ -21,23 +22,6 @@ Direction = tuple[str, str]   # (sending DC, receiving DC)
 LOSS_SUM_BYTES = 8            # bf16/fp32: the loss (float64) summed over the last stage's DP group per iteration
 OVERFLOW_BYTES = 16           # fp16: the overflow flag and the loss (2 x float64) over the world per iteration
 NORM_BYTES = 8                # the gradient norm's squared sum (float64), per message of its exchange
-
-MEASURED = """Per iteration, per direction (4-step minus 2-step run, machine under load from other work;
-`geotrain train PLAN --wan kernel --data synthetic --steps N` on tests/test_region_train.py's
-region plan, its sharding set to each; CPU ranks, so gloo):
-  replicate: measured 432.9-438.0 KB, here 429.2 KB (an all-reduce of 429 KB of bf16 gradients,
-    half of it each way per half): 1.01-1.02x -- TCP/IP headers and ACKs of gloo's large
-    messages; the setup (store, rendezvous, barriers) adds ~20 KB per run, not per iteration.
-  zero3: measured 1535.7-1540.4 KB, here 1502.1 KB with backend="gloo" (per stage gloo's
-    reduce-scatter, an all-reduce on the wire, and 5 gathers under 1f1b with 4 micro-batches: 7
-    halves): 1.02-1.03x, the same TCP/IP overhead. NCCL's ring reduce-scatter sends half that,
-    so the planner's count (backend="nccl", what a GPU cluster sends) is 1287.6 KB; the old count
-    of 3 halves gave 643.8 KB, 2.4x under. The loss's 8-byte all-reduce per iteration over the
-    last stage's DP group is counted too (LOSS_SUM_BYTES: a few packets on the wire).
-Every sharding x precision (tests/test_region_bytes.py: 3 steps each, set-up included, one launch, the
-router's counters read between cases; 2026-12-02, load ~12): measured / predicted 1.013-1.046 for all 24
-(case, DC) pairs. zero1 before ZeroRedundancyOptimizer's broadcast was priced: ~2x under (the issue's region
-run: 3.34 MiB measured, 1.64 MiB predicted)."""
 
 
 def predicted_link_bytes(spec: Spec, plan: Plan, iterations: int, backend: str = "nccl") -> dict[str, dict[str, int]]:

@@ -22,11 +22,10 @@ from geotrain.spec.load import Spec
 
 @contextmanager
 def cyclic_gc_paused() -> Iterator[None]:
-    """Planning allocates millions of short-lived objects (candidates, cost rows, simulator events)
-    that reference counting frees; the cyclic collector, triggered every 700 allocations, then
-    re-scans every live object again and again. Measured on the 8,192-GPU example: 2.64 s CPU with
-    it, 2.07 s without (quiet machine, one process). Paused for one planning call and restored
-    after, whatever happens; what cycles it made are collected at the next automatic pass."""
+    """Planning allocates millions of short-lived objects that reference counting frees; the cyclic
+    collector would re-scan every live object again and again (docs/DECISIONS.md, Planner). Paused
+    for one planning call and restored after, whatever happens; what cycles it made are collected
+    at the next automatic pass."""
     was = gc.isenabled()
     gc.disable()
     try:

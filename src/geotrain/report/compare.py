@@ -52,14 +52,10 @@ def explain_rows(rows: list[CompareRow], predicted: Trace, measured: Trace) -> l
     Known causes, read off the traces: an uncalibrated prediction (datasheet speeds, not this
     machine's); other work on the machine while the run trained, beyond what the profile saw
     (`_other_load`); compute that ran at another speed than the profile measured
-    (trace.metrics.compute_ratio off by more than TOLERANCE; on the validation machine the same
-    plan computed 191, 215 and 259 ms per iteration in three quiet runs minutes apart); ranks that
-    shared CPU cores (a measured event's wall time includes waiting for a
-    core; the calibrated simulator shares the cores between the ranks computing at once, but in
-    the run the collectives' and transport's threads wait for cores too, and that lands in the
-    measured waits: on the demo's 4 ranks on 2 cores, fresh clone 2026-12-01, iteration time
-    +7.0 % in steady state while utilization was 20 % over-predicted and bubble time 19 %
-    under). WAN bytes depend on
+    (trace.metrics.compute_ratio off by more than TOLERANCE); ranks that shared CPU cores (a
+    measured event's wall time includes waiting for a core, and the collectives' and transport's
+    threads wait for cores too, which the calibrated simulator does not share out; measurements
+    in docs/DECISIONS.md, Calibration). WAN bytes depend on
     neither, so a WAN-bytes error is never put down to them -- but a CPU run's collectives ran on
     gloo, which sends more than the NCCL count the prediction carries (layout/wan_bytes.py)."""
     pmeta = predicted.meta if isinstance(predicted.meta, dict) else {}
