@@ -17,7 +17,7 @@ from geotrain.calibrate.gpu_runs import (
     sailor_profile,
     write_run_spec,
 )
-from geotrain.calibrate.gpu_table import gpu_markdown
+from geotrain.calibrate.gpu_table import goal_line, gpu_markdown
 from geotrain.calibrate.gpu_validation import validate_gpu_runs
 from geotrain.costs import CostModel
 from geotrain.errors import GeotrainError
@@ -91,6 +91,9 @@ def test_predictions_and_table(data, tmp_path):
     assert all(r.predicted_grad_s == 0 for r in v.rows if r.run.startswith(("N1_", "N2_pp2", "N4_pp4")))  # dp 1
     md = gpu_markdown(v)
     assert md.count("\n| N") == 15 and "Sailor's simulator" in md
+    goal = goal_line(v)                                   # the verdict leads the table, the runs outside named
+    assert md.startswith(goal) and all(r.run in goal for r in v.rows if abs(r.error) > 0.10)
+    assert ("iteration worst NOT met" in goal) == (s["iteration_worst"] > 0.10)
     assert (tmp_path / "N8_pp4_dp2_tp4_mbs8_gbs512" / "plan.json").exists()
     assert json.loads((tmp_path / "profile-OPT-350-GH-96.json").read_text())["block"]
 

@@ -35,6 +35,20 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+GOALS = (("iteration mean", "iteration_mean", 0.05), ("iteration worst", "iteration_worst", 0.10),
+         ("memory mean", "memory_mean", 0.05))          # issue #26 item 1
+
+
+def goal_line(v: GpuValidation) -> str:
+    """The goal, whether each part is met, and the runs outside 10 % -- one line."""
+    s = v.summary()
+    met = [(name, s[key] <= limit) for name, key, limit in GOALS]
+    verdict = "met" if all(ok for _, ok in met) else ", ".join(f"{n} {'met' if ok else 'NOT met'}" for n, ok in met)
+    over = [f"{r.run} {100 * r.error:+.1f} %" for r in v.included() if abs(r.error) > 0.10]
+    return ("Goal: iteration mean <= 5 %, worst <= 10 %, memory mean <= 5 %: " + verdict + "."
+            + (f" Outside 10 %: {', '.join(over)}." if over else ""))
+
+
 def gpu_markdown(v: GpuValidation) -> str:
     s = v.summary()
     runs = _table(HEAD, [run_row(r) for r in v.rows])
@@ -54,4 +68,4 @@ def gpu_markdown(v: GpuValidation) -> str:
     fit = (f"Device memory = {s['memory_base_bytes'] / 1e9:.2f} GB + (1 + {s['memory_reserve']:.3f}) x the "
            f"simulator's peak of allocated bytes per GPU (the two fitted numbers; least squares over the "
            f"{s['runs']} runs' latest memory).")
-    return f"{summary}\n\n{fit}\n\n{runs}\n"
+    return f"{goal_line(v)}\n\n{summary}\n\n{fit}\n\n{runs}\n"
