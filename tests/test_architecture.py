@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -214,3 +215,31 @@ def test_every_command_in_the_table_loads():
     for name in COMMANDS:
         module, parser = command_parser(name)
         assert callable(module.run) and parser.prog == f"geotrain {name}"
+
+
+# -- the map --------------------------------------------------------------------------------
+
+ARCHITECTURE_MAX_WORDS = 2000
+
+
+def unmapped_modules(doc: str, package: Path) -> list[str]:
+    """Modules of geotrain's packages that docs/ARCHITECTURE.md never names (as `module` or
+    `package.module`); the commands (`cli.COMMANDS` lists them) and top-level modules are exempt."""
+    named = {part for name in re.findall(r"`([A-Za-z0-9_.]+)", doc) for part in name.split(".")}
+    return sorted(p.relative_to(package).as_posix() for p in package.glob("*/*.py")
+                  if p.stem != "__init__" and p.parent.name != "commands" and p.stem not in named)
+
+
+def test_the_architecture_names_every_module_in_few_words():
+    """docs/ARCHITECTURE.md is the newcomer's map: short, and with every module on it."""
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    assert len(doc.split()) <= ARCHITECTURE_MAX_WORDS, f"{len(doc.split())} words (move detail to DECISIONS.md)"
+    missing = unmapped_modules(doc, PACKAGE)
+    assert not missing, f"docs/ARCHITECTURE.md does not name these modules (add each to its package's line): {missing}"
+
+
+def test_the_map_check_sees_a_missing_module(tmp_path):
+    (tmp_path / "sim").mkdir()
+    for name in ("__init__", "engine", "links"):
+        (tmp_path / "sim" / f"{name}.py").write_text("")
+    assert unmapped_modules("**sim** (`engine`) ... `sim.engine`", tmp_path) == ["sim/links.py"]
