@@ -1,21 +1,11 @@
 """Prefill on training ranks, inside their bubbles.
 
-The service side (`BubbleExecutor`) keeps the FIFO of accepted requests and listens for ranks
-on a local TCP port. A rank that reaches a predicted bubble (`BubbleWorker.fill(budget)`) asks
-for work, saying how long it may compute; the executor hands it the longest piece of the
-oldest request that its fitted prefill cost says will finish inside that budget. A request,
-once started, stays on its rank (its KV cache grows there); when its last chunk is done the
-rank sends the first token and the KV cache back, and the request's future resolves.
-
-Only ranks of this run may connect: the executor holds a secret (`secret`, written by the service
-to a 0600 file the ranks read), and every connection starts with `transport.auth`'s challenge-response
-handshake; one that fails it, or whose hello names another rank than it proved, is logged in one
-line and dropped. (The socket is local -- a Unix socket in a private folder, or 127.0.0.1 -- so
-the opener is what needs proving; the frames after it are not MAC'd.)
-
-The rank never waits for the service past the bubble's budget (a late answer is dropped: the
-service counts tokens as done only when the rank reports them), and never starts a chunk that its
-cost model predicts will outlast the bubble: training does not wait for prefill.
+The service side (`BubbleExecutor`) keeps the FIFO of accepted requests and hands a rank that
+reaches a bubble (`BubbleWorker.fill(budget)`) the longest piece of the oldest request its fitted
+prefill cost says will finish inside the budget; a started request stays on its rank (its KV
+cache grows there) until it sends the first token back. Training never waits for prefill: a rank
+never waits for the service past the budget, nor starts a chunk predicted to outlast the bubble.
+Only this run's ranks connect: `transport.auth`'s handshake on a local socket.
 """
 
 from __future__ import annotations
@@ -62,7 +52,13 @@ def _nodelay(sock: socket.socket) -> None:
 
 class BubbleExecutor:
     """unix_path: listen on a Unix socket instead of TCP -- it reaches ranks that run inside
-    emulated datacenters' network namespaces, where 127.0.0.1 is not the launcher's."""
+    emulated datacenters' network namespaces, where 127.0.0.1 is not the launcher's.
+
+    Only ranks of this run may connect: the executor's secret is written to a 0600 file the ranks
+    read, and a connection that fails `transport.auth`'s handshake, or whose hello names another
+    rank than it proved, is logged in one line and dropped. The socket is local, so the opener is
+    what needs proving; the frames after it are not MAC'd. A late answer from a rank is dropped:
+    the service counts tokens as done only when the rank reports them."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, min_chunk: int = 8, unix_path: str | None = None,
                  secret: bytes | None = None):

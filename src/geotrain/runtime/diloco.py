@@ -1,21 +1,10 @@
 """DiLoCo on one rank: the outer loop around the Trainer's inner steps (Plan.outer).
 
-The rank keeps, for its own parameters (a DTensor's local shard under FSDP2 / TP), the outer
-parameters at the last sync (`anchor`) and the outer optimizer's momentum, both in the
-parameters' dtype and layout so the checkpoint (DCP, runtime.checkpoint) stores them like the
-model. Its parameters are cut into F fragments (contiguous in name order, balanced by size; each
-rank of every stage cuts its own, so fragment f is the union of every rank's f-th part). After
-inner step t, fragment f starts an exchange when `OuterPlan.syncs_after(t)` names it (F = 1: every
-H steps; streaming: fragment f at (f+1) H/F, then every H): the pseudo-gradient anchor - theta is
-averaged over the workers (runtime.outer_group, compressed as the plan says) and, `overlap` inner
-steps later (0: at once), applied by Nesterov SGD:
-    m = mu m + avg;  anchor -= lr (avg + mu m)   (plain momentum: lr m);  theta = anchor
--- with overlap, theta = mix theta_now + (1 - mix) anchor keeps part of the steps taken meanwhile.
-
-DP replicas inside a worker that hold the same parameters (replicate, zero1) split the exchange:
-replica d exchanges slice d of the fragment and they all-gather the averages (on the training
-thread, between steps: never beside the step's own collectives); FSDP2 ranks each hold a
-different shard and exchange it whole.
+The rank keeps, for its own parameters (a local shard under FSDP2 / TP), the anchor (the outer
+parameters at the last sync) and the outer momentum, in the parameters' dtype and layout so DCP
+checkpoints them like the model. After an inner step, each fragment the plan schedules
+(`OuterPlan.syncs_after`) averages its pseudo-gradient anchor - theta over the workers
+(runtime.outer_group) and, `overlap` steps later, applies Nesterov SGD: `DiLoCo` has the update.
 """
 
 from __future__ import annotations
@@ -43,6 +32,16 @@ def fragments_of(sizes: list[int], f: int) -> list[list[int]]:
 
 
 class DiLoCo:
+    """The outer loop of one rank. Its parameters are cut into F fragments (contiguous in name order,
+    balanced by size; each rank cuts its own, so fragment f is the union of every rank's f-th part).
+    After inner step t, fragment f starts an exchange when `OuterPlan.syncs_after(t)` names it (F = 1:
+    every H steps; streaming: fragment f at (f+1) H/F, then every H): anchor - theta is averaged over
+    the workers (compressed as the plan says) and, `overlap` inner steps later, applied by Nesterov SGD:
+        m = mu m + avg;  anchor -= lr (avg + mu m)   (plain momentum: lr m);  theta = anchor
+    -- with overlap, theta = mix theta_now + (1 - mix) anchor keeps part of the steps taken meanwhile.
+    DP replicas holding the same parameters (replicate, zero1) split the exchange: replica d exchanges
+    slice d and they all-gather the averages between steps; FSDP2 ranks exchange their shard whole."""
+
     def __init__(self, outer, named: list[tuple[str, nn.Parameter]], group: OuterGroup | None,
                  replicated_dp: int = 1, replica: int = 0, dp_group=None, recorder=None, link: str = ""):
         self.o, self.group, self.link = outer, group, link

@@ -1,23 +1,11 @@
 """Expert parallelism, applied to a plain model chunk from outside like TP (`parallelize`).
 
-Each MoE block's routed experts are split over the "ep" dim of the rank's device mesh -- `ep`
-consecutive DP replicas of a stage, inside its DC (`meshes.stage_mesh`) -- and, under tensor
-parallelism, each expert's intermediate rows over "tp": the stacked expert weights become
-DTensors (Shard(0) over ep, Shard of the rows over tp), so checkpoints (DCP), the HF loader's
-per-shard reads and the deterministic init see each rank's block of the one logical tensor.
-
-`ExpertDispatch` is the block's `MoE.dispatch`: the rows routed to an expert travel to the rank
-holding it with `all_to_all_single` (counts first, then the rows, in the compute dtype), run
-through the local experts, and travel back. Under TP every rank of a TP group routes the same
-rows; each computes its slice of the experts' rows, and the partial outputs are summed over the
-TP group (Megatron's pair: identity forward / all-reduce backward on the way in, the reverse on
-the way out). The functional collectives' all_to_all_single_autograd carries the gradients back.
-
-Gradients: the dense parameters average over the stage's whole DP group as before; an expert's
-gradient already holds every token of its EP group, so it is summed only over the replicas that
-hold the same experts ("dp_rep") and divided by the whole dp (`reduce_expert_grads`). Under
-zero2/zero3 FSDP2 shards the rest of the chunk and leaves the split experts alone (they are
-already 1/ep per GPU; FSDP2 would reduce them over its own mesh).
+Each MoE block's routed experts are split over the "ep" dim of the rank's mesh (`ep` consecutive
+DP replicas of a stage, inside its DC) and, under TP, each expert's rows over "tp": the stacked
+weights become DTensors, so DCP, the HF loader's per-shard reads and the deterministic init see
+each rank's block of one logical tensor. `ExpertDispatch` moves routed rows to their expert's rank
+and back with `all_to_all_single`; `reduce_expert_grads` sums expert gradients over the replicas
+that hold the same experts. FSDP2 shards the rest of the chunk and leaves the split experts alone.
 """
 
 from __future__ import annotations
@@ -69,7 +57,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class ExpertDispatch:
-    """MoE.dispatch for a rank holding experts [rank_in_ep * E/ep, ...) (and 1/tp of their rows)."""
+    """MoE.dispatch for a rank holding experts [rank_in_ep * E/ep, ...) (and 1/tp of their rows).
+
+    Rows routed to an expert travel to its rank with `all_to_all_single` (counts first, then the
+    rows, in the compute dtype), run through the local experts and travel back; the functional
+    collectives' all_to_all_single_autograd carries the gradients. Under TP every rank of a TP
+    group routes the same rows, computes its slice of the experts' rows, and the partial outputs
+    are summed over the group (Megatron's pair: identity forward / all-reduce backward on the way
+    in, the reverse on the way out)."""
 
     def __init__(self, experts: int, ep_group, ep: int, tp_group, tp: int):
         self.experts, self.ep_group, self.ep, self.tp_group, self.tp = experts, ep_group, ep, tp_group, tp
@@ -167,7 +162,8 @@ def split_expert_params(stack: nn.Module) -> tuple[list[nn.Parameter], list[nn.P
 def reduce_expert_grads(stack: nn.Module, params: list[nn.Parameter], dp: int) -> None:
     """Replicated DP of EP-split experts: each gradient summed over the replicas holding the same
     experts (`stack.ep_sync`, none when ep = dp) and divided by the whole dp (it already sums its
-    EP group's tokens)."""
+    EP group's tokens). Dense parameters average over the stage's whole DP group as before; under
+    zero2/zero3 FSDP2 leaves the split experts alone (they are already 1/ep per GPU)."""
     for p in params:
         if p.grad is None:
             continue

@@ -1,22 +1,12 @@
 """Ranks sharing one GPU: which communicators would hold two ranks on one device, and what runs instead.
 
-Each rank works on `cuda:LOCAL_RANK % GPUs` (`rank_run.rank_device`), so a host with fewer GPUs than
-ranks -- the demo's four ranks on a one-GPU box, the GPU check's pp=2 -- puts several ranks on one
-device, and NCCL refuses a communicator holding two of them ("Duplicate GPU detected"). Every rank's
-device identity (a hash of its GPU's UUID; 0 for a CPU rank) is exchanged once over gloo, and from that
-table every rank takes the same decision for every group (`SharedDevices`):
-
-* pipeline transfers between two ranks on one device: host-staged over gloo (`p2p.HostStaging`);
-* a DP group with two ranks on one device: FSDP2's all-gather and reduce-scatter (`StagedAllGather`,
-  `StagedReduceScatter`, through FSDP2's public custom-comm hooks), the replicated all-reduce and the
-  loss sum run on host copies, over the group's gloo backend ("cpu:gloo,cuda:nccl");
-* the tied-embedding sum likewise;
-* a TP group, or a ZeRO-1 group, with two ranks on one device: refused in one line (DTensor's
-  collectives and ZeroRedundancyOptimizer's broadcasts go to NCCL with no hook to stage them).
-
-Our launcher checks a plan against this host's GPU count before any rank starts (`device_problem`).
-`GEOTRAIN_FAKE_GPUS=N` makes CPU ranks report N devices (rank LOCAL_RANK % N), so the staged paths run
-on CPU in the tests (staging then copies host to host).
+Each rank works on `cuda:LOCAL_RANK % GPUs`, so a host with fewer GPUs than ranks puts several on
+one device, and NCCL refuses a communicator holding two of them. Every rank's device identity is
+exchanged once, and every rank takes the same decision for every group (`SharedDevices`): pipeline
+transfers, DP collectives (FSDP2 through its public custom-comm hooks) and the tied sum are staged
+through host memory over gloo; a TP or ZeRO-1 group on one device is refused in one line, before
+launch by our launcher (`device_problem`). `GEOTRAIN_FAKE_GPUS=N` makes CPU ranks report N devices,
+so the staged paths run in the CPU tests.
 """
 
 from __future__ import annotations
@@ -129,7 +119,11 @@ def check_local_devices(plan) -> None:
 
 @dataclass
 class SharedDevices:
-    """What this rank stages through host memory because its communicator would share a device."""
+    """What this rank stages through host memory because its communicator would share a device:
+    pipeline transfers over gloo (`p2p.HostStaging`); a DP group's FSDP2 all-gather and
+    reduce-scatter (`StagedAllGather`, `StagedReduceScatter`), replicated all-reduce and loss sum on
+    host copies over the group's gloo backend; the tied-embedding sum likewise. A TP or ZeRO-1 group
+    cannot be staged (DTensor's collectives and ZeroRedundancyOptimizer's broadcasts have no hook)."""
 
     dp: bool = False                     # its DP group (FSDP2 comms, replicated all-reduce, loss sum)
     tied: bool = False                   # its tied-embedding group

@@ -1,24 +1,11 @@
 """A symbolic run of a schedule over an in-order transport (NCCL semantics), with the runtime's posting.
 
-The model, deliberately the strictest a real transport may be:
-  * each rank (one per physical stage: the replicas of a pipeline never talk to each other) runs its
-    posted batches in posting order on a stream: with streams="shared" ONE stream for all its
-    point-to-point traffic (one NCCL communicator carrying every pair and direction: what one
-    process group for all transfers gives), with streams="directed" one stream per direction of
-    each neighbour pair (the runtime's `TorchTransport`, which sends stage a -> stage b in a process
-    group of its own); a batch starts when every earlier batch of its stream completed, and
-    completes when all of its operations did;
-  * matching ignores tags: the k-th send from rank a to rank b meets the k-th receive rank b posted
-    from a -- if those two are not the same tensor (activation/gradient, virtual stage,
-    micro-batch), the transport would deliver the wrong data, which is an error here;
-  * a send completes only when its receive is running (rendezvous: no buffering), and vice versa;
-  * the rank's program posts batches where `posting.post_points` says, blocks at a RECV until that
-    receive completed and at OPTIMIZER until all its sends completed (the interpreter waits for its
-    sends there); compute never blocks.
-NCCL (individual isend/irecv on a per-pair communicator, or grouped operations on the group's
-communicator) is at most this strict, so a schedule that completes here completes there. With
-directed streams each stream carries one direction of one pair, so it completes whenever the
-tensors' order per direction agrees on both ends -- with any look-ahead of the receives.
+The model is deliberately the strictest a real transport may be: per rank, posted batches run in
+order on a stream (one for everything, or one per direction of each pair, as the runtime's
+`TorchTransport` has); matching ignores tags, so the k-th send a -> b meets b's k-th receive from a
+and must be the same tensor; sends and receives rendezvous without buffering; the rank posts where
+`posting.post_points` says and blocks at RECV and at OPTIMIZER (for its sends). NCCL is at most
+this strict, so a schedule that completes here completes there.
 """
 
 from __future__ import annotations
@@ -56,7 +43,14 @@ STREAMS = ("shared", "directed")
 
 def check_in_order(schedule: Schedule, lookahead: int | None = None, streams: str = "directed") -> None:
     """Raise ScheduleError if `schedule`, posted as `posting.post_points(lookahead)` says, deadlocks or
-    mismatches over an in-order, rendezvous transport with the given stream layout."""
+    mismatches over an in-order, rendezvous transport with the given stream layout.
+
+    One rank per physical stage (a pipeline's replicas never talk to each other). streams="shared":
+    ONE stream for all its point-to-point traffic (one communicator for every pair and direction);
+    "directed": one per direction of each neighbour pair (the runtime's TorchTransport). A batch
+    starts when every earlier batch of its stream completed, and completes when all its operations
+    did. With directed streams each stream carries one direction of one pair, so it completes
+    whenever the tensors' order per direction agrees on both ends -- with any look-ahead."""
     if streams not in STREAMS:
         raise ScheduleError(f"streams must be one of {STREAMS}, got {streams!r}")
     pp = schedule.num_stages

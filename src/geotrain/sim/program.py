@@ -3,22 +3,9 @@
 Every DP replica of a physical stage runs the same action list, so a stage's list is compiled
 once into parallel Python lists (integer op codes, durations, send targets), repeated for each
 iteration. A send knows, precomputed, the receiving stage, the index of the matching receive in
-that stage's program (its "slot") and the link it crosses; so delivering a tensor is a list
-store, and matching needs no dictionaries at run time.
-
-Tensor parallelism at a boundary (stages may differ in tp): a stage's output activation is whole
-and replicated on every TP rank of its group (the row-parallel all-reduce ends each block), and
-so is its input gradient. Where both stages run the same tp > 1 the runtime moves it the way
-Megatron does (runtime/interpreter.py, Plan.boundary_scattered): TP rank t sends only slice t (1/tp
-of the flattened tensor) to TP rank t, and the receiver all-gathers the slices in its TP group,
-inside the node. Such a transfer is tp parallel flows carrying one tensor in all (its bytes are
-the tensor's, its flow rate tp x one flow's, up to the capacity; inside a DC one slice's time),
-and each receive is followed by the all-gather (costs.comm.ring_half over intra_node_gbps), on the
-receiving GPU's critical path. Where the tps differ, receiving TP rank t' takes the whole tensor
-from sending rank t' mod tp_sender -- no re-sharding collective, every sender busy when the
-receiver is the wider group, the runtime's pairing (runtime/p2p.py) -- so it moves one copy
-per receiving TP rank: tp_receiver x the bytes, as that many parallel flows (Plan.boundary_copies);
-inside a DC the copies leave from different GPUs at once, so the time is one copy's.
+that stage's program (its "slot") and the link it crosses, so delivering a tensor is a list store.
+Boundaries between stages of different tensor-parallel degrees are priced as the runtime moves
+them (`compile_program` says how).
 """
 
 from __future__ import annotations
@@ -143,7 +130,15 @@ def _append(p: StageProgram, code: int, dur: float, kind: int, v: int, mb: int, 
 def compile_program(plan: Plan, costs: StageCosts, schedule: Schedule, stage_costs: list, allreduce_time: list[float],
                     optimizer_time: list[float], iterations: int, blocking: bool = False,
                     step_sync: list[float] | None = None, norm: NormExchange | None = None) -> Program:
-    """`costs` prices the transfers (intra-DC, WAN directions with their ACK wait, TP gathers);
+    """Tensor parallelism at a boundary: a stage's output (and input gradient) is whole and replicated
+    on its TP ranks. Between stages of the same tp > 1 the runtime moves it Megatron's way
+    (Plan.boundary_scattered): TP rank t sends slice t to TP rank t, the receiver all-gathers inside
+    the node -- tp parallel flows carrying one tensor in all, each receive followed by the gather
+    (costs.comm.ring_half over intra_node_gbps). Where the tps differ, receiving TP rank t' takes the
+    whole tensor from sending rank t' mod tp_sender (runtime/p2p.py's pairing): one copy per
+    receiving rank, as that many parallel flows (Plan.boundary_copies); inside a DC one copy's time.
+
+    `costs` prices the transfers (intra-DC, WAN directions with their ACK wait, TP gathers);
     each OPTIMIZER is preceded by a WAIT_ACKS slot. `blocking`: sends between stages are blocking
     rendezvous (SEND_SYNC, a runtime with blocking NCCL send/recv such as DeepSpeed's pipe engine):
     sender and receiver both wait until the other side is there and the transfer is done.
