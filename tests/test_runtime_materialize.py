@@ -10,6 +10,7 @@ plain, unsharded model (the init is a function of the parameter's name, not of t
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,9 +20,11 @@ import torch.distributed as dist
 from geotrain.models.llama import INIT_BLOCK_ROWS, build_units
 from geotrain.models.presets import PRESETS
 from geotrain.runtime.materialize import build_chunk
+from geotrain.spec.load import load_spec
 from geotrain.torch_compat import TorchDispatchMode, tree_flatten
 
 DP, RANK = 4, 3
+ROOT = Path(__file__).parents[1]
 
 
 class AllocatedBytes(TorchDispatchMode):
@@ -164,3 +167,18 @@ def test_hf_weights_go_straight_into_tensor_parallel_shards(hf_dir, fake_tp_grou
             p = p.to_local()
         torch.testing.assert_close(p.detach(), want, rtol=0, atol=0)
     assert sharded == 2 * 7     # seven matmul weights per block, each split over the two TP ranks
+
+
+@pytest.mark.parametrize("sharding", ["replicate", "zero1", "zero3"])
+def test_a_tied_chunk_holding_both_ends_is_one_matrix(fake_dp_group, sharding):
+    """to_empty (meta -> cpu) gives each module a new Parameter, so a tied head came out as a
+    second copy: trained alike (`runtime.tied` summed their gradients) but counted twice in the
+    global gradient norm, so clipping scaled a pp=1 run differently from a pipeline's."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    spec = load_spec(ROOT / "examples" / "tiny_2dc.toml").model.model_copy(update={"tie_embeddings": True})
+    mesh = init_device_mesh("cpu", (1, DP, 1), mesh_dim_names=("pp", "dp", "tp"))
+    plan = SimpleNamespace(tp=1, checkpointing="none", sharding=sharding, precision="fp32")
+    chunk = build_chunk(spec, 0, spec.num_units, plan, mesh, torch.device("cpu"))
+    assert chunk.units[str(spec.num_units - 1)].out.weight is chunk.units["0"].tok.weight
+    assert not any(n.endswith("out.weight") for n, _ in chunk.named_parameters())

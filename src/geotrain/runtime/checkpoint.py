@@ -157,10 +157,13 @@ class Checkpointer:
         self.notes: list[str] = []                # lines for the console: a resume that fell back (begin)
 
     # -- state -----------------------------------------------------------------------------
-    def _names(self) -> dict[str, str]:
+    def _names(self, aliases: bool = False) -> dict[str, str]:
         """Container name (`v1.units.7.attn.wq.weight`) -> plain model name (`units.7.attn.wq.weight`).
-        The `vN.` prefix only numbers this rank's virtual chunks; unit indices are already global."""
-        return {name: name.split(".", 1)[1] for name, _ in self.container.named_parameters()}
+        The `vN.` prefix only numbers this rank's virtual chunks; unit indices are already global.
+        `aliases`: a tied matrix under both its names too (a model state dict holds both; the
+        optimizer's, one per Parameter)."""
+        named = self.container.named_parameters(remove_duplicate=not aliases)
+        return {name: name.split(".", 1)[1] for name, _ in named}
 
     def _aliases(self) -> dict[str, str]:
         """Plain name -> the plain name it shares a Parameter with (tied embeddings in one chunk)."""
@@ -195,7 +198,8 @@ class Checkpointer:
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
-        return {"model": {plain[k]: v for k, v in msd.items()},
+        every = self._names(aliases=True)
+        return {"model": {every[k]: v for k, v in msd.items()},
                 "optim": {"state": ostate},
                 "train": {"step": torch.tensor(step, dtype=torch.int64),
                           "scale": torch.tensor(self.scaler.scale, dtype=torch.float64),
@@ -303,7 +307,7 @@ class Checkpointer:
             raise GeotrainError(f"checkpoint {path}: {problem} (written by another model or an older geotrain?)")
         dcp.load(state, checkpoint_id=str(path))
         plain = self._names()
-        msd = {name: state["model"][p] for name, p in plain.items()}
+        msd = {name: state["model"][p] for name, p in self._names(aliases=True).items()}
         if self.zero1:
             set_model_state_dict(self.container, msd)   # the partition's optimizer state was loaded in place
         else:

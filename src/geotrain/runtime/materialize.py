@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from geotrain.models.hf_weights import load_hf_weights
 from geotrain.models.llama import Block, UnitStack, build_units
@@ -47,7 +48,14 @@ def build_chunk(model, start: int, end: int, plan, mesh, device: torch.device, h
 @torch.no_grad()
 def materialize(module: UnitStack, model, device: torch.device, hf: str | None = None) -> None:
     """Give a meta-built (possibly sharded) chunk storage on `device` and its initial values."""
+    tied = module.has_embedding and module.has_head and \
+        module.units[str(module.end - 1)].out.weight is module.units["0"].tok.weight
     module.to_empty(device=device)
+    if tied and not isinstance(module.units["0"].tok.weight, DTensor):
+        # to_empty gives each module its own new Parameter when the device type changes (meta ->
+        # cpu/cuda), so the one tied matrix came out as two: tie them again (FSDP2 keeps its one
+        # sharded Parameter). Two copies trained alike, but the gradient norm counted the matrix twice.
+        module.tie_head_to_embedding()
     for unit in module.units.values():
         if isinstance(unit, Block):
             unit.reset_rope()

@@ -88,10 +88,9 @@ def _build_trainer(case: RunCase, me: RankModel, optimizer, scaler, recorder, bu
     # The gradient norm's exchange (clipping on, bf16/fp32: fp16 folds it into its overflow all-reduce).
     norm = GradNorm(plan, me.rank, me.device, cfg.wan.outage_limit_s) \
         if spec.job.grad_clip > 0 and plan.precision != "fp16" else None
-    head_copies = me.tied.params if plan.pp > 1 and me.stage == plan.pp - 1 else []   # counted on stage 0
     trainer = Trainer(runner, me.params, optimizer, scaler, tied=me.tied, group=group, recorder=recorder,
                       stage=min(me.chunks), inject_inf=cfg.hooks.steps("inject_inf", me.rank), job=spec.job,
-                      norm=norm, norm_skip=head_copies)
+                      norm=norm, norm_skip=me.tied.head_copy)   # counted with the embedding
     return transport, trainer
 
 

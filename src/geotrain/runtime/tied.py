@@ -34,6 +34,7 @@ class TiedCopies:
         self.group: dist.ProcessGroup | None = None
         self.staged = staged            # the two copies' ranks share a GPU: sum through host memory (shared_gpu)
         self.params: list[nn.Parameter] = []
+        self.head_copy: list[nn.Parameter] = []
         if not getattr(model, "tie_embeddings", False):
             return
         if plan.pp > 1:
@@ -51,8 +52,13 @@ class TiedCopies:
                 print(f"geotrain wan: tied embeddings: stage 0 ({first}) <-> stage {plan.pp - 1} ({last}): "
                       f"gradient sum by plain {dist.get_backend()} all-reduce across the WAN every step "
                       "(one connection per pair, not striped; priced so by the planner and simulator)", flush=True)
-        names = {EMBEDDING, head_name(model)}
-        self.params = [p for chunk in chunks.values() for n, p in chunk.named_parameters() if n in names]
+        head = head_name(model)
+        held = [(n, p) for chunk in chunks.values() for n, p in chunk.named_parameters() if n in (EMBEDDING, head)]
+        self.params = [p for _, p in held]
+        # The head's copy where this rank holds it apart from the embedding (a pipeline's last
+        # stage): the gradient norm counts the matrix once, with the embedding. A chunk holding both
+        # ends has one Parameter, listed once, by the embedding's name.
+        self.head_copy = [p for n, p in held if n == head]
 
     @torch.no_grad()
     def sum_grads(self) -> None:
