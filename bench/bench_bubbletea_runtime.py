@@ -45,7 +45,9 @@ def free_port() -> int:
 def client(port: int, stop: threading.Event, out: list, interval: float) -> None:
     """One user sending prompts one after another over a kept-alive connection. Users are on
     other machines; here they share this one, so the thread runs at idle priority to keep its
-    CPU out of the measurement."""
+    CPU out of the measurement. A 503/429 is retried after `interval` at most, not the service's
+    Retry-After (1 s): the service answers 503 until a rank joins, and a short run's ranks may
+    join and finish within that second -- a quiet CI machine's 3-step run was answered nothing."""
     from geotrain.bubbletea.idle_priority import lower_own_priority
 
     lower_own_priority()
@@ -60,7 +62,7 @@ def client(port: int, stop: threading.Event, out: list, interval: float) -> None
             if r.status == 200:
                 out.append(doc["choices"][0]["ttft_ms"] / 1e3)
             elif r.status in (429, 503):
-                stop.wait(float(r.getheader("Retry-After", "1")))
+                stop.wait(min(float(r.getheader("Retry-After", "1")), interval))
             i += 1
         except (OSError, ValueError, http.client.HTTPException):
             if c is not None:

@@ -64,14 +64,14 @@ class BubbleHook:
         t_reach = rec.now()
         budget = self.predictor.budget(index) if self.filling() else 0.0
         done = getattr(work, "is_completed", None)
-        used = 0.0
+        used, chunks = 0.0, self.worker.chunks
         if budget > 0 and not (done and done()):
             try:
                 used = self.worker.fill(budget)
             except (ConnectionError, OSError) as e:  # the service went away: training goes on
                 log.warning("bubbletea: prefill service unreachable (%s); prefill disabled", e)
                 self.worker.close()
-            if used > 0:
+            if used > 0 and self.worker.chunks > chunks:   # a poll answered "no work" is not prefill
                 rec.add("prefill", t_reach, t_reach + used, stage=stage)
         arrived_during = bool(used > 0 and done and done())
         t_wait = rec.now()
