@@ -106,20 +106,40 @@ def _timed_transfer(k: int, shaper: ShaperConfig, nbytes: int, base: int) -> tup
         b.close()
 
 
+def _best_of(tries: int, measure, good):
+    """Load only slows a transfer (late wake-ups past the shaper's catch-up), never speeds it up: a
+    loaded 2-core machine's first try may come out slow, so up to `tries` are made and the first
+    `good` one returned (else the last). Every try is returned too, for the hard upper bounds."""
+    seen = []
+    for _ in range(tries):
+        seen.append(measure())
+        if good(seen[-1]):
+            break
+    return seen[-1], seen
+
+
 def test_shaper_caps_each_connection_and_the_aggregate():
     """The caps by the shaper's own booking (a loaded CPU's late wake-ups within a transfer are
-    made up, so this holds under load), and by the wall clock from the side load cannot push:
-    never faster than the cap, never done before the booking said."""
+    made up, up to CATCH_UP_S each, so this holds under moderate load; past that, another try), and
+    by the wall clock from the side load cannot push: never faster than the cap, never done before
+    the booking said -- on every try."""
     cfg = ShaperConfig(per_connection_gbps=0.08, aggregate_gbps=0.2)
     nbytes = 3_000_000                                     # 24 Mbit
     for k, expect_gbps in [(1, 0.08), (4, 0.2)]:
-        dt, booked = _timed_transfer(k, cfg, nbytes, base=10 * k)
-        gbps = nbytes * 8 / booked / 1e9
-        assert abs(gbps - expect_gbps) <= 0.15 * expect_gbps, (k, gbps)
-        assert nbytes * 8 / dt / 1e9 <= 1.15 * expect_gbps, (k, dt)
-        assert dt >= booked - 1e-3, (k, dt, booked)
+        def rate(booked: float) -> float:
+            return nbytes * 8 / booked / 1e9
+
+        (dt, booked), tries = _best_of(3, lambda k=k: _timed_transfer(k, cfg, nbytes, base=10 * k),
+                                       lambda m, e=expect_gbps: abs(rate(m[1]) - e) <= 0.15 * e)
+        assert abs(rate(booked) - expect_gbps) <= 0.15 * expect_gbps, (k, [rate(b) for _, b in tries])
+        for dt, booked in tries:
+            assert nbytes * 8 / dt / 1e9 <= 1.15 * expect_gbps, (k, dt)
+            assert dt >= booked - 1e-3, (k, dt, booked)
 
 
 def test_shaper_adds_one_way_delay():
-    dt, _ = _timed_transfer(2, ShaperConfig(delay_ms=60), 4000, base=50)
-    assert 0.055 <= dt <= 0.09, dt
+    """Never before the delay (every try); not much after it on a try the machine's load did not hold up."""
+    (dt, _), tries = _best_of(3, lambda: _timed_transfer(2, ShaperConfig(delay_ms=60), 4000, base=50),
+                              lambda m: m[0] <= 0.09)
+    assert all(t >= 0.055 for t, _ in tries), tries
+    assert dt <= 0.09, tries
