@@ -2,6 +2,9 @@
 
 import http.client
 import json
+import os
+import resource
+import socket
 import threading
 import time
 
@@ -298,4 +301,41 @@ def test_a_connection_without_the_secret_is_dropped_and_logged_and_joins_no_rank
     ex.close()
     err = capfd.readouterr().err
     assert err.count("geotrain bubbletea: executor: dropped a connection") == 2, err
+    assert "Traceback" not in err
+
+
+def test_the_executor_out_of_descriptors_backs_off_and_a_rank_still_joins(capfd):
+    """Its accept loop returned on any OSError: one EMFILE in the launcher (a flood of HTTP clients)
+    and no rank could join after it. Now it logs one line, backs off and accepts again."""
+    model = build_model(PRESETS["tiny"]).eval()
+    ex = BubbleExecutor()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    client, filler = socket.socket(), []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 64, hard))
+    try:
+        while True:                                  # every descriptor taken ...
+            try:
+                filler.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        client.connect(tuple(ex.address))            # ... then a connection queued: accept() meets EMFILE
+        time.sleep(1.0)
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        client.close()
+    fut = ex.submit(1, list(range(1, 9)))
+    w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0001, c=0.0), secret=ex.secret)
+    try:
+        w.connect()                                  # accepting again: the rank joins and prefills
+        deadline = time.time() + 20
+        while not fut.done() and time.time() < deadline:
+            w.fill(0.5)
+        assert fut.result(timeout=1).first_token == prefill(model, list(range(1, 9)))[0]
+    finally:
+        w.close()
+        ex.close()
+    err = capfd.readouterr().err
+    assert "executor: cannot accept a connection (Too many open files); backing off" in err, err
     assert "Traceback" not in err

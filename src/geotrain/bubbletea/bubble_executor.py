@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import select
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -26,6 +27,7 @@ from geotrain.bubbletea.inference import KVCache, forward_with_cache, prefill
 from geotrain.bubbletea.prefill_cost import PrefillCost
 from geotrain.bubbletea.wire import ProtocolError, recv_frame, send_frame
 from geotrain.models.llama import UnitStack
+from geotrain.transport.admission import accept_loop
 from geotrain.transport.auth import ANY_RANK, BUBBLETEA, DropLog, client_handshake, new_secret, server_handshake
 
 
@@ -141,13 +143,15 @@ class BubbleExecutor:
 
     # -- rank connections ------------------------------------------------------------------
     def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            _nodelay(conn)
-            threading.Thread(target=self._serve_rank, args=(conn,), daemon=True).start()
+        """Through transport.admission's loop: a launcher out of descriptors (a flood on the HTTP
+        port) backs off and accepts again -- returning on any OSError left ranks that (re)join
+        later, an elastic run's restarted ones, without a way in."""
+        accept_loop(self._sock, lambda: self._closed, self._start_rank,
+                    lambda line: print(f"geotrain bubbletea: executor: {line}", file=sys.stderr, flush=True))
+
+    def _start_rank(self, conn: socket.socket, _addr) -> None:
+        _nodelay(conn)
+        threading.Thread(target=self._serve_rank, args=(conn,), daemon=True).start()
 
     def _serve_rank(self, conn: socket.socket) -> None:
         rank = None

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from geotrain.emulation.ports import spread_port_connections as open_connections
 from geotrain.errors import GeotrainError
+from geotrain.transport.admission import accept_loop
 from geotrain.transport.auth import (
     ANY_RANK,
     PROBE,
@@ -117,9 +118,9 @@ def serve(host: str, port: int = 0) -> None:
     ls.bind((host, port))
     ls.listen(256)
     print(f"port {ls.getsockname()[1]}", flush=True)
-    while True:
-        conn, _ = ls.accept()
-        threading.Thread(target=_handle, args=(conn, secret, drops), daemon=True).start()
+    accept_loop(ls, lambda: False,              # out of descriptors: back off, accept again (admission)
+                lambda conn, _addr: threading.Thread(target=_handle, args=(conn, secret, drops), daemon=True).start(),
+                lambda line: print(f"geotrain emulation: probe: {line}", file=sys.stderr, flush=True))
 
 
 def ping(host: str, port: int, count: int = 20) -> float:
