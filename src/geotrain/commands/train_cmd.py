@@ -26,6 +26,12 @@ DESCRIPTION = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    _run_arguments(p)
+    _prefill_arguments(p)
+    _wan_arguments(p)
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", metavar="SPEC_OR_PLAN", help="experiment TOML or plan JSON")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: job.steps)")
     p.add_argument("--out", default=None, metavar="RUN_DIR", help="run directory (default: runs/<name>)")
@@ -55,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    choices=["none", "full", "selective", "keep-matmul", "keep-attention"])
     p.add_argument("--sharding", default=None, choices=["replicate", "zero1", "zero2", "zero3"])
     p.add_argument("--no-progress", action="store_true", help="no progress bar or summary")
+
+
+def _prefill_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-prefill", type=int, default=None, metavar="PORT",
                    help="BubbleTea: serve prefill requests on 127.0.0.1:PORT (0: any free port) and run them "
                         "in the ranks' pipeline bubbles while training")
@@ -69,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure BubbleTea's cost: alternate N steps without prefill and N with it "
                         "(losses.jsonl marks each step's 'prefill'); default 0: always on")
     p.add_argument("--prefill-token", default=None, help="bearer token the prefill API requires (default: none)")
+
+
+def _wan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wan", default="auto", choices=["auto", "kernel", "shaper", "off"],
                    help="the WAN between the plan's datacenters: kernel = one network namespace per DC joined by "
                         "an emulated WAN router (root); shaper = delay and rate limits inside the project's own "
