@@ -77,6 +77,21 @@ def analyse(ctx: PlanningContext, plan: Plan, cand, sim) -> tuple[float, dict[st
 
 
 def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottleneck) -> list[str]:
+    lines = _placement_lines(ctx, plan)
+    lines += _split_and_schedule_lines(ctx, plan, costs)
+    lines.append(_memory_line(ctx, plan, bottleneck))
+    lines += _wan_lines(ctx, plan)
+    lb = max(parts.values())
+    t = sim.iteration_time if sim is not None else (cand.est.total if cand else math.nan)
+    lines.append(f"Lower bound {_s(lb)} (busiest GPU compute {_s(parts['compute'])}, busiest WAN link "
+                 f"{_s(parts['wan'])}); plan {_s(t)} = {t / lb:.2f}x the bound; bottleneck: {bottleneck}.")
+    if t > 1.15 * lb:
+        lines.append("Gap to the bound: " + gap_reason(plan, cand, t, lb))
+    return lines
+
+
+def _placement_lines(ctx: PlanningContext, plan: Plan) -> list[str]:
+    """Which DCs and GPUs the plan uses, and why the rest are left out."""
     cl = ctx.cluster
     lines: list[str] = []
     chain = pipeline_chain(st.dc for st in plan.stages)
@@ -103,6 +118,11 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
             lines.append(f"{d.name}: {used[d.name]} of {d.gpus} GPUs ({n} stage(s) x {plan.dp * tp}); "
                          f"dp must divide the global batch ({ctx.job.global_batch}) and be equal on every stage, "
                          f"and deeper pipelines scored slower.")
+    return lines
+
+
+def _split_and_schedule_lines(ctx: PlanningContext, plan: Plan, costs) -> list[str]:
+    lines: list[str] = []
     types = {st.dc: ctx.dc(st.dc).gpu_type for st in plan.stages}
     by_type: dict[str, list[int]] = {}
     for st in plan.stages:
@@ -119,6 +139,10 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
     if plan.virtual_per_stage > 1:
         sched += f" ({plan.virtual_per_stage} chunks per stage)"
     lines.append(sched + f"; micro-batch {plan.micro_batch} x {plan.num_microbatches} per pipeline.")
+    return lines
+
+
+def _memory_line(ctx: PlanningContext, plan: Plan, bottleneck: str) -> str:
     peak = max(ctx.stage_memory_fraction(st.chunks, st.dc, plan.micro_batch, _inflight(plan, s), plan.sharding,
                                          plan.dp, plan.stage_checkpointing(s)) * ctx.gpu(st.dc).memory_gib
                for s, st in enumerate(plan.stages))
@@ -133,7 +157,11 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
             memory += (f"; this is the bottleneck: the job pins checkpointing {plan.checkpointing!r}, whose "
                        f"recompute makes each micro-batch step {slower} slower (checkpointing = \"auto\" lets "
                        f"the planner drop it where memory allows)")
-    lines.append(memory + ".")
+    return memory + "."
+
+
+def _wan_lines(ctx: PlanningContext, plan: Plan) -> list[str]:
+    lines: list[str] = []
     nbytes = ctx.boundary_bytes(plan.micro_batch)
     for lp in plan.links:
         link = ctx.link(lp.src_dc, lp.dst_dc)
@@ -143,12 +171,6 @@ def explain(ctx: PlanningContext, plan: Plan, cand, sim, costs, parts, bottlenec
         if lp.sharing == "temporal":
             s += f"; temporal sharing: {plan.dp} pipelines take turns, staggered {_s(lp.stagger_s)}"
         lines.append(s + ".")
-    lb = max(parts.values())
-    t = sim.iteration_time if sim is not None else (cand.est.total if cand else math.nan)
-    lines.append(f"Lower bound {_s(lb)} (busiest GPU compute {_s(parts['compute'])}, busiest WAN link "
-                 f"{_s(parts['wan'])}); plan {_s(t)} = {t / lb:.2f}x the bound; bottleneck: {bottleneck}.")
-    if t > 1.15 * lb:
-        lines.append("Gap to the bound: " + gap_reason(plan, cand, t, lb))
     return lines
 
 
