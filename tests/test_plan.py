@@ -18,7 +18,10 @@ from geotrain.spec import load_spec
 
 @pytest.fixture(scope="module")
 def a100(examples_dir_module):
+    """The Llama-2-7B 3-DC A100 example at 2048 sequences a step: a pipeline across two DCs (at the
+    example's 1024 one DC is as fast: 4 micro-batches per pipeline leave too large a bubble)."""
     spec = load_spec(examples_dir_module / "llama2_7b_a100_3dc.toml")
+    spec = replace(spec, job=spec.job.model_copy(update={"global_batch": 2048}))
     return spec, make_plan(spec, top_k=2)
 
 
@@ -114,11 +117,11 @@ def test_split_gives_the_faster_dc_more_layers(examples_dir_module):
     spec = load_spec(examples_dir_module / "llama2_13b_mixed.toml")
     ctx = PlanningContext(spec)
     sc = Scorer(ctx)
-    dcs = ["eu-central", "eu-north"]  # A100 (PCIe, 42% efficiency) then H100
+    dcs = ["eu-central", "eu-north"]  # A100 (PCIe, a lower plateau) then H100
     chunks = sc.split(dcs, 1, "none", 1)
     a100_units = chunks[0][0][1] - chunks[0][0][0]
     h100_units = chunks[1][0][1] - chunks[1][0][0]
-    assert h100_units > 2 * a100_units
+    assert h100_units > 1.5 * a100_units     # a block is ~2x faster on the H100s
     costs = sc.stage_costs(dcs, chunks, 1, "none", "replicate", 8, Layout(tuple(dcs), (1, 1), 8, 1, 4))
     steps = [c.step for c in costs]
     assert max(steps) / min(steps) < 1.2  # balanced in time, not in units

@@ -82,13 +82,16 @@ def test_plan_with_a_measured_profile_prices_compute_by_it(spec, tmp_path, capsy
 
 
 def _with_egress(tmp_path, usd_per_gb: float):
-    """The Llama-2-7B 3-DC A100 example with an egress price on every WAN link."""
+    """The Llama-2-7B 3-DC A100 example with an egress price on every WAN link, at 2048 sequences a
+    step (its fastest plan then pipelines across two DCs: tests/test_plan.py's a100 fixture)."""
     import re
     import shutil
 
     shutil.copytree("examples", tmp_path / "ex")
     path = tmp_path / "ex/clusters/a100_3dc.toml"
     path.write_text(re.sub(r"(max_connections = \d+)", rf"\1\negress_usd_per_gb = {usd_per_gb}", path.read_text()))
+    job = tmp_path / "ex/llama2_7b_a100_3dc.toml"
+    job.write_text(job.read_text().replace("global_batch = 1024", "global_batch = 2048"))
     return load_spec(tmp_path / "ex/llama2_7b_a100_3dc.toml")
 
 

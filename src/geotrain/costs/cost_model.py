@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from geotrain.costs import comm
+from geotrain.costs import comm, roofline
 from geotrain.costs.activations import SELECTIVE, deferred_weight_bytes, mlp_rows, rope_table_bytes, stage_input_bytes
 from geotrain.costs.experts import block_params_per_gpu, moe_comm_time, replicated_expert_params
 from geotrain.costs.memory import (
@@ -46,9 +46,7 @@ from geotrain.costs.units import (
 from geotrain.spec.cluster import Datacenter, GPUType
 from geotrain.spec.model import ModelSpec
 
-# With no measured bandwidth, HBM bytes/s = bf16 peak FLOP/s / this machine balance. Datasheets:
-# A100 312 TFLOP/s / 2.0 TB/s = 156, H100 SXM 989 / 3.35 = 295, V100 125 / 0.9 = 139. 200 sits in
-# between; the optimizer step is a small part of an iteration, so the rough figure is enough.
+# A GPU type without memory_tbps: HBM bytes/s = bf16 peak FLOP/s / this (A100 156, H100 SXM 295).
 MACHINE_BALANCE_FLOP_PER_BYTE = 200.0
 
 
@@ -212,13 +210,17 @@ class CostModel:
 
     def _kind_times(self, gpu: GPUType, micro_batch: int, tp: int = 1) -> tuple:
         """Per kind (forward, backward_input incl. recompute, backward_weight) seconds on one GPU of
-        a `tp`-way group: the FLOP estimate / tp, or the profile's time at (micro_batch, tp)."""
+        a `tp`-way group: the profile's time at (micro_batch, tp), else costs.roofline's per-op
+        time (FLOPs / (achieved FLOP/s x tp) for a GPU type without the roofline)."""
         key = (id(gpu), micro_batch, tp)
         hit = self._times.get(key)
         if hit is not None and hit[0] is gpu:
             return hit[1]
         flops = self._kind_flops(micro_batch)
         rate = gpu.achieved_flops(self.precision) * tp
+        device = roofline.Device(gpu.peak_flops(self.precision), gpu.efficiency, self.memory_bandwidth(gpu))
+        per_op = roofline.kind_seconds(self.model, micro_batch, tp, self.dtype_bytes, device, ep=self.ep) \
+            if gpu.roofline else None
         out = []
         elementwise = self._elementwise_recompute(gpu, micro_batch) / tp
         for kind in KINDS:
@@ -233,7 +235,8 @@ class CostModel:
                 split = f.backward_input / f.backward if f.backward else (0.0 if kind == EMBEDDING else 1.0)
                 b_in, b_w = bwd * split, bwd * (1 - split)
             else:
-                fwd, b_in, b_w = f.forward / rate, f.backward_input / rate, f.backward_weight / rate
+                fwd, b_in, b_w = per_op[kind] if per_op else (f.forward / rate, f.backward_input / rate,
+                                                             f.backward_weight / rate)
             out.append((fwd, b_in + replay * fwd + (elementwise if kind == BLOCK else 0.0), b_w))
         times = tuple(out)
         self._times[key] = (gpu, times)
@@ -326,9 +329,11 @@ class CostModel:
                                buffers=buffers, transient=transient, data=data)
 
     def memory_bandwidth(self, gpu: GPUType) -> float:
-        """HBM bytes/s assumed for memory-bound work (see MACHINE_BALANCE_FLOP_PER_BYTE)."""
+        """HBM bytes/s for memory-bound work: measured, the GPU type's, or by the machine balance."""
         if self.profile is not None and self.profile.memory_bytes_per_s:
             return self.profile.memory_bytes_per_s
+        if gpu.memory_tbps is not None:
+            return gpu.memory_tbps * 1e12
         return gpu.peak_flops("bf16") / MACHINE_BALANCE_FLOP_PER_BYTE
 
     def optimizer_time(self, units: Sequence[int], gpu: GPUType, sharding: str, dp: int, tp: int = 1) -> float:

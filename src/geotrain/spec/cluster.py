@@ -14,14 +14,20 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 class GPUType(Strict):
-    """A GPU model: peak dense FLOP/s by precision, memory, and the fraction of peak a
-    transformer layer really achieves (model FLOPs utilization of a well-tuned kernel mix)."""
+    """A GPU model: peak dense FLOP/s by precision, memory and its bandwidth, and the fraction of
+    peak a large GEMM really achieves (the plateau of costs.roofline's GEMM-shape curve: smaller
+    GEMMs fall off it, element-wise ops are priced by memory bandwidth, each kernel pays a launch).
+
+    `roofline = false` prices compute as FLOPs / (peak x efficiency), nothing else: the CPU
+    emulation target, whose real times come from a measured profile."""
 
     bf16_tflops: bounded_float(1e-3, 1e5)     # 1 GFLOP/s .. 100 PFLOP/s per GPU
     fp16_tflops: bounded_float(1e-3, 1e5)
-    fp32_tflops: bounded_float(1e-3, 1e5)
+    fp32_tflops: bounded_float(1e-3, 1e5)     # an fp32 job's matmul peak (TF32's where the runtime uses it)
     memory_gib: bounded_float(1e-3, 1e5)      # 1 MiB .. 100 TiB
     efficiency: bounded_float(1e-3, 1.0) = 0.5    # below 0.1 % of peak no kernel runs (and times overflow)
+    memory_tbps: bounded_float(1e-6, 1e4) | None = None   # HBM TB/s; None: bf16 peak / 200 FLOP per byte
+    roofline: bool = True
 
     def peak_flops(self, precision: str) -> float:
         return {"fp32": self.fp32_tflops, "bf16": self.bf16_tflops, "fp16": self.fp16_tflops}[precision] * 1e12
@@ -34,13 +40,21 @@ class GPUType(Strict):
         return self.memory_gib * 2**30
 
 
-# Public datasheet numbers (dense, no sparsity). `cpu` is this project's emulation target.
+# Public datasheet numbers (dense, no sparsity; HBM bandwidth of the SXM parts). `efficiency` is the
+# GEMM plateau fitted to the published per-layer profiles (docs/DECISIONS.md, "A GPU-shaped compute
+# model"): A100 0.94, Hopper 0.54 (GH200 in a power-capped node: an H100 at full power may do more).
+# `cpu` is this project's emulation target.
 BUILTIN_GPU_TYPES: dict[str, GPUType] = {
-    "a100-40g": GPUType(bf16_tflops=312, fp16_tflops=312, fp32_tflops=19.5, memory_gib=40, efficiency=0.5),
-    "a100-80g": GPUType(bf16_tflops=312, fp16_tflops=312, fp32_tflops=19.5, memory_gib=80, efficiency=0.5),
-    "h100-80g": GPUType(bf16_tflops=989, fp16_tflops=989, fp32_tflops=67, memory_gib=80, efficiency=0.45),
-    "v100-32g": GPUType(bf16_tflops=125, fp16_tflops=125, fp32_tflops=15.7, memory_gib=32, efficiency=0.5),
-    "cpu": GPUType(bf16_tflops=0.1, fp16_tflops=0.02, fp32_tflops=0.06, memory_gib=4, efficiency=1.0),
+    "a100-40g": GPUType(bf16_tflops=312, fp16_tflops=312, fp32_tflops=19.5, memory_gib=40, efficiency=0.94,
+                        memory_tbps=1.555),
+    "a100-80g": GPUType(bf16_tflops=312, fp16_tflops=312, fp32_tflops=19.5, memory_gib=80, efficiency=0.94,
+                        memory_tbps=2.039),
+    "h100-80g": GPUType(bf16_tflops=989, fp16_tflops=989, fp32_tflops=67, memory_gib=80, efficiency=0.54,
+                        memory_tbps=3.35),
+    "v100-32g": GPUType(bf16_tflops=125, fp16_tflops=125, fp32_tflops=15.7, memory_gib=32, efficiency=0.94,
+                        memory_tbps=0.9),
+    "cpu": GPUType(bf16_tflops=0.1, fp16_tflops=0.02, fp32_tflops=0.06, memory_gib=4, efficiency=1.0,
+                   roofline=False),
 }
 
 

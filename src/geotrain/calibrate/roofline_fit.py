@@ -1,0 +1,85 @@
+"""costs.roofline against the published per-layer profiles (Sailor's, in bench/data/gpu_runs).
+
+For every profiled (model, GPU, micro-batch, tp): one transformer block's forward + backward as
+published (the mean of the model's blocks) beside the roofline's -- the block's ops at the runs'
+settings (fp32 with TF32 matmuls, Megatron's materialized attention) on the GPU type's plateau
+efficiency, plus Megatron's four TP all-reduces of the block's activation (costs.comm, NVLink
+inside one node). OPT-350's and GPT-Neo-2.7's GeLU MLPs (2 x hidden x 4 hidden) are the SwiGLU of
+equal parameters geotrain's model has (calibrate.gpu_runs does the same for OPT).
+
+The GPU types are the built-in defaults' efficiencies (A100 for the A100-40, Hopper's for the
+GH200) with the runs' TF32 peaks and the datasheets' HBM bandwidth: this table is what those
+defaults were fitted on (docs/DECISIONS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from geotrain.calibrate.gpu_runs import GpuRunData
+from geotrain.costs import comm, roofline
+from geotrain.spec.cluster import BUILTIN_GPU_TYPES, Datacenter
+from geotrain.spec.model import ModelSpec
+
+# profile GPU name -> (TF32 dense peak FLOP/s, HBM bytes/s, built-in type whose efficiency it uses)
+GPUS = {
+    "A100-40": (156e12, 1.555e12, "a100-40g"),     # A100 SXM4 40 GB datasheet
+    "GH-96": (494e12, 4.0e12, "h100-80g"),         # GH200 96 GB (Hopper) datasheet
+}
+NVLINK_GBPS = 2400.0       # geotrain's default intra-node rate: 300 GB/s each way
+
+
+@dataclass(frozen=True)
+class FitRow:
+    model: str
+    gpu: str
+    micro_batch: int
+    tp: int
+    published_s: float       # one block, forward + backward
+    predicted_s: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.published_s - 1
+
+
+def block_spec(data: GpuRunData, model: str) -> ModelSpec:
+    m = data.models[model]
+    ffn = 4 * round(2 * int(m["ffn_hidden"]) / 3 / 4)       # SwiGLU of the GeLU MLP's parameters, divisible by 4
+    return ModelSpec(name=model, layers=int(m["transformer_layers"]), hidden=int(m["hidden"]), heads=int(m["heads"]),
+                     kv_heads=int(m["heads"]), ffn=ffn, vocab=50304, seq_len=int(m["seq_len"]))
+
+
+def predicted_block_s(spec: ModelSpec, gpu: str, micro_batch: int, tp: int) -> float:
+    peak, bandwidth, builtin = GPUS[gpu]
+    device = roofline.Device(peak, BUILTIN_GPU_TYPES[builtin].efficiency, bandwidth)
+    f, b, w = roofline.block_seconds(spec, micro_batch, tp, 4, device, attention="materialized")
+    node = Datacenter(name="node", gpu_type=builtin, gpus=tp, gpus_per_node=tp, intra_node_gbps=NVLINK_GBPS)
+    activation = micro_batch * spec.seq_len * spec.hidden * 4
+    return f + b + w + (4 * comm.allreduce_time(activation, tp, tp, node) if tp > 1 else 0.0)
+
+
+def fit_rows(data: GpuRunData) -> list[FitRow]:
+    rows = []
+    for model, per_gpu in data.profiles.items():
+        spec = block_spec(data, model)
+        for gpu, entries in per_gpu.items():
+            if gpu not in GPUS:
+                continue
+            for e in entries:
+                blocks = range(1, spec.layers + 1)
+                published = sum(e["fwd_s"][i] + e["bwd_s"][i] for i in blocks) / len(blocks)
+                mb, tp = int(e["mbs"]), int(e["tp"])
+                rows.append(FitRow(model, gpu, mb, tp, published, predicted_block_s(spec, gpu, mb, tp)))
+    return rows
+
+
+def fit_markdown(rows: list[FitRow]) -> str:
+    errs = sorted(abs(r.error) for r in rows)
+    out = ["| model | GPU | micro-batch | tp | published ms | roofline ms | error |", "|---|---|---|---|---|---|---|"]
+    out += [f"| {r.model} | {r.gpu} | {r.micro_batch} | {r.tp} | {1e3 * r.published_s:.3f} | "
+            f"{1e3 * r.predicted_s:.3f} | {100 * r.error:+.1f} % |" for r in rows]
+    out.append(f"\n{len(rows)} points: |error| median {100 * errs[len(errs) // 2]:.1f} %, mean "
+               f"{100 * sum(errs) / len(errs):.1f} %, 90th percentile {100 * errs[int(0.9 * len(errs))]:.1f} %, "
+               f"worst {100 * errs[-1]:.1f} %; within 10 %: {sum(e <= 0.10 for e in errs)} of {len(errs)}")
+    return "\n".join(out)
