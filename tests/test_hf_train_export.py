@@ -55,17 +55,23 @@ def test_train_tied_hf_pp2_dp2_then_export_reloads_tied_with_equal_logits(tmp_pa
     said = [ln for f in logs for ln in f.read_text().splitlines() if "geotrain wan: tied embeddings" in ln]
     assert len(said) == 1 and "east" in said[0] and "west" in said[0], said
     # Step 1 trained the HF weights: its loss is transformers' loss on the same global batch.
-    first = json.loads((run / "losses.jsonl").read_text().splitlines()[0])["loss"]
+    first = json.loads((run / "losses.jsonl").read_text().splitlines()[0])
     x, y = open_batches(None, seq_len=32, global_batch=8, dp=2, micro_batch=2, seed=0).global_batch(0)
-    with torch.no_grad():
-        want = lm_loss(ref(x).logits, y).item()
-    assert first == pytest.approx(want, rel=1e-5)
+    loss = lm_loss(ref(x).logits, y)
+    loss.backward()
+    want_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 1e9).item()   # the tied matrix counted once
+    assert first["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    assert first["grad_norm"] == pytest.approx(want_norm, rel=1e-5)
     pp2 = checkpoint_model_tensors(latest_checkpoint(run))
     assert torch.equal(pp2[EMB], pp2[HEAD])               # the two stages' copies stayed bit-equal
     assert not torch.allclose(pp2[EMB], ref.model.embed_tokens.weight.detach(), atol=1e-3)   # and trained
 
     run1 = _train(tmp_path, capfd, "pp1", pp=1, dp=1, sharding="replicate")
     pp1 = checkpoint_model_tensors(latest_checkpoint(run1))
+    # pp=1 holds both ends as one Parameter: its norm counts the matrix once too (it was two copies
+    # after materialising, counted twice: 3.28 against 2.40, so clipping scaled pp=1 differently).
+    assert json.loads((run1 / "losses.jsonl").read_text().splitlines()[0])["grad_norm"] == \
+        pytest.approx(want_norm, rel=1e-5)
     for name, t in pp1.items():                           # = the one matrix (and all else) of a pp=1 run
         torch.testing.assert_close(pp2[name], t, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(pp2[HEAD], pp1[EMB], rtol=1e-4, atol=1e-5)
