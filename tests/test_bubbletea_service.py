@@ -195,6 +195,71 @@ def test_connections_past_the_bound_get_503(model):
     ex.close()
 
 
+def test_a_flood_holds_at_most_the_hard_cap_of_descriptors(model):
+    """Idle openers were each held until the head deadline: 400 of them left a launcher under
+    `ulimit -n 200` unable to open a file. Past twice max_connections a connection is closed at once."""
+    ex = DedicatedExecutor(model)
+    svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2, max_connections=4,
+                         read_timeout_s=30)
+    host, port = svc.serve()
+    held = [socket.create_connection((host, port)) for _ in range(24)]
+    try:
+        closed = 0
+        for s in held:
+            s.settimeout(0.5)
+            try:
+                closed += s.recv(1) == b""
+            except TimeoutError:
+                pass                                # held open (within the cap), waiting for a head
+        assert closed >= 24 - 8, closed             # hard cap: 2 x max_connections
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.2)
+    assert call(host, port, "GET", "/healthz", token=None)[0] == 200
+    svc.close()
+    ex.close()
+
+
+def test_out_of_descriptors_is_one_line_and_accepting_goes_on(model, caplog):
+    """asyncio logged a traceback for every queued connection when accept() met EMFILE, and
+    scheduled a retry for each (10,084 tracebacks in 8 s). Now one line, and the queued
+    connection is served once descriptors are free."""
+    import resource
+
+    ex = DedicatedExecutor(model)
+    svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2)
+    host, port = svc.serve()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    client, filler = socket.socket(), []
+    caplog.set_level(logging.INFO)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 64, hard))
+    try:
+        while True:                                 # every descriptor taken ...
+            try:
+                filler.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        client.connect((host, port))                # ... then a request queued: accept() meets EMFILE
+        client.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(2.5)
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        client.settimeout(10)
+        assert client.recv(4096).startswith(b"HTTP/1.1 200")
+    finally:
+        client.close()
+        svc.close()
+        ex.close()
+    said = [r for r in caplog.records if "accept" in r.getMessage()]
+    assert len(said) == 1 and "cannot accept a connection" in said[0].getMessage(), \
+        [(r.name, r.getMessage()[:80]) for r in said[:5]]
+    assert not any(r.exc_info for r in caplog.records)
+
+
 def test_client_disconnect_mid_stream_is_one_log_line(service, caplog):
     svc, host, port = service
     before = svc.stats.disconnects

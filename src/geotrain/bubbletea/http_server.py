@@ -12,14 +12,23 @@
   closed (h11 closes after its own framing errors: bad chunks, two lengths);
 * a client gone mid-request (ClientDisconnect) or any other failure escaping the app is one log
   line, never uvicorn's ASGI traceback;
+* descriptors: at most `hard_cap` connections held open (past `max_connections` uvicorn answers
+  503; past the hard cap, at most half the descriptor limit, a connection is closed at once), so a
+  flood on the public port cannot take the descriptors the launcher needs for its own files
+  (issue #30: 400 idle openers under `ulimit -n 200` left the launcher unable to open a file);
+  and a process out of descriptors anyway is one line per 10 s that accepting goes on -- asyncio
+  logged a traceback per queued connection and scheduled a retry for each (10,084 tracebacks in
+  8 s), so the loop runs with its own exception handler and accepts one connection per wake-up;
 * uvicorn's logging is left to the process's (one line per event, no access log).
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
+import resource
 import socket
 import threading
 import time
@@ -34,14 +43,33 @@ from geotrain.errors import GeotrainError
 log = logging.getLogger("geotrain.bubbletea")
 
 
+class _Said:
+    """One log line per `period_s` for a repeated event (a flood must not flood the console)."""
+
+    def __init__(self, period_s: float = 10.0):
+        self.period_s, self.last = period_s, -period_s
+
+    def __call__(self, line: str) -> None:
+        if time.monotonic() - self.last >= self.period_s:
+            self.last = time.monotonic()
+            log.warning(line)
+
+
 class _HeadTimeoutH11(H11Protocol):
-    """H11Protocol that closes a connection whose request head is not complete in time."""
+    """H11Protocol that closes a connection whose request head is not complete in time, and any
+    connection past `hard_cap` open ones at once."""
 
     head_timeout_s = 10.0
+    hard_cap = 512
+    said = _Said()
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_timer = None
+        if len(self.connections) > self.hard_cap:
+            self.said(f"bubbletea: {self.hard_cap} connections are open already; closing new ones at once")
+            transport.close()
+            return
         self._arm()
 
     def on_response_complete(self) -> None:
@@ -125,16 +153,32 @@ class HttpServer:
         only CPU nothing else wants -- for a service sharing cores with training ranks. Safe
         because ranks never wait for the service past their bubble (see bubble_executor)."""
         sock = bind(host, port)
-        protocol = type("HeadTimeoutH11", (_HeadTimeoutH11,), {"head_timeout_s": self.header_timeout_s})
+        protocol = type("HeadTimeoutH11", (_HeadTimeoutH11,), {"head_timeout_s": self.header_timeout_s,
+                                                               "hard_cap": self.hard_cap(), "said": _Said()})
+        # backlog=1: how many accepts asyncio tries per wake-up (and retries it schedules when they
+        # fail); the kernel's queue is set back to bind's 512 once serving (see the module docstring).
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off", http=protocol,
                                 limit_concurrency=self.max_connections, timeout_keep_alive=5,
-                                timeout_graceful_shutdown=2)
+                                timeout_graceful_shutdown=2, loop="asyncio", backlog=1)
         self._server = server = uvicorn.Server(config)
+        out_of_descriptors = _Said()
+
+        def on_loop_error(loop, context: dict) -> None:
+            if context.get("message") == "socket.accept() out of system resource":
+                out_of_descriptors(f"bubbletea: cannot accept a connection ({context.get('exception')}); "
+                                   "backing off and accepting again")
+            else:
+                loop.default_exception_handler(context)
 
         def run() -> None:
             if idle_priority:
                 lower_own_priority()
-            server.run(sockets=[sock])
+            loop = asyncio.new_event_loop()
+            loop.set_exception_handler(on_loop_error)
+            try:
+                loop.run_until_complete(server.serve(sockets=[sock]))
+            finally:
+                loop.close()
 
         self._thread = threading.Thread(target=run, name="bubbletea-http", daemon=True)
         self._thread.start()
@@ -144,7 +188,14 @@ class HttpServer:
         if not server.started:
             sock.close()
             raise GeotrainError(f"--serve-prefill: the HTTP server on {host}:{port} did not start")
+        sock.listen(512)        # asyncio listened with the backlog above
         return sock.getsockname()[:2]
+
+    def hard_cap(self) -> int:
+        """Connections held open at most: twice max_connections, and at most half the descriptor limit."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        half = (soft if soft != resource.RLIM_INFINITY else 1 << 16) // 2
+        return max(8, min(2 * self.max_connections, half))
 
     def stop(self) -> None:
         if self._server is not None:
