@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,8 +98,15 @@ def _private(pid: int) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_launcher_leaves_no_secret_or_socket_after_the_next_start(tmp_path, capfd):
+def test_kill_9_of_the_launcher_leaves_no_secret_or_socket_after_the_next_start(tmp_path, capfd, monkeypatch,
+                                                                                request):
     run, spec = tmp_path / "run", tmp_path / "one_rank.toml"       # one rank: the launcher is what matters
+    # A temporary directory of its own: any geotrain started elsewhere on the machine sweeps the shared
+    # one and could take the dead run's folders before this test looks (a short path: a Unix socket's limit)
+    own_tmp = tempfile.mkdtemp(prefix="gt-")
+    request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
+    monkeypatch.setattr(tempfile, "tempdir", own_tmp)
+    monkeypatch.setenv("TMPDIR", own_tmp)
     spec.write_text(SPEC.read_text().replace("pp = 2", "pp = 1").replace("dp = 2", "dp = 1")
                     .replace('"clusters/', f'"{SPEC.parent}/clusters/'))
     first = subprocess.Popen([sys.executable, "-m", "geotrain", "train", str(spec), "--steps", "5000", "--out",
