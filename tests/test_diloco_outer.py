@@ -8,6 +8,7 @@ import functools
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from torch.distributed import TCPStore
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan, StagePlan
 from geotrain.layout.workers import OuterPlan, outer_problem
+from geotrain.orchestrate.elastic import WorkerCuts, parse_cut
 from geotrain.runtime.diloco import DiLoCo, fragments_of
 from geotrain.runtime.outer_group import OuterGroup, WorkerDropped
 from geotrain.transport.auth import new_secret
@@ -224,3 +226,15 @@ def test_a_restarted_worker_with_no_one_left_to_admit_it_stops_in_one_line():
     assert "no other worker is alive to admit it" in str(errors["join"])
     for g in (other, joiner):
         g.close()
+
+
+def test_a_cut_of_a_diloco_plan_names_any_workers_dc_and_only_kills():
+    plan = Plan(stages=(StagePlan("a", ((0, 4),)),), dp=1, micro_batch=1, num_microbatches=2,
+                outer=OuterPlan(workers=(("a",), ("b",))))
+    cuts = WorkerCuts(parse_cut("b:3", plan), plan, Path("run"))    # worker 1's DC
+    assert [w.ranks for w in cuts.watchers.values()] == [[], [0]]
+    assert cuts.watchers[1].losses == Path("run/worker1/losses.jsonl")
+    with pytest.raises(GeotrainError, match="holds no stage"):
+        parse_cut("z:3", plan)
+    with pytest.raises(GeotrainError, match="--cut-link is not rehearsed for a DiLoCo plan"):
+        WorkerCuts(parse_cut("b:3", plan, "link"), plan, Path("run"))

@@ -9,7 +9,8 @@ over the emulated WAN are bench/bench_cross_dc.py's).
   parameters bit for bit.
 * A run resumed from a checkpoint (taken with a fragment's average in flight) ends bit for bit
   where the uninterrupted run ends.
-* A worker that dies does not stop the others.
+* A worker that dies does not stop the others; with --elastic one whose DC is cut (--cut-dc)
+  is restarted and rejoins.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from _cases import case
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from geotrain.layout.workers import OuterPlan
+from geotrain.orchestrate.local_run import train_locally
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.diloco_launch import run_workers
 from geotrain.runtime.launch import run_with_wan
@@ -51,7 +53,7 @@ per_connection_gbps = 0.25
 """ for x, y in (("a", "b"), ("a", "c"), ("b", "c")))
 
 
-def _spec(tmp: Path, optimizer: str = "sgd", pp: int = 1, dp: int = 1):
+def _spec(tmp: Path, optimizer: str = "sgd", pp: int = 1, dp: int = 1, dead_after_s: float = 30.0):
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "cluster.toml").write_text(CLUSTER)
     (tmp / "spec.toml").write_text(f"""name = "dl"
@@ -71,6 +73,9 @@ dp = {dp}
 steps = 4
 lr = 0.05
 grad_clip = 0.0
+
+[job.diloco]
+dead_after_s = {dead_after_s}
 """)
     return load_spec(tmp / "spec.toml")
 
@@ -154,20 +159,24 @@ def test_a_lost_worker_does_not_stop_the_others(tmp_path):
     assert any("worker(s) 1 lost; the others finished" in line for line in said)
 
 
-def test_with_elastic_a_lost_worker_rejoins_from_the_others_state(tmp_path, capfd):
-    spec = _spec(tmp_path, optimizer="adamw")
+def test_with_elastic_a_worker_whose_dc_is_cut_rejoins_from_the_others_state(tmp_path, capfd):
+    """`train --elastic --cut-dc b:3` (train_locally): worker 1's ranks in DC b are killed once it
+    logged step 3; the launcher restarts it and it rejoins after an outer exchange."""
+    spec = _spec(tmp_path, optimizer="adamw", dead_after_s=3.0)
     o = OuterPlan(workers=(("a",), ("b",)), inner_steps=4, connections=2)
     plan = plan_from_job(spec).with_(outer=o)
     said: list[str] = []
     steps = 40
-    cfg = _cfg(tmp_path / "spec.toml", tmp_path / "run", plan, steps, steps, fail_at=[[0, 3, 1]],
-               elastic=ElasticConfig(enabled=True))
-    wan = run_workers(cfg, say=said.append, dead_after_s=3.0)
-    assert not wan.lost, said
-    assert any("worker 1 lost" in line and "restarting it to rejoin" in line for line in said)
+    cfg = _cfg(tmp_path / "spec.toml", tmp_path / "run", plan, steps, steps,
+               elastic=ElasticConfig(enabled=True, cut_dc="b:3"))
+    train_locally(cfg, say=said.append)
+    assert any("worker 1 lost" in line and "restarting it to rejoin" in line for line in said), said
+    assert not any("lost; the others finished" in line for line in said), said
     rejoined = [json.loads(x)["step"] for x in (tmp_path / "run" / "worker1" / "losses.jsonl").read_text().splitlines()]
-    assert rejoined[:2] == [1, 2] and rejoined[-1] == steps and 4 < rejoined[2] < steps   # a gap, then on to the end
-    assert rejoined[2] % 4 == 1                                   # it continued right after an outer exchange
+    cut = next(i for i in range(1, len(rejoined)) if rejoined[i] != rejoined[i - 1] + 1)   # the first gap
+    assert rejoined[:cut] == list(range(1, cut + 1)) and cut >= 3               # killed after step 3 was logged
+    assert rejoined[cut:] == list(range(rejoined[cut], steps + 1)) and rejoined[cut] > cut
+    assert rejoined[cut] % 4 == 1                                  # it continued right after an outer exchange
     assert "worker 1 rejoined after step" in capfd.readouterr().out      # worker 0's rank 0 prints to ours
     last = f"checkpoints/step_{steps:08d}"
     a, b = _model(tmp_path / "run" / last, tmp_path), _model(tmp_path / "run" / "worker1" / last, tmp_path)

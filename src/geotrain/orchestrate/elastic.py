@@ -12,7 +12,9 @@ each re-plan's gap.
 
 A rehearsal cuts a datacenter on purpose (`--cut-dc DC:STEP`): once losses.jsonl shows STEP,
 the launcher SIGKILLs that DC's rank process groups, which is what a lost DC looks like to the
-survivors. On a real cluster nobody cuts; the ranks of a lost DC just die.
+survivors. On a real cluster nobody cuts; the ranks of a lost DC just die. A DiLoCo plan is not
+re-planned: its lost worker is left behind or, with --elastic, restarted to rejoin
+(runtime.diloco_launch); `WorkerCuts` rehearses that, cutting the DC in the worker that holds it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from geotrain.errors import GeotrainError
 from geotrain.layout.plan import save_plan
 from geotrain.planner.replanning import describe, replan
 from geotrain.runtime.checkpoint import latest_checkpoint
+from geotrain.runtime.diloco_launch import worker_dir
 from geotrain.runtime.launch import RankFailure
 from geotrain.runtime.train_config import RunCase
 from geotrain.trace.schema import json_text
@@ -49,7 +52,8 @@ class Cut:
 def parse_cut(text: str, plan, how: str = "kill") -> Cut:
     flag = "--cut-dc" if how == "kill" else "--cut-link"
     dc, sep, step = text.replace("@", ":").partition(":")
-    names = plan.dcs_by_rank()          # a region plan's DCs are its pipelines', not only its stages'
+    # a region plan's DCs are its pipelines', not only its stages'; a DiLoCo plan's, every worker's
+    names = list(plan.gpus_per_dc()) if plan.outer is not None else plan.dcs_by_rank()
     if not sep or not step.isdigit() or int(step) < 1:
         raise GeotrainError(f"{flag} expects DC:STEP with STEP >= 1 (got {text!r})")
     if dc not in names:
@@ -102,6 +106,22 @@ class CutWatcher:
         self._size = size
         lines = self.losses.read_text().splitlines()
         return bool(lines) and json.loads(lines[-1])["step"] >= self.cut.after_step
+
+
+class WorkerCuts:
+    """A cut of a DiLoCo plan (runtime.diloco_launch's `watch(worker, procs)`): each worker's own
+    CutWatcher over its own losses.jsonl, so the DC's ranks die in the worker that holds them --
+    once: a restarted worker (--elastic) is not cut again."""
+
+    def __init__(self, cut: Cut, plan, run_dir: Path):
+        if cut.how != "kill":
+            raise GeotrainError("--cut-link is not rehearsed for a DiLoCo plan (its workers meet over one store); "
+                                "rehearse a lost worker with --cut-dc DC:STEP")
+        self.watchers = {w: CutWatcher(cut, plan.worker_plan(w), worker_dir(run_dir, w) / "losses.jsonl")
+                         for w in range(plan.num_workers)}
+
+    def __call__(self, worker: int, procs) -> None:
+        self.watchers[worker](procs)
 
 
 _PEER = re.compile(r" failed: .*?\b(?:from|to) rank (\d+)\b")

@@ -22,7 +22,7 @@ from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan
 from geotrain.layout.wan_bytes import predicted_link_bytes
 from geotrain.models.presets import PRESETS
-from geotrain.orchestrate.elastic import CutWatcher, parse_cut, plot_losses, train_elastic
+from geotrain.orchestrate.elastic import CutWatcher, WorkerCuts, parse_cut, plot_losses, train_elastic
 from geotrain.orchestrate.rank_entry import ENTRY as RANK_ENTRY
 from geotrain.runtime.batches import make_source
 from geotrain.runtime.diloco_launch import run_workers
@@ -45,6 +45,8 @@ def train_locally(case: RunCase, say=print) -> LocalResult:
     el = cfg.elastic
     cut = parse_cut(el.cut_dc, plan) if el.cut_dc else parse_cut(el.cut_link, plan, "link") if el.cut_link else None
     diloco = plan.num_workers > 1      # DiLoCo: --elastic restarts a lost worker, which rejoins (no re-plan)
+    watch = None if cut is None else WorkerCuts(cut, plan, Path(cfg.out)) if diloco else \
+        CutWatcher(cut, plan, Path(cfg.out) / "losses.jsonl")
     if el.enabled and not diloco and not cfg.saving_every(spec):
         raise GeotrainError("--elastic resumes from checkpoints: give --checkpoint-every N (or job.checkpoint_every)")
     data = cfg.data if cfg.data is not None else spec.job.data
@@ -74,7 +76,7 @@ def train_locally(case: RunCase, say=print) -> LocalResult:
         out = Path(case.config.out)
         with RunSampling(None, period_s=0.5) as sampling:
             if case.plan.num_workers > 1:      # DiLoCo: one job per worker (runtime.diloco_launch), elastic inside
-                last["wan"] = run_workers(case, say=say, entry=entry)
+                last["wan"] = run_workers(case, say=say, entry=entry, watch=watch)
             else:
                 last["wan"] = run_with_wan([case], out, say=say, describe=describe, entry=entry, watch=watch,
                                            on_wan=getattr(watch, "attach", None))
@@ -87,7 +89,7 @@ def train_locally(case: RunCase, say=print) -> LocalResult:
                 say(f"elastic: {len(events)} re-plan(s), see {Path(cfg.out) / 'elastic.jsonl'} and "
                     f"{plot_losses(Path(cfg.out))}")
         else:
-            launch_once(case, CutWatcher(cut, plan, Path(cfg.out) / "losses.jsonl") if cut else None)
+            launch_once(case, watch)
     finally:
         if service is not None:
             service.close()
