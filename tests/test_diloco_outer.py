@@ -16,7 +16,7 @@ from torch.distributed import TCPStore
 
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan, StagePlan
-from geotrain.layout.workers import OuterPlan, outer_problem
+from geotrain.layout.workers import OuterPlan, describe_outer, outer_problem
 from geotrain.orchestrate.elastic import WorkerCuts, parse_cut
 from geotrain.runtime.diloco import DiLoCo, fragments_of
 from geotrain.runtime.outer_group import OuterGroup, WorkerDropped
@@ -238,3 +238,12 @@ def test_a_cut_of_a_diloco_plan_names_any_workers_dc_and_only_kills():
         parse_cut("z:3", plan)
     with pytest.raises(GeotrainError, match="--cut-link is not rehearsed for a DiLoCo plan"):
         WorkerCuts(parse_cut("b:3", plan, "link"), plan, Path("run"))
+
+
+def test_the_mode_in_one_line_says_how_often_what_is_exchanged():
+    o = OuterPlan(workers=(("a", "b"), ("c", "d")), inner_steps=16, fragments=4, overlap=1, compression="int8")
+    line = describe_outer(o)
+    assert "2 workers (a+b | c+d): H=16 (one of 4 fragments every 4 steps, overlapping 1 inner step(s))" in line
+    assert line.endswith("outer gradients int8, outer Nesterov SGD lr 0.7 momentum 0.9")
+    sync = describe_outer(OuterPlan(workers=(("a",), ("b",)), inner_steps=1, lr=1.0, momentum=0.0))
+    assert "H=1 (an exchange every 1 steps)" in sync and sync.endswith("outer SGD lr 1")

@@ -55,6 +55,19 @@ class OuterPlan:
 
 
 
+def describe_outer(o: OuterPlan) -> str:
+    """The mode in one line (simulate's summary, the launcher's first line): the workers' DCs and
+    how often, what and how they exchange."""
+    groups = " | ".join("+".join(dict.fromkeys(w)) for w in o.workers)
+    when = f"one of {o.fragments} fragments" if o.fragments > 1 else "an exchange"
+    when += f" every {o.inner_steps // o.fragments} steps"
+    if o.overlap:
+        when += f", overlapping {o.overlap} inner step(s)"
+    outer = f"SGD lr {o.lr:g}" + (f" momentum {o.momentum:g}" if o.momentum else "")
+    outer = ("Nesterov " if o.nesterov and o.momentum else "") + outer
+    return (f"DiLoCo, {o.num_workers} workers ({groups}): H={o.inner_steps} ({when}), outer gradients "
+            f"{o.compression}, outer {outer}")
+
 def outer_problem(o: OuterPlan, pp: int, replica_dcs: tuple[str, ...] = ()) -> tuple[str, str] | None:
     """(field, reason) for the first impossible field of an OuterPlan, else None."""
     def is_int(x) -> bool:

@@ -21,6 +21,7 @@ from geotrain.costs.unit_times import read_unit_profile
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import load_plan, plan_spec, save_plan
 from geotrain.layout.plan_check import check_plan_for_spec
+from geotrain.layout.workers import describe_outer
 from geotrain.orchestrate.schedule_kinds import compare_schedules
 from geotrain.planner.confirm import make_plan
 from geotrain.planner.variants import schedule_variant
@@ -129,8 +130,11 @@ def _print_summary(plan, res, schedules, iterations: int, say) -> None:
         + (f", ep={plan.ep}" if plan.ep > 1 else "")
         + f" ({plan.num_ranks} GPUs), {plan.num_microbatches} micro-batches of {plan.micro_batch}, "
         f"{iterations} iteration(s)"
-        + (f"; x {plan.num_workers} DiLoCo workers, an outer exchange every {plan.outer.inner_steps} steps "
-           "(per step: the slowest worker's plus its share of each exchange)" if plan.outer else ""))
+        + (f"; {describe_outer(plan.outer)} (per step: the slowest worker's plus its share of each exchange)"
+           if plan.outer else "")
+        + "".join(f"; boundaries over {lp.src_dc}-{lp.dst_dc} sent {lp.compression}"
+                  + (f" at rank {lp.rank}" if lp.rank else "") for lp in plan.links
+                  if lp.compression != "none" or lp.rank))
     say(format_table(["metric", "value"], [
         ["iteration time", human_seconds(m.iteration_time)],
         ["tokens/s", human_rate(m.tokens_per_s, "tok/s")],

@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from geotrain.errors import GeotrainError
+from geotrain.layout.workers import describe_outer
 from geotrain.runtime.cross_dc import open_wan
 from geotrain.runtime.launch import WAN_BYTES_NAME, free_port, launch
 from geotrain.runtime.outer_store import READY
@@ -82,9 +83,7 @@ def run_workers(case: RunCase, say=print, dead_after_s: float | None = None, wat
     try:
         store, address = _start_store(wan, plan.stages[0].dc, run_dir)
         W = plan.num_workers
-        say(f"DiLoCo: {W} workers ({'; '.join('+'.join(dict.fromkeys(w)) for w in plan.outer.workers)}), "
-            f"H={plan.outer.inner_steps}, fragments {plan.outer.fragments}, outer {plan.outer.compression}; "
-            f"their store at {address}")
+        say(f"{describe_outer(plan.outer)}; their store at {address}")
 
         def one(w: int) -> None:
             wplan = plan.worker_plan(w)
