@@ -1,6 +1,7 @@
 """Benchmark: the cross-DC modes trained for real over the kernel-emulated WAN, at equal token budgets.
 
-    sudo .venv/bin/python bench/bench_cross_dc.py [--steps 512] [--dcs 2 3] [--write-table] [--only NAME]
+    sudo .venv/bin/python bench/bench_cross_dc.py [--steps 384] [--dcs 2 3] [--write-table] [--only NAME] [--sweep]
+    .venv/bin/python bench/bench_cross_dc.py --from-results RESULTS.json --write-table [--sweep]
 
 Part 1, loss measured (issue #28 item 4): the tiny Llama (4 layers, hidden 64, byte vocabulary) on
 the built-in corpus (real text: the Python standard library's sources and docs, geotrain.data),
@@ -14,7 +15,9 @@ with its boundaries in bf16, fp8-e4m3 and int8. Per mode: final train loss (mean
 steps over every worker), held-out loss (the final model -- worker 0's parameters -- on 16
 held-out batches of the corpus, one process), measured WAN bytes (the emulated links' counters),
 wall time. --write-table writes the gaps to src/geotrain/planner/loss_table.toml, the table the
-planner shows beside each mode.
+planner shows beside each mode, and the tables below into docs/CROSS_DC_MODES.md and the README
+(marked sections, with the command and the load); --from-results redoes that from a run's
+results.json without training again.
 
 Part 2: per mode, the simulator's iteration time and WAN bytes for the same plan beside the
 measured ones (mean step time after the first 8 steps, from losses.jsonl's clock; the analytic
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -55,6 +59,8 @@ from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "src" / "geotrain" / "planner" / "loss_table.toml"
+DOC = ROOT / "docs" / "CROSS_DC_MODES.md"
+SECTIONS = {k: (f"<!-- cross-dc-{k} -->", f"<!-- /cross-dc-{k} -->") for k in ("measured", "choices", "when", "readme")}
 DCS = ("a", "b", "c")
 BATCH, MB, EVAL_BATCHES, TAIL = 12, 2, 16, 32
 CLUSTER = 'name = "bench-cross-dc"\n' + "".join(f"""
@@ -185,8 +191,10 @@ def write_table(results: list[dict], steps: int) -> None:
     print(f"wrote {TABLE}")
 
 
-def planner_choices() -> None:
+def planner_choices() -> list[str]:
+    """Print, and return as markdown rows, the planner's choice per example."""
     print("\nthe planner's choice per example (cross_dc = auto, max_loss_gap 1 %, the loss table above):")
+    md = ["| example | auto picks | tokens/s | vs the best other mode |", "|---|---|---:|---|"]
     for path in sorted((ROOT / "examples").glob("*.toml")):
         spec = load_spec(path)
         if len(spec.cluster.datacenters) < 2:
@@ -204,23 +212,29 @@ def planner_choices() -> None:
         print(f"  {path.name:<30} {chosen.label:<28} {chosen.tokens_per_s:>12,.0f} tokens/s"
               + (f"  {chosen.tokens_per_s / rest.tokens_per_s:.2f}x the best other ({rest.label})" if rest else "")
               + f"  [{time.process_time() - t0:.1f} s CPU]")
+        md.append(f"| {path.name} | {chosen.label} | {chosen.tokens_per_s:,.0f} | "
+                  + (f"{chosen.tokens_per_s / rest.tokens_per_s:.2f}x {rest.label} |" if rest else "- |"))
         if "--verbose" in sys.argv:
             print("\n".join(format_modes(spec, res.modes, res.plan)))
+    return md
 
 
 SWEEP_MODELS = ("llama2-7b", "llama2-13b", "llama2-70b")
 SWEEP_LINKS = ((100.0, 5), (10.0, 20), (1.0, 50))          # Gbit/s, one-way ms
 
 
-def when_each_wins(max_gap: float = 0.01) -> None:
+def when_each_wins(max_gap: float = 0.01) -> list[str]:
     """The planner on 2 and 4 DCs of 64 A100s, over models and links: the fastest mode overall and
-    the one cross_dc = auto picks (max_loss_gap, the loss table)."""
+    the one cross_dc = auto picks (max_loss_gap, the loss table); printed, and returned as markdown rows."""
     sys.path.insert(0, str(ROOT / "tests"))
     from _small_clusters import write_spec as small
 
     print(f"\nwhen each mode wins (DCs of 64 A100-80G, global batch 256, cross_dc = auto, max_loss_gap "
           f"{max_gap:.0%}):")
-    print(f"  {'DCs':>3} {'model':<11} {'link':<14} {'fastest mode':<30} {'auto picks':<30} {'x pipeline':>10}")
+    print(f"  {'DCs':>3} {'model':<11} {'link':<14} {'fastest mode':<30} {'x pipeline':>10} {'auto picks':<30} "
+          f"{'x pipeline':>10}")
+    md = ["| DCs | model | link (Gbit/s, one-way ms) | pipeline plan's DCs | fastest mode | fastest / pipeline "
+          "| auto picks | auto / pipeline |", "|---:|---|---|---:|---|---:|---|---:|"]
     for n in (2, 4):
         for model in SWEEP_MODELS:
             for cap, lat in SWEEP_LINKS:
@@ -234,13 +248,51 @@ def when_each_wins(max_gap: float = 0.01) -> None:
                     res = make_plan(spec, top_k=2)
                 except Exception as e:  # noqa: BLE001 -- one line per case that cannot be planned
                     print(f"  {n:>3} {model:<11} {cap:>5g} Gb/s {lat:>3g} ms  {e}")
+                    md.append(f"| {n} | {model} | {cap:g}, {lat:g} | cannot be planned: {e} | | | | |")
                     continue
                 ok = [r for r in res.modes if r.ok]
                 fastest = max(ok, key=lambda r: r.tokens_per_s)
                 chosen = next(r for r in ok if r.plan is res.plan)
                 pipe = next(r for r in ok if r.mode == "pipeline")
-                print(f"  {n:>3} {model:<11} {cap:>5g} Gb/s {lat:>3g} ms {fastest.label:<30} {chosen.label:<30} "
+                print(f"  {n:>3} {model:<11} {cap:>5g} Gb/s {lat:>3g} ms {fastest.label:<30} "
+                      f"{fastest.tokens_per_s / pipe.tokens_per_s:>9.2f}x {chosen.label:<30} "
                       f"{chosen.tokens_per_s / pipe.tokens_per_s:>9.2f}x", flush=True)
+                md.append(f"| {n} | {model} | {cap:g}, {lat:g} | {len(pipe.plan.dcs_by_rank())} | {fastest.label} | "
+                          f"{fastest.tokens_per_s / pipe.tokens_per_s:.2f}x | {chosen.label} | "
+                          f"{chosen.tokens_per_s / pipe.tokens_per_s:.2f}x |")
+    return md
+
+
+def measured_markdown(results: list[dict]) -> list[str]:
+    md = ["| mode | train loss | eval loss | eval gap | WAN MB | predicted MB | step ms | predicted ms | wall s |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        md.append(f"| {r['name']} | {r['train_loss']:.4f} | {r['eval_loss']:.4f} | {r['gap']:+.2%} | "
+                  f"{r['wan_bytes'] / 1e6:.2f} | {r['pred_wan'] / 1e6:.2f} | {r['step_s'] * 1e3:.1f} | "
+                  f"{r['pred_step_s'] * 1e3:.1f} | {r['wall_s']:.0f} |")
+    return md
+
+
+def write_docs(results: list[dict], steps: int, choices: list[str], when: list[str] | None, how: str,
+               planned: str) -> None:
+    """The measured table, the planner's choices and (--sweep) when each mode wins, into
+    docs/CROSS_DC_MODES.md; the headline gaps into the README."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _doc_sections import replace_section
+
+    replace_section(DOC, *SECTIONS["measured"], how + ".\n\n" + "\n".join(measured_markdown(results)))
+    replace_section(DOC, *SECTIONS["choices"], planned + "\n\n" + "\n".join(choices))
+    if when is not None:
+        replace_section(DOC, *SECTIONS["when"], planned + "\n\n" + "\n".join(when))
+    gaps = ", ".join(f"{r['name']} {r['gap']:+.1%}" for r in results if not r["name"].startswith("sync"))
+    replace_section(ROOT / "README.md", *SECTIONS["readme"],
+                    f"Held-out loss against synchronous training at equal tokens, {steps} steps of the tiny "
+                    f"model on the built-in corpus over the kernel-emulated WAN: {gaps}. {how}. The full table, "
+                    "the planner's choice per example and when each mode wins: docs/CROSS_DC_MODES.md.")
+
+
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:
@@ -249,15 +301,24 @@ def main() -> None:
     ap.add_argument("--dcs", type=int, nargs="+", default=[2, 3])
     ap.add_argument("--only", default=None, help="run the modes whose name contains this")
     ap.add_argument("--write-table", action="store_true")
+    ap.add_argument("--from-results", default=None, help="a run's results.json: write the table and docs from it")
     ap.add_argument("--planner-only", action="store_true")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also: when each mode wins, over links, models, DCs")
     args = ap.parse_args()
-    if not args.planner_only:
+    load_start, stamp = _load(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results: list[dict] = []
+    load_end = None
+    if args.from_results:
+        doc = json.loads(Path(args.from_results).read_text())
+        results, args.steps, load_start, stamp = doc["results"], doc["steps"], doc["load_start"], doc["stamp"]
+        load_end, args.dcs, args.only = doc["load_end"], doc.get("dcs", args.dcs), doc.get("only")
+        for r in results:
+            r["plan"] = Plan.from_dict(r["plan"])
+    elif not args.planner_only:
         tmp = Path(tempfile.mkdtemp(prefix="bench-cross-dc-"))
         spec_path = write_spec(tmp, args.steps)
         spec = load_spec(spec_path)
-        results = []
         print(f"{'mode':<28} {'train loss':>10} {'eval loss':>10} {'gap':>8} {'WAN MB':>8} {'pred MB':>8} "
               f"{'step ms':>8} {'pred ms':>8} {'wall s':>7}")
         for k in args.dcs:
@@ -271,19 +332,30 @@ def main() -> None:
                 pred = predicted_link_bytes(spec, plan, args.steps, backend="gloo")
                 r["pred_step_s"], r["pred_wan"] = sim.iteration_time, sum(v["out"] for v in pred.values())
                 sync_eval = r["eval_loss"] if name.startswith("sync") else sync_eval
-                gap = (r["eval_loss"] - sync_eval) / sync_eval
+                r["gap"] = gap = (r["eval_loss"] - sync_eval) / sync_eval
                 print(f"{name:<28} {r['train_loss']:>10.4f} {r['eval_loss']:>10.4f} {gap:>+8.2%} "
                       f"{r['wan_bytes'] / 1e6:>8.2f} {r['pred_wan'] / 1e6:>8.2f} {r['step_s'] * 1e3:>8.1f} "
                       f"{r['pred_step_s'] * 1e3:>8.1f} {r['wall_s']:>7.0f}", flush=True)
                 results.append(r)
-        (tmp / "results.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "plan"}
-                                                      for r in results], indent=1))
+        load_end = _load()
+        doc = {"steps": args.steps, "dcs": args.dcs, "only": args.only, "load_start": load_start, "load_end": load_end,
+               "stamp": stamp,
+               "results": [{**r, "plan": r["plan"].to_dict()} for r in results]}
+        (tmp / "results.json").write_text(json.dumps(doc, indent=1))
         print(f"results: {tmp / 'results.json'}")
-        if args.write_table:
-            write_table(results, args.steps)
-    planner_choices()
-    if args.sweep:
-        when_each_wins()
+    if args.write_table and results:
+        write_table(results, args.steps)
+    choices = planner_choices()
+    when = when_each_wins() if args.sweep else None
+    if args.write_table and results:
+        cmd = (f"sudo .venv/bin/python bench/bench_cross_dc.py --steps {args.steps} --dcs "
+               f"{' '.join(map(str, args.dcs))}" + (f" --only {args.only}" if args.only else "") + " --write-table"
+               + (" --sweep" if args.sweep else ""))
+        how = (f"Measured {stamp} with `{cmd}` on {os.cpu_count()} shared CPU cores (load average "
+               f"{load_start} at the start, {load_end or _load()} at the end)")
+        planned = (f"Planned {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by the same command, with the loss "
+                   "table measured above (the planner's numbers: no load dependence).")
+        write_docs(results, args.steps, choices, when, how, planned)
 
 
 if __name__ == "__main__":
