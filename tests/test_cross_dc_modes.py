@@ -14,7 +14,7 @@ from geotrain.errors import GeotrainError
 from geotrain.layout.outer_cost import exchange_bytes
 from geotrain.layout.wan_bytes import wan_bytes_per_direction
 from geotrain.planner.confirm import make_plan
-from geotrain.planner.loss_table import LossRow, load_rows, lookup
+from geotrain.planner.loss_table import BUILTIN, LossRow, load_rows, lookup
 from geotrain.planner.modes import format_modes, groupings
 from geotrain.sim import simulate
 
@@ -63,7 +63,14 @@ def test_compare_lists_every_mode_with_throughput_bytes_and_loss_cost(tmp_path):
     by = {r.label: r for r in res.modes}
     assert by["pipeline"].gap == by["sync-dp"].gap == by["hier-dp"].gap == 0.0
     assert by["diloco H=32 int8"].gap == 0.004 and "test row" in by["diloco H=32 int8"].loss_note
-    assert by["diloco H=32"].gap is None and by["diloco H=32"].loss_note == "not measured"
+    # the job's own fp32 DiLoCo: no row of the user's, so the built-in table's (bench_cross_dc's)
+    builtin = lookup(load_rows(BUILTIN, "built-in"), "diloco", "fp32", 32)
+    assert by["diloco H=32"].gap == builtin.gap and "tiny Llama" in by["diloco H=32"].loss_note
+    # a codec no table measured says so
+    bf16 = make_plan(_spec(tmp_path / "bf16", cross_dc="auto", loss_table=_table(tmp_path, 0.004),
+                           diloco={"compression": "bf16"}))
+    own = next(r for r in bf16.modes if r.label == "diloco H=32 bf16")
+    assert own.gap is None and own.loss_note == "not measured"
     # the flat ring pays 2 (N-1) WAN latencies: slower than the hierarchical one
     assert by["sync-dp"].iteration_s > by["hier-dp"].iteration_s
     # an outer exchange per 32 steps moves far fewer WAN bytes per token than synchronous DP
