@@ -15,6 +15,7 @@ from geotrain.errors import GeotrainError, InfeasibleError
 from geotrain.layout import price
 from geotrain.planner import baselines, modes, whatif
 from geotrain.planner.context import PlanningContext
+from geotrain.planner.objective import Objective
 from geotrain.planner.search import PlanResult, conclude, shortlist
 from geotrain.sim import simulate
 from geotrain.spec.load import Spec
@@ -45,15 +46,11 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_fi
     (the lowest $/hour) or cost-per-token (the lowest $/1M tokens) -- among those within
     --max-cost-per-hour and --min-tokens-per-s; without simulation, the best estimate.
 
-    The finalists are the search's fastest few, so a cost objective chooses among them (and
-    the baselines, single-DC ones included), not over every layout. `profile` (measured unit
-    times, geotrain.costs.unit_times) prices compute in the search and in the simulations alike."""
-    if objective not in price.OBJECTIVES:
-        raise GeotrainError(f"unknown objective {objective!r} (known: {', '.join(price.OBJECTIVES)})")
-    for name, v in (("--max-cost-per-hour", max_cost_per_hour), ("--min-tokens-per-s", min_tokens_per_s)):
-        if v is not None and not (math.isfinite(v) and v > 0):
-            raise GeotrainError(f"{name} must be a positive number (got {v})")
-    short = shortlist(spec, top_k, profile)
+    With a cost objective or a budget the search also ranks every layout by it (planner.objective):
+    the finalists are the fastest few, the cheapest few and the baselines. `profile` (measured
+    unit times, geotrain.costs.unit_times) prices compute in the search and in the simulations alike."""
+    goal = Objective(objective, max_cost_per_hour, min_tokens_per_s)    # checks them: one line if bad
+    short = shortlist(spec, top_k, profile, goal)
     if log:
         log(f"searched {short.layouts} layouts, scored {short.scored} candidates in {short.search_s:.2f} s")
     if not simulate_finalists:
@@ -70,6 +67,7 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_fi
                 f"{res.iteration_time:.3f} s")
     best = _choose(spec, results, objective, max_cost_per_hour, min_tokens_per_s)
     res = conclude(short, best, results[best], simulated, time.perf_counter() - t0)
+    res.explanation += _other_side(spec, results, best, objective)
     return modes.apply_cross_dc(spec, res, make_plan)      # [job] cross_dc: DiLoCo, auto, compression
 
 
@@ -105,6 +103,31 @@ def _choose(spec: Spec, results, objective: str, max_cost_per_hour: float | None
         return t, 0.0
 
     return min(ok, key=key)   # ties: the earlier finalist
+
+
+def _other_side(spec: Spec, results, chosen: int, objective: str) -> list[str]:
+    """Why the simulated plan best on the other axis lost: under throughput the cheapest per token
+    (slower), under a cost objective the fastest (dearer). Nothing where prices are missing."""
+    def per_mtoken(r):
+        return price.cost_per_mtoken(spec.cluster, r.plan, r.iteration_time, spec.model.seq_len,
+                                     price.egress_per_iteration(spec, r.plan))
+    costs = [per_mtoken(r) for r in results]
+    if any(c is None for c in costs):
+        return []
+    me, t = costs[chosen], results[chosen].iteration_time
+    if objective == "throughput":
+        i = min(range(len(results)), key=lambda j: (costs[j], results[j].iteration_time))
+        if costs[i] >= me:
+            return []
+        return [f"Cheaper simulated plan: {results[i].plan.name} at ${costs[i]:.3g}/1M tokens "
+                f"({100 * (1 - costs[i] / me):.0f}% less) lost on time: {results[i].iteration_time:.3g} s per iteration, "
+                f"{100 * (results[i].iteration_time / t - 1):.1f}% slower (--objective cost-per-token takes it)."]
+    i = min(range(len(results)), key=lambda j: (results[j].iteration_time, costs[j]))
+    if results[i].iteration_time >= t:
+        return []
+    return [f"Faster simulated plan: {results[i].plan.name} at {results[i].iteration_time:.3g} s per iteration "
+            f"({100 * (1 - results[i].iteration_time / t):.0f}% faster) lost on price: ${costs[i]:.3g}/1M tokens "
+            f"against ${me:.3g} (or it breaks a constraint)."]
 
 
 def evaluate_baselines(spec: Spec, ctx: PlanningContext | None = None) -> list[baselines.BaselineResult]:

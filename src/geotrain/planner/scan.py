@@ -14,6 +14,7 @@ import time
 from geotrain.planner.candidate import Candidate
 from geotrain.planner.chains import Layout, enumerate_layouts, layout_bound, schedule_kinds
 from geotrain.planner.context import PlanningContext, planning_contexts
+from geotrain.planner.objective import Objective
 from geotrain.planner.regions import region_layouts
 from geotrain.planner.scorer import Scorer
 from geotrain.planner.sharing import offsets_span
@@ -59,46 +60,56 @@ def search(ctx: PlanningContext, scorer: Scorer, layouts: list[Layout], keep: in
 
 
 def search_groups(groups: list[tuple[PlanningContext, Scorer, list[Layout]]], keep: int = 8,
-                  deadline_s: float | None = None) -> list[Candidate]:
+                  deadline_s: float | None = None, objective: Objective | None = None) -> list[Candidate]:
     """One scan over the layouts of several contexts (one per tensor-parallel degree), so the
-    cutoff of the best estimates so far prunes all of them alike.
+    cutoff of the best so far prunes all of them alike. `objective` (planner.objective; default
+    throughput): what "best" is -- the layouts are scanned in the order of its bound, so a cost
+    objective keeps the cheapest candidates of a full scan.
 
     A layout's bound assumes the lightest checkpointing; when its first stage cannot hold even
     the least a schedule keeps in flight under the leanest sharding, that checkpointing cannot
     fit, so the layout goes back into the queue with the bound of the next one (lazily, only for
     layouts the scan reaches) -- under memory pressure the plain bound let thousands of layouts
     through that only fit with recomputation."""
-    heap = [(lay.bound, g, i, lay, 0, False) for g, (_, _, layouts) in enumerate(groups)
-            for i, lay in enumerate(layouts)]
+    rank = objective or Objective()
+    heap = [(rank.bound(ctx, lay, lay.bound), g, i, lay, 0, False, lay.bound)
+            for g, (ctx, _, layouts) in enumerate(groups) for i, lay in enumerate(layouts)
+            if rank.admits_layout(ctx, lay, lay.bound)]
     heapq.heapify(heap)
-    best: list[Candidate] = []
+    best: list[tuple[float, Candidate]] = []
     t0 = time.perf_counter()
     while heap:
-        bound, g, i, lay, level, refined = heapq.heappop(heap)
-        if len(best) >= keep and bound >= best[-1].est.total:
+        key_bound, g, i, lay, level, refined, bound = heapq.heappop(heap)
+        if len(best) >= keep and key_bound >= best[-1][0]:
             break
         if deadline_s is not None and best and time.perf_counter() - t0 > deadline_s:
             break
         ctx, scorer, _ = groups[g]
         options = ctx.checkpointing_options()
         if level < len(options) - 1 and not scorer.may_fit(lay, options[level]):
-            heapq.heappush(heap, (max(bound, layout_bound(ctx, lay, options[level + 1])), g, i, lay, level + 1,
-                                  False))
+            tight = max(bound, layout_bound(ctx, lay, options[level + 1]))
+            heapq.heappush(heap, (rank.bound(ctx, lay, tight), g, i, lay, level + 1, False, tight))
             continue
         if not refined:
             # The bound from the real split, for the layouts the scan reaches: most of the
             # scoring went to layouts whose uneven split put them far behind (8k example: 2x).
             tight = split_bound(scorer, lay, options[level])
             if tight is not None and tight > bound * (1 + 1e-9):
-                heapq.heappush(heap, (tight, g, i, lay, level, True))
+                if not rank.admits_layout(ctx, lay, tight):
+                    continue
+                heapq.heappush(heap, (rank.bound(ctx, lay, tight), g, i, lay, level, True, tight))
                 continue
-        cand = scorer.score(lay, skip=level, cutoff=best[-1].est.total if len(best) >= keep else math.inf)
+        cutoff = rank.time_cutoff(ctx, lay, best[-1][0]) if len(best) >= keep else math.inf
+        cand = scorer.score(lay, skip=level, cutoff=cutoff)
         if cand is None:
             continue
-        best.append(cand)
-        best.sort(key=lambda c: c.est.total)
+        key = rank.key(ctx, cand)
+        if not math.isfinite(key):
+            continue
+        best.append((key, cand))
+        best.sort(key=lambda kc: kc[0])
         del best[keep:]
-    return best
+    return [c for _, c in best]
 
 
 def split_bound(scorer: Scorer, lay: Layout, ckpt: str) -> float | None:

@@ -22,6 +22,7 @@ from geotrain.planner.candidate import Candidate
 from geotrain.planner.chains import Layout, chain_signature, enumerate_layouts, schedule_kinds
 from geotrain.planner.context import PlanningContext
 from geotrain.planner.explain import analyse, infeasible_reason
+from geotrain.planner.objective import Objective
 from geotrain.planner.pins import pin_problem, respects_pins
 from geotrain.planner.plan_score import score_plan
 from geotrain.planner.scan import search, search_groups, tp_groups
@@ -80,9 +81,11 @@ def _diagnose_infeasible(ctx: PlanningContext, scorer: Scorer | None = None) -> 
     return infeasible_reason(ctx, scorer.tightest if scorer is not None else None)
 
 
-def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None) -> Shortlist:
+def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None, objective: Objective | None = None) -> Shortlist:
     """Search, and list the `top_k` best distinct estimates with their variants and the upgraded
-    baselines, for a caller to simulate."""
+    baselines, for a caller to simulate; with a cost objective or a budget (planner.objective)
+    also the `top_k` best distinct candidates of a second scan ranked by it, so the caller picks
+    from the fastest and the cheapest (a Pareto set), not from the fastest re-ranked."""
     t0 = time.perf_counter()
     groups = tp_groups(spec, profile)      # one per tensor-parallel degree; the smallest first
     ctx, scorer, _ = groups[0]
@@ -120,6 +123,11 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None) -> Shortl
                 plans.append((other.to_plan(scorer_of[best.tps].ctx), other))
     # A baseline picks its own dp, schedule, ...: for a pinned job only those keeping the pins count.
     plans += [(p, None) for p in _upgraded_baselines(spec, ctx) if respects_pins(p, spec.job)]
+    if objective is not None and not objective.by_time:
+        ranked = _distinct(search_groups(groups, keep=max(top_k, 1) * 2, objective=objective), ctx)[:max(top_k, 1)]
+        for i, c in enumerate(ranked):
+            c.name = f"geotrain-{objective.name}-{i + 1}"
+        plans = [(c.to_plan(ctx), c) for c in ranked] + plans
     plans = _worth_simulating(ctx, plans, best.est.total)
     return Shortlist(spec, ctx, plans, layouts, sum(g[1].scored for g in groups), time.perf_counter() - t0,
                      {g[0].key: g[0] for g in groups})
