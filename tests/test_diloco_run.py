@@ -135,6 +135,7 @@ def test_a_resumed_diloco_run_ends_where_the_uninterrupted_one_does(tmp_path):
     run_workers(_cfg(sp, tmp_path / "part", plan, 8, 4, resume=True))
     for w in ("", "worker1"):
         full, part = tmp_path / "full" / w, tmp_path / "part" / w
+        assert not list(part.glob("checkpoints.run*"))           # it resumed (no new series beside the old one)
         assert _losses(part) == _losses(full)
         last = "checkpoints/step_00000008"
         a, b = _model(full / last, tmp_path), _model(part / last, tmp_path)

@@ -28,7 +28,7 @@ from geotrain.layout.workers import describe_outer
 from geotrain.runtime.cross_dc import open_wan
 from geotrain.runtime.launch import WAN_BYTES_NAME, free_port, launch
 from geotrain.runtime.outer_store import READY
-from geotrain.runtime.train_config import DilocoConfig, RunCase
+from geotrain.runtime.train_config import DilocoConfig, ResumeConfig, RunCase
 from geotrain.transport.auth import new_secret, write_secret_file
 
 STORE_START_S = 60.0
@@ -103,7 +103,8 @@ def run_workers(case: RunCase, say=print, dead_after_s: float | None = None, wat
                                     dead_after_s=dead_after_s or spec.job.diloco.dead_after_s)
                 hooks = cfg.hooks.for_worker(w) if not incarnation else cfg.hooks.model_copy(update={"fail_at": []})
                 one_case = replace(case, plan=wplan, config=cfg.with_(out=str(out), diloco=meet, hooks=hooks,
-                                                                       resume={"own": False, "from_run": None}))
+                                                                       resume=_worker_resume(cfg.resume, w,
+                                                                                             incarnation)))
                 try:
                     launch([one_case], wplan.num_ranks, out, wan=view, watch=watching, rank0_stdout=w == 0,
                            describe=lambda r: f"worker {w} rank {r}, {wplan.dc_of_rank(r)}", **kw)
@@ -148,6 +149,16 @@ def run_workers(case: RunCase, say=print, dead_after_s: float | None = None, wat
             (run_dir / WAN_BYTES_NAME).write_text(json.dumps(wan.link_bytes, indent=2) + "\n")
     wan.lost = lost
     return wan
+
+
+def _worker_resume(resume: ResumeConfig, w: int, incarnation: int) -> ResumeConfig:
+    """Worker w's part of the run's --resume / --resume-from (another run: its worker w's directory);
+    none for a restarted worker, which takes the others' state instead of its own last checkpoint."""
+    if incarnation:
+        return ResumeConfig()
+    if resume.from_run:
+        return ResumeConfig(from_run=str(worker_dir(Path(resume.from_run), w)))
+    return resume
 
 
 def torchrun_worker(case: RunCase) -> RunCase:
