@@ -29,7 +29,10 @@ def wan_bytes_per_link(spec: Spec, plan: Plan) -> dict[tuple[str, str], float]:
 
 
 def egress_per_iteration(spec: Spec, plan: Plan) -> float:
-    """$ of WAN egress per iteration (links without egress_usd_per_gb are free)."""
+    """$ of WAN egress per iteration (links without egress_usd_per_gb are free: with none priced,
+    the bytes are not counted)."""
+    if not any(link.egress_usd_per_gb for link in spec.cluster.wan_links):
+        return 0.0
     total = 0.0
     for (a, b), nbytes in wan_bytes_per_link(spec, plan).items():
         link = spec.cluster.link(a, b)

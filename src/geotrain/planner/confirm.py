@@ -119,9 +119,10 @@ def _other_side(spec: Spec, results, chosen: int, objective: str) -> list[str]:
         i = min(range(len(results)), key=lambda j: (costs[j], results[j].iteration_time))
         if costs[i] >= me:
             return []
+        slow = results[i].iteration_time
         return [f"Cheaper simulated plan: {results[i].plan.name} at ${costs[i]:.3g}/1M tokens "
-                f"({100 * (1 - costs[i] / me):.0f}% less) lost on time: {results[i].iteration_time:.3g} s per iteration, "
-                f"{100 * (results[i].iteration_time / t - 1):.1f}% slower (--objective cost-per-token takes it)."]
+                f"({100 * (1 - costs[i] / me):.0f}% less) lost on time: {slow:.3g} s per iteration, "
+                f"{100 * (slow / t - 1):.1f}% slower (--objective cost-per-token takes it)."]
     i = min(range(len(results)), key=lambda j: (results[j].iteration_time, costs[j]))
     if results[i].iteration_time >= t:
         return []

@@ -17,8 +17,10 @@ import struct
 import threading
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 FRAME = struct.Struct("!BQqQQQII")
 DATA, ACK, BYE = 1, 2, 3
@@ -82,6 +84,8 @@ class Work:
 
 def byte_view(t: torch.Tensor) -> memoryview:
     """The raw bytes of a contiguous CPU tensor (any dtype, bf16 included), without a copy."""
+    import torch  # here, not at the top: `geotrain plan` reads transport.turns and must not import torch (~1 s CPU)
+
     flat = t.detach().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
