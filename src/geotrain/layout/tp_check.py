@@ -9,6 +9,8 @@ hand gets one line, not a shape error deep in a rank.
 
 from __future__ import annotations
 
+from geotrain.spec.model import tp_split_widths as split_widths  # noqa: F401 -- the planner's name for it
+
 
 def tp_problem(model, plan, cluster) -> str | None:
     """Why the plan's tp (per stage) cannot run on this model and cluster (one line), or None."""
@@ -34,16 +36,6 @@ def tp_problem(model, plan, cluster) -> str | None:
                 return (f"{label} does not divide model {model.name}'s {what}={n}; tensor parallelism splits "
                         "them evenly")
     return ep_problem(model, plan)
-
-
-def split_widths(model) -> list[tuple[str, int]]:
-    """The widths tensor parallelism splits: heads, KV heads, the MLP's (each expert's and the
-    shared expert's for a mixture of experts)."""
-    out = [("heads", model.heads), ("kv_heads", model.kv_heads)]
-    if not getattr(model, "experts", 0):
-        return out + [("ffn", model.ffn)]
-    out.append(("expert_ffn", model.expert_ffn))
-    return out + ([("shared_expert_ffn", model.shared_expert_ffn)] if model.shared_expert_ffn else [])
 
 
 def ep_problem(model, plan) -> str | None:

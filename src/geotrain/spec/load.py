@@ -26,7 +26,7 @@ from geotrain.spec.base import identifier_problem
 from geotrain.spec.cluster import Cluster
 from geotrain.spec.hf_config import HFConfigError, is_hf_dir, read_hf_config
 from geotrain.spec.job import MAX_MICROBATCHES, JobSpec, training_state_bytes_per_param
-from geotrain.spec.model import ModelSpec
+from geotrain.spec.model import ModelSpec, tp_split_widths
 
 try:
     import tomllib
@@ -283,9 +283,10 @@ def check_shape(spec: Spec) -> None:
                                         f"units to cut ({model.layers} layers + embedding + head)")
     tp = job.tp if isinstance(job.tp, int) else 1   # "auto": the planner picks among the tps that fit
     if tp > 1:
-        if model.heads % job.tp or model.kv_heads % job.tp:
-            raise SpecError(file, "job.tp", f"tp={job.tp} must divide heads={model.heads} and "
-                                            f"kv_heads={model.kv_heads}")
+        widths = tp_split_widths(model)
+        if any(n % job.tp for _, n in widths):
+            raise SpecError(file, "job.tp", f"tp={job.tp} must divide "
+                            + ", ".join(f"{what}={n}" for what, n in widths) + " (tensor parallelism splits them)")
         widest = max(dc.gpus_per_node for dc in cluster.datacenters)
         if job.tp > widest:
             raise SpecError(file, "job.tp", f"tp={job.tp} is wider than the largest node ({widest} GPUs); "

@@ -93,3 +93,14 @@ class ModelSpec(Strict):
         per matmul and so counts the head whether tied or not: `shape.param_count()`.)"""
         n = self.shape.param_count()
         return n - self.vocab * self.hidden if self.tie_embeddings else n
+
+
+def tp_split_widths(model) -> list[tuple[str, int]]:
+    """The widths tensor parallelism splits: heads, KV heads, the MLP's (each expert's and the
+    shared expert's for a mixture of experts). A tp must divide each: `validate`, the planner and
+    `simulate`/`train` (layout.tp_check) ask the same question here."""
+    out = [("heads", model.heads), ("kv_heads", model.kv_heads)]
+    if not getattr(model, "experts", 0):
+        return out + [("ffn", model.ffn)]
+    out.append(("expert_ffn", model.expert_ffn))
+    return out + ([("shared_expert_ffn", model.shared_expert_ffn)] if model.shared_expert_ffn else [])
