@@ -91,6 +91,20 @@ class Gate:
         self._wake = threading.Condition(self._lock)
         self._reaper: threading.Thread | None = None
 
+    def serve(self, conn: socket.socket, addr, serve: Callable, name: str, drops: Callable[[str], None]) -> None:
+        """A listener's accept handler: admit `conn`, then `serve(conn, addr, ticket)` on a thread of
+        its own; refused (or no thread to be had, in a flood) -> closed, and said through `drops`."""
+        ticket = self.admit(conn, addr)
+        if isinstance(ticket, str):
+            conn.close()
+            drops(f"dropped a connection from {addr[0]}:{addr[1]}: {ticket}")
+            return
+        try:
+            threading.Thread(target=serve, args=(conn, addr, ticket), daemon=True, name=name).start()
+        except RuntimeError:                   # no thread to be had: this one waits for the peer's retry
+            self.done(ticket)
+            conn.close()
+
     def admit(self, conn: socket.socket, addr) -> Ticket | str:
         """A ticket for a new connection, its deadline armed; or why not (the caller closes it): its
         source, or the untrusted sources together, hold their share of handshakes already."""

@@ -233,16 +233,7 @@ class StripedTransport:
         accept_loop(self._listener, lambda: self._closed, self._admit, self.say)
 
     def _admit(self, conn: socket.socket, addr) -> None:
-        ticket = self.gate.admit(conn, addr)
-        if isinstance(ticket, str):
-            conn.close()
-            self.drops(f"dropped a connection from {addr[0]}:{addr[1]}: {ticket}")
-            return
-        try:
-            threading.Thread(target=self._serve, args=(conn, addr, ticket), name="striped-read", daemon=True).start()
-        except RuntimeError:                   # no thread to be had (a flood): this one waits for a retry
-            self.gate.done(ticket)
-            conn.close()
+        self.gate.serve(conn, addr, self._serve, "striped-read", self.drops)
 
     def _serve(self, conn: socket.socket, addr, ticket) -> None:
         who = f"{addr[0]}:{addr[1]}"

@@ -215,16 +215,7 @@ class TurnArbiter:
                     self._admit, lambda line: print(f"geotrain wan: turn arbiter: {line}", file=sys.stderr, flush=True))
 
     def _admit(self, conn: socket.socket, addr) -> None:
-        ticket = self.gate.admit(conn, addr)
-        if isinstance(ticket, str):
-            conn.close()
-            self.drops(f"dropped a connection from {addr[0]}:{addr[1]}: {ticket}")
-            return
-        try:
-            threading.Thread(target=self._client, args=(conn, addr, ticket), daemon=True, name="turn-client").start()
-        except RuntimeError:
-            self.gate.done(ticket)
-            conn.close()
+        self.gate.serve(conn, addr, self._client, "turn-client", self.drops)
 
     def _client(self, conn: socket.socket, addr, ticket) -> None:
         key = None
