@@ -1,7 +1,7 @@
 """Benchmark: the cross-DC modes trained for real over the kernel-emulated WAN, at equal token budgets.
 
     sudo .venv/bin/python bench/bench_cross_dc.py [--steps 384] [--dcs 2 3] [--write-table] [--only NAME] [--sweep]
-    .venv/bin/python bench/bench_cross_dc.py --from-results RESULTS.json --write-table [--sweep]
+    .venv/bin/python bench/bench_cross_dc.py --from-results RESULTS.json [MORE.json] --write-table [--sweep]
 
 Part 1, loss measured (issue #28 item 4): the tiny Llama (4 layers, hidden 64, byte vocabulary) on
 the built-in corpus (real text: the Python standard library's sources and docs, geotrain.data),
@@ -10,7 +10,7 @@ same tokens for every mode. Two and three emulated DCs (10 ms one-way, 1 Gbit/s,
 connection). Modes: synchronous (Atlas pipeline, one stage per DC: the same math as one process,
 tests/test_runtime_pipeline.py); DiLoCo (a worker per DC, paper defaults: outer Nesterov SGD lr 0.7,
 momentum 0.9) with H = 8, 32, 128; DiLoCo H = 32 with int8 outer gradients; streaming DiLoCo
-(H = 32, 4 fragments, each overlapping one inner step, int4); and (2 DCs) the synchronous pipeline
+(H = 32, 4 fragments, each overlapping one inner step, int4); and the synchronous pipeline
 with its boundaries in bf16, fp8-e4m3 and int8. Per mode: final train loss (mean of the last 32
 steps over every worker), held-out loss (the final model -- worker 0's parameters -- on 16
 held-out batches of the corpus, one process), measured WAN bytes (the emulated links' counters),
@@ -120,10 +120,8 @@ def modes(k: int) -> list[tuple[str, Plan]]:
     out.append((f"diloco-h32-int8-{k}dc", one.with_(outer=OuterPlan(workers, inner_steps=32, compression="int8"))))
     out.append((f"streaming-h32-f4-int4-{k}dc", one.with_(outer=OuterPlan(workers, inner_steps=32, fragments=4,
                                                                            overlap=1, compression="int4"))))
-    if k == 2:
-        for codec in ("bf16", "fp8-e4m3", "int8"):
-            out.append((f"boundary-{codec}-{k}dc", sync.with_(links=tuple(replace(lp, compression=codec)
-                                                                          for lp in link))))
+    for codec in ("bf16", "fp8-e4m3", "int8"):
+        out.append((f"boundary-{codec}-{k}dc", sync.with_(links=tuple(replace(lp, compression=codec) for lp in link))))
     return out
 
 
@@ -301,20 +299,18 @@ def main() -> None:
     ap.add_argument("--dcs", type=int, nargs="+", default=[2, 3])
     ap.add_argument("--only", default=None, help="run the modes whose name contains this")
     ap.add_argument("--write-table", action="store_true")
-    ap.add_argument("--from-results", default=None, help="a run's results.json: write the table and docs from it")
+    ap.add_argument("--from-results", nargs="+", default=None,
+                    help="runs' results.json (merged): write the table and docs from them")
     ap.add_argument("--planner-only", action="store_true")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also: when each mode wins, over links, models, DCs")
     args = ap.parse_args()
     load_start, stamp = _load(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results: list[dict] = []
-    load_end = None
+    runs: list[dict] = []               # the training runs the results come from (results.json without results)
     if args.from_results:
-        doc = json.loads(Path(args.from_results).read_text())
-        results, args.steps, load_start, stamp = doc["results"], doc["steps"], doc["load_start"], doc["stamp"]
-        load_end, args.dcs, args.only = doc["load_end"], doc.get("dcs", args.dcs), doc.get("only")
-        for r in results:
-            r["plan"] = Plan.from_dict(r["plan"])
+        results, runs = merged_results(args.from_results)
+        args.steps = runs[0]["steps"]
     elif not args.planner_only:
         tmp = Path(tempfile.mkdtemp(prefix="bench-cross-dc-"))
         spec_path = write_spec(tmp, args.steps)
@@ -337,25 +333,41 @@ def main() -> None:
                       f"{r['wan_bytes'] / 1e6:>8.2f} {r['pred_wan'] / 1e6:>8.2f} {r['step_s'] * 1e3:>8.1f} "
                       f"{r['pred_step_s'] * 1e3:>8.1f} {r['wall_s']:>7.0f}", flush=True)
                 results.append(r)
-        load_end = _load()
-        doc = {"steps": args.steps, "dcs": args.dcs, "only": args.only, "load_start": load_start, "load_end": load_end,
-               "stamp": stamp,
-               "results": [{**r, "plan": r["plan"].to_dict()} for r in results]}
-        (tmp / "results.json").write_text(json.dumps(doc, indent=1))
+        runs = [{"steps": args.steps, "dcs": args.dcs, "only": args.only, "load_start": load_start,
+                 "load_end": _load(), "stamp": stamp}]
+        (tmp / "results.json").write_text(json.dumps({**runs[0], "results": [{**r, "plan": r["plan"].to_dict()}
+                                                                             for r in results]}, indent=1))
         print(f"results: {tmp / 'results.json'}")
     if args.write_table and results:
         write_table(results, args.steps)
     choices = planner_choices()
     when = when_each_wins() if args.sweep else None
     if args.write_table and results:
-        cmd = (f"sudo .venv/bin/python bench/bench_cross_dc.py --steps {args.steps} --dcs "
-               f"{' '.join(map(str, args.dcs))}" + (f" --only {args.only}" if args.only else "") + " --write-table"
-               + (" --sweep" if args.sweep else ""))
-        how = (f"Measured {stamp} with `{cmd}` on {os.cpu_count()} shared CPU cores (load average "
-               f"{load_start} at the start, {load_end or _load()} at the end)")
-        planned = (f"Planned {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by the same command, with the loss "
-                   "table measured above (the planner's numbers: no load dependence).")
+        how = "Measured with " + " and ".join(
+            f"`sudo .venv/bin/python bench/bench_cross_dc.py --steps {r['steps']} --dcs {' '.join(map(str, r['dcs']))}"
+            + (f" --only {r['only']}" if r.get("only") else "") + f"` ({r['stamp']}, load average {r['load_start']} "
+            f"at the start, {r['load_end']} at the end)" for r in runs) + f" on {os.cpu_count()} shared CPU cores"
+        planned = (f"Planned {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with the loss table measured above "
+                   "(`--write-table" + (" --sweep" if args.sweep else "") + "`; the planner's numbers: no load "
+                   "dependence).")
         write_docs(results, args.steps, choices, when, how, planned)
+
+
+def merged_results(paths: list[str]) -> tuple[list[dict], list[dict]]:
+    """The results of several runs' results.json (a mode measured twice: its first run's), grouped by
+    DC count; and the runs."""
+    docs = [json.loads(Path(f).read_text()) for f in paths]
+    if len({d["steps"] for d in docs}) > 1:
+        raise SystemExit("--from-results: those runs trained different numbers of steps")
+    seen: set[str] = set()
+    results = []
+    for d in docs:
+        for r in d["results"]:
+            if r["name"] not in seen:
+                seen.add(r["name"])
+                results.append({**r, "plan": Plan.from_dict(r["plan"])})
+    results.sort(key=lambda r: r["name"].rsplit("-", 1)[1])          # "2dc" rows, then "3dc" (stable)
+    return results, [{k: v for k, v in d.items() if k != "results"} for d in docs]
 
 
 if __name__ == "__main__":
