@@ -10,7 +10,16 @@
    each link's egress_usd_per_gb (geotrain.layout.price; no example sets an egress price, so pass
    --egress USD_PER_GB to price every link alike).
 
-Run: .venv/bin/python bench/bench_planner.py [--quick]   (--quick: only part 1)
+4. Per example and objective (throughput, cost-per-token, cost): the whole `geotrain plan`
+   command in its own process -- its plan, simulated iteration, $/iteration, $/1M tokens and CPU
+   time (interpreter start and imports included; targets: five zones <= 1 s, 8,192 GPUs <= 2 s
+   for throughput).
+5. The compute model's calibration: costs.roofline per (model, GPU, micro-batch, tp) against the
+   published per-layer profiles (calibrate.roofline_fit; bench/data/gpu_runs).
+
+Run: .venv/bin/python bench/bench_planner.py [--quick | --objectives | --calibration] [--write-docs]
+(--quick: part 1; --objectives: part 4; --calibration: part 5; --write-docs: part 4's table into
+the README and part 5's into docs/DECISIONS.md, between their markers)
 """
 
 from __future__ import annotations
@@ -108,6 +117,67 @@ def examples(load_spec, make_plan, evaluate_baselines, GeotrainError, egress: fl
             print("        (no finite iteration time)")
 
 
+OBJECTIVES = ("throughput", "cost-per-token", "cost")
+
+
+def whole_command(load_spec) -> str:
+    """Part 4: one `geotrain plan EXAMPLE --objective O --out F` process per cell, its CPU time from
+    the children's rusage, its plan and price read back from the plan file; the last row of each
+    example asks for the cheapest plan making at least half the throughput plan's tokens/s."""
+    import json
+    import resource
+    import subprocess
+    import tempfile
+
+    from geotrain.layout.plan import load_plan
+
+    print(f"\n[4] the whole plan command per example and objective (load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores)")
+    rows = ["| example | objective | plan | iteration s | $/iteration | $/1M tokens | CPU s (whole command) |",
+            "|---|---|---|---|---|---|---|"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in sorted((ROOT / "examples").glob("*.toml")):
+            spec = load_spec(f)
+            floor = None
+            for objective, floored in [(o, False) for o in OBJECTIVES] + [("cost-per-token", True)]:
+                if floored and floor is None:
+                    continue
+                out = Path(tmp) / f"{f.stem}-{objective}-{floored}.json"
+                extra = ["--min-tokens-per-s", f"{floor:.6g}"] if floored else []
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                run = subprocess.run([sys.executable, "-m", "geotrain.cli", "plan", str(f), "--objective", objective,
+                                      "--out", str(out), *extra], env=env, capture_output=True, text=True)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+                label = objective + (" >= half the tokens/s" if extra else "")
+                if run.returncode != 0:
+                    rows.append(f"| {f.stem} | {label} | {run.stderr.strip()[-80:]} | | | | {cpu:.2f} |")
+                    continue
+                plan, doc = load_plan(out)
+                t = float(json.loads(out.read_text()).get("simulated_s", doc.get("simulated_s", math.nan)))
+                if objective == "throughput":
+                    floor = 0.5 * spec.job.global_batch * spec.model.seq_len / t
+                where = ", ".join(f"{dc} {n}" for dc, n in plan.gpus_per_dc().items())
+                what = (f"pp{plan.pp} x dp{plan.dp} x tp{plan.tp_label()}, "
+                        f"mb {plan.micro_batch} x {plan.num_microbatches}")
+                cost = price(spec, plan, t)
+                money = (f"{cost[0]:.3g} | {cost[1]:.3g}" if cost else "- | -")
+                rows.append(f"| {f.stem} | {label} | {what} ({where}) | {t:.3g} | {money} | {cpu:.2f} |")
+                print("    " + rows[-1], flush=True)
+    return "\n".join(rows)
+
+
+def calibration() -> str:
+    from geotrain.calibrate.gpu_runs import load_gpu_runs
+    from geotrain.calibrate.roofline_fit import fit_markdown, fit_rows
+
+    print("\n[5] costs.roofline against the published per-layer profiles (one block, forward + backward)")
+    table = fit_markdown(fit_rows(load_gpu_runs(ROOT / "bench" / "data" / "gpu_runs")))
+    print(table)
+    return table
+
+
 def main() -> int:
     from geotrain.errors import GeotrainError
     from geotrain.planner.confirm import evaluate_baselines, make_plan
@@ -116,7 +186,24 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="only the planning times")
     ap.add_argument("--egress", type=float, metavar="USD_PER_GB", help="egress price on every WAN link in [3]")
+    ap.add_argument("--objectives", action="store_true", help="only part 4: the whole command per objective")
+    ap.add_argument("--calibration", action="store_true", help="only part 5: the compute model's fit")
+    ap.add_argument("--write-docs", action="store_true", help="part 4 into the README, part 5 into DECISIONS.md")
     args = ap.parse_args()
+    if args.objectives or args.calibration:
+        from _doc_sections import replace_section
+
+        if args.objectives:
+            table = whole_command(load_spec)
+            if args.write_docs:
+                replace_section(ROOT / "README.md", "<!-- bench_planner objectives -->",
+                                "<!-- /bench_planner objectives -->", table)
+        if args.calibration:
+            table = calibration()
+            if args.write_docs:
+                replace_section(ROOT / "docs" / "DECISIONS.md", "<!-- bench_planner calibration -->",
+                                "<!-- /bench_planner calibration -->", table)
+        return 0
     planning_times(load_spec, make_plan)
     if args.quick:
         return 0
