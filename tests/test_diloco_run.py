@@ -16,6 +16,7 @@ over the emulated WAN are bench/bench_cross_dc.py's).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -131,7 +132,7 @@ def test_a_resumed_diloco_run_ends_where_the_uninterrupted_one_does(tmp_path):
     plan = plan_from_job(spec).with_(outer=o)
     sp = tmp_path / "spec.toml"
     run_workers(_cfg(sp, tmp_path / "full", plan, 8, 4))
-    run_workers(_cfg(sp, tmp_path / "part", plan, 4, 4))
+    _stopped_after_step_4(tmp_path / "full", tmp_path / "part")
     run_workers(_cfg(sp, tmp_path / "part", plan, 8, 4, resume=True))
     for w in ("", "worker1"):
         full, part = tmp_path / "full" / w, tmp_path / "part" / w
@@ -141,6 +142,17 @@ def test_a_resumed_diloco_run_ends_where_the_uninterrupted_one_does(tmp_path):
         a, b = _model(full / last, tmp_path), _model(part / last, tmp_path)
         assert all(torch.equal(a[k], b[k]) for k in a)
 
+
+
+def _stopped_after_step_4(full: Path, part: Path) -> None:
+    """`part` as a run killed after its step-4 checkpoint leaves it: the full run's directory up to
+    there (its step-4 checkpoint is what that run would have saved; one launch fewer than running it)."""
+    shutil.copytree(full, part)
+    for ckpts in part.glob("**/checkpoints"):
+        shutil.rmtree(ckpts / "step_00000008")
+        (ckpts / "latest").write_text("step_00000004")
+    for losses in part.glob("**/losses.jsonl"):
+        losses.write_text("".join(losses.read_text().splitlines(keepends=True)[:4]))
 
 def test_a_lost_worker_does_not_stop_the_others(tmp_path):
     spec = _spec(tmp_path)
