@@ -28,6 +28,13 @@ def reference_run(spec_path: Path, micro_batch: int, m: int, dp: int, steps: int
     """(losses, gradient norms before clipping, {step: held-out loss}) of the textbook loop: the job's
     AdamW over its weight-decay groups, `torch.nn.utils.clip_grad_norm_` to job.grad_clip, the job's
     lr schedule, the held-out loss every job.eval_every steps."""
+    return reference_with_model(spec_path, micro_batch, m, dp, steps)[:3]
+
+
+@functools.cache
+def reference_with_model(spec_path: Path, micro_batch: int, m: int, dp: int, steps: int):
+    """reference_run's three, then the model's state dict after the last step (the plain names a
+    checkpoint's `model` holds)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)     # as the ranks run (and an OpenMP pool on a loaded 2-core box spins: 27x slower)
     try:
@@ -69,4 +76,4 @@ def _reference_run(spec_path: Path, micro_batch: int, m: int, dp: int, steps: in
             with torch.no_grad():
                 evals[step + 1] = sum(lm_loss(model(x), y).item() for x, y in map(src.eval_batch, range(
                     job.eval_batches))) / job.eval_batches
-    return losses, norms, evals
+    return losses, norms, evals, model.state_dict()

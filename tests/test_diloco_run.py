@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 from _cases import case
+from _reference import reference_with_model
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from geotrain.layout.workers import OuterPlan
 from geotrain.orchestrate.local_run import train_locally
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.diloco_launch import run_workers
-from geotrain.runtime.launch import run_with_wan
 from geotrain.runtime.train_config import ElasticConfig, RunCase
 from geotrain.spec.load import load_spec
 from geotrain.trace.schema import Trace
@@ -109,18 +109,18 @@ def test_h1_outer_sgd_lr1_momentum0_trains_as_synchronous_dp(tmp_path):
     assert {e.link for e in turns} == {"a->b"} and {e.rank for e in turns} == {0, 1}
     syncs = [e for e in events if e.kind == "outer_sync"]
     assert len(syncs) == 2 * 4 and {e.link for e in syncs} == {"a->workers"}
-    sync = base.with_(dp=4)
-    run_with_wan([_cfg(tmp_path / "spec.toml", tmp_path / "sync", sync, 4, 4)], tmp_path / "sync")
+    # synchronous DP over the four replicas: the single-process loop over their global batch (which
+    # tests/test_runtime_pipeline.py holds the runtime's synchronous DP to), in-process: no launch
+    want, _, _, ref = reference_with_model(tmp_path / "spec.toml", base.micro_batch, base.num_microbatches, 4, 4)
     step = "checkpoints/step_00000004"
     w0, w1 = _model(tmp_path / "dl" / step, tmp_path), _model(tmp_path / "dl" / "worker1" / step, tmp_path)
-    ref = _model(tmp_path / "sync" / step, tmp_path)
     assert w0.keys() == ref.keys()
     for k in ref:
         assert torch.equal(w0[k], w1[k]), k                   # the workers agree bit for bit
         assert (w0[k] - ref[k]).abs().max() <= 1e-6 * ref[k].abs().max(), k
     # the mean of the workers' losses is the synchronous run's (each worker's replicas see half the batch)
     mean = [(a + b) / 2 for a, b in zip(_losses(tmp_path / "dl"), _losses(tmp_path / "dl" / "worker1"), strict=True)]
-    assert mean == pytest.approx(_losses(tmp_path / "sync"), rel=1e-6)
+    assert mean == pytest.approx(want, rel=1e-6)
 
 
 def test_a_resumed_diloco_run_ends_where_the_uninterrupted_one_does(tmp_path):
