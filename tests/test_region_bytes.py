@@ -22,7 +22,7 @@ from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "tiny_2dc.toml"
-STEPS = 3
+STEPS = 2
 CASES = [(s, p) for s in ("replicate", "zero1", "zero2", "zero3") for p in ("fp32", "bf16", "fp16")]
 needs_root = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
                                 reason="network namespaces need root (CI runs as root: never skipped there)")
