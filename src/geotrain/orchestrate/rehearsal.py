@@ -3,7 +3,7 @@
 The plan's datacenters become network namespaces joined by the kernel-emulated WAN
 (`emulation.WanEmulation`, in the plan's datacenter order, so DC i has address 10.77.(i+1).2), and
 each runs ONE `torchrun` inside its namespace, exactly as each host of a real deployment would:
-c10d rendezvous across the emulated WAN at the first datacenter's address (`is_host=1` there),
+c10d rendezvous across the emulated WAN at the first datacenter's address (its store a process of its own),
 `--local-addr` and `--wan-bind` the namespace's address, `geotrain train PLAN --wan auto --dc DC`.
 So training runs through the code a real cluster runs -- torchrun's agent, the c10d store, the
 "direct" striped transport bound to the host's address, turns arbitrated over TCP -- and the
@@ -28,6 +28,7 @@ What is measured per cross-DC link direction, and where:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -108,10 +109,49 @@ def _torchrun_argv(host: Host, index: int, n_hosts: int, endpoint: str, rdzv_id:
                    train_args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n_hosts),
             "--nproc-per-node", str(len(host.ranks)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", rdzv_id, "--rdzv-conf", f"is_host={1 if index == 0 else 0}", "--local-addr", host.address,
+            "--rdzv-id", rdzv_id, "--rdzv-conf", "is_host=0", "--local-addr", host.address,
             "--max-restarts", "0", "--monitor-interval", "0.2",
             "-m", "geotrain.cli", "train", str(plan_path), "--wan", "auto", "--wan-bind", host.address,
             "--dc", host.dc, "--out", str(host.out), "--checkpoint-every", "0", *train_args]
+
+
+# The rendezvous's store, in a process of its own: hosted by the first DC's torchrun agent, it went
+# with that agent, which left the exit barrier as early as any other -- and the other agents, still
+# closing the rendezvous through it, printed a C++ `recvVector failed` trace (exit 0). The runbook
+# gives a real deployment the same choice (a store host that outlives the agents, or the warning).
+STORE_SCRIPT = ("import sys, torch.distributed as d; s = d.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True, "
+                "wait_for_workers=False); print('ready', flush=True); sys.stdin.read()")
+
+
+def _start_store(emu, host: Host, env: dict[str, str], timeout_s: float = 60.0) -> subprocess.Popen:
+    """The rendezvous store at host.address:RDZV_PORT inside host's namespace, until its stdin closes."""
+    p = emu.popen(host.dc, [sys.executable, "-c", STORE_SCRIPT, host.address, str(RDZV_PORT)], env,
+                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                  start_new_session=True)
+    ready = threading.Event()
+
+    def watch() -> None:          # c10d's warnings may come first; what follows "ready" is drained
+        for line in p.stdout:
+            if line.strip() == "ready":
+                ready.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    if not ready.wait(timeout_s):
+        p.kill()
+        raise GeotrainError(f"rehearse: the rendezvous store did not start in {host.dc} within {timeout_s:.0f} s")
+    return p
+
+
+def _stop_store(p: subprocess.Popen | None) -> None:
+    if p is None:
+        return
+    with contextlib.suppress(OSError):
+        p.stdin.close()
+    try:
+        p.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 class ConnectionSampler:
@@ -286,7 +326,7 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
              for dc, ranks in blocks]
     emu = WanEmulation(emulation_cluster(spec.cluster, [h.dc for h in hosts]), rate_scale=rate_scale,
                        lifetime_s=timeout_s + 600).start()
-    sampler = None
+    sampler = store = None
     t0 = time.time()
     try:
         for h in hosts:
@@ -297,6 +337,7 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
             + f"; c10d rendezvous at {endpoint}")
         sampler = ConnectionSampler({h.dc: h.netns for h in hosts}).start()
         env = _env()
+        store = _start_store(emu, hosts[0], {**env, **emu.host_env(hosts[0].dc, env)})
         for i, h in enumerate(hosts):
             h.out.mkdir(parents=True, exist_ok=True)
             argv = _torchrun_argv(h, i, len(hosts), endpoint, f"rehearse-{emu.tag}", plan_path, train_args)
@@ -310,6 +351,7 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
             sampler.stop()
         for h in hosts:
             _stop(h)
+        _stop_store(store)
         crossed = emu.link_bytes()
         emu.stop()
     wall = time.time() - t0

@@ -82,13 +82,11 @@ def run_cases(cases: list[RunCase], bubble_hook: BubbleHookFactory | None = None
         dist.destroy_process_group()
 
 
-def _leave_store_host_last(timeout_s: float = 30.0, linger_s: float = 3.0) -> None:
+def _leave_store_host_last(timeout_s: float = 30.0, linger_s: float = 1.0) -> None:
     """Under torchrun across hosts, after a clean run: ranks on the rendezvous store's host (MASTER_ADDR)
     leave after every other host's ranks (bounded wait), and a moment later. torchrun's agent there owns
     the store; when it exited first, the other hosts' agents, still leaving the rendezvous through it,
-    printed a `TCPStore recvVector failed` C++ stack trace (exit 0). The linger covers the other agents'
-    noticing their workers left (--monitor-interval) and closing the rendezvous: 1 s was too short on a
-    loaded 2-core CI box."""
+    printed a `TCPStore recvVector failed` C++ stack trace (exit 0)."""
     world = dist.get_world_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if "TORCHELASTIC_RUN_ID" not in os.environ or local >= world:
