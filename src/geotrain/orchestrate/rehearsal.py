@@ -1,13 +1,10 @@
 """`geotrain rehearse`: a multi-host deployment rehearsed on one machine.
 
-The plan's datacenters become network namespaces joined by the kernel-emulated WAN
-(`emulation.WanEmulation`, in the plan's datacenter order, so DC i has address 10.77.(i+1).2), and
-each runs ONE `torchrun` inside its namespace, exactly as each host of a real deployment would:
-c10d rendezvous across the emulated WAN at the first datacenter's address (its store a process of its own),
-`--local-addr` and `--wan-bind` the namespace's address, `geotrain train PLAN --wan auto --dc DC`.
-So training runs through the code a real cluster runs -- torchrun's agent, the c10d store, the
-"direct" striped transport bound to the host's address, turns arbitrated over TCP -- and the
-emulation is only the network underneath.
+The plan's datacenters become network namespaces joined by the kernel-emulated WAN (DC i at
+10.77.(i+1).2, in plan order), each running ONE `torchrun` as a real host would: c10d rendezvous at
+the first DC's address (its store a process of its own), `--local-addr` and `--wan-bind` the
+namespace's address, `geotrain train PLAN --wan auto --dc DC`. Training runs through the code a real
+cluster runs -- torchrun's agent, the c10d store, the "direct" striped transport, turns over TCP.
 
 Hosts do not share a run directory, as real hosts may not: the last stage's datacenter (the one
 whose rank owns the loss) writes RUN_DIR -- losses.jsonl, the merged measured trace, summary,
@@ -115,27 +112,17 @@ def _torchrun_argv(host: Host, index: int, n_hosts: int, endpoint: str, rdzv_id:
             "--dc", host.dc, "--out", str(host.out), "--checkpoint-every", "0", *train_args]
 
 
-# The rendezvous's store, in a process of its own: hosted by the first DC's torchrun agent, it went
-# with that agent, which left the exit barrier as early as any other -- and the other agents, still
-# closing the rendezvous through it, printed a C++ `recvVector failed` trace (exit 0). The runbook
-# gives a real deployment the same choice (a store host that outlives the agents, or the warning).
 STORE_SCRIPT = ("import sys, torch.distributed as d; s = d.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True, "
                 "wait_for_workers=False); print('ready', flush=True); sys.stdin.read()")
 
 
 def _start_store(emu, host: Host, env: dict[str, str], timeout_s: float = 60.0) -> subprocess.Popen:
-    """The rendezvous store at host.address:RDZV_PORT inside host's namespace, until its stdin closes."""
-    p = emu.popen(host.dc, [sys.executable, "-c", STORE_SCRIPT, host.address, str(RDZV_PORT)], env,
-                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                  start_new_session=True)
-    ready = threading.Event()
-
-    def watch() -> None:          # c10d's warnings may come first; what follows "ready" is drained
-        for line in p.stdout:
-            if line.strip() == "ready":
-                ready.set()
-
-    threading.Thread(target=watch, daemon=True).start()
+    """The rendezvous store at host.address:RDZV_PORT in host's namespace, until its stdin closes. Not in an agent
+    (is_host=1): one leaving torchrun's exit barrier first took it from the others closing the rendezvous."""
+    p = emu.popen(host.dc, [sys.executable, "-c", STORE_SCRIPT, host.address, str(RDZV_PORT)], env, text=True,
+                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    ready = threading.Event()       # c10d's warnings may come first; the rest is drained
+    threading.Thread(target=lambda: [ready.set() for line in p.stdout if line.strip() == "ready"], daemon=True).start()
     if not ready.wait(timeout_s):
         p.kill()
         raise GeotrainError(f"rehearse: the rendezvous store did not start in {host.dc} within {timeout_s:.0f} s")
@@ -143,15 +130,12 @@ def _start_store(emu, host: Host, env: dict[str, str], timeout_s: float = 60.0) 
 
 
 def _stop_store(p: subprocess.Popen | None) -> None:
-    if p is None:
-        return
-    with contextlib.suppress(OSError):
-        p.stdin.close()
-    try:
-        p.wait(timeout=5.0)
-    except subprocess.TimeoutExpired:
+    if p is not None:      # closing its stdin ends it; killed if it has not ended in 5 s
+        with contextlib.suppress(OSError):
+            p.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5.0)
         p.kill()
-        p.wait()
 
 
 class ConnectionSampler:
