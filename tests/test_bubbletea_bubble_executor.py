@@ -3,10 +3,11 @@
 import http.client
 import json
 import os
-import resource
 import socket
 import threading
 import time
+
+from _descriptors import descriptors_exhausted
 
 from geotrain.bubbletea.bubble_executor import BubbleExecutor, BubbleWorker
 from geotrain.bubbletea.executor import DecodeWorker
@@ -207,7 +208,6 @@ def test_an_ignored_proposal_is_proposed_again():
 
 
 def test_idle_priority_worker_computes_on_a_sched_idle_thread():
-    import os
     import sys
 
     model = build_model(PRESETS["tiny"]).eval()
@@ -309,21 +309,12 @@ def test_the_executor_out_of_descriptors_backs_off_and_a_rank_still_joins(capfd)
     and no rank could join after it. Now it logs one line, backs off and accepts again."""
     model = build_model(PRESETS["tiny"]).eval()
     ex = BubbleExecutor()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    client, filler = socket.socket(), []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 64, hard))
+    client = socket.socket()
     try:
-        while True:                                  # every descriptor taken ...
-            try:
-                filler.append(os.open(os.devnull, os.O_RDONLY))
-            except OSError:
-                break
-        client.connect(tuple(ex.address))            # ... then a connection queued: accept() meets EMFILE
-        time.sleep(1.0)
+        with descriptors_exhausted():
+            client.connect(tuple(ex.address))        # a connection queued: accept() meets EMFILE
+            time.sleep(1.0)
     finally:
-        for fd in filler:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         client.close()
     fut = ex.submit(1, list(range(1, 9)))
     w = BubbleWorker(ex.address, 0, model, PrefillCost(a=0.0, b=0.0001, c=0.0), secret=ex.secret)

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from _descriptors import descriptors_exhausted
 from prometheus_client.parser import text_string_to_metric_families
 
 from geotrain.bubbletea.executor import DecodeWorker, DedicatedExecutor
@@ -225,28 +226,15 @@ def test_out_of_descriptors_is_one_line_and_accepting_goes_on(model, caplog):
     """asyncio logged a traceback for every queued connection when accept() met EMFILE, and
     scheduled a retry for each (10,084 tracebacks in 8 s). Now one line, and the queued
     connection is served once descriptors are free."""
-    import resource
-
     ex = DedicatedExecutor(model)
     svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2)
     host, port = svc.serve()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    client, filler = socket.socket(), []
+    client = socket.socket()
     caplog.set_level(logging.INFO)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 64, hard))
-    try:
-        while True:                                 # every descriptor taken ...
-            try:
-                filler.append(os.open(os.devnull, os.O_RDONLY))
-            except OSError:
-                break
-        client.connect((host, port))                # ... then a request queued: accept() meets EMFILE
+    with descriptors_exhausted():
+        client.connect((host, port))                # a request queued: accept() meets EMFILE
         client.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         time.sleep(2.5)
-    finally:
-        for fd in filler:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     try:
         client.settimeout(10)
         assert client.recv(4096).startswith(b"HTTP/1.1 200")

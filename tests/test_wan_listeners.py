@@ -5,14 +5,13 @@ log line while real transfers go on."""
 
 from __future__ import annotations
 
-import os
-import resource
 import socket
 import threading
 import time
 
 import torch
 import torch.distributed as dist
+from _descriptors import descriptors_exhausted
 
 from geotrain.transport.admission import Gate
 from geotrain.transport.striped import StripedTransport
@@ -141,21 +140,12 @@ def test_a_listener_out_of_descriptors_backs_off_and_accepts_again(capfd):
     """`_accept` returned on any OSError: one EMFILE and the listener never accepted again, so a
     peer whose connection broke could not come back. Now it logs, backs off and goes on."""
     a, b = _pair()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    client, filler = socket.socket(), []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 64, hard))
+    client = socket.socket()
     try:
-        while True:                            # every descriptor taken ...
-            try:
-                filler.append(os.open(os.devnull, os.O_RDONLY))
-            except OSError:
-                break
-        client.connect(("127.0.0.1", b.port))  # ... then a connection queued: accept() meets EMFILE
-        time.sleep(1.0)
+        with descriptors_exhausted():
+            client.connect(("127.0.0.1", b.port))    # a connection queued: accept() meets EMFILE
+            time.sleep(1.0)
     finally:
-        for fd in filler:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         client.close()
     try:
         _transfer(a, b, 4)                     # accepting again: rank 0 connects and sends
