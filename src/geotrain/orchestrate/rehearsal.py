@@ -102,7 +102,7 @@ def emulation_cluster(cluster, dcs: list[str]):
                                       "wan_links": [ln for ln in cluster.wan_links if set(ln.between) <= set(dcs)]})
 
 
-def _torchrun_argv(host: Host, index: int, n_hosts: int, endpoint: str, rdzv_id: str, plan_path: Path,
+def _torchrun_argv(host: Host, n_hosts: int, endpoint: str, rdzv_id: str, plan_path: Path,
                    train_args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n_hosts),
             "--nproc-per-node", str(len(host.ranks)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
@@ -322,9 +322,9 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
         sampler = ConnectionSampler({h.dc: h.netns for h in hosts}).start()
         env = _env()
         store = _start_store(emu, hosts[0], {**env, **emu.host_env(hosts[0].dc, env)})
-        for i, h in enumerate(hosts):
+        for h in hosts:
             h.out.mkdir(parents=True, exist_ok=True)
-            argv = _torchrun_argv(h, i, len(hosts), endpoint, f"rehearse-{emu.tag}", plan_path, train_args)
+            argv = _torchrun_argv(h, len(hosts), endpoint, f"rehearse-{emu.tag}", plan_path, train_args)
             with open(h.log, "w") as f:
                 h.proc = emu.popen(h.dc, argv, {**env, **emu.host_env(h.dc, env)},   # one NCCL host per DC
                                    stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
