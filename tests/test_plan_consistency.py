@@ -90,3 +90,20 @@ def test_the_fuzz_corpus_is_consistent(tmp_path):
             if problem:
                 bad.append(f"{problem} ({what})")
     assert not bad, "\n".join(bad[:10])
+
+
+@pytest.mark.parametrize("ep", ["auto", 8])
+def test_a_moe_job_pinning_zero1(ep, tmp_path):
+    """ZeRO-1 does not run with expert parallelism (layout.tp_check.ep_problem): a MoE job pinning
+    sharding zero1 is planned at ep = 1, or refused by validate when it pins ep > 1. Failed before:
+    validate and plan accepted mixtral with zero1 at ep = 8, which simulate and train refused."""
+    text = (ROOT / "examples" / "mixtral_8x7b_h100_3dc.toml").read_text()
+    pin = '"auto"' if ep == "auto" else ep
+    text = text.replace("[job]\n", f'[job]\nsharding = "zero1"\nep = {pin}\n')
+    text = text.replace('"clusters/', f'"{ROOT}/examples/clusters/').replace('"models/', f'"{ROOT}/examples/models/')
+    spec = tmp_path / "moe.toml"
+    spec.write_text(text)
+    assert _consistent(spec, tmp_path, simulate=False) is None
+    rc, err = _cli(["validate", str(spec)])
+    assert (rc, err.count("\n")) == ((0, 0) if ep == "auto" else (2, 0)), err
+    assert ep == "auto" or "sharding zero1 does not run with ep=8" in err

@@ -185,11 +185,11 @@ class PlanningContext:
         return CHECKPOINTING_ORDER if c == "auto" else (c,)
 
     def sharding_options(self) -> tuple[str, ...]:
-        """The shardings to try; under tensor parallelism not ZeRO-1, which the runtime refuses
-        with tp > 1 (runtime/trainer.py)."""
+        """The shardings to try; under tensor or expert parallelism not ZeRO-1, which the runtime
+        refuses with tp > 1 or ep > 1 (runtime.train_config, layout.tp_check.ep_problem)."""
         s = self.spec.job.sharding
         opts = SHARDING_ORDER if s == "auto" else (s,)
-        return tuple(x for x in opts if x != "zero1") if self.widest_tp > 1 else opts
+        return tuple(x for x in opts if x != "zero1") if self.widest_tp > 1 or self.ep > 1 else opts
 
     def tp_of(self, dc_name: str) -> int:
         """The tensor-parallel degree of a stage in this DC."""

@@ -25,8 +25,9 @@ def pin_problem(ctx: PlanningContext) -> str | None:
     job, cl = ctx.job, ctx.cluster
     if job.schedule == "zb-h1" and job.checkpointing in SELECTIVE:
         return ZB_SELECTIVE
-    if ctx.tp > 1 and not ctx.sharding_options():
-        return f"sharding zero1 does not run with tp={ctx.tp} (the runtime refuses it): use replicate, zero2 or zero3"
+    if not ctx.sharding_options():
+        what = f"tp={ctx.widest_tp}" if ctx.widest_tp > 1 else f"ep={ctx.ep}"
+        return f"sharding zero1 does not run with {what} (the runtime refuses it): use replicate, zero2 or zero3"
     if job.dp is None and job.pp is None:
         return None
     dp, tp = job.dp or 1, ctx.tp

@@ -33,7 +33,7 @@ def tp_groups(spec: Spec, profile: dict | None = None, regions: bool = True, mix
     ctxs = planning_contexts(spec, profile, mixed_tp)
     out = []
     for ctx in ctxs:
-        if len(ctxs) > 1 and not ctx.sharding_options():
+        if ctx is not ctxs[0] and not ctx.sharding_options():     # (the first: for pins.pin_problem to name)
             continue
         layouts = enumerate_layouts(ctx)
         if regions:
