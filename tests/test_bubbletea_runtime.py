@@ -58,6 +58,9 @@ def test_requests_during_training_are_prefilled_by_ranks_and_answered_once(tmp_p
         t.start()
         time.sleep(0.2)
     official = _official_client_checks(port)
+    with socket.create_connection(("127.0.0.1", port)) as bad:      # dropped with a line on the console
+        bad.sendall(b"\x00\x01garbage\r\n\r\n")
+        bad.recv(1024)
     for t in threads:
         t.join(200)
     out, _ = proc.communicate(timeout=300)
@@ -66,6 +69,9 @@ def test_requests_during_training_are_prefilled_by_ranks_and_answered_once(tmp_p
     assert len(official["client_ports"]) == 4 and len(set(official["client_ports"])) == 1, official
     assert official["training_step"] >= 1
     assert proc.returncode == 0, out
+    # The CLI sets logging up: the service's INFO lines (dropped clients) reach stderr, formatted.
+    assert " INFO geotrain.bubbletea: bubbletea: dropped a malformed request from 127.0.0.1:" in out, out
+    assert "Traceback" not in out, out
     assert len(answers) == len(prompts)
     ok = [d for s, d in answers if s == 200]
     assert len({d["id"] for d in ok}) == len(ok)                 # answered exactly once

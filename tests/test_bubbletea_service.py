@@ -43,7 +43,7 @@ def model():
 def service(model):
     ex = CountingExecutor(model)
     svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_prompt_tokens=48, max_new_tokens=8,
-                         token="s3cret", read_timeout_s=1.0)
+                         token="s3cret", read_timeout_s=1.0, head_timeout_s=1.0)
     host, port = svc.serve()
     yield svc, host, port
     svc.close()
@@ -175,25 +175,68 @@ def test_slow_head_and_slow_body_are_cut_off(service):
     slow.close()
 
 
-def test_connections_past_the_bound_get_503(model):
+def test_connections_past_the_bound_get_503(model, caplog):
+    """...and the refusals are one log line (uvicorn logged one per 503: a flood's worth)."""
     ex = DedicatedExecutor(model)
     svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2, max_connections=6)
     host, port = svc.serve()
     held = []
-    for _ in range(6):
-        s = socket.create_connection((host, port))
+    for i in range(6):          # from six addresses: one address holds a quarter of the slots at most
+        s = socket.create_connection((host, port), source_address=(f"127.0.0.{2 + i}", 0))
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         s.recv(4096)
         held.append(s)          # kept alive, idle
     try:
-        assert call(host, port, "GET", "/healthz", token=None)[0] == 503
+        with caplog.at_level(logging.INFO):
+            assert [call(host, port, "GET", "/healthz", token=None)[0] for _ in range(3)] == [503] * 3
     finally:
         for s in held:
             s.close()
+    said = [r.getMessage() for r in caplog.records if "concurrency" in r.getMessage()]
+    assert said == ["bubbletea: Exceeded concurrency limit."], said
     time.sleep(0.2)
     assert call(host, port, "GET", "/healthz", token=None)[0] == 200
     svc.close()
     ex.close()
+
+
+def test_one_address_dripping_heads_leaves_another_served(model):
+    """Slowloris: one address opens more connections than the service takes and sends its heads a
+    byte at a time; it held every slot until the head deadline (the rest got 503 or were closed).
+    Now it holds its share (max_connections // 4), and another address is answered at once."""
+    ex = DedicatedExecutor(model)
+    svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2, max_connections=8)
+    host, port = svc.serve()
+    drips = [socket.create_connection((host, port)) for _ in range(20)]
+    stop = threading.Event()
+
+    def drip() -> None:
+        while not stop.is_set():
+            for s in drips:
+                try:
+                    s.send(b"X-Slow: 1\r\n" if s.fileno() >= 0 else b"")
+                except OSError:
+                    pass
+            stop.wait(0.2)
+
+    dripper = threading.Thread(target=drip)
+    dripper.start()
+    try:
+        time.sleep(0.5)
+        t = time.monotonic()
+        c = http.client.HTTPConnection(host, port, timeout=10, source_address=("127.0.0.2", 0))
+        c.request("POST", "/v1/completions", json.dumps({"prompt": [1, 2, 3], "max_tokens": 2}))
+        r = c.getresponse()
+        assert r.status == 200 and json.loads(r.read())["choices"], r.status
+        assert time.monotonic() - t < 3
+        c.close()
+    finally:
+        stop.set()
+        dripper.join()
+        for s in drips:
+            s.close()
+        svc.close()
+        ex.close()
 
 
 def test_a_flood_holds_at_most_the_hard_cap_of_descriptors(model):
@@ -201,9 +244,9 @@ def test_a_flood_holds_at_most_the_hard_cap_of_descriptors(model):
     `ulimit -n 200` unable to open a file. Past twice max_connections a connection is closed at once."""
     ex = DedicatedExecutor(model)
     svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2, max_connections=4,
-                         read_timeout_s=30)
+                         head_timeout_s=30)
     host, port = svc.serve()
-    held = [socket.create_connection((host, port)) for _ in range(24)]
+    held = [socket.create_connection((host, port), source_address=(f"127.0.0.{2 + i}", 0)) for i in range(24)]
     try:
         closed = 0
         for s in held:

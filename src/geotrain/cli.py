@@ -3,6 +3,7 @@
 Each command is a module of `geotrain.commands` with `add_arguments(parser)` and `run(args) -> int`
 that calls one library function. `geotrain --help` prints this table without importing any of
 them (so it never loads torch or pydantic). A `GeotrainError` becomes a one-line message and exit 2.
+Logging is set up here, once (`console.configure_logging`, `--log-level` on every command).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import sys
 
 from geotrain import __version__
+from geotrain.console import LOG_LEVEL_ENV, LOG_LEVELS, configure_logging
 from geotrain.errors import GeotrainError, printable
 
 # name -> (module under geotrain.commands, one-line help), in the order `--help` lists them.
@@ -50,6 +52,8 @@ def command_parser(name: str):
     module = importlib.import_module(f"geotrain.commands.{module_name}")
     parser = argparse.ArgumentParser(prog=f"geotrain {name}", description=getattr(module, "DESCRIPTION", help_))
     module.add_arguments(parser)
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                        help=f"what geotrain logs on stderr (default: ${LOG_LEVEL_ENV}, else info); ranks inherit it")
     return module, parser
 
 
@@ -64,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     module, parser = command_parser(name)
     args = parser.parse_args(argv[1:])
     args.command = name
+    if args.log_level:
+        os.environ[LOG_LEVEL_ENV] = args.log_level      # the ranks and servers this command starts log alike
+    configure_logging()
     try:
         return int(module.run(args) or 0)
     except GeotrainError as e:

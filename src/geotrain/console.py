@@ -1,4 +1,4 @@
-"""Small helpers for what commands print: aligned tables, human units, a progress bar.
+"""Small helpers for what commands print: aligned tables, human units, a progress bar, the log set-up.
 
 Kept deliberately tiny and stable because every command imports it. The progress bar stays
 silent when stderr is not a terminal (CI logs, pipes, tests) so output files stay clean.
@@ -6,12 +6,18 @@ silent when stderr is not a terminal (CI logs, pipes, tests) so output files sta
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+LOG_LEVEL_ENV = "GEOTRAIN_LOG_LEVEL"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 _SI = [(1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
 
@@ -128,3 +134,34 @@ def progress(iterable: Iterable[T], total: int | None = None, desc: str = "",
     from tqdm import tqdm
 
     return tqdm(iterable, total=total, desc=desc or None, leave=False, file=sys.stderr, dynamic_ncols=True)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record is emitted (a redirect, a test's capture),
+    never to a stream that was replaced and closed since the set-up."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def configure_logging(level: str | None = None) -> None:
+    """One stderr handler on the root logger (a standard format; idempotent), geotrain's loggers at
+    `level`, else $GEOTRAIN_LOG_LEVEL, else info; other libraries' stay at warning. Without it Python
+    printed warnings bare and dropped info lines (the HTTP server's dropped and refused clients).
+    Called by the CLI and by each rank process, which inherit the level through the environment."""
+    name = (level or os.environ.get(LOG_LEVEL_ENV) or "info").lower()
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+        root.removeHandler(h)
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(handler)
+    logging.getLogger("geotrain").setLevel(name.upper() if name in LOG_LEVELS else logging.INFO)
+    if name not in LOG_LEVELS:
+        logging.getLogger("geotrain").warning("%s=%r is not one of %s; logging at info", LOG_LEVEL_ENV, name,
+                                              ", ".join(LOG_LEVELS))

@@ -3,9 +3,12 @@
 * the listening socket is bound here first, so a port in use is one line (GeotrainError), not a
   traceback from inside the server thread;
 * at most `max_connections` connections and requests at once (uvicorn answers 503 beyond);
+* at most `per_client` connections of one source address (default a quarter of max_connections;
+  past it that address's new ones are closed at once), so one client opening connections and
+  dripping their heads cannot hold every slot while others get 503 (slowloris);
 * a connection must deliver a complete request head within `header_timeout_s` of opening (or of
-  its previous answer): uvicorn's own keep-alive timer is reset by every byte, so a client
-  dripping a header a byte at a time would hold its connection forever;
+  its previous answer; a few seconds: a head is one packet): uvicorn's own keep-alive timer is
+  reset by every byte, so a client dripping a header a byte at a time would hold its connection forever;
 * request framing is strict (`_FramingGuard`): a request with both Content-Length and
   Transfer-Encoding -- the two framings a proxy and this server may read differently, so a second
   request smuggled behind the first's body would be served -- is answered 400 and its connection
@@ -19,7 +22,9 @@
   and a process out of descriptors anyway is one line per 10 s that accepting goes on -- asyncio
   logged a traceback per queued connection and scheduled a retry for each (10,084 tracebacks in
   8 s), so the loop runs with its own exception handler and accepts one connection per wake-up;
-* uvicorn's logging is left to the process's (one line per event, no access log).
+* each kind of dropped or refused client is one log line per 10 s at most, with the count of those
+  unsaid (the CLI sets logging up: `console.configure_logging`); uvicorn's own logging is left to
+  the process's (no access log).
 """
 
 from __future__ import annotations
@@ -44,32 +49,76 @@ log = logging.getLogger("geotrain.bubbletea")
 
 
 class _Said:
-    """One log line per `period_s` for a repeated event (a flood must not flood the console)."""
+    """One log line per `period_s` for a repeated event, saying how many went unsaid since the
+    previous one (a flood must not flood the console)."""
 
-    def __init__(self, period_s: float = 10.0):
-        self.period_s, self.last = period_s, -period_s
+    def __init__(self, period_s: float = 10.0, level: int = logging.WARNING):
+        self.period_s, self.level, self.last, self.unsaid = period_s, level, -period_s, 0
 
     def __call__(self, line: str) -> None:
-        if time.monotonic() - self.last >= self.period_s:
-            self.last = time.monotonic()
-            log.warning(line)
+        if time.monotonic() - self.last < self.period_s:
+            self.unsaid += 1
+            return
+        self.last = time.monotonic()
+        more = f" ({self.unsaid} more like it since the previous such line)" if self.unsaid else ""
+        self.unsaid = 0
+        log.log(self.level, line + more)
+
+
+class _UvicornLines:
+    """uvicorn's protocol logger, its per-request warnings rate-limited (`Exceeded concurrency limit.`
+    came once per 503: a flood's worth of lines); its bare `Invalid HTTP request received.` is left
+    out (`send_400_response` says it with the peer's address). Anything else goes through as is."""
+
+    UNSAID = "Invalid HTTP request received."
+
+    def __init__(self, logger: logging.Logger, said: dict):
+        self._logger, self._said = logger, said
+
+    def warning(self, msg, *args, **_kwargs) -> None:
+        if msg != self.UNSAID:
+            self._said.setdefault(msg, _Said())(f"bubbletea: {msg % args if args else msg}")
+
+    def __getattr__(self, name):
+        return getattr(self._logger, name)
+
+
+def _said_per_server() -> dict:
+    """The protocol class's counters and rate-limited lines: one set per server."""
+    return {"by_client": {}, "said": _Said(), "said_per_client": _Said(), "said_head": _Said(level=logging.INFO),
+            "said_bad": _Said(level=logging.INFO), "said_uvicorn": {}}
 
 
 class _HeadTimeoutH11(H11Protocol):
-    """H11Protocol that closes a connection whose request head is not complete in time, and any
-    connection past `hard_cap` open ones at once."""
+    """H11Protocol that closes a connection whose request head is not complete in time, and at once
+    any connection past `hard_cap` open ones or past `per_client` of its source address."""
 
-    head_timeout_s = 10.0
+    head_timeout_s = 3.0
     hard_cap = 512
-    said = _Said()
+    per_client = 64
+    by_client: dict[str, int] = {}          # open connections per source address (a dict per server)
+    said = said_per_client = said_head = said_bad = _Said()
+    said_uvicorn: dict[str, _Said] = {}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = _UvicornLines(self.logger, self.said_uvicorn)
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._head_timer = None
+        self._head_timer, self._source = None, None
+        source = self.client[0] if self.client else "?"
         if len(self.connections) > self.hard_cap:
             self.said(f"bubbletea: {self.hard_cap} connections are open already; closing new ones at once")
             transport.close()
             return
+        if self.by_client.get(source, 0) >= self.per_client:
+            self.said_per_client(f"bubbletea: {source} holds {self.per_client} connections already; "
+                                 "closing its new ones at once")
+            transport.close()
+            return
+        self._source = source
+        self.by_client[source] = self.by_client.get(source, 0) + 1
         self._arm()
 
     def on_response_complete(self) -> None:
@@ -79,7 +128,20 @@ class _HeadTimeoutH11(H11Protocol):
     def connection_lost(self, exc) -> None:
         if getattr(self, "_head_timer", None) is not None:
             self._head_timer.cancel()
+        source = getattr(self, "_source", None)
+        if source is not None:
+            self._source = None
+            left = self.by_client.get(source, 1) - 1
+            if left:
+                self.by_client[source] = left
+            else:
+                self.by_client.pop(source, None)
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """h11 could not parse the request (uvicorn's warning does not say whose it was)."""
+        self.said_bad(f"bubbletea: dropped a malformed request from {_peer(self.client)} ({msg.rstrip('.')})")
+        super().send_400_response(msg)
 
     def _arm(self) -> None:
         if self._head_timer is not None:
@@ -89,8 +151,8 @@ class _HeadTimeoutH11(H11Protocol):
     def _expire(self) -> None:
         waiting_for_head = self.cycle is None or self.cycle.response_complete
         if waiting_for_head and not self.transport.is_closing():
-            log.info("bubbletea: closed a connection from %s that sent no complete request in %.0f s",
-                     self.client, self.head_timeout_s)
+            self.said_head(f"bubbletea: closed a connection from {_peer(self.client)} that sent no complete "
+                           f"request in {self.head_timeout_s:g} s")
             self.transport.close()
 
 
@@ -123,7 +185,11 @@ class _FramingGuard:
 
 
 def _client(scope) -> str:
-    client = scope.get("client") or ("?", 0)
+    return _peer(scope.get("client"))
+
+
+def _peer(client) -> str:
+    client = client or ("?", 0)
     return f"{client[0]}:{client[1]}"
 
 
@@ -143,8 +209,9 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class HttpServer:
-    def __init__(self, app, max_connections: int = 256, header_timeout_s: float = 10.0):
+    def __init__(self, app, max_connections: int = 256, header_timeout_s: float = 3.0, per_client: int | None = None):
         self.app, self.max_connections, self.header_timeout_s = _FramingGuard(app), max_connections, header_timeout_s
+        self.per_client = per_client if per_client is not None else max(2, max_connections // 4)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -154,7 +221,8 @@ class HttpServer:
         because ranks never wait for the service past their bubble (see bubble_executor)."""
         sock = bind(host, port)
         protocol = type("HeadTimeoutH11", (_HeadTimeoutH11,), {"head_timeout_s": self.header_timeout_s,
-                                                               "hard_cap": self.hard_cap(), "said": _Said()})
+                                                               "hard_cap": self.hard_cap(),
+                                                               "per_client": self.per_client, **_said_per_server()})
         # backlog=1: how many accepts asyncio tries per wake-up (and retries it schedules when they
         # fail); the kernel's queue is set back to bind's 512 once serving (see the module docstring).
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off", http=protocol,

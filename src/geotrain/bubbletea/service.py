@@ -114,13 +114,14 @@ class PrefillService:
     def __init__(self, executor, decoder, *, max_queue: int = 32, max_prompt_tokens: int = 4096,
                  max_new_tokens: int = 64, vocab: int = 256, token: str | None = None,
                  request_timeout_s: float = 120.0, tokenizer=None, model_name: str = "geotrain-tiny",
-                 run_dir: str | None = None, max_connections: int = 256, read_timeout_s: float = 10.0):
+                 run_dir: str | None = None, max_connections: int = 256, read_timeout_s: float = 10.0,
+                 head_timeout_s: float = 3.0):
         self.executor, self.decoder = executor, decoder
         self.max_queue, self.max_prompt_tokens, self.max_new_limit = max_queue, max_prompt_tokens, max_new_tokens
         self.vocab, self.token, self.timeout = vocab, token, request_timeout_s
         self.tokenizer = tokenizer or ByteTokenizer()
         self.model_name, self.run_dir = model_name, run_dir
-        self.max_connections, self.read_timeout_s = max_connections, read_timeout_s
+        self.max_connections, self.read_timeout_s, self.head_timeout_s = max_connections, read_timeout_s, head_timeout_s
         self.context = getattr(decoder, "context", max_prompt_tokens + max_new_tokens)
         self.stats = Stats()
         self.accepting = True
@@ -201,7 +202,7 @@ class PrefillService:
         from geotrain.bubbletea.openai_api import build_app
 
         self._server = HttpServer(build_app(self), max_connections=self.max_connections,
-                                  header_timeout_s=self.read_timeout_s)
+                                  header_timeout_s=self.head_timeout_s)
         return self._server.start(host, port, idle_priority=idle_priority)
 
     def stop_accepting(self) -> None:

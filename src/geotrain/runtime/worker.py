@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from geotrain.console import configure_logging
 from geotrain.errors import GeotrainError
 from geotrain.process import exit_skipping_teardown
 from geotrain.runtime.cross_dc import bind_address
@@ -136,6 +137,7 @@ def write_error(e: BaseException) -> None:
 def main(argv: list[str] | None = None, bubble_hook: BubbleHookFactory | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _die_with_parent()
+    configure_logging()                 # the level the launcher's command was given ($GEOTRAIN_LOG_LEVEL)
     try:
         cases = read_run_config(Path(argv[0]))
         run_cases(cases, bubble_hook)
