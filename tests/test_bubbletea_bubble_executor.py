@@ -330,3 +330,31 @@ def test_the_executor_out_of_descriptors_backs_off_and_a_rank_still_joins(capfd)
     err = capfd.readouterr().err
     assert "executor: cannot accept a connection (Too many open files); backing off" in err, err
     assert "Traceback" not in err
+
+
+def test_an_opener_dripping_its_hello_is_dropped_at_the_handshake_deadline(capfd, monkeypatch):
+    """The executor's handshake timed each recv, so a byte every few seconds held a thread (and a
+    descriptor) for minutes, as many as were opened. Now it admits through transport.admission's
+    Gate: a deadline bytes do not extend, and a per-address cap."""
+    monkeypatch.setenv("GEOTRAIN_HANDSHAKE_TIMEOUT_S", "1")
+    ex = BubbleExecutor()
+    drip = socket.create_connection(tuple(ex.address))
+    t0, closed = time.monotonic(), False
+    try:
+        while time.monotonic() - t0 < 4 and not closed:
+            try:
+                drip.sendall(b"\x47")
+                drip.settimeout(0.3)
+                closed = drip.recv(1) == b""
+            except TimeoutError:
+                pass
+            except OSError:
+                closed = True
+        assert closed and time.monotonic() - t0 < 3, time.monotonic() - t0
+        while not ex.drops.dropped and time.monotonic() - t0 < 10:
+            time.sleep(0.02)
+    finally:
+        drip.close()
+        ex.close()
+    err = capfd.readouterr().err
+    assert "executor: dropped a connection from 127.0.0.1:" in err and "not finished within 1 s" in err, err

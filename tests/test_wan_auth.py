@@ -276,17 +276,31 @@ def test_tls_transfers_arrive_exactly_and_a_listener_refuses_plain_or_foreign_tl
 
 
 def test_the_wan_probe_serves_only_openers_with_its_secret(tmp_path):
+    """...and an opener dripping its hello is dropped at the handshake deadline (6 x 0.25 s here):
+    the probe's per-read timeout was restarted by every byte."""
     import subprocess
     import sys
 
     from geotrain.emulation.probe import SINK_HDR, probe_env
 
-    env = {**os.environ, **probe_env(tmp_path)}
+    env = {**os.environ, **probe_env(tmp_path), "GEOTRAIN_HANDSHAKE_TIMEOUT_S": "0.25"}
     probe = [sys.executable, "-m", "geotrain.emulation.probe"]
     srv = subprocess.Popen([*probe, "serve", "--host", "127.0.0.1"], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
         port = int(srv.stdout.readline().split()[1])
+        with socket.create_connection(("127.0.0.1", port)) as drip:
+            drip.settimeout(0.3)
+            t0, closed = time.monotonic(), False
+            while not closed and time.monotonic() - t0 < 4:
+                try:
+                    drip.sendall(b"\x47")
+                    closed = drip.recv(1) == b""
+                except TimeoutError:
+                    pass
+                except OSError:
+                    closed = True
+            assert closed and time.monotonic() - t0 < 3, time.monotonic() - t0
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:   # the old protocol: ping, no proof
             s.sendall(SINK_HDR.pack(b"P", 0.0) + b"x" * 64)
             echo = b""
@@ -306,7 +320,8 @@ def test_the_wan_probe_serves_only_openers_with_its_secret(tmp_path):
     finally:
         srv.kill()
     err = srv.communicate()[1]
-    assert err.count("geotrain emulation: probe: dropped a connection") == 1 and "Traceback" not in err, err
+    assert err.count("geotrain emulation: probe: dropped a connection from 127.0.0.1:") == 2, err
+    assert "not finished within 1.5 s" in err and "Traceback" not in err, err
 
 
 def test_a_secret_shared_through_the_store_is_warned_about_once(monkeypatch, capfd):

@@ -27,7 +27,7 @@ from geotrain.bubbletea.inference import KVCache, forward_with_cache, prefill
 from geotrain.bubbletea.prefill_cost import PrefillCost
 from geotrain.bubbletea.wire import ProtocolError, recv_frame, send_frame
 from geotrain.models.llama import UnitStack
-from geotrain.transport.admission import accept_loop
+from geotrain.transport.admission import Gate, accept_loop
 from geotrain.transport.auth import ANY_RANK, BUBBLETEA, DropLog, client_handshake, new_secret, server_handshake
 
 
@@ -59,14 +59,17 @@ class BubbleExecutor:
     Only ranks of this run may connect: the executor's secret is written to a 0600 file the ranks
     read, and a connection that fails `transport.auth`'s handshake, or whose hello names another
     rank than it proved, is logged in one line and dropped. The socket is local, so the opener is
-    what needs proving; the frames after it are not MAC'd. A late answer from a rank is dropped:
-    the service counts tokens as done only when the rank reports them."""
+    what needs proving; the frames after it are not MAC'd. Openers are admitted through
+    `transport.admission.Gate` (a handshake deadline bytes do not extend, a per-address cap), as the
+    WAN listeners are: a hello dripped a byte at a time held a thread and a descriptor each. A late
+    answer from a rank is dropped: the service counts tokens as done only when the rank reports them."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, min_chunk: int = 8, unix_path: str | None = None,
                  secret: bytes | None = None):
         self.min_chunk = min_chunk
         self.secret = secret or new_secret()         # what a rank must prove it holds (BubbleWorker.secret)
         self.drops = DropLog("executor", prefix="geotrain bubbletea")
+        self.gate = Gate()
         self._lock = threading.Lock()
         self._pending: collections.deque[_Job] = collections.deque()
         self._jobs: dict[int, _Job] = {}
@@ -149,19 +152,23 @@ class BubbleExecutor:
         accept_loop(self._sock, lambda: self._closed, self._start_rank,
                     lambda line: print(f"geotrain bubbletea: executor: {line}", file=sys.stderr, flush=True))
 
-    def _start_rank(self, conn: socket.socket, _addr) -> None:
+    def _start_rank(self, conn: socket.socket, addr) -> None:
         _nodelay(conn)
-        threading.Thread(target=self._serve_rank, args=(conn,), daemon=True).start()
+        addr = addr if isinstance(addr, tuple) else ("unix", "socket")     # a Unix socket's peer is ''
+        self.gate.serve(conn, addr, self._serve_rank, "bubble-rank", self.drops)
 
-    def _serve_rank(self, conn: socket.socket) -> None:
+    def _serve_rank(self, conn: socket.socket, addr, ticket) -> None:
         rank = None
         try:
             proved, _, _ = server_handshake(conn, self.secret, BUBBLETEA, ANY_RANK)
         except (OSError, ConnectionError) as e:
+            self.gate.done(ticket)
             conn.close()
             if not self._closed:
-                self.drops(f"dropped a connection: {e}")
+                why = f"handshake not finished within {ticket.limit_s:g} s" if ticket.expired else e
+                self.drops(f"dropped a connection from {addr[0]}:{addr[1]}: {why}")
             return
+        self.gate.done(ticket)
         try:
             hello, _ = recv_frame(conn)
             if int(hello["rank"]) != proved:

@@ -10,8 +10,10 @@ No torch import, so a probe process starts in a fraction of a second.
 
 Both ends read a secret from the 0600 file named by GEOTRAIN_SECRET_FILE (`probe_env` makes one),
 and every connection starts with `transport.auth`'s challenge-response handshake: the server talks only
-to openers that hold it, and logs any other connection in one line and drops it. What follows the
-handshake is plain TCP on purpose: the probe measures the network, not the cost of MACs.
+to openers that hold it, and logs any other connection in one line and drops it; openers are admitted
+through `transport.admission.Gate` (a deadline bytes do not extend, long enough for a sender's K
+connections handshaking one after another; a per-address cap). What follows the handshake is plain
+TCP on purpose: the probe measures the network, not the cost of MACs.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from geotrain.emulation.ports import spread_port_connections as open_connections
 from geotrain.errors import GeotrainError
-from geotrain.transport.admission import accept_loop
+from geotrain.transport.admission import TRUSTED_FACTOR, Gate, accept_loop, handshake_timeout
 from geotrain.transport.auth import (
     ANY_RANK,
     PROBE,
@@ -69,14 +71,17 @@ def _connect(host: str, port: int, k: int, secret: bytes) -> list[socket.socket]
     return socks
 
 
-def _handle(conn: socket.socket, secret: bytes, drops: DropLog) -> None:
+def _handle(conn: socket.socket, secret: bytes, drops: DropLog, gate: Gate, addr, ticket) -> None:
     try:
         tune(conn)
         try:
             server_handshake(conn, secret, PROBE, ANY_RANK)
         except ConnectionError as e:
-            drops(f"dropped a connection: {e}")
+            why = f"handshake not finished within {ticket.limit_s:g} s" if ticket.expired else e
+            drops(f"dropped a connection from {addr[0]}:{addr[1]}: {why}")
             return
+        finally:
+            gate.done(ticket)
         hdr = bytearray(SINK_HDR.size)
         recv_exact(conn, memoryview(hdr))
         mode, warm = SINK_HDR.unpack(hdr)
@@ -118,8 +123,10 @@ def serve(host: str, port: int = 0) -> None:
     ls.bind((host, port))
     ls.listen(256)
     print(f"port {ls.getsockname()[1]}", flush=True)
+    gate = Gate(handshake_s=TRUSTED_FACTOR * handshake_timeout())
     accept_loop(ls, lambda: False,              # out of descriptors: back off, accept again (admission)
-                lambda conn, _addr: threading.Thread(target=_handle, args=(conn, secret, drops), daemon=True).start(),
+                lambda conn, addr: gate.serve(conn, addr, lambda c, a, t: _handle(c, secret, drops, gate, a, t),
+                                              "probe", drops),
                 lambda line: print(f"geotrain emulation: probe: {line}", file=sys.stderr, flush=True))
 
 
