@@ -170,10 +170,11 @@ def whole_command(load_spec) -> str:
 
 def calibration() -> str:
     from geotrain.calibrate.gpu_runs import load_gpu_runs
-    from geotrain.calibrate.roofline_fit import fit_markdown, fit_rows
+    from geotrain.calibrate.roofline_fit import fit_markdown, fit_rows, score_passes_left
 
     print("\n[5] costs.roofline against the published per-layer profiles (one block, forward + backward)")
-    table = fit_markdown(fit_rows(load_gpu_runs(ROOT / "bench" / "data" / "gpu_runs")))
+    data = load_gpu_runs(ROOT / "bench" / "data" / "gpu_runs")
+    table = fit_markdown(fit_rows(data)) + "\n\n" + "\n".join(f"- {line}" for line in score_passes_left(data))
     print(table)
     return table
 

@@ -6,12 +6,13 @@ calibrate.roofline_fit)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from geotrain.calibrate.gpu_runs import load_gpu_runs
-from geotrain.calibrate.roofline_fit import fit_rows
+from geotrain.calibrate.roofline_fit import fit_rows, score_passes_left
 from geotrain.costs import CostModel
 from geotrain.models.presets import PRESETS
 from geotrain.spec.cluster import BUILTIN_GPU_TYPES, Datacenter
@@ -68,3 +69,14 @@ def test_regression_table(rows):
     assert errors[len(errors) // 2] <= 0.10
     assert sum(e <= 0.10 for e in errors) >= 35
     assert errors[-1] <= 0.33
+
+
+def test_one_attention_pass_count_cannot_fit_both_models():
+    """Why the regression table stops short of every point within 10 %: OPT-350's materialized
+    attention costs more per score element than GPT-Neo-2.7's in the published profiles. A pass
+    count shared by both models needs a GEMM plateau beyond the peak on both GPUs (A100 ~4x: even
+    at TF32's peak GPT-Neo leaves ~27 passes over its scores where OPT needs ~36)."""
+    needed = {line.split(":")[0]: float(re.search(r"plateau of ([0-9.]+)", line).group(1))
+              for line in score_passes_left(load_gpu_runs(DATA)) if "one count" in line}
+    assert set(needed) == {"A100-40", "GH-96"}
+    assert needed["A100-40"] > 3 and needed["GH-96"] > 1, needed

@@ -83,3 +83,45 @@ def fit_markdown(rows: list[FitRow]) -> str:
                f"{100 * sum(errs) / len(errs):.1f} %, 90th percentile {100 * errs[int(0.9 * len(errs))]:.1f} %, "
                f"worst {100 * errs[-1]:.1f} %; within 10 %: {sum(e <= 0.10 for e in errs)} of {len(errs)}")
     return "\n".join(out)
+
+
+def _passes_left(per_sample_s: float, spec: ModelSpec, peak: float, bandwidth: float, eff: float) -> float:
+    """One block's per-sample time less its linear GEMMs at eff x peak and costs.roofline's
+    element-wise bytes (norms, adds, activation) at HBM bandwidth, in passes over its fp32 scores."""
+    h, s = spec.hidden, spec.seq_len
+    gemm = 3 * 2 * 12 * h * h * s                      # q/k/v, output, MLP: forward + backward FLOPs
+    elementwise = 4 * s * (30 * h + 9 * 4 * h)
+    return (per_sample_s - gemm / (peak * eff) - elementwise / bandwidth) * bandwidth / (4 * spec.heads * s * s)
+
+
+def score_passes_left(data: GpuRunData) -> list[str]:
+    """Why one pass count for materialized attention cannot fit both models: per GPU and model, the
+    published per-sample time of one block (tp 1, the largest micro-batch) as `_passes_left`, the
+    GEMMs at the peak and at the GPU type's plateau. costs.roofline charges 11 (forward 4, backward
+    7, the attention GEMMs' own reads and writes included); a count shared by both models needs
+    OPT's and GPT-Neo's to meet, which takes the plateau printed (above 1: beyond the peak)."""
+    out = []
+    for gpu, (peak, bandwidth, builtin) in GPUS.items():
+        plateau = BUILTIN_GPU_TYPES[builtin].efficiency
+        per_model = {}
+        for model in ("OPT-350", "GPT-Neo-2.7"):
+            spec = block_spec(data, model)
+            e = max((e for e in data.profiles[model][gpu] if int(e["tp"]) == 1), key=lambda e: int(e["mbs"]))
+            blocks = range(1, spec.layers + 1)
+            t = sum(e["fwd_s"][i] + e["bwd_s"][i] for i in blocks) / len(blocks) / int(e["mbs"])
+            per_model[model] = (t, spec)
+            out.append(f"{gpu} {model}: {1e3 * t:.2f} ms a sample (tp 1, micro-batch {e['mbs']}); score passes "
+                       f"left, GEMMs at the peak {_passes_left(t, spec, peak, bandwidth, 1.0):.1f}, at the "
+                       f"plateau {plateau:g} {_passes_left(t, spec, peak, bandwidth, plateau):.1f}")
+
+        def gap(eff: float, per_model=per_model, peak=peak, bandwidth=bandwidth) -> float:
+            opt, neo = (_passes_left(*per_model[m], peak, bandwidth, eff) for m in ("OPT-350", "GPT-Neo-2.7"))
+            return opt - neo
+
+        lo, hi = 0.05, 10.0
+        for _ in range(60):       # bisect the plateau at which the two counts meet
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if gap(lo) * gap(mid) > 0 else (lo, mid)
+        out.append(f"{gpu}: one count for both models needs a GEMM plateau of {lo:.2f} x peak "
+                   f"({_passes_left(*per_model['OPT-350'], peak, bandwidth, lo):.1f} passes)")
+    return out
