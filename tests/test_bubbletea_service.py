@@ -175,6 +175,33 @@ def test_slow_head_and_slow_body_are_cut_off(service):
     slow.close()
 
 
+def test_an_idle_keep_alive_is_closed_quietly_a_silent_opener_with_a_line(model, caplog):
+    """The 3 s head deadline also ends idle keep-alive connections (uvicorn's own timer is 5 s):
+    that is a client's pool at rest, not a line for the console; an opener that never sent a head is."""
+    ex = DedicatedExecutor(model)
+    svc = PrefillService(ex, DecodeWorker(model), max_queue=4, max_new_tokens=2, head_timeout_s=0.5)
+    host, port = svc.serve()
+    pooled = http.client.HTTPConnection(host, port, timeout=10)
+    pooled.request("GET", "/healthz")
+    assert pooled.getresponse().read()
+    silent = socket.create_connection((host, port))
+    silent_port = silent.getsockname()[1]
+    try:
+        with caplog.at_level(logging.INFO, logger="geotrain.bubbletea"):
+            silent.settimeout(5)
+            assert silent.recv(1) == b""                      # closed at the deadline
+            pooled.sock.settimeout(5)
+            assert pooled.sock.recv(1) == b""                 # so is the idle keep-alive
+            time.sleep(0.2)
+    finally:
+        silent.close()
+        pooled.close()
+        svc.close()
+        ex.close()
+    said = [r.getMessage() for r in caplog.records if "no complete request" in r.getMessage()]
+    assert len(said) == 1 and f"from 127.0.0.1:{silent_port} that" in said[0], said
+
+
 def test_connections_past_the_bound_get_503(model, caplog):
     """...and the refusals are one log line (uvicorn logged one per 503: a flood's worth)."""
     ex = DedicatedExecutor(model)

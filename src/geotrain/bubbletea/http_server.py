@@ -123,6 +123,7 @@ class _HeadTimeoutH11(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._served = True
         self._arm()
 
     def connection_lost(self, exc) -> None:
@@ -151,8 +152,9 @@ class _HeadTimeoutH11(H11Protocol):
     def _expire(self) -> None:
         waiting_for_head = self.cycle is None or self.cycle.response_complete
         if waiting_for_head and not self.transport.is_closing():
-            self.said_head(f"bubbletea: closed a connection from {_peer(self.client)} that sent no complete "
-                           f"request in {self.head_timeout_s:g} s")
+            if not (getattr(self, "_served", False) and not self.conn.trailing_data[0]):   # not a keep-alive's end
+                self.said_head(f"bubbletea: closed a connection from {_peer(self.client)} that sent no complete "
+                               f"request in {self.head_timeout_s:g} s")
             self.transport.close()
 
 
