@@ -134,7 +134,10 @@ class GradNorm:
     the sum waiting; the others get the total about when they would get stage 0's next activations.
     The scalars travel as CPU tensors (gloo): ranks sharing one GPU could not exchange them over
     NCCL, and the host needs the norm anyway; each cross-stage wait is bounded by the outage limit
-    and names its peer."""
+    and names its peer. A gloo send leaves only once its receiver has posted the receive (the
+    receiver's notice crosses the link first), so `post` puts both receives up before the step's
+    iteration: a receive posted when the stage is done would cost a WAN round trip, not a one-way
+    trip, on stage 0's critical path."""
 
     def __init__(self, plan, rank: int, device: torch.device, limit_s: float = 300.0):
         stage, replica, t = plan.coords(rank)
@@ -158,6 +161,7 @@ class GradNorm:
 
         self.from_up, self.to_down = source(stage + 1), targets(stage - 1)      # the partial sums
         self.from_down, self.to_up = source(stage - 1), targets(stage + 1)      # the total
+        self._posted = None
 
     def _wait(self, work, peer: int | None) -> None:
         limit = self.limit_s
@@ -167,21 +171,32 @@ class GradNorm:
             raise RuntimeError(f"gradient norm exchange with rank {peer}: no answer within {limit:.0f} s "
                                f"(--outage-limit; did a peer rank stop?) [{str(e).strip()[:120]}]") from None
 
+    def post(self) -> None:
+        """Post this step's receives (the partial sum from the next stage, the total from the
+        previous one) before the step's iteration runs, so each arrives one latency after it is sent."""
+        def recv(peer: int | None, tag: int):
+            if peer is None:
+                return None
+            buf = torch.empty(1, dtype=torch.float64)
+            return buf, dist.irecv(buf, peer, tag=tag)
+        self._posted = recv(self.from_up, NORM_TAG), recv(self.from_down, NORM_TAG + 1)
+
     def start(self, local: torch.Tensor):
         """Sum `local_sq_sum` over the stage (inside its DC), add the partial sum of the stages after
         this one and pass it on towards stage 0, without waiting for it to leave."""
+        if self._posted is None:
+            self.post()
+        (up, total), self._posted = self._posted, None
         acc = local.detach().reshape(1).to("cpu", torch.float64)
         if self.stage_group is not None:
             dist.all_reduce(acc, group=self.stage_group)
-        if self.from_up is not None:
-            up = torch.empty_like(acc)
-            self._wait(dist.irecv(up, self.from_up, tag=NORM_TAG), self.from_up)
-            acc = up + acc                 # later stages first: the same order of additions everywhere
+        if up is not None:
+            self._wait(up[1], self.from_up)
+            acc = up[0] + acc              # later stages first: the same order of additions everywhere
         works = [(dist.isend(acc, peer, tag=NORM_TAG), peer) for peer in self.to_down]
-        total = torch.empty_like(acc) if self.from_down is not None else acc
-        if self.from_down is not None:
-            works.append((dist.irecv(total, self.from_down, tag=NORM_TAG + 1), self.from_down))
-        return total, works
+        if total is None:
+            return acc, works
+        return total[0], works + [(total[1], self.from_down)]
 
     def finish(self, pending) -> float:
         """The norm over every stage: stage 0's sum, passed on up the chain."""

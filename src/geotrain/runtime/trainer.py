@@ -128,8 +128,10 @@ class Trainer:
     def step(self, step: int, batches: Batches) -> StepResult:
         """One optimizer step on `batches` (this rank's micro-batches; {} where it holds neither end)."""
         # With the norm exchange, the boundary sends are waited for after its partial is posted.
-        self._defer = self.clip > 0 and self.norm is not None and not self.scaler.enabled and \
-            hasattr(self.runner, "finish_sends")
+        exchange = self.clip > 0 and self.norm is not None and not self.scaler.enabled
+        self._defer = exchange and hasattr(self.runner, "finish_sends")
+        if exchange:
+            self.norm.post()                # its receives up before the iteration (GradNorm's docstring)
         loss_local = self.runner.run_iteration(batches, loss_scale=self.scaler.scale,
                                                **({"wait_sends": False} if self._defer else {}))
         if step in self.inject_inf:
@@ -175,7 +177,9 @@ class Trainer:
             sq = self._sq()
             if self.norm is None:
                 return False, None, float(sq) ** 0.5
-            pending = self.norm.start(sq)
+            t = self.recorder.mark()
+            pending = self.norm.start(sq)       # the stage's sum, and the partial of the stages after it
+            self.recorder.add("recv_wait", t, self.recorder.mark(), stage=-1)
             if self._defer:
                 self.runner.finish_sends()
             t = self.recorder.mark()
