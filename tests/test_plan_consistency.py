@@ -1,22 +1,28 @@
-"""Consistency (#27 item 4): a spec `validate` and `plan` accept is one the later commands accept.
-Over every example, the specs that pin a tensor-parallel degree against odd model widths (the
-issue's case: tp = 4 with ffn = 2731 was validated and planned, then refused by simulate) and a
-seeded part of the mutated-spec fuzz corpus (test_spec_fuzz.specs): validate -> plan --out ->
-the plan file through `check_plan_for_spec` -- what simulate, train and rehearse each run before
-anything starts -- and through `simulate` itself.
+"""Consistency (#27 item 4): a spec `validate` and `plan` accept is one `simulate`, `train` and
+`rehearse` accept; a spec they refuse, train and rehearse refuse too, in one line.
 
-train and rehearse are judged by that shared check here, not run: they launch ranks (tens of
-seconds each); test_cli_train and test_rehearse run them on the tiny examples.
+Over every example, the specs that pin a tensor-parallel degree against odd model widths (the
+issue's case: tp = 4 with ffn = 2731 was validated and planned, then refused by simulate), a
+few cross-DC / schedule / sharding variants and a seeded part of the mutated-spec fuzz corpus
+(test_spec_fuzz.specs): validate -> plan --out -> the plan file through `check_plan_for_spec`,
+`simulate`, and `train` and `rehearse` up to the moment they would start a process (the CLI
+in-process with the process starter replaced: every check either makes before a rank, a
+namespace or a host starts, at the plan's full size). Then the plan is shrunk
+(tests/_tiny_plan.py: same layout choices at a few CPU ranks) and that plan is accepted too; a
+fixed sample of the tiny plans trains for real (`geotrain train`, 1 step) and one is rehearsed
+(`geotrain rehearse`, root; CI runs as root, so it never skips).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import random
 from pathlib import Path
 
 import pytest
+from _tiny_plan import shrink
 
 from geotrain.cli import main
 from geotrain.layout.plan import load_plan
@@ -27,24 +33,61 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.toml"))
 
 
+class _WouldStart(BaseException):
+    """Raised where train or rehearse would start its first process: everything before it accepted."""
+
+
+def _would_start(*_a, **_k):
+    raise _WouldStart
+
+
+@pytest.fixture(autouse=True)
+def _no_processes(monkeypatch):
+    """train and rehearse run in-process up to their first process: the rank launcher, the DiLoCo
+    workers' store, the rehearsal's namespaces. A full-size plan's thousands of ranks pass the
+    local-process limit (a machine's, not the plan's: GEOTRAIN_MAX_LOCAL_RANKS)."""
+    from geotrain.orchestrate import rehearse_run
+    from geotrain.runtime import diloco_launch, launch
+
+    monkeypatch.setattr(launch, "launch_ranks", _would_start)
+    monkeypatch.setattr(diloco_launch, "_start_store", _would_start)
+    monkeypatch.setattr(rehearse_run, "run_rehearsal", _would_start)
+    monkeypatch.setenv("GEOTRAIN_MAX_LOCAL_RANKS", str(10**8))
+
+
 def _cli(argv: list[str]) -> tuple[int, str]:
+    """(exit status, stderr) of the CLI in-process; 0 for a train/rehearse that reached its first process."""
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         try:
             rc = main(argv)
         except SystemExit as e:
             rc = e.code if isinstance(e.code, int) else 2
+        except _WouldStart:
+            rc = 0
     return rc, err.getvalue().strip()
 
 
-def _consistent(spec_path: Path, tmp: Path, simulate: bool = True) -> str | None:
-    """None, or what broke the chain: validate and plan accept, a later command refuses."""
+def _later_commands(source: Path, tmp: Path) -> list[tuple[str, int, str]]:
+    """(command, exit status, stderr) of train and rehearse on `source` (up to their first process)."""
+    out = tmp / f"{source.stem}.runs"
+    return [("train", *_cli(["train", str(source), "--steps", "1", "--wan", "shaper", "--no-progress",
+                             "--out", str(out / "train")])),
+            ("rehearse", *_cli(["rehearse", str(source), "--steps", "1", "--no-compare", "--out", str(out / "rh")]))]
+
+
+def _consistent(spec_path: Path, tmp: Path, simulate: bool = True, later: bool = True) -> str | None:
+    """None, or what broke the chain: validate and plan accept, a later command refuses (at full
+    size or shrunk); or they refuse and train or rehearse does not, or not in one line."""
     rc, err = _cli(["validate", str(spec_path)])
+    if rc == 0:
+        out = tmp / f"{spec_path.stem}.plan.json"
+        rc, err = _cli(["plan", str(spec_path), "--out", str(out), "--top-k", "1"])
     if rc != 0:
-        return None
-    out = tmp / f"{spec_path.stem}.plan.json"
-    rc, err = _cli(["plan", str(spec_path), "--out", str(out), "--top-k", "1"])
-    if rc != 0:
+        if later:
+            for cmd, rc2, err2 in _later_commands(spec_path, tmp):
+                if rc2 == 0 or err2.count("\n") or not err2:
+                    return f"{spec_path.name}: validate/plan refuse ({err}); {cmd} says rc={rc2}: {err2[-300:]!r}"
         return None
     problem = plan_spec_problem(load_spec(spec_path), load_plan(out)[0])
     if problem:
@@ -53,7 +96,46 @@ def _consistent(spec_path: Path, tmp: Path, simulate: bool = True) -> str | None
         rc, err = _cli(["simulate", str(out), "--out", str(tmp / f"{spec_path.stem}.sim"), "--iterations", "1"])
         if rc != 0:
             return f"{spec_path.name}: validate and plan accept it; simulate refuses: {err}"
+    if later:
+        tiny = tmp / f"{spec_path.stem}.tiny.json"
+        tiny.write_text(json.dumps(shrink(json.loads(out.read_text()))))
+        for source in (out, tiny):
+            for cmd, rc, err in _later_commands(source, tmp):
+                if cmd == "rehearse" and load_plan(source)[0].num_workers > 1 and rc == 2 and \
+                        err.count("\n") == 0 and "does not rehearse DiLoCo yet" in err:
+                    continue        # the one gap left: rehearse refuses DiLoCo in one line (issue #27)
+                if rc != 0:
+                    return f"{spec_path.name}: validate and plan accept it; {cmd} refuses {source.name}: {err}"
     return None
+
+
+def _variant(tmp: Path, example: str, **job) -> Path:
+    """`example` with [job] keys replaced (a table as a dotted key), its cluster and model files absolute."""
+    text = (ROOT / "examples" / example).read_text()
+    text = text.replace('"clusters/', f'"{ROOT}/examples/clusters/').replace('"models/', f'"{ROOT}/examples/models/')
+    head, _, rest = text.partition("[job]\n")
+    keep = [ln for ln in rest.splitlines() if ln.split("=")[0].strip() not in job]
+    pins = [f"{k} = {json.dumps(v)}" for k, v in job.items() if v is not None]
+    path = tmp / f"{Path(example).stem}-{len(list(tmp.glob('*-v*.toml')))}-v.toml"
+    path.write_text(head + "[job]\n" + "\n".join(pins + keep) + "\n")
+    return path
+
+
+# What the examples leave out: DiLoCo (streaming too), a pinned tp, zero1, compressed boundaries, every schedule.
+VARIANTS = [("tiny_2dc.toml", {"cross_dc": "diloco", "pp": None}),
+            ("tiny_2dc.toml", {"cross_dc": "diloco", "pp": None, "diloco.fragments": 2, "diloco.inner_steps": 4}),
+            ("tiny_2dc.toml", {"boundary_compression": "int8", "schedule": "gpipe", "sharding": "zero1"}),
+            ("llama1b_a100_3dc.toml", {"tp": 2}),
+            ("llama1b_a100_3dc.toml", {"schedule": "interleaved", "precision": "fp16", "checkpointing": "selective"}),
+            ("opt350m_a100_5zone.toml", {"schedule": "interleaved", "sharding": "zero1"}),
+            ("mixtral_8x7b_h100_3dc.toml", {"schedule": "zb-h1", "checkpointing": "full", "precision": "fp32"})]
+
+
+@pytest.mark.parametrize("example, job", VARIANTS, ids=[f"{e}-{i}" for i, (e, _) in enumerate(VARIANTS)])
+def test_variants_are_accepted_by_every_command(example, job, tmp_path):
+    spec = _variant(tmp_path, example, **job)
+    assert _consistent(spec, tmp_path, simulate=False) is None
+    assert (tmp_path / f"{spec.stem}.plan.json").is_file(), _cli(["plan", str(spec)])[1]    # planned, not refused
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.layout.plan import Plan
+from geotrain.orchestrate.spec_check import load_experiment
 from geotrain.orchestrate.training_run import TrainResult
 from geotrain.orchestrate.training_run import train as _train
 from geotrain.planner.confirm import make_plan
@@ -25,12 +26,12 @@ __all__ = ["TrainConfig", "TrainResult", "load_spec", "plan", "simulate", "train
 def plan(spec: Spec | str | Path, **options: Any) -> PlanResult:
     """The planner's choice for `spec` (`geotrain plan`): `.plan` is the Plan, `.iteration_s` its
     simulated iteration time. Options as `planner.confirm.make_plan` (top_k, objective, ...)."""
-    return make_plan(spec if isinstance(spec, Spec) else load_spec(spec), **options)
+    return make_plan(spec if isinstance(spec, Spec) else load_experiment(spec), **options)
 
 
 def simulate(spec: Spec | str | Path, plan: Plan | None = None, iterations: int = 1) -> SimResult:
     """Simulate `plan` (default: the planner's choice) on `spec`'s cluster: `.metrics`, `.trace`."""
-    spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    spec = spec if isinstance(spec, Spec) else load_experiment(spec)
     return _simulate(spec, plan if plan is not None else make_plan(spec).plan, iterations=iterations)
 
 

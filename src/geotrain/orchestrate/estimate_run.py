@@ -13,9 +13,9 @@ from geotrain.costs import CostModel
 from geotrain.costs.unit_times import read_unit_profile
 from geotrain.errors import SpecError
 from geotrain.layout.peaks import stage_peaks
+from geotrain.orchestrate.spec_check import load_experiment
 from geotrain.planner.manual import plan_from_job
 from geotrain.schedule.builders import schedule_for_plan
-from geotrain.spec.load import load_spec
 
 
 def _stage_peaks(spec, plan) -> tuple[list[tuple], str]:
@@ -66,7 +66,7 @@ def _unit_groups(model, chunks):
 
 def print_estimate(spec_path: str, profile_path: str | None = None, say=print) -> None:
     """The cost model's view of the layout `spec_path`'s job pins (see the module docstring)."""
-    spec = load_spec(spec_path)
+    spec = load_experiment(spec_path)
     plan = plan_from_job(spec, virtual_per_stage=2 if spec.job.schedule == "interleaved" else 1, fit=False)
     profile = read_unit_profile(profile_path) if profile_path else None
     try:

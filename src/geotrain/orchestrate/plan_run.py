@@ -22,11 +22,11 @@ from geotrain.layout.price import (
     gpu_cost_per_hour,
     wan_bytes_per_link,
 )
+from geotrain.orchestrate.spec_check import load_experiment
 from geotrain.planner.confirm import evaluate_baselines, make_plan, sweep
 from geotrain.planner.modes import evaluate_modes, format_modes
 from geotrain.planner.whatif import check_plot_path, parse_sweep, plot
 from geotrain.report.pareto import draw_pareto
-from geotrain.spec.load import load_spec
 
 
 def _fmt_gpus(d: dict[str, int]) -> str:
@@ -60,7 +60,7 @@ def plan_command(spec_path: str, out: str | None = None, compare: bool = False, 
     each value of one setting and plot it); `out`: write the plan file."""
     if top_k < 1:
         raise GeotrainError("--top-k must be >= 1")
-    spec = load_spec(spec_path)
+    spec = load_experiment(spec_path)
     if sweep:
         return _run_sweep(spec, sweep, out, plot, top_k, say)
     if pareto:

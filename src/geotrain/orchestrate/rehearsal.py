@@ -76,7 +76,8 @@ class Rehearsal:
 
 def dc_blocks(plan) -> list[tuple[str, list[int]]]:
     """(datacenter, its ranks) in the plan's order; a torchrun numbers one node's ranks
-    contiguously, so each datacenter's ranks must be one block."""
+    contiguously, so each datacenter's ranks must be one block. A plan in one datacenter is one
+    host: no WAN, still torchrun's agent, rendezvous and store as a cluster runs them."""
     blocks: list[tuple[str, list[int]]] = []
     for r in range(plan.num_ranks):
         dc = plan.dc_of_rank(r)
@@ -87,8 +88,6 @@ def dc_blocks(plan) -> list[tuple[str, list[int]]]:
                                 "datacenter cannot start them")
         else:
             blocks.append((dc, [r]))
-    if len(blocks) < 2:
-        raise GeotrainError("the plan uses one datacenter: there is no WAN to rehearse (use `geotrain train`)")
     if len(blocks) > 9:
         raise GeotrainError(f"the plan uses {len(blocks)} datacenters; rehearse emulates at most 9")
     return blocks

@@ -17,11 +17,11 @@ import torch
 from geotrain.console import human_bytes, sent_received
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import load_plan, plan_spec, save_plan
-from geotrain.layout.plan_check import check_plan_for_spec
 from geotrain.layout.wan_bytes import predicted_link_bytes
-from geotrain.orchestrate.rehearsal import losses_of, median_step_s, run_rehearsal
+from geotrain.orchestrate.rehearsal import dc_blocks, losses_of, median_step_s, run_rehearsal
+from geotrain.orchestrate.spec_check import load_experiment
 from geotrain.planner.confirm import make_plan
-from geotrain.spec import load_spec
+from geotrain.runtime.train_config import runnable_schedule
 from geotrain.trace.schema import json_text
 
 
@@ -39,6 +39,7 @@ def rehearse(source: str, out: str | None = None, steps: int | None = None, data
     if compare_with and not (Path(compare_with) / "losses.jsonl").is_file():
         raise GeotrainError(f"--compare-with {compare_with}: no losses.jsonl there")
     spec, plan, name = _plan(Path(source))
+    check_rehearsable(spec, plan)
     run_dir = Path(out or Path("runs") / f"{name}-rehearse")
     run_dir.mkdir(parents=True, exist_ok=True)
     plan_path = run_dir / "rehearse_plan.json"          # one plan file: every host and the comparison train it
@@ -58,7 +59,7 @@ def rehearse(source: str, out: str | None = None, steps: int | None = None, data
     same = _compare(losses, step, other, report, say) if other is not None else True
     if result.links:
         say("\n".join(_link_lines(result.links)))
-    if result.link_bytes:
+    if result.link_bytes and len(result.hosts) > 1:     # (one host: no WAN, nothing to compare)
         say("WAN bytes (emulated links, whole run, the process group's collectives included): "
             + sent_received(result.link_bytes))
         backend = "nccl" if torch.cuda.is_available() else "gloo"     # the ranks ran on this host
@@ -68,14 +69,24 @@ def rehearse(source: str, out: str | None = None, steps: int | None = None, data
     return same
 
 
+def check_rehearsable(spec, plan) -> None:
+    """Refuse in one line, before any namespace or host starts, what a host's `geotrain train` or
+    the rehearsal would refuse: a plan no rank can run (train's own check), a DiLoCo plan (each
+    worker is a torchrun job of its own, with the workers' store: not rehearsed yet), a
+    datacenter's ranks not in one block, more datacenters than the emulation holds."""
+    runnable_schedule(spec, plan)
+    if plan.num_workers > 1:
+        raise GeotrainError(f"the plan trains {plan.num_workers} DiLoCo workers; rehearse runs one torchrun job per "
+                            "datacenter and does not rehearse DiLoCo yet (train it with `geotrain train`)")
+    dc_blocks(plan)
+
+
 def _plan(path: Path):
-    """(spec, plan, the run's name): a plan file's (checked against its experiment), else the planner's choice."""
+    """(spec, plan, the run's name): a plan file's, else the planner's choice (both checked by check_rehearsable)."""
     if path.suffix == ".json":
         plan, doc = load_plan(path)
-        spec = plan_spec(doc, path)
-        check_plan_for_spec(spec, plan)       # before any host's ranks start
-        return spec, plan, Path(doc.get("spec") or path).stem
-    spec = load_spec(path)
+        return plan_spec(doc, path), plan, Path(doc.get("spec") or path).stem
+    spec = load_experiment(path)
     return spec, make_plan(spec).plan, path.stem
 
 

@@ -23,6 +23,7 @@ from geotrain.layout.plan import load_plan, plan_spec, save_plan
 from geotrain.layout.plan_check import check_plan_for_spec
 from geotrain.layout.workers import describe_outer
 from geotrain.orchestrate.schedule_kinds import compare_schedules
+from geotrain.orchestrate.spec_check import load_experiment
 from geotrain.planner.confirm import make_plan
 from geotrain.planner.variants import schedule_variant
 from geotrain.report.build import build_report
@@ -30,7 +31,6 @@ from geotrain.report.summary import bubble_summary, gpu_memory_per_dc, metrics_d
 from geotrain.report.timeline import draw_timeline
 from geotrain.schedule.builders import BUILDERS
 from geotrain.sim import SimResult, simulate
-from geotrain.spec import load_spec
 from geotrain.trace.chrome import write_chrome
 from geotrain.trace.metrics import trace_columns
 from geotrain.trace.rank_roles import rank_layout
@@ -93,7 +93,7 @@ def _experiment(source: str, plan_path: str | None):
             raise GeotrainError("give a plan file either as SPEC_OR_PLAN or as --plan, not both")
         plan, doc = load_plan(source)
         return plan_spec(doc, source), plan
-    spec = load_spec(source)
+    spec = load_experiment(source)
     return spec, load_plan(plan_path)[0] if plan_path else None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from geotrain.bubbletea.simulated import parse_workload
 from geotrain.errors import GeotrainError
 from geotrain.planner.manual import plan_from_job
-from geotrain.spec.load import is_experiment, load_spec, validate_file
+from geotrain.spec.load import Spec, is_experiment, load_spec, validate_file
 
 
 def validate_files(paths: list[str], say=print, complain=print) -> int:
@@ -30,9 +30,17 @@ def validate_files(paths: list[str], say=print, complain=print) -> int:
     return failed
 
 
-def check_experiment(path: str) -> None:
-    """What estimate, plan and simulate check after loading the spec (raises GeotrainError)."""
+def load_experiment(path) -> Spec:
+    """An experiment TOML as every command loads it: the spec, with its [bubbletea] workload
+    checked (only `simulate --bubbletea` reads it, but a spec validate refuses is refused by
+    plan, train and the rest alike, not accepted by some)."""
     spec = load_spec(path)
-    plan_from_job(spec, virtual_per_stage=2 if spec.job.schedule == "interleaved" else 1)
     if spec.bubbletea is not None:
         parse_workload(None, spec.bubbletea)
+    return spec
+
+
+def check_experiment(path: str) -> None:
+    """What estimate, plan and simulate check after loading the spec (raises GeotrainError)."""
+    spec = load_experiment(path)
+    plan_from_job(spec, virtual_per_stage=2 if spec.job.schedule == "interleaved" else 1)

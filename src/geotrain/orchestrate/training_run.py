@@ -24,6 +24,7 @@ from geotrain.calibrate.profile_file import load_profile
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan, load_plan, plan_spec
 from geotrain.orchestrate.local_run import train_locally
+from geotrain.orchestrate.spec_check import load_experiment
 from geotrain.planner.confirm import make_plan
 from geotrain.process import exit_skipping_teardown
 from geotrain.report.curves import draw_curves
@@ -35,7 +36,7 @@ from geotrain.runtime.rank_model import check_host_dc, report_rank
 from geotrain.runtime.run_lock import run_dir_lock
 from geotrain.runtime.train_config import RunCase, TrainConfig
 from geotrain.runtime.worker import run_cases
-from geotrain.spec import Spec, load_spec
+from geotrain.spec import Spec
 from geotrain.transport.tls import check_tls_available
 
 PLAN_OVERRIDES = ("schedule", "precision", "checkpointing", "sharding")
@@ -86,7 +87,7 @@ def _source(source: str | Path | Spec, plan: Plan | None) -> tuple[Spec, tuple[s
         if plan is None and under_torchrun():
             raise GeotrainError(f"{path}: under torchrun every rank runs the same plan file and none plans: make "
                                 f"it once (`geotrain plan {path} --out plan.json`), then train plan.json")
-        return load_spec(path), (path.stem, None)
+        return load_experiment(path), (path.stem, None)
     file_plan, doc = load_plan(path)
     spec = plan_spec(doc, path)         # the experiment the plan file carries (else the TOML it names)
     return spec, (Path(doc.get("spec") or spec.name).stem, file_plan)
