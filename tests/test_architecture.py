@@ -243,3 +243,14 @@ def test_the_map_check_sees_a_missing_module(tmp_path):
     for name in ("__init__", "engine", "links"):
         (tmp_path / "sim" / f"{name}.py").write_text("")
     assert unmapped_modules("**sim** (`engine`) ... `sim.engine`", tmp_path) == ["sim/links.py"]
+
+
+def test_the_launcher_imports_no_torch():
+    """`geotrain train`'s launcher starts the ranks, which import torch; it needs none itself, and
+    importing it cost every run ~2 s before any rank started. The command, the launcher and the
+    DiLoCo launcher load without it (runtime/__init__.py names the launcher's torch-free side)."""
+    code = ("import sys, geotrain.commands.train_cmd, geotrain.runtime.launch, geotrain.runtime.diloco_launch; "
+            "sys.exit(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:3] or None)")
+    res = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, f"the launcher's imports load torch: {res.stderr.strip()}"

@@ -19,6 +19,7 @@ from geotrain.errors import GeotrainError
 from geotrain.layout.plan import LinkPlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime import checkpoint as ck
+from geotrain.runtime import runfile
 from geotrain.runtime.launch import launch
 from geotrain.runtime.train_config import RunCase
 from geotrain.spec.load import load_spec
@@ -85,27 +86,27 @@ def test_pruning_keeps_the_highest_steps_of_the_series_and_the_latest(tmp_path):
     for s in (2, 4, 6, 8):
         _make(root, s)
     (root / "latest").write_text("step_00000004\n")
-    ck.prune(root, keep=2)
-    assert sorted(p.name for _, p in ck.step_dirs(root)) == ["step_00000004", "step_00000006", "step_00000008"]
+    runfile.prune(root, keep=2)
+    assert sorted(p.name for _, p in runfile.step_dirs(root)) == ["step_00000004", "step_00000006", "step_00000008"]
 
 
 def test_resume_point_names_what_is_missing(tmp_path):
     root = tmp_path / "checkpoints"
     with pytest.raises(GeotrainError, match="no complete checkpoint.*does not exist"):
-        ck.resume_point(root)
+        runfile.resume_point(root)
     root.mkdir()
     with pytest.raises(GeotrainError, match="latest is missing"):
-        ck.resume_point(root)
+        runfile.resume_point(root)
     (root / "latest").write_text("step_00000002\n")
     with pytest.raises(GeotrainError, match="'step_00000002', which is not a directory"):
-        ck.resume_point(root)
+        runfile.resume_point(root)
     (root / "step_00000002").mkdir()
     with pytest.raises(GeotrainError, match="incomplete"):
-        ck.resume_point(root)
+        runfile.resume_point(root)
     # the one `latest` names broken, an older one complete: that one, and why latest was passed over
     _make(root, 1)
     (root / "step_00000001" / "__0_0.distcp").write_bytes(b"x")
-    assert ck.resume_points(root) == ([root / "step_00000001"], "step_00000002 is incomplete (its .metadata is "
+    assert runfile.resume_points(root) == ([root / "step_00000001"], "step_00000002 is incomplete (its .metadata is "
                                                                 "missing)")
 
 

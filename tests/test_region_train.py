@@ -108,7 +108,7 @@ def test_torchrun_hosts_of_a_region_plan_follow_its_dcs():
     ranks against the plan: a region plan's DCs are its pipelines' DCs, not its stages'."""
     from geotrain.errors import GeotrainError
     from geotrain.orchestrate.rehearsal import dc_blocks
-    from geotrain.runtime.rank_model import check_host_dc as _check_host_dc
+    from geotrain.runtime.train_config import check_host_dc as _check_host_dc
 
     _, plan = region_plan()
     assert dc_blocks(plan) == [("east", [0, 1]), ("west", [2, 3])]     # one torchrun per DC can start them

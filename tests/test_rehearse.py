@@ -125,7 +125,7 @@ def test_rehearse_refuses_serve_prefill_in_one_line(tmp_path):
 
 def test_a_host_started_in_the_wrong_node_order_is_refused():
     from geotrain.planner.manual import plan_from_job
-    from geotrain.runtime.rank_model import check_host_dc as _check_host_dc
+    from geotrain.runtime.train_config import check_host_dc as _check_host_dc
     from geotrain.spec.load import load_spec
 
     plan = plan_from_job(load_spec(SPEC))            # ranks 0-1 in east, 2-3 in west

@@ -146,7 +146,7 @@ def test_wan_routes_each_tp_rank_to_its_own_peer(tmp_path: Path) -> None:
     transport, for every t -- not only t = 0."""
     import torch.distributed as dist
 
-    from geotrain.runtime.cross_dc import build_transport
+    from geotrain.runtime.rank_run import build_transport
     from geotrain.runtime.train_config import WanConfig
     from geotrain.schedule.builders import schedule_for_plan
 

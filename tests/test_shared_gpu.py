@@ -14,6 +14,7 @@ from _reference import single_process_losses
 
 from geotrain.errors import GeotrainError
 from geotrain.planner.manual import plan_from_job
+from geotrain.runtime import host_devices
 from geotrain.runtime import shared_gpu as S
 from geotrain.runtime.launch import launch, launch_ranks
 from geotrain.spec.load import load_spec
@@ -45,7 +46,7 @@ def test_enough_gpus_stage_nothing():
     for rank in range(4):
         d = S.SharedDevices.of(_plan(), rank, _keys(4, 4))
         assert not d.dp and not d.peers and d.note == ""
-    assert S.device_problem(_plan(tp=2, dp=1), 4) is None
+    assert host_devices.device_problem(_plan(tp=2, dp=1), 4) is None
     # CPU ranks (key 0) share nothing NCCL would see
     assert S.SharedDevices.of(_plan(), 0, [0, 0, 0, 0]).note == ""
 
@@ -63,14 +64,14 @@ def test_two_gpus_for_four_ranks_stage_only_what_shares():
 
 def test_what_cannot_be_staged_is_refused_in_one_line():
     tp = _plan(dp=1, tp=2, sharding="replicate")
-    msg = S.device_problem(tp, 1)
+    msg = host_devices.device_problem(tp, 1)
     assert msg is not None and "TP group" in msg and "\n" not in msg and "1 GPU(s)" in msg
     with pytest.raises(GeotrainError, match="TP group"):
         S.SharedDevices.of(tp, 0, _keys(tp.num_ranks, 1))
     z1 = _plan(sharding="zero1")
-    assert "ZeRO-1" in S.device_problem(z1, 1)
-    assert S.device_problem(z1, 4) is None
-    assert S.device_problem(_plan(), 1) is None          # zero3 on one GPU: staged, not refused
+    assert "ZeRO-1" in host_devices.device_problem(z1, 1)
+    assert host_devices.device_problem(z1, 4) is None
+    assert host_devices.device_problem(_plan(), 1) is None          # zero3 on one GPU: staged, not refused
 
 
 def test_the_launcher_refuses_before_any_rank_starts(tmp_path, monkeypatch):

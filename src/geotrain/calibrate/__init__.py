@@ -5,10 +5,6 @@ messages, cpuload) into the profile file (`profile_file`); `calibrated_costs.Cal
 `calibrated_links`, `waits`) turns it into the simulator's inputs, and `predict` writes a
 prediction beside a run. Validation runs plans for real (`wanrun`) and compares: the CPU set
 (`cases`, `validation`, `case_rows`, `tables`), trace replay (`replay`), ranking (`ranking`),
-link sharing (`link_sharing`) and published GPU runs (`gpu_runs`, `gpu_validation`).
+link sharing (`link_sharing`) and published GPU runs (`gpu_runs`, `gpu_validation`). The package
+imports none of them: `geotrain train` needs `predict` and `profile_file`, not torch (`measure`).
 """
-
-from geotrain.calibrate.measure import measure_profile
-from geotrain.calibrate.profile_file import load_profile, save_profile
-
-__all__ = ["load_profile", "measure_profile", "save_profile"]

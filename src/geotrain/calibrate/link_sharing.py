@@ -3,7 +3,7 @@
 d two-stage DP pipelines (stage 0 in DC "east", stage 1 in "west") run 1F1B over the kernel
 emulation, one process per stage as a rank is, every cross-DC transfer through `StripedTransport`
 and, under temporal sharing, `RemoteTurns` of a served `TurnArbiter` with the link's `Handoff` --
-the pieces `runtime.cross_dc.build_transport` wires for a training run. Compute is slept, not run:
+the pieces `runtime.rank_run.build_transport` wires for a training run. Compute is slept, not run:
 eight pipelines on two shared cores would measure the CPU, not the link. Each case keeps its
 connections and alternates the sharing between rounds, so the machine's drift hits both alike.
 
@@ -169,7 +169,7 @@ def _stage(index: int, case: PipelineCase, role: int, replica: int, hosts: list[
     link = cluster.wan_links[0]
     slots = turn_slots("temporal", link.capacity_gbps, link.rate_gbps(case.connections), d)
     client = arbiter = None
-    if slots:              # as runtime.cross_dc.build_transport decides: else every pipeline always has a slot
+    if slots:              # as runtime.rank_run.build_transport decides: else every pipeline always has a slot
         handoff = link_handoff(link.capacity_gbps, link.rate_gbps(case.connections), link.latency_ms, slots)
         # Replica 0's process serves the direction's arbiter (over TCP, the run's secret); all are clients.
         inner, arbiter = turns_via_store(store, f"c{index}/turns/{role}", replica, list(range(d)), host=me,

@@ -4,7 +4,7 @@
 launcher (`runtime.launch.launch_ranks`: the torchrun environment, clean-up on any failure, the
 first failure named) and samples the machine's other load meanwhile (cpuload.py). Every rank runs
 every probe; the WAN probes go through the runtime's `StripedTransport` with the user-space shaper
-(the same configuration as `runtime.cross_dc.build_transport` in shaper mode).
+(the same configuration as `runtime.rank_run.build_transport` in shaper mode).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def _wan_rates(rank: int, wan: dict) -> dict[str, float]:
     store = default_store()
     out = {}
     for n in wan["connections"]:
-        # The runtime's shaper mode: both caps, exact pacing, 4 KB stripes (runtime.cross_dc.build_transport).
+        # The runtime's shaper mode: both caps, exact pacing, 4 KB stripes (runtime.rank_run.build_transport).
         cfg = ShaperConfig(per_connection_gbps=wan["per_connection_gbps"], aggregate_gbps=wan["aggregate_gbps"],
                            delay_ms=wan["latency_ms"])
         rate = min(n * wan["per_connection_gbps"], wan["aggregate_gbps"])

@@ -22,11 +22,14 @@ identical data.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+Batch = tuple["torch.Tensor", "torch.Tensor"]
 MIX_PERIOD = 4096            # samples in one period of a mixture's pattern (weights to 1/4096)
 
 
@@ -149,6 +152,8 @@ class TokenBatches:
         return [k / n for k, n in zip(self.samples_per_source(steps), self.source_windows)]
 
     def _gather(self, ids: np.ndarray) -> Batch:
+        import torch  # here, not at the top: the launcher tokenizes through this module and draws no batch
+
         src = np.searchsorted(self._offsets, ids, side="right") - 1
         out = np.empty((len(ids), self.seq_len + 1), dtype=np.int64)
         span = np.arange(self.seq_len + 1)[None, :]

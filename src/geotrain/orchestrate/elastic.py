@@ -30,9 +30,9 @@ from pathlib import Path
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import save_plan
 from geotrain.planner.replanning import describe, replan
-from geotrain.runtime.checkpoint import latest_checkpoint
 from geotrain.runtime.diloco_launch import worker_dir
 from geotrain.runtime.launch import RankFailure
+from geotrain.runtime.runfile import latest_checkpoint
 from geotrain.runtime.train_config import RunCase
 from geotrain.trace.schema import json_text
 

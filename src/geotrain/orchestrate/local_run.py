@@ -11,11 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-
 from geotrain.bubbletea.model_source import describe_ref, model_spec
 from geotrain.bubbletea.prefill_cost import headroom, inference_memory_bytes
-from geotrain.bubbletea.serve import start_service
 from geotrain.calibrate.wanrun import RunSampling
 from geotrain.console import human_bytes, number_runs, sent_received
 from geotrain.errors import GeotrainError
@@ -23,15 +20,17 @@ from geotrain.layout.plan import Plan
 from geotrain.layout.wan_bytes import predicted_link_bytes
 from geotrain.models.presets import PRESETS
 from geotrain.orchestrate.elastic import CutWatcher, WorkerCuts, parse_cut, plot_losses, train_elastic
-from geotrain.orchestrate.rank_entry import ENTRY as RANK_ENTRY
 from geotrain.runtime.batches import make_source
 from geotrain.runtime.diloco_launch import run_workers
-from geotrain.runtime.hf_export import export_run
+from geotrain.runtime.host_devices import cuda_available
 from geotrain.runtime.launch import run_with_wan
 from geotrain.runtime.train_config import RunCase
 from geotrain.sim.simulate import simulate
 from geotrain.trace.metrics import MACHINE_LOAD_NAME
 from geotrain.trace.schema import json_text
+
+# The ranks' entry with BubbleTea's hook (named, not imported: it imports the worker, and torch).
+RANK_ENTRY = "geotrain.orchestrate.rank_entry"
 
 
 @dataclass
@@ -97,7 +96,7 @@ def train_locally(case: RunCase, say=print) -> LocalResult:
     if crossed and cfg.progress:     # kernel emulation: what the run put on the emulated WAN
         say("WAN bytes (emulated links, whole run, the process group's collectives included): "
             + sent_received(crossed))
-        steps, backend = cfg.run_steps(spec), "nccl" if torch.cuda.is_available() else "gloo"
+        steps, backend = cfg.run_steps(spec), "nccl" if cuda_available() else "gloo"
         say(f"WAN bytes predicted (layout.wan_bytes, {steps} iterations, {backend}): "
             + sent_received(predicted_link_bytes(spec, last["plan"], steps, backend)))
     return LocalResult(last["plan"], last["wan"].mode)
@@ -117,6 +116,9 @@ def _say_layout(case: RunCase, say) -> None:
 
 def _start_prefill(case: RunCase, say):
     """BubbleTea's service, for a served model that fits beside training."""
+    # here, not at the top: the service loads torch and the inference stack, only for --serve-prefill
+    from geotrain.bubbletea.serve import start_service
+
     serve, out = case.config.serve, Path(case.config.out)
     ref = _prefill_model(serve.model, out)
     _check_headroom(case.spec, case.plan, ref)
@@ -134,6 +136,8 @@ def _prefill_model(ref: str, out: Path) -> str:
         return ref
     path = Path(ref)
     if path.is_dir() and (path / "plan.json").is_file() and not (path / "config.json").is_file():
+        from geotrain.runtime.hf_export import export_run  # here, not at the top: DCP and torch, for this only
+
         path, _ = export_run(path, out / "prefill_model")
     describe_ref(str(path))
     return str(path.resolve())

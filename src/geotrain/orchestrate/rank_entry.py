@@ -2,7 +2,7 @@
 
 The runtime's worker with `bubbletea.runtime_hook.make_hook` installed as the bubble hook, so
 prefill requests run in the rank's pipeline bubbles while the runtime itself never imports
-BubbleTea. `geotrain train --serve-prefill` launches its ranks with this entry.
+BubbleTea. `geotrain train --serve-prefill` launches its ranks with this entry (local_run.RANK_ENTRY).
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import sys
 
 from geotrain.bubbletea.runtime_hook import make_hook
 from geotrain.runtime.worker import main as worker_main
-
-ENTRY = "geotrain.orchestrate.rank_entry"
 
 
 def main(argv: list[str] | None = None) -> int:

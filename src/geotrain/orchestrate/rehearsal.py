@@ -304,7 +304,7 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
     blocks = dc_blocks(plan)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    last = plan.dc_of(plan.pp - 1, 0)      # the loss owner's DC (runtime.rank_model.report_rank)
+    last = plan.dc_of(plan.pp - 1, 0)      # the loss owner's DC (runtime.train_config.report_rank)
     hosts = [Host(dc, ranks, run_dir if dc == last else run_dir / "hosts" / dc, logs / f"{dc}.log")
              for dc, ranks in blocks]
     emu = WanEmulation(emulation_cluster(spec.cluster, [h.dc for h in hosts]), rate_scale=rate_scale,

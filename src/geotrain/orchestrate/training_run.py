@@ -28,14 +28,12 @@ from geotrain.orchestrate.spec_check import load_experiment
 from geotrain.planner.confirm import make_plan
 from geotrain.process import exit_skipping_teardown
 from geotrain.report.curves import draw_curves
-from geotrain.runtime.checkpoint import check_resumable as resume_checkpoint_every
-from geotrain.runtime.checkpoint import latest_checkpoint
 from geotrain.runtime.cross_dc import bind_address
 from geotrain.runtime.diloco_launch import torchrun_worker
-from geotrain.runtime.rank_model import check_host_dc, report_rank
 from geotrain.runtime.run_lock import run_dir_lock
-from geotrain.runtime.train_config import RunCase, TrainConfig
-from geotrain.runtime.worker import run_cases
+from geotrain.runtime.runfile import check_resumable as resume_checkpoint_every
+from geotrain.runtime.runfile import latest_checkpoint
+from geotrain.runtime.train_config import RunCase, TrainConfig, check_host_dc, report_rank
 from geotrain.spec import Spec
 from geotrain.transport.tls import check_tls_available
 
@@ -166,6 +164,9 @@ def _train_as_rank(case: RunCase) -> TrainResult:
     if cfg.dc is not None:
         check_host_dc(case.plan, rank, cfg.dc)
     reporter = rank == report_rank(case.plan)   # the run directory is the reporting rank's host's
+    # here, not at the top: only a torchrun rank trains in this process; the launcher's never imports torch
+    from geotrain.runtime.worker import run_cases
+
     with run_dir_lock(Path(cfg.out)) if reporter else contextlib.nullcontext():
         run_cases([case])
         if reporter:

@@ -5,8 +5,6 @@ rank_model.py builds its chunks, parallelize.py wraps them) -> trainer.py (the s
 interpreter.py (the action list, moving tensors through p2p.py / cross_dc.py), with scaler.py
 (global fp16 overflow decision), checkpoint.py (atomic DCP) and recorder.py / outputs.py
 (measured trace in the simulator's schema). whole_model.py runs a whole model in one process.
+The launcher's side (launch.py, cross_dc.py's open_wan, runfile.py, host_devices.py) imports no
+torch: `geotrain train` starts its ranks without loading it.
 """
-
-from geotrain.runtime.p2p import TorchTransport, Transport, Work
-
-__all__ = ["TorchTransport", "Transport", "Work"]

@@ -9,12 +9,14 @@ rank, a resumed run, a single-process reference -- can reproduce exactly the sam
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from geotrain.data import TokenBatches, data_report, describe_data, load_tokenizer, open_batches
 from geotrain.errors import GeotrainError
 from geotrain.trace.schema import json_text
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SyntheticTokens:
@@ -27,6 +29,8 @@ class SyntheticTokens:
 
     def batch(self, step: int, replica: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets), each (micro_batch, seq_len) int64; targets are inputs shifted by one."""
+        import torch  # here, not at the top: the launcher imports make_source and never draws a batch
+
         index = (step * self.dp + replica) * self.num_microbatches + mb
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         start = torch.randint(0, self.vocab, (self.micro_batch, 1), generator=g)
@@ -36,6 +40,8 @@ class SyntheticTokens:
 
     def eval_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Held-out global batch `index`: drawn from a seed stream training never uses."""
+        import torch  # here, not at the top: the launcher imports make_source and never draws a batch
+
         rows = self.micro_batch * self.num_microbatches * self.dp
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + (1 << 48) + index)
         start = torch.randint(0, self.vocab, (rows, 1), generator=g)
@@ -45,6 +51,8 @@ class SyntheticTokens:
 
     def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole step's batch as one tensor pair (what single-process training would see)."""
+        import torch  # here, not at the top: the launcher imports make_source and never draws a batch
+
         parts = [self.batch(step, r, j) for r in range(self.dp) for j in range(self.num_microbatches)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 

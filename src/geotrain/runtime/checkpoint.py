@@ -11,13 +11,13 @@ any moment keeps a complete checkpoint; a fresh run moves an earlier series to
 checkpoints.run<N>/; `--resume` falls back past an incomplete latest, saying so. State is keyed by
 the plain model's parameter names, never by stage, rank or shard, so DCP reshards a checkpoint
 onto any other layout (`--resume-from`); only tensors are stored and the loader state is JSON.
+The series' file operations (commit, prune, resume points) are runfile.py's (torch-free).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 from pathlib import Path
@@ -37,22 +37,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from geotrain.errors import GeotrainError
-from geotrain.runtime.runfile import last_checkpoint_every
+from geotrain.runtime.runfile import commit, latest_checkpoint, prune, resume_points, start_new_series
 from geotrain.runtime.scaler import GlobalLossScaler
 from geotrain.torch_compat import flatten_state_dict
 
-STEP_DIR = re.compile(r"^step_(\d{8})(?:\.r(\d+))?$")
 PROBE = ".shared-probe"
-
-
-def step_dirs(root: Path) -> list[tuple[tuple[int, int], Path]]:
-    """The committed checkpoint directories under `root`, sorted by (step, revision)."""
-    out = []
-    for p in root.glob("step_*") if root.is_dir() else ():
-        m = STEP_DIR.match(p.name)
-        if m and p.is_dir():
-            out.append(((int(m.group(1)), int(m.group(2) or 1)), p))
-    return sorted(out)
 
 
 def _first_cause(e: BaseException) -> str:
@@ -61,80 +50,6 @@ def _first_cause(e: BaseException) -> str:
         e = next(iter(e.failures.values()))[0]
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
-
-
-def start_new_series(root: Path) -> Path | None:
-    """Move an earlier run's checkpoints (if any) to a sibling checkpoints.run<N>/; returns where."""
-    if not root.is_dir() or not any(root.iterdir()):
-        return None
-    n = 1
-    while (aside := root.with_name(f"{root.name}.run{n}")).exists():
-        n += 1
-    os.rename(root, aside)
-    return aside
-
-
-def _incomplete(path: Path) -> str | None:
-    """Why the checkpoint directory `path` cannot be loaded as it is, or None."""
-    meta = path / ".metadata"
-    if not meta.is_file() or meta.stat().st_size == 0:
-        return f"{path.name} is incomplete (its .metadata is missing)"
-    if not any(path.glob("*.distcp")):
-        return f"{path.name} is incomplete (it holds no shard files)"
-    return None
-
-
-def resume_points(root: Path) -> tuple[list[Path], str | None]:
-    """The complete checkpoints under `root`, the one to resume from first: the one `latest` names
-    when it is complete, then the others newest first (a latest one broken after its save -- its
-    .metadata deleted, a disk filled -- leaves the one before it). Also why `latest` itself is not
-    first (None when it is). A GeotrainError when none is complete, saying what is missing."""
-    pointer = root / "latest"
-    none = f"--resume: no complete checkpoint in {root}"
-    if not root.is_dir():
-        raise GeotrainError(f"{none}: the directory does not exist (nothing was saved here)")
-    name = pointer.read_text().strip() if pointer.is_file() else ""
-    named = root / name if name and "/" not in name and (root / name).is_dir() else None
-    if not pointer.is_file():
-        why = f"{pointer.name} is missing (no save was completed)"
-    elif named is None:
-        why = f"{pointer.name} names {name!r}, which is not a directory there"
-    else:
-        why = _incomplete(named)
-    complete = [p for _, p in reversed(step_dirs(root)) if p != named and _incomplete(p) is None]
-    if why is None:
-        complete.insert(0, named)
-    if not complete:
-        raise GeotrainError(f"{none}: {why}")
-    return complete, why
-
-
-def resume_point(root: Path) -> Path:
-    """The newest complete checkpoint to resume from (`resume_points`), or a GeotrainError."""
-    return resume_points(root)[0][0]
-
-
-def commit(root: Path, tmp: Path, step: int) -> Path:
-    """Rename a finished save to a fresh name and point `latest` at it; nothing is removed here."""
-    final = root / f"step_{step:08d}"
-    rev = 1
-    while final.exists():
-        rev += 1
-        final = root / f"step_{step:08d}.r{rev}"
-    os.rename(tmp, final)
-    pointer = root / "latest.tmp"
-    pointer.write_text(final.name + "\n")
-    os.replace(pointer, root / "latest")
-    return final
-
-
-def prune(root: Path, keep: int) -> None:
-    """Remove all but the `keep` highest steps of the series -- never the one `latest` names."""
-    latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
-    done = step_dirs(root)
-    for _key, old in done[:-keep] if keep > 0 else done:
-        if old.name != latest:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 class Checkpointer:
@@ -338,25 +253,6 @@ class Checkpointer:
             loader_file = next(iter(sorted(path.glob("loader_*.json"))), loader_file)
         loader = json.loads(loader_file.read_text()) if loader_file.exists() else None
         return int(train["step"]), loader
-
-
-def check_resumable(out: Path, every: int | None) -> int | None:
-    """`train --resume`, before any rank starts: RUN_DIR must hold a complete checkpoint, else the run
-    would silently start over (and truncate its losses). Returns the interrupted run's
-    --checkpoint-every unless a new one is given."""
-    try:
-        resume_point(out / "checkpoints")        # the newest complete one (the ranks say which, if not latest)
-    except GeotrainError as e:
-        raise GeotrainError(f"{e} (train with --checkpoint-every N, or job.checkpoint_every, to save some)") from None
-    return last_checkpoint_every(out) if every is None else every
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint under RUN_DIR/checkpoints (this run's or another's), or None."""
-    try:
-        return resume_point(Path(root))
-    except GeotrainError:
-        return None
 
 
 def _mismatch(state: dict, saved: dict) -> str | None:

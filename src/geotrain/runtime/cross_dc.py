@@ -5,7 +5,7 @@ the emulated WAN (geotrain.emulation); `--wan shaper` keeps ranks on 127.0.0.1 a
 the transport; `auto` picks kernel where it can. Under torchrun `--wan auto` runs the same
 transport over the real network ("direct": `bind_address`); `--wan off` is plain gloo/NCCL.
 
-Rank side (`build_transport`): pairs inside a DC keep gloo/NCCL; pairs across a WAN link go
+Rank side (`rank_run.build_transport`, which needs torch): pairs inside a DC keep gloo/NCCL; pairs across a WAN link go
 through StripedTransport with the LinkPlan's connections, taking turns when it says "temporal".
 Turns cannot deadlock: every replica posts the same sends in the same order, sends are
 non-blocking and receivers buffer, so a turn waits only for messages posted without waiting on it
@@ -14,32 +14,20 @@ non-blocking and receivers buffer, so a turn waits only for messages posted with
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch.distributed as dist
-
-from geotrain.emulation.fallback import fallback_shaper
 from geotrain.emulation.network import WanEmulation, WanUnavailable, emulation_available
-from geotrain.emulation.ports import spread_port_connections
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import LinkPlan
-from geotrain.runtime import p2p as T
-from geotrain.runtime.compress import CompressedTransport
 from geotrain.runtime.train_config import DEFAULT_OUTAGE_LIMIT_S, WanConfig
 from geotrain.schedule.actions import Op
-from geotrain.torch_compat import default_store
-from geotrain.transport.auth import run_secret
-from geotrain.transport.striped import StripedTransport
-from geotrain.transport.turns import link_handoff, turn_slots, turns_via_store
 
 MODES = ("auto", "kernel", "shaper", "off")
 RANK_MODES = ("kernel", "shaper", "direct")    # what a rank's wan config may say ("direct": a real WAN)
@@ -96,9 +84,6 @@ def start_delay(plan, replica: int) -> float:
 
 
 # ----------------------------------------------------------------------------- rank side
-_BUILT = [0]     # transports built by this process: a fresh store namespace per run (cases share the store)
-
-
 def bind_address(explicit: str | None = None) -> str:
     """The address this host's WAN transport listens on and connects from: `explicit` (--wan-bind),
     else the local address of the route to the rendezvous host (MASTER_ADDR) -- the interface the
@@ -147,109 +132,6 @@ class RecordedTurns:
     def close(self) -> None:
         if hasattr(self.inner, "close"):
             self.inner.close()
-
-
-def build_transport(wan: WanConfig | None, spec, plan, schedule, rank: int,
-                    p2p_groups: dict | None = None, recorder=None, staged_peers=frozenset()):
-    """The transport for this rank: plain gloo/NCCL without a WAN config; else a RoutedTransport with
-    StripedTransport on the cross-DC peers (see module docstring). p2p_groups: the per-direction
-    process groups (default: `p2p.directed_groups`, a collective every rank enters);
-    recorder: where the temporal turns taken are recorded (`RecordedTurns`); staged_peers: peers on
-    this rank's own GPU, reached through host memory over gloo (NCCL refuses them: `shared_gpu`)."""
-
-    _BUILT[0] += 1
-    if p2p_groups is None:
-        p2p_groups = T.directed_groups(plan, schedule)      # collective: every rank, same order
-    plain = T.TorchTransport(groups=p2p_groups)
-    # Always routed (every rank then has close(), so every rank enters the closing barrier alike).
-    default = T.RoutedTransport(plain, dict.fromkeys(staged_peers, T.HostStaging(plain)))
-    stage, replica, t = plan.coords(rank)
-    links = cross_dc_links(plan, schedule, stage, replica)
-    if wan is None or wan.mode == "off":
-        for peer_stage in links:
-            print(f"geotrain wan: rank {rank} ({plan.dc_of(stage, replica)}) -> stage {peer_stage} "
-                  f"({plan.dc_of(peer_stage, replica)}): TorchTransport (plain {dist.get_backend()} across the WAN: "
-                  "--wan off)", file=sys.stderr, flush=True)
-        return default
-    if wan.mode not in RANK_MODES:
-        raise GeotrainError(f"wan mode {wan.mode!r} is not one of {', '.join(RANK_MODES)}")
-    if not links:
-        # Still a RoutedTransport: the trainer enters its closing barrier on ranks whose transport has
-        # close(), so every rank of a WAN run must have one (pp=4 over two DCs: stages 0 and 3 have no
-        # cross-DC peer, and skipping the barrier there made ranks 1 and 2 lose their gloo peers).
-        return T.RoutedTransport(default)
-
-    store = default_store()
-    run = f"geotrain/rt{_BUILT[0]}"
-    my_dc = plan.dc_of(stage, replica)
-    host = wan.hosts[my_dc] if wan.mode == "kernel" else wan.bind or "127.0.0.1"
-    timeout = wan.outage_limit_s
-    secret = run_secret(store)     # the launcher's 0600 file, else shared through the store
-    conns: dict[int, int] = {}
-    turns: dict[int, object] = {}
-    arbiters = []
-    for peer_stage, lp in links.items():
-        turn = None
-        wl = spec.cluster.link(lp.src_dc, lp.dst_dc)
-        slots = turn_slots(lp.sharing, wl.capacity_gbps, wl.rate_gbps(lp.connections), plan.dp) if wl is not None else 0
-        if slots:   # else every pipeline always has a slot (or the link is fair): no turns
-            order = turn_order(lp, plan.dp)
-            # With tp > 1 each TP index has its own boundary traffic (same t to same t): its own ring of turns.
-            key = f"{run}/{stage}->{peer_stage}" + (f"/t{t}" if plan.stage_tp(stage) > 1 else "")
-            # The turn passes once the transfer has drained from the network's queue (transport.turns);
-            # emulated links run at rate_scale of the spec's rates.
-            scale = wan.rate_scale
-            handoff = link_handoff(wl.capacity_gbps * scale, wl.rate_gbps(lp.connections) * scale,
-                                   wl.latency_ms, slots)
-            turn, arbiter = turns_via_store(store, key, replica, order, host=host,
-                                            is_host=replica == order[0], timeout_s=timeout, slots=slots,
-                                            secret=secret, handoff=handoff)
-            if arbiter is not None:
-                arbiters.append(arbiter)
-            turn = RecordedTurns(turn, recorder, f"{my_dc}->{plan.dc_of(peer_stage, replica)}", stage)
-        elif lp.sharing not in ("fair", "temporal"):
-            raise GeotrainError(f"link {lp.src_dc}-{lp.dst_dc}: unknown sharing {lp.sharing!r} (fair, temporal)")
-        # boundary tensors come from TP index t mod the peer's tp and go to t' = t mod this stage's tp
-        # (runtime/interpreter.py; with one tp: the same index)
-        tp_here, tp_peer = plan.stage_tp(stage), plan.stage_tp(peer_stage)
-        peer_ts = sorted({t % tp_peer, *range(t, tp_peer, tp_here)})
-        for d in range(plan.dp):
-            for pt in peer_ts:
-                peer = plan.rank(peer_stage, d, pt)
-                conns[peer] = max(1, int(lp.connections))
-                if turn is not None:
-                    turns[peer] = turn
-    hooks: dict[str, Any] = {}      # the emulation's instruments; a real WAN gets none of them
-    if wan.mode == "shaper":
-        hooks["shaper"] = fallback_shaper(spec.cluster, lambda r: plan.dc_of_rank(r), my_dc, wan.rate_scale)
-    elif wan.mode == "kernel":
-        # One htb per-connection bucket per connection, and disjoint blocks of buckets for the ranks
-        # of one DC (they share the link's classes at the router).
-        stride = max(conns.values(), default=1)
-        hooks["connect"] = functools.partial(spread_port_connections, first_bucket=rank * stride)
-    # The largest tensor a boundary carries (fp32 at most): the receiver refuses any message above it.
-    max_message = plan.micro_batch * spec.model.seq_len * spec.model.hidden * 4
-    striped = StripedTransport(rank, store, secret=secret, host=host, connections=lambda d: conns.get(d, 1),
-                               turns=turns.get, prefix=f"{run}/striped", min_chunk_bytes=MIN_CHUNK_BYTES,
-                               timeout_s=timeout, stall_s=wan.stall_s or min(DEFAULT_STALL_S, timeout / 4),
-                               max_message_bytes=max_message, tls=wan.tls,
-                               describe=lambda r: f"rank {r} ({plan.dc_of_rank(r)})", **hooks)
-    for peer_stage, lp in links.items():   # one line per boundary in the rank's log: what carries it
-        how = f"temporal, turn order {turn_order(lp, plan.dp)}" if lp.sharing == "temporal" else "fair"
-        print(f"geotrain wan: rank {rank} ({my_dc}) -> stage {peer_stage} ({plan.dc_of(peer_stage, replica)}): "
-              f"StripedTransport, {max(1, int(lp.connections))} connections, {how}, {wan.mode}"
-              f"{f', boundaries {lp.compression}' if lp.compression != 'none' else ''}"
-              f"{f', boundaries low-rank {lp.rank}' if lp.rank else ''}"
-              f"{', TLS' if striped.tls is not None else ''} "
-              f"(listening on {host}:{striped.port})\n", end="", file=sys.stderr, flush=True)   # one write per line
-    clients = list({id(t): t for t in turns.values()}.values())
-    wan_transport = T.HostStaging(striped)     # sockets move host memory; CUDA tensors are staged (pinned)
-    per_peer = dict.fromkeys(conns, wan_transport)
-    for peer_stage, lp in links.items():       # a link the plan compresses: encoded before the sockets
-        if lp.compression != "none" or lp.rank > 0:
-            packed = CompressedTransport(wan_transport, lp.compression, spec.model.hidden, lp.rank)
-            per_peer.update({p: packed for p in conns if plan.coords(p)[0] == peer_stage})
-    return T.RoutedTransport(default, per_peer, also_close=[*clients, *arbiters])
 
 
 # ----------------------------------------------------------------------------- launcher side

@@ -37,11 +37,10 @@ from pathlib import Path
 from geotrain.errors import GeotrainError
 from geotrain.process import private_dir
 from geotrain.runtime.cross_dc import open_wan
+from geotrain.runtime.host_devices import check_local_devices
 from geotrain.runtime.log_echo import OutageEcho
-from geotrain.runtime.rank_model import report_rank
 from geotrain.runtime.runfile import write_run_config
-from geotrain.runtime.shared_gpu import check_local_devices
-from geotrain.runtime.train_config import RunCase
+from geotrain.runtime.train_config import RunCase, report_rank
 from geotrain.trace.metrics import LINK_COUNTERS_NAME
 from geotrain.transport.auth import SECRET_ENV, new_secret, write_secret_file
 

@@ -1,5 +1,5 @@
 """losses.jsonl, TensorBoard event files and the progress display, on the rank that owns the loss
-(`rank_model.report_rank`).
+(`train_config.report_rank`).
 
 Each step's row: loss, learning rate, gradient norm (before clipping), step time, tokens, and the
 held-out loss and perplexity on eval steps. RUN_DIR/tb/ gets the same numbers through

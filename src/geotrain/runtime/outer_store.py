@@ -15,14 +15,18 @@ import signal
 import sys
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-from torch.distributed import TCPStore
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 READY = "geotrain outer store ready"
 
 
 def connect(address: str, timeout_s: float = 60.0) -> TCPStore:
     """A client of the store at "host:port"."""
+    from torch.distributed import TCPStore  # here, not at the top: the launcher imports READY, never torch
+
     host, _, port = address.rpartition(":")
     return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s),
                     wait_for_workers=False)
@@ -30,6 +34,8 @@ def connect(address: str, timeout_s: float = 60.0) -> TCPStore:
 
 def serve(host: str, port: int) -> None:
     """Host the store until SIGTERM (the launcher's, at the end of the run)."""
+    from torch.distributed import TCPStore  # here, not at the top: see connect
+
     store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     print(f"{READY} on {host}:{store.port}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -5,11 +5,17 @@ it (the plan and the whole experiment, `layout.plan.plan_document`), so a rank r
 objects from it and never a TOML, never the planner. Validated on the way in (pydantic: types of
 every field, no unknown keys): a file from another geotrain version, or not a run file at all, is a
 one-line error instead of a TypeError deep in a rank.
+
+Also the checkpoint series' directory layout (runtime.checkpoint's docstring): the launcher checks a
+--resume against it before any rank starts, so it lives here, without torch.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -75,3 +81,110 @@ def last_checkpoint_every(run_dir: Path) -> int | None:
         return read_run_config(Path(run_dir) / "logs" / "run_config.json")[0].config.checkpoint_every
     except (GeotrainError, IndexError):
         return None        # an older run's file, or none
+
+
+# ----------------------------------------------------------------------------- the checkpoint series
+STEP_DIR = re.compile(r"^step_(\d{8})(?:\.r(\d+))?$")
+
+
+def step_dirs(root: Path) -> list[tuple[tuple[int, int], Path]]:
+    """The committed checkpoint directories under `root`, sorted by (step, revision)."""
+    out = []
+    for p in root.glob("step_*") if root.is_dir() else ():
+        m = STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            out.append(((int(m.group(1)), int(m.group(2) or 1)), p))
+    return sorted(out)
+
+
+def start_new_series(root: Path) -> Path | None:
+    """Move an earlier run's checkpoints (if any) to a sibling checkpoints.run<N>/; returns where."""
+    if not root.is_dir() or not any(root.iterdir()):
+        return None
+    n = 1
+    while (aside := root.with_name(f"{root.name}.run{n}")).exists():
+        n += 1
+    os.rename(root, aside)
+    return aside
+
+
+def _incomplete(path: Path) -> str | None:
+    """Why the checkpoint directory `path` cannot be loaded as it is, or None."""
+    meta = path / ".metadata"
+    if not meta.is_file() or meta.stat().st_size == 0:
+        return f"{path.name} is incomplete (its .metadata is missing)"
+    if not any(path.glob("*.distcp")):
+        return f"{path.name} is incomplete (it holds no shard files)"
+    return None
+
+
+def resume_points(root: Path) -> tuple[list[Path], str | None]:
+    """The complete checkpoints under `root`, the one to resume from first: the one `latest` names
+    when it is complete, then the others newest first (a latest one broken after its save -- its
+    .metadata deleted, a disk filled -- leaves the one before it). Also why `latest` itself is not
+    first (None when it is). A GeotrainError when none is complete, saying what is missing."""
+    pointer = root / "latest"
+    none = f"--resume: no complete checkpoint in {root}"
+    if not root.is_dir():
+        raise GeotrainError(f"{none}: the directory does not exist (nothing was saved here)")
+    name = pointer.read_text().strip() if pointer.is_file() else ""
+    named = root / name if name and "/" not in name and (root / name).is_dir() else None
+    if not pointer.is_file():
+        why = f"{pointer.name} is missing (no save was completed)"
+    elif named is None:
+        why = f"{pointer.name} names {name!r}, which is not a directory there"
+    else:
+        why = _incomplete(named)
+    complete = [p for _, p in reversed(step_dirs(root)) if p != named and _incomplete(p) is None]
+    if why is None:
+        complete.insert(0, named)
+    if not complete:
+        raise GeotrainError(f"{none}: {why}")
+    return complete, why
+
+
+def resume_point(root: Path) -> Path:
+    """The newest complete checkpoint to resume from (`resume_points`), or a GeotrainError."""
+    return resume_points(root)[0][0]
+
+
+def commit(root: Path, tmp: Path, step: int) -> Path:
+    """Rename a finished save to a fresh name and point `latest` at it; nothing is removed here."""
+    final = root / f"step_{step:08d}"
+    rev = 1
+    while final.exists():
+        rev += 1
+        final = root / f"step_{step:08d}.r{rev}"
+    os.rename(tmp, final)
+    pointer = root / "latest.tmp"
+    pointer.write_text(final.name + "\n")
+    os.replace(pointer, root / "latest")
+    return final
+
+
+def prune(root: Path, keep: int) -> None:
+    """Remove all but the `keep` highest steps of the series -- never the one `latest` names."""
+    latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
+    done = step_dirs(root)
+    for _key, old in done[:-keep] if keep > 0 else done:
+        if old.name != latest:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def check_resumable(out: Path, every: int | None) -> int | None:
+    """`train --resume`, before any rank starts: RUN_DIR must hold a complete checkpoint, else the run
+    would silently start over (and truncate its losses). Returns the interrupted run's
+    --checkpoint-every unless a new one is given."""
+    try:
+        resume_point(out / "checkpoints")        # the newest complete one (the ranks say which, if not latest)
+    except GeotrainError as e:
+        raise GeotrainError(f"{e} (train with --checkpoint-every N, or job.checkpoint_every, to save some)") from None
+    return last_checkpoint_every(out) if every is None else every
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under RUN_DIR/checkpoints (this run's or another's), or None."""
+    try:
+        return resume_point(Path(root))
+    except GeotrainError:
+        return None

@@ -5,13 +5,12 @@ one device, and NCCL refuses a communicator holding two of them. Every rank's de
 exchanged once, and every rank takes the same decision for every group (`SharedDevices`): pipeline
 transfers, DP collectives (FSDP2 through its public custom-comm hooks) and the tied sum are staged
 through host memory over gloo; a TP or ZeRO-1 group on one device is refused in one line, before
-launch by our launcher (`device_problem`). `GEOTRAIN_FAKE_GPUS=N` makes CPU ranks report N devices,
-so the staged paths run in the CPU tests.
+launch by our launcher (`host_devices.device_problem`, torch-free). `GEOTRAIN_FAKE_GPUS=N` makes CPU
+ranks report N devices, so the staged paths run in the CPU tests.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import sys
@@ -21,14 +20,10 @@ import torch
 import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
+from geotrain.runtime.host_devices import FAKE_GPUS_ENV, _dp_group, _key, _tied_group, shares, sharing_problem
 from geotrain.torch_compat import fsdp_comm_bases
 
-FAKE_GPUS_ENV = "GEOTRAIN_FAKE_GPUS"
 _AllGather, _ReduceScatter = fsdp_comm_bases()
-
-
-def _key(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "big") + 1
 
 
 def device_key(device: torch.device) -> int:
@@ -49,72 +44,6 @@ def exchange_keys(key: int) -> list[int]:
     out = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
     dist.all_gather(out, mine)
     return [int(t) for t in out]
-
-
-def shares(keys: list[int], members) -> bool:
-    """Whether two of `members` (ranks) sit on one device."""
-    on_gpu = [keys[r] for r in members if keys[r]]
-    return len(on_gpu) != len(set(on_gpu))
-
-
-def _dp_group(plan, stage: int, t: int) -> list[int]:
-    return [plan.rank(stage, d, t) for d in range(plan.dp)]
-
-
-def _tp_group(plan, stage: int, replica: int) -> list[int]:
-    return [plan.rank(stage, replica, t) for t in range(plan.stage_tp(stage))]
-
-
-def _tied_group(plan, replica: int, t: int) -> list[int]:
-    return [plan.rank(0, replica, t), plan.rank(plan.pp - 1, replica, t)]
-
-
-def _ranks(rs) -> str:
-    return ", ".join(map(str, rs))
-
-
-def sharing_problem(plan, keys: list[int]) -> str | None:
-    """One line naming the first communicator that cannot run with two ranks on one device, or None."""
-    for s in range(plan.pp):
-        for d in range(plan.dp):
-            g = _tp_group(plan, s, d)
-            if len(g) > 1 and shares(keys, g):
-                return (f"plan {plan.name!r}: the TP group of stage {s} (ranks {_ranks(g)}) has two ranks on one GPU, "
-                        "and NCCL refuses that (tensor parallelism has no host-staged path): give each TP rank its "
-                        "own GPU, or pin tp = 1")
-        if plan.sharding == "zero1":
-            for t in range(plan.stage_tp(s)):
-                g = _dp_group(plan, s, t)
-                if len(g) > 1 and shares(keys, g):
-                    return (f"plan {plan.name!r}: the ZeRO-1 group of stage {s} (ranks {_ranks(g)}) has two ranks "
-                            "on one GPU, and NCCL refuses that (ZeroRedundancyOptimizer's broadcasts have no "
-                            "host-staged path): use sharding replicate, zero2 or zero3, or one GPU per rank")
-    return None
-
-
-def device_problem(plan, gpus: int) -> str | None:
-    """The launcher's check before any rank starts: this host runs every rank (LOCAL_RANK = rank) on
-    `gpus` GPUs; the sharing problem, if any (`sharing_problem`), with the host's numbers."""
-    if gpus < 1 or plan.num_ranks <= gpus:
-        return None
-    problem = sharing_problem(plan, [_key(f"local:{r % gpus}") for r in range(plan.num_ranks)])
-    return f"{problem} ({plan.num_ranks} ranks on {gpus} GPU(s) here)" if problem else None
-
-
-def host_gpus() -> int:
-    """GPUs this host gives its ranks (GEOTRAIN_FAKE_GPUS where set: the tests' CPU stand-in)."""
-    fake = os.environ.get(FAKE_GPUS_ENV)
-    if fake:
-        return max(1, int(fake))
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def check_local_devices(plan) -> None:
-    """Before our launcher starts any rank: refuse, in one line, a plan whose every rank runs on this host
-    and puts two ranks of a communicator that cannot be staged (TP, ZeRO-1) on one GPU."""
-    problem = device_problem(plan, host_gpus())
-    if problem:
-        raise GeotrainError(problem)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+from geotrain.console import number_runs
 from geotrain.costs.activations import SELECTIVE
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan
@@ -199,3 +200,29 @@ def runnable_schedule(spec: Spec, plan: Plan) -> Schedule:
                             f"schedule's split backward ({', '.join(selective)}: PyTorch allows one backward "
                             "through a selectively checkpointed region); use checkpointing full or none")
     return schedule
+
+
+def check_host_dc(plan, rank: int, dc: str) -> None:
+    """--dc under torchrun: the plan must put this RANK in this host's datacenter. torchrun numbers the
+    hosts: static rendezvous (--master-addr) by each host's --node-rank; c10d rendezvous ignores
+    --node-rank and sorts the hosts by --local-addr, as text -- neither need follow the plan."""
+    dcs = plan.dcs_by_rank()
+    if dc not in dcs:
+        raise GeotrainError(f"--dc {dc}: the plan uses no such datacenter ({', '.join(dcs)})")
+    if rank >= plan.num_ranks:
+        return                          # the world-size check names this one
+    mine = plan.dc_of_rank(rank)
+    if mine != dc:
+        s, d, _ = plan.coords(rank)
+        order = " -> ".join(f"{x} ranks {number_runs(plan.ranks_of_dc(x))}" for x in dcs)
+        raise GeotrainError(f"--dc {dc}: rank {rank} is stage {s} in {mine} by the plan (DP pipeline {d}); the hosts "
+                            f"must be numbered in the plan's datacenter order ({order}): with static rendezvous "
+                            f"(--master-addr) give each host its --node-rank in that order ({dc} is "
+                            f"{dcs.index(dc)}); with c10d rendezvous --node-rank is ignored and hosts are numbered "
+                            "by their --local-addr sorted as text -- use static rendezvous, or addresses that sort "
+                            "in the plan's order")
+
+
+def report_rank(plan) -> int:
+    """The rank that owns the loss: the last stage's first replica (TP index 0)."""
+    return plan.rank(plan.pp - 1, 0, 0)
