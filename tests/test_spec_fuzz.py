@@ -456,18 +456,21 @@ def test_mutated_plan_files_are_refused_before_any_rank_starts(tmp_path, monkeyp
     simulate simulates or train starts a rank: one line, exit 2; a plan simulate refuses never
     reaches train's launcher, and the tampering of issue #30 is refused by both."""
     from geotrain.layout.plan import save_plan
+    from geotrain.orchestrate import local_run
     from geotrain.planner.confirm import make_plan
-    from geotrain.runtime import launch
     from geotrain.spec.load import load_spec
 
     def launched(*_a, **_k):
         raise _Launched
 
-    monkeypatch.setattr(launch, "run_with_wan", launched)
+    # where train calls them (patched in runtime.launch instead, a local_run imported earlier in the session
+    # -- by tests/_cases.py -- kept the real ones and each plan that would train started its ranks)
+    monkeypatch.setattr(local_run, "run_with_wan", launched)
+    monkeypatch.setattr(local_run, "run_workers", launched)
     spec = load_spec(ROOT / "examples" / "tiny_2dc.toml")
     save_plan(tmp_path / "base.json", make_plan(spec).plan, spec=spec)
     base = json.loads((tmp_path / "base.json").read_text())
-    bad, tampered_ok = [], []
+    bad, tampered_ok, would_train = [], [], 0
     for i, (what, text) in enumerate(plan_cases(base, random.Random(31))):
         path = tmp_path / f"plan{i:02d}.json"
         path.write_text(text)
@@ -477,12 +480,14 @@ def test_mutated_plan_files_are_refused_before_any_rank_starts(tmp_path, monkeyp
                                                              "--no-progress", "--out", str(tmp_path / f"run{i}")]))
         if "_Launched" in err_t:
             rc_t, err_t = 0, ""               # a plan that would train (its ranks were not started)
+            would_train += 1
             if rc_s != 0 or i < len(TAMPERED):
                 bad.append(f"{what}: simulate says {err_s.strip()[-200:]!r}, yet train started its ranks")
         bad += problems(what, [("simulate", rc_s, err_s), ("train", rc_t, err_t)])
         tampered_ok += [what] if i < len(TAMPERED) and rc_s == rc_t == 2 else []
     assert not bad, f"{len(bad)} problems:\n" + "\n".join(bad[:40])
     assert len(tampered_ok) == len(TAMPERED), tampered_ok
+    assert would_train > 0, "no plan reached the launcher's stand-in (did train call the real one?)"
 
 
 # -- the [bubbletea] table -------------------------------------------------------------------------------
