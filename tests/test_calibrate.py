@@ -97,10 +97,12 @@ def test_calibrated_inputs_use_the_measured_numbers(spec, unit_profile):
         assert inp.allreduce[s] == pytest.approx(2e-3 + 2 * params * 1e-9)     # bf16: reduced in bf16
         assert inp.optimizer[s] == pytest.approx(1e-3 + params * 1e-9)
     # bf16: no world-wide loss/overflow all-reduce (only fp16 must agree on skipped steps); with clipping
-    # (the job's default) the global norm: a hop each way inside each stage, a round trip between stages
-    assert inp.global_sync == pytest.approx(4 * rt["p2p"]["alpha_s"])
+    # (the job's default) the global norm's messages: a hop each way inside each stage, one per boundary
+    assert inp.global_sync == 0.0
+    assert inp.norm.reduce == pytest.approx([2 * rt["p2p"]["alpha_s"]] * 2)
     no_clip = dataclasses.replace(spec, job=spec.job.model_copy(update={"grad_clip": 0.0}))
     assert calibrated_inputs(no_clip, plan, unit_profile).global_sync == 0.0
+    assert calibrated_inputs(no_clip, plan, unit_profile).norm is None
     # ... fp16: 2 log2(n) = 4 gloo hops on loopback
     fp16 = calibrated_inputs(spec, plan.with_(precision="fp16"), unit_profile)
     assert fp16.global_sync == pytest.approx(4 * rt["p2p"]["alpha_s"])
@@ -157,16 +159,22 @@ def test_a_profile_file_goes_straight_into_the_cost_model(tmp_path, unit_profile
 
 def test_global_sync_crosses_the_wan_only_where_gloo_does(spec, unit_profile):
     from geotrain.calibrate.calibrated_costs import global_sync_s
+    from geotrain.calibrate.waits import norm_exchange
 
     prof = {**unit_profile, "runtime": {**unit_profile["runtime"], "p2p": {"alpha_s": 1e-4, "per_byte_s": 0.0}}}
     plan = plan_from_job(spec)                  # pp=2 x dp=2, ranks 0,1 east and 2,3 west; link 5 ms
     hop, lat = 1e-4, 5e-3
     no_clip = dataclasses.replace(spec, job=spec.job.model_copy(update={"grad_clip": 0.0}))
     assert global_sync_s(no_clip, plan, prof, "kernel") == 0.0   # bf16 without clipping: no step-wide collective
-    # bf16 clipping: the norm inside each stage (dp 2: one hop each way), then a round trip across the WAN
-    assert global_sync_s(spec, plan, prof, "kernel") == pytest.approx(4 * hop + 2 * lat)
-    assert global_sync_s(spec, plan, prof, "shaper") == pytest.approx(4 * hop)
+    assert norm_exchange(no_clip, plan, prof, "kernel") is None
+    # bf16 clipping: no world-wide collective; the norm inside each stage (dp 2: one hop each way), then
+    # one message per boundary and direction, across the WAN where gloo crosses it (kernel mode)
+    assert global_sync_s(spec, plan, prof, "kernel") == 0.0
+    kernel, shaper = norm_exchange(spec, plan, prof, "kernel"), norm_exchange(spec, plan, prof, "shaper")
+    assert kernel.reduce == pytest.approx([2 * hop, 2 * hop]) and kernel.hop == pytest.approx([hop + lat])
+    assert shaper.reduce == pytest.approx([2 * hop, 2 * hop]) and shaper.hop == pytest.approx([hop])
     plan = plan.with_(precision="fp16")
+    assert norm_exchange(spec, plan, prof, "kernel") is None      # fp16: the norm rides in the overflow all-reduce
     # Halving-doubling: pairs (0,1),(2,3) inside a DC, then (0,2),(1,3) across the WAN; reduce + gather.
     assert global_sync_s(spec, plan, prof, "kernel") == pytest.approx(4 * hop + 2 * lat)
     assert global_sync_s(spec, plan, prof, "shaper") == pytest.approx(4 * hop)
@@ -181,11 +189,21 @@ def test_global_sync_crosses_the_wan_only_where_gloo_does(spec, unit_profile):
     assert det["global_sync_s"] == pytest.approx(4e-3)
     opt = sorted({round(e.duration, 9) for e in sim.trace.events if e.kind == "optimizer"})
     assert opt == pytest.approx(sorted({round(t, 9) for t in inp.optimizer}))
-    no_clip = dataclasses.replace(spec, job=spec.job.model_copy(update={"grad_clip": 0.0}))
-    base, _ = predict(no_clip, one.with_(precision="bf16"), cal, iterations=2, mode="shaper", contention=False)
-    clip, _ = predict(spec, one.with_(precision="bf16"), cal, iterations=2, mode="shaper", contention=False)
-    assert clip.iteration_time == pytest.approx(base.iteration_time + global_sync_s(spec, one.with_(
-        precision="bf16"), cal, "shaper"))
+    # bf16: the partial sum reaches stage 0 one edge after the last stage's last backward, so stage 0
+    # (last to finish in 1F1B) steps when it would unclipped; the last stage waits for the total.
+    bf16 = one.with_(precision="bf16")
+    base, _ = predict(no_clip, bf16, cal, iterations=2, mode="kernel", contention=False)
+    clip, _ = predict(spec, bf16, cal, iterations=2, mode="kernel", contention=False)
+    edge = norm_exchange(spec, bf16, cal, "kernel").hop[0]
+
+    def steps(res, stage):
+        return sorted(e.start for e in res.trace.events if e.kind == "optimizer" and e.rank == bf16.rank(stage, 0))
+    for a, b in zip(steps(clip, 0), steps(base, 0)):
+        assert a == pytest.approx(b, abs=1e-9)
+    for a, b in zip(steps(clip, 1), steps(clip, 0)):
+        assert a >= b + edge - 1e-9                                  # the total left stage 0 at its step
+    waits = [e for e in clip.trace.events if e.kind == "recv_wait" and e.mb == -1]
+    assert waits and clip.iteration_time > base.iteration_time
 
 
 @pytest.mark.parametrize("precision,param_bytes", [("bf16", 2), ("fp32", 4), ("fp16", 4)])

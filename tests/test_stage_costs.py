@@ -43,14 +43,14 @@ def test_calibrated_costs_agree_with_the_analytic_ones_on_what_both_model(tied_s
         got, want = durations(calibrated, kind), durations(analytic, kind)
         assert [x[:4] for x in got] == [x[:4] for x in want], kind
         assert [x[4] for x in got] == pytest.approx([x[4] for x in want], rel=1e-12), kind
-    # The calibrated model waits for the runtime's step-wide collective before each step as the profile
-    # measured it (gradient clipping's global norm: calibrate.waits); the analytic one models the norm's
-    # exchange itself (StageCosts.norm_exchange), so the two meet on a job that does not clip.
-    assert det["global_sync_s"] > 0
+    # Both run gradient clipping's norm exchange as messages (StageCosts.norm_exchange; calibrate.waits:
+    # the calibrated hand-off on every edge), no step-wide collective in bf16: both cost the same
+    # beyond an unclipped job, to the hand-off's difference per message.
+    assert det["global_sync_s"] == 0
     unclipped = dataclasses.replace(tied_spec, job=tied_spec.job.model_copy(update={"grad_clip": 0.0}))
     base = simulate(unclipped, plan, iterations=2, cost=cost)
-    assert calibrated.iteration_time == pytest.approx(base.iteration_time + det["global_sync_s"], rel=1e-12)
-    assert analytic.iteration_time > base.iteration_time
+    assert analytic.iteration_time > base.iteration_time and calibrated.iteration_time > base.iteration_time
+    assert calibrated.iteration_time == pytest.approx(analytic.iteration_time, abs=2e-4)
     # ... and both price what they claim: a TP term in the compute, the tied sum in the sync.
     tp1 = simulate(tied_spec, plan.with_(tp=1), iterations=2, cost=cost)
     assert durations(analytic, "forward")[0][-1] > durations(tp1, "forward")[0][-1] / 2

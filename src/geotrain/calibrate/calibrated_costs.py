@@ -19,10 +19,10 @@ import numpy as np
 
 from geotrain.calibrate.calibrated_links import calibrated_cluster, slowdown
 from geotrain.calibrate.profile_file import MeasuredProfile, RuntimeProfile
-from geotrain.calibrate.waits import ack_delays, global_sync_s
+from geotrain.calibrate.waits import ack_delays, global_sync_s, norm_exchange
 from geotrain.costs import CostModel, StageTimes, comm
 from geotrain.costs.memory import fsdp_gather_bytes_per_param
-from geotrain.layout.stage_costs import StageCosts, plan_inputs
+from geotrain.layout.stage_costs import NormExchange, StageCosts, plan_inputs
 from geotrain.layout.wan_bytes import collective_bytes
 from geotrain.schedule.actions import Op
 from geotrain.sim import simulate_costs
@@ -43,6 +43,7 @@ class CalibratedInputs:
     global_sync: float = 0.0     # the step-wide collective before each step (waiting, not CPU): waits.py
     ack_s: dict[str, float] | None = None   # per WAN direction: last byte out -> ACK at the sender (None: RTT)
     costs: CalibratedCosts | None = None    # what priced them (the simulator's transfers too)
+    norm: NormExchange | None = None        # clipping's norm exchange (bf16/fp32), as messages: waits.py
 
 
 def core_slowdown(spec, plan, profile: MeasuredProfile | dict, background: float,
@@ -112,6 +113,7 @@ class CalibratedCosts(StageCosts):
         super().__init__(cost, calibrated_cluster(spec, profile, background, self.mode, boundary, message_scale, plan))
         self.ack = ack_delays(spec, self.cluster, self.mode)
         self.global_sync = global_sync_s(spec, plan, profile, self.mode)
+        self.norm = norm_exchange(spec, plan, profile, self.mode)
         # Interpreter time per compute action: its own plus its share of the stage's non-compute actions.
         per_action = rt.per_action_s
         compute_ops = {Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT}
@@ -166,7 +168,7 @@ def calibrated_inputs(spec, plan, profile: MeasuredProfile | dict, background: f
     costs = CalibratedCosts(spec, plan, profile, background, mode, message_scale)
     inp = plan_inputs(costs, plan)
     return CalibratedInputs(costs.cluster, inp.stage_costs, inp.allreduce, inp.optimizer,
-                            plan.global_batch * spec.model.seq_len, costs.global_sync, costs.ack, costs)
+                            plan.global_batch * spec.model.seq_len, costs.global_sync, costs.ack, costs, costs.norm)
 
 
 def compute_concurrency(result, plan) -> list[float]:
@@ -261,7 +263,8 @@ def predict(spec, plan, profile: MeasuredProfile | dict, iterations: int = 3, co
         # step (the run records it as recv_wait), unscaled by CPU sharing.
         opt = [t * f for t, f in zip(inp.optimizer, factors)]
         res = simulate_costs(plan, inp.cluster, costs, inp.allreduce, opt, inp.tokens, iterations=iterations,
-                             core_slowdown=pool, costs=inp.costs, step_sync=[inp.global_sync] * plan.pp)
+                             core_slowdown=pool, costs=inp.costs, step_sync=[inp.global_sync] * plan.pp,
+                             norm=inp.norm)
         if not contention or measured or pool is not None:
             break
         conc = compute_concurrency(res, plan)

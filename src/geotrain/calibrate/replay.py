@@ -15,7 +15,7 @@ from __future__ import annotations
 from geotrain.calibrate.calibrated_costs import calibrated_inputs, profile_mode
 from geotrain.calibrate.case_rows import drop_warmup
 from geotrain.calibrate.profile_file import MeasuredProfile
-from geotrain.layout.stage_costs import StageCosts
+from geotrain.layout.stage_costs import NormExchange, StageCosts
 from geotrain.sim.columns import SimTrace
 from geotrain.sim.engine import run_engine
 from geotrain.sim.program import COMPUTE, compile_program
@@ -38,14 +38,16 @@ def measured_compute(trace: Trace, warmup: int = 0) -> tuple[dict[Key, float], i
 
 def replay_costs(plan, cluster, stage_costs, allreduce: list[float], optimizer: list[float], tokens: int,
                  compute: dict[Key, float], iterations: int, costs: StageCosts | None = None,
-                 added: list[dict[str, float]] | None = None, step_sync: list[float] | None = None) -> SimResult:
+                 added: list[dict[str, float]] | None = None, step_sync: list[float] | None = None,
+                 norm: NormExchange | None = None) -> SimResult:
     """`simulate_costs` with every compute slot's duration taken from `compute` (rank = the unit's
     first TP rank) plus `added[stage][kind]` (the model's time around a compute event, e.g. the
     interpreter's); the stage costs price only what is not measured (sends' bytes, the TP gathers).
     A compute action `compute` does not hold is a ValueError naming it."""
     sched = plan_schedule(plan)
     costs = costs if costs is not None else StageCosts(None, cluster)
-    prog = compile_program(plan, costs, sched, stage_costs, allreduce, optimizer, iterations, step_sync=step_sync)
+    prog = compile_program(plan, costs, sched, stage_costs, allreduce, optimizer, iterations, step_sync=step_sync,
+                           norm=norm)
     dp = plan.dp
     unit_dur = []
     for u in range(plan.pp * dp):
@@ -76,7 +78,8 @@ def replay_run(spec, plan, profile: MeasuredProfile | dict, measured: Trace, war
     """A validation case's run replayed: its measured compute (after `warmup` iterations) in the
     calibrated model of everything else, at the run's WAN mode. Added as modelled: the interpreter's
     time around each compute action (CalibratedCosts.share: outside the measured compute events) and
-    the step-wide collective before each step (waits.global_sync_s, a wait as in `predict`). No
+    the step-wide collective before each step (waits.global_sync_s, a wait as in `predict`) or
+    clipping's norm exchange as messages (waits.norm_exchange). No
     CPU-sharing model for compute: the durations hold it. `rank_slowdown`: the run's measured CPU
     share per rank (wanrun.RunSampling, the post-hoc prediction's input): the CPU work outside
     compute -- the interpreter's time, the transport's hand-offs -- is slowed by it as in
@@ -93,4 +96,5 @@ def replay_run(spec, plan, profile: MeasuredProfile | dict, measured: Trace, war
     added = [{"forward": o * f, "backward": o * f, "backward_input": o * f / 2, "backward_weight": o * f / 2}
              for o, f in zip(inp.costs.share, factors)]
     return replay_costs(plan, inp.cluster, inp.stage_costs, inp.allreduce, inp.optimizer, inp.tokens, compute,
-                        iterations, costs=inp.costs, added=added, step_sync=[inp.global_sync] * plan.pp)
+                        iterations, costs=inp.costs, added=added, step_sync=[inp.global_sync] * plan.pp,
+                        norm=inp.norm)

@@ -1,22 +1,40 @@
 """What the runtime waits on besides compute and the pipeline's own transfers: the ACK of its WAN
-sends before each optimizer step, and the step-wide collectives before it -- fp16's world-wide
-loss/overflow all-reduce, else the global gradient norm of clipping. Both feed the calibrated
-simulation (calibrated_costs.py)."""
+sends before each optimizer step, fp16's world-wide loss/overflow all-reduce before it, and -- with
+clipping in bf16/fp32 -- the gradient norm's exchange, priced as its messages (`norm_exchange`).
+All feed the calibrated simulation (calibrated_costs.py)."""
 
 from __future__ import annotations
 
 from geotrain.calibrate.profile_file import CalibrationRun, MeasuredProfile
+from geotrain.layout.stage_costs import NormExchange
 
 
 def global_sync_s(spec, plan, profile: MeasuredProfile | dict, mode: str) -> float:
-    """Seconds of the runtime's step-wide collectives before each optimizer step: fp16's world-wide
-    all-reduce (`_world_allreduce_s`), which carries the gradient norm too, or else -- with gradient
-    clipping on (`job.grad_clip` > 0) -- the global norm (`_grad_norm_s`)."""
-    if plan.num_ranks < 2:
+    """Seconds of the runtime's step-wide collective before each optimizer step: fp16's world-wide
+    all-reduce (`_world_allreduce_s`), which carries the gradient norm too. bf16/fp32 has none:
+    clipping's norm goes stage to stage (`norm_exchange`), not through a world-wide collective."""
+    if plan.num_ranks < 2 or plan.precision != "fp16":
         return 0.0
-    if plan.precision == "fp16":
-        return _world_allreduce_s(spec, plan, profile, mode)
-    return _grad_norm_s(spec, plan, profile, mode) if getattr(spec.job, "grad_clip", 0.0) > 0 else 0.0
+    return _world_allreduce_s(spec, plan, profile, mode)
+
+
+def norm_exchange(spec, plan, profile: MeasuredProfile | dict, mode: str) -> NormExchange | None:
+    """The gradient norm's exchange of a bf16/fp32 step with clipping (runtime.recipe.GradNorm), for
+    the simulator to run as messages, as the analytic `StageCosts.norm_exchange` is: per stage a
+    one-scalar all-reduce over its dp x tp ranks (halving-doubling, hops only inside its DC), then
+    one float64 per boundary down the pipeline (the partial sums) and back up (the total), each
+    delivered after that boundary's edge: the hand-off, plus the WAN latency in "kernel" mode (gloo
+    crosses the emulated WAN; in "shaper" mode it stays on loopback). The receives are posted
+    before the iteration, so each message costs one way, never a round trip. None: no exchange."""
+    if getattr(spec.job, "grad_clip", 0.0) <= 0 or plan.precision == "fp16":
+        return None
+    edge = _edge(spec, plan, mode, _hop(spec, profile))
+    reduce = []
+    for s in range(plan.pp):
+        ranks = [plan.rank(s, r, u) for r in range(plan.dp) for u in range(plan.stage_tp(s))]
+        steps = (len(ranks) - 1).bit_length()
+        reduce.append(2 * steps * max(edge(a, b) for a in ranks for b in ranks if a != b) if steps else 0.0)
+    return NormExchange(reduce, [edge(plan.rank(s, 0, 0), plan.rank(s + 1, 0, 0)) for s in range(plan.pp - 1)])
 
 
 def _hop(spec, profile: MeasuredProfile | dict) -> float:
@@ -41,23 +59,6 @@ def _edge(spec, plan, mode: str, hop: float):
         link = spec.cluster.link(dc[a], dc[b]) if mode == "kernel" and dc[a] != dc[b] else None
         return hop + (link.latency_ms * 1e-3 if link is not None else 0.0)
     return edge
-
-
-def _grad_norm_s(spec, plan, profile: MeasuredProfile | dict, mode: str) -> float:
-    """The global gradient norm of a bf16/fp32 step with clipping (runtime.recipe.GradNorm): an
-    all-reduce of one scalar inside each stage (its DP x TP ranks, one DC: halving-doubling, hops
-    only), then every stage's total to every other stage's ranks by batch_isend_irecv -- one exchange
-    whose sends complete on the receiver's acknowledgement, so a round trip of the slowest pair (the
-    WAN's latency both ways in "kernel" mode). The first stage, which finishes its backward last,
-    waits for it; the others already wait for that stage's total (the simulator adds this to every
-    stage's step, as for fp16)."""
-    hop = _hop(spec, profile)
-    edge = _edge(spec, plan, mode, hop)
-    inside = max(2 * (plan.dp * plan.stage_tp(s) - 1).bit_length() * hop for s in range(plan.pp))
-    if plan.pp < 2:
-        return inside
-    firsts = [plan.rank(s, 0, 0) for s in range(plan.pp)]
-    return inside + 2 * max(edge(a, b) for a in firsts for b in firsts if a != b)
 
 
 def _world_allreduce_s(spec, plan, profile: MeasuredProfile | dict, mode: str) -> float:
