@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.calibrate.gpu_runs import load_gpu_runs
-from geotrain.calibrate.roofline_fit import fit_rows, score_passes_left
+from geotrain.calibrate.roofline_fit import block_spec, fit_rows, score_passes_left
 from geotrain.costs import CostModel
 from geotrain.models.presets import PRESETS
 from geotrain.spec.cluster import BUILTIN_GPU_TYPES, Datacenter
@@ -32,11 +32,15 @@ def _block_s(cost: CostModel, mb: int, tp: int) -> float:
     return t.forward + t.backward + cost.tp_comm_time([1], mb, tp, NODE)
 
 
-@pytest.mark.parametrize("preset", ["small", "llama2-7b"])
+@pytest.mark.parametrize("preset", ["OPT-350", "llama2-7b"])
 def test_micro_batch_and_tp_are_not_linear(preset):
-    cost = CostModel(PRESETS[preset])
+    """In the planner's setting (bf16, fused attention). A small model's block at micro-batch 1 is
+    host-bound (its kernels queue slower than they run); a 7B block's 4,096 tokens already fill
+    the GEMMs, so there micro-batch 1 is only not cheaper."""
+    model = block_spec(load_gpu_runs(DATA), preset) if preset == "OPT-350" else PRESETS[preset]
+    cost = CostModel(model)
     per_sample = {mb: _block_s(cost, mb, 1) / mb for mb in (1, 4)}
-    assert per_sample[1] > 1.01 * per_sample[4]                  # a micro-batch of 1 is dearer per sample
+    assert per_sample[1] > (1.01 if preset == "OPT-350" else 1.0) * per_sample[4]
     for mb in (1, 4):
         assert _block_s(cost, mb, 1) / _block_s(cost, mb, 4) < 3.9   # tp 4 < 4x tp 1
     assert _block_s(cost, 1, 1) / _block_s(cost, 1, 4) < _block_s(cost, 4, 1) / _block_s(cost, 4, 4)
@@ -63,20 +67,25 @@ def test_published_points_fall_off_and_the_roofline_follows(rows):
 
 def test_regression_table(rows):
     """The fit the GPU defaults come from (docs/DECISIONS.md): every profiled point, the median
-    error under 10 %, at least 35 of the 65 within 10 %, none off by more than a third."""
+    error under 5 %, at least 60 of the 65 within 10 % (the old fit: 35) and all but one within
+    11 %; the one is GPT-Neo on GH200 at micro-batch 1, tp 2, which the profile has at 0.91x its
+    tp 1 time while micro-batch 2 takes 1.41x it (no smooth model follows that)."""
     errors = sorted(abs(r.error) for r in rows.values())
     assert len(errors) == 65
-    assert errors[len(errors) // 2] <= 0.10
-    assert sum(e <= 0.10 for e in errors) >= 35
-    assert errors[-1] <= 0.33
+    assert errors[len(errors) // 2] <= 0.05
+    assert sum(e <= 0.10 for e in errors) >= 60
+    assert errors[-2] <= 0.11
+    worst = max(rows.values(), key=lambda r: abs(r.error))
+    assert (worst.model, worst.gpu, worst.micro_batch, worst.tp) == ("GPT-Neo-2.7", "GH-96", 1, 2)
+    assert abs(worst.error) <= 0.33
 
 
-def test_one_attention_pass_count_cannot_fit_both_models():
-    """Why the regression table stops short of every point within 10 %: OPT-350's materialized
-    attention costs more per score element than GPT-Neo-2.7's in the published profiles. A pass
-    count shared by both models needs a GEMM plateau beyond the peak on both GPUs (A100 ~4x: even
-    at TF32's peak GPT-Neo leaves ~27 passes over its scores where OPT needs ~36)."""
+def test_one_attention_pass_count_fits_both_models():
+    """The two models' materialized attention is one code path (Sailor's Megatron fork), so one
+    count of passes over the scores must fit both at a plateau below the peak: with the GPT-Neo
+    runs' 20 heads it does (A100 ~0.76, GH200 ~0.41 of peak); with models.json's 32 it took ~4x
+    A100's TF32 peak -- the shape the old fit was made on."""
     needed = {line.split(":")[0]: float(re.search(r"plateau of ([0-9.]+)", line).group(1))
               for line in score_passes_left(load_gpu_runs(DATA)) if "one count" in line}
     assert set(needed) == {"A100-40", "GH-96"}
-    assert needed["A100-40"] > 3 and needed["GH-96"] > 1, needed
+    assert 0.3 < needed["A100-40"] < 1 and 0.3 < needed["GH-96"] < 1, needed

@@ -31,12 +31,12 @@ HBM_BYTES_PER_S = 4.0e12        # GH200 96 GB HBM3 datasheet (the optimizer step
 # Per profiled GPU of profiles.json: HBM bandwidth (datasheets) and the GPU as a geotrain GPU type, so
 # that an imported profile's times scale to another GPU by the ratio of achieved FLOP/s (unit_times).
 GPU_HBM_BYTES_PER_S = {"GH-96": HBM_BYTES_PER_S, "A100-40": 1.555e12}
-# Efficiency: the built-in types' large-GEMM plateau (spec.cluster: Hopper 0.54, A100 0.94), so that a profile
+# Efficiency: the built-in types' large-GEMM plateau (spec.cluster: Hopper 0.48, A100 0.87), so that a profile
 # imported for a GPU and used on the built-in type of that GPU is not rescaled.
-GH200_TYPE = {"bf16_tflops": 989, "fp16_tflops": 989, "fp32_tflops": 67, "memory_gib": 96.0, "efficiency": 0.54,
-              "memory_tbps": HBM_BYTES_PER_S / 1e12}
-A100_40_TYPE = {"bf16_tflops": 312, "fp16_tflops": 312, "fp32_tflops": 19.5, "memory_gib": 40.0, "efficiency": 0.94,
-                "memory_tbps": 1.555}
+GH200_TYPE = {"bf16_tflops": 989, "fp16_tflops": 989, "fp32_tflops": 67, "memory_gib": 96.0, "efficiency": 0.48,
+              "memory_tbps": HBM_BYTES_PER_S / 1e12, "memory_efficiency": 0.61, "host_us": 78.0}
+A100_40_TYPE = {"bf16_tflops": 312, "fp16_tflops": 312, "fp32_tflops": 19.5, "memory_gib": 40.0, "efficiency": 0.87,
+                "memory_tbps": 1.555, "memory_efficiency": 0.71, "host_us": 103.0}
 GPU_REFERENCE = {"GH-96": GH200_TYPE, "A100-40": A100_40_TYPE}
 NVLINK_GBPS = 2 * 8 * 150       # inside a node: the intra-node curves peak near 250 GB/s for 4 GPUs
 APPROXIMATIONS = (

@@ -2,14 +2,15 @@
 
 For every profiled (model, GPU, micro-batch, tp): one transformer block's forward + backward as
 published (the mean of the model's blocks) beside the roofline's -- the block's ops at the runs'
-settings (fp32 with TF32 matmuls, Megatron's materialized attention) on the GPU type's plateau
-efficiency, plus Megatron's four TP all-reduces of the block's activation (costs.comm, NVLink
-inside one node). OPT-350's and GPT-Neo-2.7's GeLU MLPs (2 x hidden x 4 hidden) are the SwiGLU of
-equal parameters geotrain's model has (calibrate.gpu_runs does the same for OPT).
+settings (fp32 with TF32 matmuls, Megatron's materialized attention) on the GPU type's fitted
+plateau, memory efficiency and host time, plus Megatron's four TP all-reduces of the block's
+activation (costs.comm at the node's fitted rate). OPT-350's and GPT-Neo-2.7's GeLU MLPs
+(2 x hidden x 4 hidden) are the SwiGLU of equal parameters geotrain's model has (calibrate.gpu_runs
+does the same for OPT).
 
-The GPU types are the built-in defaults' efficiencies (A100 for the A100-40, Hopper's for the
-GH200) with the runs' TF32 peaks and the datasheets' HBM bandwidth: this table is what those
-defaults were fitted on (docs/DECISIONS.md).
+The GPU types are the built-in defaults' (A100 for the A100-40, Hopper's for the GH200) with the
+runs' TF32 peaks and the datasheets' HBM bandwidth: this table is what those defaults were fitted
+on (docs/DECISIONS.md).
 """
 
 from __future__ import annotations
@@ -18,15 +19,22 @@ from dataclasses import dataclass
 
 from geotrain.calibrate.gpu_runs import GpuRunData
 from geotrain.costs import comm, roofline
+from geotrain.costs.activations import BLOCK
 from geotrain.spec.cluster import BUILTIN_GPU_TYPES, Datacenter
 from geotrain.spec.model import ModelSpec
 
-# profile GPU name -> (TF32 dense peak FLOP/s, HBM bytes/s, built-in type whose efficiency it uses)
+# profile GPU name -> (TF32 dense peak FLOP/s, HBM bytes/s, built-in type whose fitted efficiencies and
+# host time it uses, the node's all-reduce rate in Gbit/s -- fitted with them: ~180 GB/s for the
+# A100s' NVSwitch, ~360 GB/s for the GH200 quad's NVLink)
 GPUS = {
-    "A100-40": (156e12, 1.555e12, "a100-40g"),     # A100 SXM4 40 GB datasheet
-    "GH-96": (494e12, 4.0e12, "h100-80g"),         # GH200 96 GB (Hopper) datasheet
+    "A100-40": (156e12, 1.555e12, "a100-40g", 1450.0),     # A100 SXM4 40 GB datasheet
+    "GH-96": (494e12, 4.0e12, "h100-80g", 2900.0),         # GH200 96 GB (Hopper) datasheet
 }
-NVLINK_GBPS = 2400.0       # geotrain's default intra-node rate: 300 GB/s each way
+# The runs' GPT-Neo-2.7 had 20 heads of 128, not the 32 of 80 models.json takes from Sailor's training
+# config: the measured activation bytes per tp (llm_info) less 20 heads' s x s scores leave 16.5, 10.5,
+# 7.5 hidden-sized tensors at tp 1, 2, 4 -- 4.5 + 12 / tp, OPT's 3 + 8 / tp plus GeLU's kept input --
+# where 32 heads leave 6.9, 5.7, 5.2, fewer split tensors than q, k and v alone.
+HEADS = {"GPT-Neo-2.7": 20}
 
 
 @dataclass(frozen=True)
@@ -46,15 +54,17 @@ class FitRow:
 def block_spec(data: GpuRunData, model: str) -> ModelSpec:
     m = data.models[model]
     ffn = 4 * round(2 * int(m["ffn_hidden"]) / 3 / 4)       # SwiGLU of the GeLU MLP's parameters, divisible by 4
-    return ModelSpec(name=model, layers=int(m["transformer_layers"]), hidden=int(m["hidden"]), heads=int(m["heads"]),
-                     kv_heads=int(m["heads"]), ffn=ffn, vocab=50304, seq_len=int(m["seq_len"]))
+    heads = HEADS.get(model, int(m["heads"]))
+    return ModelSpec(name=model, layers=int(m["transformer_layers"]), hidden=int(m["hidden"]), heads=heads,
+                     kv_heads=heads, ffn=ffn, vocab=50304, seq_len=int(m["seq_len"]))
 
 
 def predicted_block_s(spec: ModelSpec, gpu: str, micro_batch: int, tp: int) -> float:
-    peak, bandwidth, builtin = GPUS[gpu]
-    device = roofline.Device(peak, BUILTIN_GPU_TYPES[builtin].efficiency, bandwidth)
-    f, b, w = roofline.block_seconds(spec, micro_batch, tp, 4, device, attention="materialized")
-    node = Datacenter(name="node", gpu_type=builtin, gpus=tp, gpus_per_node=tp, intra_node_gbps=NVLINK_GBPS)
+    peak, bandwidth, builtin, node_gbps = GPUS[gpu]
+    t = BUILTIN_GPU_TYPES[builtin]
+    device = roofline.Device(peak, t.efficiency, bandwidth * t.memory_efficiency, host_s=t.host_us * 1e-6)
+    f, b, w = roofline.kind_seconds(spec, micro_batch, tp, 4, device, attention="materialized")[BLOCK]
+    node = Datacenter(name="node", gpu_type=builtin, gpus=tp, gpus_per_node=tp, intra_node_gbps=node_gbps)
     activation = micro_batch * spec.seq_len * spec.hidden * 4
     return f + b + w + (4 * comm.allreduce_time(activation, tp, tp, node) if tp > 1 else 0.0)
 
@@ -95,13 +105,13 @@ def _passes_left(per_sample_s: float, spec: ModelSpec, peak: float, bandwidth: f
 
 
 def score_passes_left(data: GpuRunData) -> list[str]:
-    """Why one pass count for materialized attention cannot fit both models: per GPU and model, the
-    published per-sample time of one block (tp 1, the largest micro-batch) as `_passes_left`, the
-    GEMMs at the peak and at the GPU type's plateau. costs.roofline charges 11 (forward 4, backward
-    7, the attention GEMMs' own reads and writes included); a count shared by both models needs
-    OPT's and GPT-Neo's to meet, which takes the plateau printed (above 1: beyond the peak)."""
+    """Whether one pass count for materialized attention can fit both models (they run the same
+    attention code): per GPU and model, the published per-sample time of one block (tp 1, the
+    largest micro-batch) as `_passes_left`, the GEMMs at the peak and at the GPU type's plateau;
+    OPT's and GPT-Neo's counts meet at the plateau printed (above 1 would be beyond the peak: with
+    models.json's 32 GPT-Neo heads it was ~4 on the A100)."""
     out = []
-    for gpu, (peak, bandwidth, builtin) in GPUS.items():
+    for gpu, (peak, bandwidth, builtin, _) in GPUS.items():
         plateau = BUILTIN_GPU_TYPES[builtin].efficiency
         per_model = {}
         for model in ("OPT-350", "GPT-Neo-2.7"):

@@ -218,7 +218,7 @@ class CostModel:
             return hit[1]
         flops = self._kind_flops(micro_batch)
         rate = gpu.achieved_flops(self.precision) * tp
-        device = roofline.Device(gpu.peak_flops(self.precision), gpu.efficiency, self.memory_bandwidth(gpu))
+        device = roofline.device_for(gpu, self.precision, self.memory_bandwidth(gpu))
         per_op = roofline.kind_seconds(self.model, micro_batch, tp, self.dtype_bytes, device, ep=self.ep) \
             if gpu.roofline else None
         out = []

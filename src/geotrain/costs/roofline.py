@@ -1,13 +1,15 @@
 """Compute time per op, the way a GPU spends it: a roofline with a GEMM-shape efficiency curve.
 
 Each op of a unit (the GEMMs, attention, norms and element-wise ops, the head's cross-entropy)
-takes max(FLOPs / achievable FLOP/s, bytes / memory bandwidth) + a per-kernel cost. The
+takes max(FLOPs / achievable FLOP/s, bytes / achieved memory bandwidth) + a launch. The
 achievable FLOP/s of a GEMM (m x k) @ (k x n) is the plateau (`GPUType.efficiency` x peak) times
 d / (d + GEMM_HALF_DIM) along n and k: narrow weights (a small hidden size, or n or k divided by
-tp) fall off the plateau. Element-wise ops are memory-bound: bytes read and written / HBM
-bandwidth. The per-kernel cost is what makes a micro-batch of 1 dearer per sample than one of 4;
-the narrower GEMMs and that fixed cost make tp = 4 less than 4x faster than tp = 1 (the TP
-all-reduces are priced apart, by costs.comm, in CostModel.tp_comm_time).
+tp) fall off the plateau. Element-wise ops are memory-bound: bytes read and written / (HBM
+bandwidth x `GPUType.memory_efficiency`). A pass (forward, or backward) takes at least its kernels
+x the host's dispatch time per kernel (`GPUType.host_us`: eager PyTorch queues kernels no faster),
+which is what makes a micro-batch of 1 dearer per sample than one of 4; the narrower GEMMs, that
+floor and the TP all-reduces (priced apart, by costs.comm, in CostModel.tp_comm_time) make tp = 4
+less than 4x faster than tp = 1.
 
 Attention is priced as the runtime runs it: "fused" (geotrain's runtime: SDPA's flash or
 memory-efficient kernel, causal blocks skipped, no s x s tensor in memory) or "materialized"
@@ -20,21 +22,24 @@ The constants are documented in docs/DECISIONS.md with their fit (bench/bench_pl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from geotrain.costs.activations import BLOCK, EMBEDDING, HEAD
 from geotrain.models.shape import as_shape
+from geotrain.spec.cluster import GPUType
 from geotrain.spec.model import ModelSpec
 
-# The weight dimension at which a GEMM reaches half its plateau along that axis, and the seconds
-# each kernel costs beyond its work (launch ~5 us, plus eager PyTorch's dispatch and the stream's
-# gaps between kernels). Both fitted, with each GPU's plateau, to the 65 published per-layer points
-# (OPT-350, GPT-Neo-2.7 on A100-40 and GH200: calibrate.roofline_fit, docs/DECISIONS.md).
-GEMM_HALF_DIM = 384.0
-LAUNCH_S = 30e-6
+# The weight dimension at which a GEMM reaches half its plateau along that axis, fitted with each
+# GPU type's plateau, memory efficiency and host time to the 65 published per-layer points
+# (OPT-350, GPT-Neo-2.7 on A100-40 and GH200: calibrate.roofline_fit, docs/DECISIONS.md); and
+# the GPU-side gap each kernel costs beyond its work.
+GEMM_HALF_DIM = 133.0
+LAUNCH_S = 4e-6
 ATTENTION = ("fused", "materialized")
-# Passes over the s x s scores of materialized attention besides its two GEMMs (forward, backward).
-SCORE_PASSES = (2.0, 3.0)
+# Passes over the s x s scores of materialized attention besides its GEMMs' own (forward,
+# backward; the unfused mask, softmax and their gradients): fitted with the above to forward +
+# backward totals, which do not tell the two apart -- all of it landed in the backward.
+SCORE_PASSES = (0.0, 17.7)
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,16 @@ class Device:
 
     peak_flops: float           # dense matmul FLOP/s
     efficiency: float           # the plateau fraction a large GEMM reaches
-    memory_bytes_per_s: float   # HBM bandwidth
+    memory_bytes_per_s: float   # achieved HBM bytes/s: the datasheet x GPUType.memory_efficiency
     launch_s: float = LAUNCH_S
     half_dim: float = GEMM_HALF_DIM
+    host_s: float = 0.0         # the host's dispatch time per kernel: a pass takes at least kernels x this
+
+
+def device_for(gpu: GPUType, precision: str, bandwidth: float) -> Device:
+    """A GPU type at one precision; bandwidth: its HBM bytes/s (datasheet or measured)."""
+    return Device(gpu.peak_flops(precision), gpu.efficiency, bandwidth * gpu.memory_efficiency,
+                  host_s=gpu.host_us * 1e-6)
 
 
 def gemm_efficiency(n: float, k: float, device: Device) -> float:
@@ -97,11 +109,14 @@ def block_seconds(spec: ModelSpec, micro_batch: int, tp: int, p: int, device: De
     if spec.experts:
         # each of the GPU's experts/ep experts runs a GEMM on the rows routed to it from its ep group
         # (T * k * ep / experts on average), its ffn split over tp; the router is one more GEMM
+        # (grouped: one kernel per projection and direction for all of them)
         experts = spec.experts / ep
         rows, width = T * spec.experts_per_token * ep / spec.experts, spec.expert_ffn / tp
         f, b, w = _add((f, b, w), _linear(T, h, spec.experts, device, p))
+        unlaunched = replace(device, launch_s=0.0)
         for k_in, n_out in ((h, 2 * width), (width, h)):
-            f, b, w = _add((f, b, w), _linear(rows, k_in, n_out, device, p), experts)
+            f, b, w = _add((f, b, w), _linear(rows, k_in, n_out, unlaunched, p), experts)
+            f, b, w = _add((f, b, w), (device.launch_s,) * 3)
         mlp_elems = experts * rows * width
         if spec.shared_expert_ffn:
             for k_in, n_out in ((h, 2 * spec.shared_expert_ffn / tp), (spec.shared_expert_ffn / tp, h)):
@@ -156,9 +171,35 @@ def embedding_seconds(spec: ModelSpec, micro_batch: int, tp: int, p: int, device
     return memory_s(2 * rows, device), 0.0, memory_s(3 * rows, device)
 
 
+_COUNTING = Device(float("inf"), 1.0, float("inf"), launch_s=1.0)   # every op takes 1 s: times are kernel counts
+
+
+def host_floor(times: tuple[float, float, float], kernels: tuple[float, float, float],
+               host_s: float) -> tuple[float, float, float]:
+    """(forward, backward_input, backward_weight) no faster than the host queues their kernels: the
+    forward at least its kernels x host_s, the backward (both parts, in proportion) likewise."""
+    f, b, w = times
+    f = max(f, kernels[0] * host_s)
+    floor = (kernels[1] + kernels[2]) * host_s
+    if b + w < floor:
+        scale = floor / (b + w) if b + w > 0 else 0.0
+        b, w = (b * scale, w * scale) if scale else (floor, 0.0)
+    return f, b, w
+
+
 def kind_seconds(spec: ModelSpec, micro_batch: int, tp: int, p: int, device: Device,
                  attention: str = "fused", ep: int = 1) -> dict[str, tuple[float, float, float]]:
-    """Per unit kind, (forward, backward_input, backward_weight) seconds on one GPU of a tp group."""
-    return {EMBEDDING: embedding_seconds(spec, micro_batch, tp, p, device),
-            BLOCK: block_seconds(spec, micro_batch, tp, p, device, attention, ep),
-            HEAD: head_seconds(spec, micro_batch, tp, p, device)}
+    """Per unit kind, (forward, backward_input, backward_weight) seconds on one GPU of a tp group.
+    A block at tp > 1 also queues its two all-reduces each way (their time is CostModel's)."""
+    def kinds(d: Device) -> dict[str, tuple[float, float, float]]:
+        return {EMBEDDING: embedding_seconds(spec, micro_batch, tp, p, d),
+                BLOCK: block_seconds(spec, micro_batch, tp, p, d, attention, ep),
+                HEAD: head_seconds(spec, micro_batch, tp, p, d)}
+
+    out = kinds(device)
+    if device.host_s <= 0:
+        return out
+    counts = kinds(_COUNTING)
+    extra = 2.0 if tp > 1 else 0.0
+    counts[BLOCK] = (counts[BLOCK][0] + extra, counts[BLOCK][1] + extra, counts[BLOCK][2])
+    return {kind: host_floor(out[kind], counts[kind], device.host_s) for kind in out}

@@ -27,6 +27,8 @@ class GPUType(Strict):
     memory_gib: bounded_float(1e-3, 1e5)      # 1 MiB .. 100 TiB
     efficiency: bounded_float(1e-3, 1.0) = 0.5    # below 0.1 % of peak no kernel runs (and times overflow)
     memory_tbps: bounded_float(1e-6, 1e4) | None = None   # HBM TB/s; None: bf16 peak / 200 FLOP per byte
+    memory_efficiency: bounded_float(1e-3, 1.0) = 0.6     # the fraction of it unfused element-wise kernels reach
+    host_us: bounded_float(0.0, 1e6) = 100.0   # host dispatch per kernel: a pass takes at least kernels x this
     roofline: bool = True
 
     def peak_flops(self, precision: str) -> float:
@@ -40,19 +42,20 @@ class GPUType(Strict):
         return self.memory_gib * 2**30
 
 
-# Public datasheet numbers (dense, no sparsity; HBM bandwidth of the SXM parts). `efficiency` is the
-# GEMM plateau fitted to the published per-layer profiles (docs/DECISIONS.md, "A GPU-shaped compute
-# model"): A100 0.94, Hopper 0.54 (GH200 in a power-capped node: an H100 at full power may do more).
-# `cpu` is this project's emulation target.
+# Public datasheet numbers (dense, no sparsity; HBM bandwidth of the SXM parts). `efficiency` (the
+# GEMM plateau, reached only as d / (d + 133) -> 1), `memory_efficiency` and `host_us` are fitted to
+# the published per-layer profiles (docs/DECISIONS.md, "A GPU-shaped compute model"): A100 0.87, 0.71,
+# 103 us; Hopper 0.48, 0.61, 78 us (GH200 in a power-capped node, with its Grace host: an H100 at
+# full power may do more); V100 takes A100's. `cpu` is this project's emulation target.
 BUILTIN_GPU_TYPES: dict[str, GPUType] = {
-    "a100-40g": GPUType(bf16_tflops=312, fp16_tflops=312, fp32_tflops=19.5, memory_gib=40, efficiency=0.94,
-                        memory_tbps=1.555),
-    "a100-80g": GPUType(bf16_tflops=312, fp16_tflops=312, fp32_tflops=19.5, memory_gib=80, efficiency=0.94,
-                        memory_tbps=2.039),
-    "h100-80g": GPUType(bf16_tflops=989, fp16_tflops=989, fp32_tflops=67, memory_gib=80, efficiency=0.54,
-                        memory_tbps=3.35),
-    "v100-32g": GPUType(bf16_tflops=125, fp16_tflops=125, fp32_tflops=15.7, memory_gib=32, efficiency=0.94,
-                        memory_tbps=0.9),
+    "a100-40g": GPUType(bf16_tflops=312, fp16_tflops=312, fp32_tflops=19.5, memory_gib=40, efficiency=0.87,
+                        memory_tbps=1.555, memory_efficiency=0.71, host_us=103),
+    "a100-80g": GPUType(bf16_tflops=312, fp16_tflops=312, fp32_tflops=19.5, memory_gib=80, efficiency=0.87,
+                        memory_tbps=2.039, memory_efficiency=0.71, host_us=103),
+    "h100-80g": GPUType(bf16_tflops=989, fp16_tflops=989, fp32_tflops=67, memory_gib=80, efficiency=0.48,
+                        memory_tbps=3.35, memory_efficiency=0.61, host_us=78),
+    "v100-32g": GPUType(bf16_tflops=125, fp16_tflops=125, fp32_tflops=15.7, memory_gib=32, efficiency=0.87,
+                        memory_tbps=0.9, memory_efficiency=0.71, host_us=103),
     "cpu": GPUType(bf16_tflops=0.1, fp16_tflops=0.02, fp32_tflops=0.06, memory_gib=4, efficiency=1.0,
                    roofline=False),
 }
