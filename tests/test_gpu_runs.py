@@ -114,7 +114,7 @@ def test_command_line(tmp_path, capfd):
     plan = tmp_path / "gpu_runs" / "N2_pp2_dp1_tp4_mbs8_gbs32" / "plan.json"
     prof = tmp_path / "gpu_runs" / "profile-OPT-350-GH-96.json"
     rc, out, err = geotrain(capfd, "simulate", plan, "--p2p", "blocking", "--profile", prof, "--out", tmp_path / "s",
-                            "--no-compare", "--no-progress")
+                            "--no-compare", "--no-progress", "--no-timeline")
     assert rc == 0, err
     row = next(r for r in json.loads((tmp_path / "gpu_results.json").read_text())["rows"]
                if r["run"] == "N2_pp2_dp1_tp4_mbs8_gbs32")

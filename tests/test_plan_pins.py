@@ -34,7 +34,8 @@ def test_pinned_layout_is_the_same_in_plan_simulate_and_train(tmp_path, capsys):
     chosen = make_plan(spec).plan
     stages = [s.dc for s in chosen.stages]
     assert (chosen.pp, chosen.dp, chosen.tp) == (6, 2, 8)
-    assert main(["simulate", str(spec.path), "--out", str(tmp_path / "sim"), "--no-compare", "--no-progress"]) == 0
+    assert main(["simulate", str(spec.path), "--out", str(tmp_path / "sim"), "--no-compare", "--no-progress",
+                 "--no-timeline"]) == 0
     capsys.readouterr()
     simulated = [s["dc"] for s in json.loads((tmp_path / "sim" / "plan.json").read_text())["plan"]["stages"]]
     assert simulated == stages

@@ -27,7 +27,7 @@ def test_a_moved_plan_file_simulates_and_trains(tmp_path, capsys):
     shutil.rmtree(made)                       # the spec and its cluster file are gone
 
     assert main(["simulate", str(elsewhere / "plan.json"), "--out", str(elsewhere / "sim"), "--no-compare",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--no-timeline"]) == 0
     assert (elsewhere / "sim" / "trace.jsonl").exists()
     capsys.readouterr()
     rc = main(["train", str(elsewhere / "plan.json"), "--steps", "2", "--out", str(elsewhere / "run"),

@@ -112,11 +112,11 @@ def test_plan_and_simulate_accept_a_measured_table(tmp_path, capfd):
     rc, out, err = geotrain(capfd, "plan", spec, "--profile", tmp_path / "table.json", "--out", tmp_path / "p.json")
     assert rc == 0, err
     rc, out, err = geotrain(capfd, "simulate", tmp_path / "p.json", "--profile", tmp_path / "table.json", "--out",
-                            tmp_path / "sim", "--no-compare", "--no-progress")
+                            tmp_path / "sim", "--no-compare", "--no-progress", "--no-timeline")
     assert rc == 0, err
     metrics = json.loads((tmp_path / "sim" / "metrics.json").read_text())
     rc, _, err = geotrain(capfd, "simulate", tmp_path / "p.json", "--out", tmp_path / "flops", "--no-compare",
-                          "--no-progress")
+                          "--no-progress", "--no-timeline")
     assert rc == 0, err
     flops = json.loads((tmp_path / "flops" / "metrics.json").read_text())
     it = metrics["iteration_time_s"]

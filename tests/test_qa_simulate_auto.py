@@ -13,7 +13,7 @@ SPEC = "examples/llama2_7b_a100_3dc.toml"
 
 def test_simulate_uses_the_planners_choice(tmp_path, capsys):
     chosen = make_plan(load_spec(SPEC)).plan
-    assert main(["simulate", SPEC, "--out", str(tmp_path), "--no-compare", "--no-progress"]) == 0
+    assert main(["simulate", SPEC, "--out", str(tmp_path), "--no-compare", "--no-progress", "--no-timeline"]) == 0
     capsys.readouterr()
     got = json.loads((tmp_path / "plan.json").read_text())["plan"]
     assert (len(got["stages"]), got["dp"], got["micro_batch"], got["schedule"]) == \

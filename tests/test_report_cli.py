@@ -46,10 +46,13 @@ def test_simulate_summary_printed(tmp_path, capsys):
     from conftest import EXAMPLES
 
     rc = main(["simulate", str(EXAMPLES / "tiny_2dc.toml"), "--out", str(tmp_path / "o"), "--no-compare",
-               "--schedule", "gpipe", "--iterations", "2"])
+               "--schedule", "gpipe", "--iterations", "2", "--no-timeline"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "gpipe" in out and "iteration time" in out and "report.html" in out
+    # --no-timeline: the page without the picture (test_simulate_writes_everything draws it)
+    assert not (tmp_path / "o" / "timeline.png").exists() and "timeline.png" not in out
+    assert "data:image/png" not in (tmp_path / "o" / "report.html").read_text()
     assert not (json.loads((tmp_path / "o" / "metrics.json").read_text())).get("schedule_comparison")
     trace = Trace.read_jsonl(tmp_path / "o" / "trace.jsonl")
     assert {e.iteration for e in trace.events} == {0, 1}

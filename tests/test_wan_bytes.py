@@ -79,7 +79,7 @@ def test_simulate_prints_a_region_plans_wan_bytes(tmp_path):
     spec, plan = _region("zero3")
     save_plan(tmp_path / "region.json", plan, spec=spec)
     r = subprocess.run([sys.executable, "-m", "geotrain.cli", "simulate", str(tmp_path / "region.json"),
-                        "--out", str(tmp_path / "sim"), "--no-compare", "--no-progress"],
+                        "--out", str(tmp_path / "sim"), "--no-compare", "--no-progress", "--no-timeline"],
                        env=ENV, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     shown = re.search(r"WAN bytes / iteration\s*\|?\s*([\d.]+ \w+)", r.stdout)

@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=1, metavar="N", help="iterations to simulate (default 1)")
     p.add_argument("--no-compare", action="store_true", help="skip simulating the other schedule kinds")
     p.add_argument("--no-progress", action="store_true", help="never show progress bars")
+    p.add_argument("--no-timeline", action="store_true",
+                   help="write no DIR/timeline.png (report.html without it): drawing it is most of a small plan's "
+                        "simulate")
     p.add_argument("--p2p", choices=("overlapped", "blocking"), default="overlapped",
                    help="how the runtime moves pipeline tensors: overlapped (geotrain's: a send does not wait "
                         "for its receive, the default) or blocking (DeepSpeed's pipe engine: blocking send/recv in "
@@ -40,5 +43,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     simulate_command(args.spec, args.out, plan_path=args.plan, schedule=args.schedule, iterations=args.iterations,
                      compare=not args.no_compare, progress=not args.no_progress, p2p=args.p2p,
-                     profile_path=args.profile, bubbletea=args.bubbletea, say=lambda line: print(line, flush=True))
+                     profile_path=args.profile, bubbletea=args.bubbletea,
+                     timeline=not args.no_timeline, say=lambda line: print(line, flush=True))
     return 0

@@ -39,7 +39,8 @@ from geotrain.trace.schema import Trace, json_text
 
 def simulate_command(source: str, out: str, plan_path: str | None = None, schedule: str | None = None,
                      iterations: int = 1, compare: bool = True, progress: bool = True, p2p: str = "overlapped",
-                     profile_path: str | None = None, bubbletea: str | None = None, say=print) -> SimResult:
+                     profile_path: str | None = None, bubbletea: str | None = None, timeline: bool = True,
+                     say=print) -> SimResult:
     """`geotrain simulate`: `source` an experiment TOML (simulated with the planner's choice, or the
     plan file `plan_path`) or a plan file; writes OUT (see the module docstring) and prints a summary."""
     if iterations < 1:
@@ -75,14 +76,15 @@ def simulate_command(source: str, out: str, plan_path: str | None = None, schedu
                                       progress=None if progress else False, cost=cost)
     notes = [f"spec {spec.path}", f"{iterations} iteration(s) simulated"] + \
         ([f"measured profile {profile_path}"] if profile is not None else [])
-    files = _write_report(spec, plan, res, schedules, out_dir, notes)
+    files = _write_report(spec, plan, res, schedules, out_dir, notes, timeline)
     _print_summary(plan, res, schedules, iterations, say)
     bt_files = _bubbletea(workload, spec, res, out_dir, say) if workload is not None else []
     say("")
     say("wrote:")
     for f in [*(out_dir / n for n in ("trace.jsonl", "trace.chrome.json", "plan.json", "metrics.json")),
               files.timeline, files.html, *bt_files]:
-        say(f"  {f}")
+        if f is not None:
+            say(f"  {f}")
     return res
 
 
@@ -108,8 +110,8 @@ def _out_dir(out: str) -> Path:
     return path
 
 
-def _write_report(spec, plan, res, schedules, out: Path, notes: list[str]):
-    """OUT/metrics.json, the timeline and report.html."""
+def _write_report(spec, plan, res, schedules, out: Path, notes: list[str], timeline: bool = True):
+    """OUT/metrics.json, the timeline (unless `timeline` is False) and report.html."""
     m = res.metrics
     layout = rank_layout(res.trace, plan)
     gpu_mem = gpu_memory_per_dc(spec)
@@ -119,7 +121,7 @@ def _write_report(spec, plan, res, schedules, out: Path, notes: list[str]):
     (out / "metrics.json").write_text(json_text(doc, indent=1) + "\n")
     return build_report(out, res.trace, m, plan=plan, schedules=schedules, gpu_memory=gpu_mem,
                         tokens_per_iteration=tokens, title=f"geotrain simulate: {spec.name} ({plan.name})",
-                        notes=notes)
+                        notes=notes, timeline=timeline)
 
 
 def _print_summary(plan, res, schedules, iterations: int, say) -> None:

@@ -39,7 +39,7 @@ MEASURED_NAME = "measured_trace.jsonl"
 
 @dataclass
 class ReportFiles:
-    timeline: Path
+    timeline: Path | None      # None: not drawn (`timeline=False`)
     html: Path
     comparison: list[CompareRow] = field(default_factory=list)
 
@@ -65,14 +65,15 @@ def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: P
                  title: str | None = None, notes: list[str] | None = None,
                  tokens_per_iteration: int = 0, bubbletea: list[tuple[str, str]] | None = None,
                  losses_png: Path | None = None, curves_png: Path | None = None,
-                 curves_caption: str = "") -> ReportFiles:
+                 curves_caption: str = "", timeline: bool = True) -> ReportFiles:
     """Draw the timeline and write the HTML page into `out_dir`. With `measured`, both timelines
-    are stacked and the page opens with the predicted-vs-measured table."""
+    are stacked and the page opens with the predicted-vs-measured table. `timeline=False`: the page
+    without the picture (drawing it is most of a small plan's simulate)."""
     out = Path(out_dir)
     plan = plan_of(trace, plan)
     layout = rank_layout(trace, plan)
     name = title or (f"geotrain report: {plan.name}" if plan else "geotrain report")
-    png = out / "timeline.png"
+    png = out / "timeline.png" if timeline else None
     link_meta = trace.meta.get("links") if isinstance(trace.meta, dict) else None
     comparison: list[CompareRow] = []
     if measured is not None:
@@ -80,8 +81,9 @@ def build_report(out_dir: str | Path, trace: Trace, metrics: Metrics, *, plan: P
         comparison = explain_rows(compare_metrics(metrics, mm, (num_ranks(trace, plan), num_ranks(measured, plan))),
                                   trace, measured)
         shown, label = last_iterations(measured, _iterations(trace))
-        draw_timelines([("predicted", trace), (label, shown)], png, plan, title=name)
-    else:
+        if png is not None:
+            draw_timelines([("predicted", trace), (label, shown)], png, plan, title=name)
+    elif png is not None:
         draw_timeline(trace, png, plan, title=name)
     html = write_html(out / "report.html", title=name, metrics=metrics, layout=layout, plan=plan,
                       timeline_png=png, schedules=schedules, comparison=comparison or None,
