@@ -59,8 +59,9 @@ def test_every_sharding_and_precision_puts_the_priced_bytes_on_the_wan(tmp_path)
     plans = [_plan(s, p) for s, p in CASES]
     marks = tmp_path / "marks"
     marks.mkdir()
+    # trace=False: no measured trace to record, merge and convert per case (it moves nothing over the network)
     cases = [case(SPEC, out=str(tmp_path / f"{s}-{p}"), plan=plan, steps=STEPS, data="synthetic", progress=False,
-                  checkpoint_every=0, wan=WanConfig(mode="kernel"), hooks=TestHooks(case_marks=str(marks)))
+                  checkpoint_every=0, trace=False, wan=WanConfig(mode="kernel"), hooks=TestHooks(case_marks=str(marks)))
              for (s, p), plan in zip(CASES, plans)]
     counters = _Counters(marks)
     run_with_wan(cases, tmp_path / "launch", say=lambda _: None, on_wan=counters.attach, watch=counters,
