@@ -25,8 +25,11 @@ def test_the_api_document_runs(tmp_path):
 
 
 def test_import_geotrain_stays_light():
-    """The API's names load on first use: importing the package pulls in none of torch, pydantic, numpy."""
+    """The API's names load on first use: importing the package pulls in none of torch, pydantic, numpy;
+    asking for `geotrain.train` loads the training path (which itself leaves torch to the ranks:
+    tests/test_architecture.py::test_the_launcher_imports_no_torch)."""
     code = ("import sys, geotrain; heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'pydantic', "
-            "'numpy')]; print('HEAVY', heavy); print(callable(geotrain.train), 'torch' in sys.modules)")
+            "'numpy')]; print('HEAVY', heavy); print(callable(geotrain.train), "
+            "'geotrain.orchestrate.training_run' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "HEAVY []" in r.stdout and "True True" in r.stdout, r.stdout + r.stderr
