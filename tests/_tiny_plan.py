@@ -11,9 +11,13 @@ one for a few CPU ranks, keeping every choice the commands judge a plan by:
     per-stage checkpointing, micro-batches the fewest the schedule accepts;
   * the model's family and shape flags (GQA group, an explicit head size, MoE with top-k,
     shared expert, tied embeddings, biases, norms, sliding window), at widths every tiny tp divides;
-  * DiLoCo (workers, fragments, overlap, codec; one inner step per fragment) and each link's
-    connections (at most 2), sharing, temporal order, boundary compression;
-  * the cluster's datacenters, GPU types and WAN links, with just the GPUs the tiny plan needs.
+  * DiLoCo (workers, fragments, overlap, codec; the fewest inner steps those allow) and each
+    link's connections (at most 2), sharing, temporal order, boundary compression;
+  * the cluster's datacenters, GPU types and WAN links, with the GPUs the tiny plan needs (whole
+    nodes of 2, or of the widest tiny tp).
+Made small and left out: 16-token sequences of a 256-token vocabulary, synthetic data, one step;
+no Hugging Face weights (random init of the same shape) and no RoPE scaling (a context extension
+past the trained length, which 16 tokens never reach); no [bubbletea] table.
 """
 
 from __future__ import annotations

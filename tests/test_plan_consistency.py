@@ -9,8 +9,10 @@ few cross-DC / schedule / sharding variants and a seeded part of the mutated-spe
 in-process with the process starter replaced: every check either makes before a rank, a
 namespace or a host starts, at the plan's full size). Then the plan is shrunk
 (tests/_tiny_plan.py: same layout choices at a few CPU ranks) and that plan is accepted too; a
-fixed sample of the tiny plans trains for real (`geotrain train`, 1 step) and one is rehearsed
-(`geotrain rehearse`, root; CI runs as root, so it never skips).
+fixed sample of the tiny plans trains for real (train's pre-launch path, then its launcher's
+ranks, 1 step) and one is rehearsed (`geotrain rehearse`, root; CI runs as root: never skipped).
+Planted, each fails it: train refusing a schedule plan picks, a rank refusing tp = 2 at model
+build (only the real launch sees that one), train rewording a refusal.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def _reason(err: str, spec_path: Path) -> str:
     return re.sub(r"^geotrain \w+: error: ", "", err).replace(f"{spec_path}: ", "").replace(str(spec_path), "SPEC")
 
 
-def _consistent(spec_path: Path, tmp: Path, simulate: bool = True, later: bool = True) -> str | None:
+def _consistent(spec_path: Path, tmp: Path, simulate: bool = True) -> str | None:
     """None, or what broke the chain: validate and plan accept, a later command refuses (at full
     size or shrunk); or they refuse and train or rehearse does not, or not in one line with the same reason."""
     rc, err = _cli(["validate", str(spec_path)])
@@ -96,10 +98,9 @@ def _consistent(spec_path: Path, tmp: Path, simulate: bool = True, later: bool =
         if rc == 0:
             _PLANNED[spec_path.read_text()] = out.read_text()
     if rc != 0:
-        if later:
-            for cmd, rc2, err2 in _later_commands(spec_path, tmp):
-                if rc2 == 0 or err2.count("\n") or _reason(err2, spec_path) != _reason(err, spec_path):
-                    return f"{spec_path.name}: validate/plan refuse ({err}); {cmd} says rc={rc2}: {err2[-300:]!r}"
+        for cmd, rc2, err2 in _later_commands(spec_path, tmp):
+            if rc2 == 0 or err2.count("\n") or _reason(err2, spec_path) != _reason(err, spec_path):
+                return f"{spec_path.name}: validate/plan refuse ({err}); {cmd} says rc={rc2}: {err2[-300:]!r}"
         return None
     problem = plan_spec_problem(load_spec(spec_path), load_plan(out)[0])
     if problem:
@@ -108,16 +109,15 @@ def _consistent(spec_path: Path, tmp: Path, simulate: bool = True, later: bool =
         rc, err = _cli(["simulate", str(out), "--out", str(tmp / f"{spec_path.stem}.sim"), "--iterations", "1"])
         if rc != 0:
             return f"{spec_path.name}: validate and plan accept it; simulate refuses: {err}"
-    if later:
-        tiny = tmp / f"{spec_path.stem}.tiny.json"
-        tiny.write_text(json.dumps(shrink(json.loads(out.read_text()))))
-        for source in (out, tiny):
-            for cmd, rc, err in _later_commands(source, tmp):
-                if cmd == "rehearse" and load_plan(source)[0].num_workers > 1 and rc == 2 and \
-                        err.count("\n") == 0 and "does not rehearse DiLoCo yet" in err:
-                    continue        # the one gap left: rehearse refuses DiLoCo in one line (issue #27)
-                if rc != 0:
-                    return f"{spec_path.name}: validate and plan accept it; {cmd} refuses {source.name}: {err}"
+    tiny = tmp / f"{spec_path.stem}.tiny.json"
+    tiny.write_text(json.dumps(shrink(json.loads(out.read_text()))))
+    for source in (out, tiny):
+        for cmd, rc, err in _later_commands(source, tmp):
+            if cmd == "rehearse" and load_plan(source)[0].num_workers > 1 and rc == 2 and \
+                    err.count("\n") == 0 and "does not rehearse DiLoCo yet" in err:
+                continue        # the one gap left: rehearse refuses DiLoCo in one line (issue #27)
+            if rc != 0:
+                return f"{spec_path.name}: validate and plan accept it; {cmd} refuses {source.name}: {err}"
     return None
 
 
@@ -217,7 +217,7 @@ def _tiny_plan_file(tmp: Path, example: str, **job) -> Path:
 
 # Trained for real at their tiny size, one launch of 4 CPU ranks running each in turn: expert
 # parallelism (ep 2, MoE family), the interleaved schedule (2 chunks a stage), tensor parallelism.
-LAUNCHED = [("mixtral_8x7b_h100_3dc.toml", {}), ("llama2_7b_8k_h100_3dc.toml", {}),
+LAUNCHED = [("mixtral_8x7b_h100_3dc.toml", {"ep": 8}), ("llama2_7b_8k_h100_3dc.toml", {"schedule": "interleaved"}),
             ("llama1b_a100_3dc.toml", {"tp": 2})]
 
 
@@ -246,7 +246,8 @@ def test_a_tiny_plan_in_one_datacenter_is_rehearsed(tmp_path, monkeypatch):
     """Rehearsed for real: a MoE plan in one DC (one host: torchrun, rendezvous, store), which
     rehearse refused before ("no WAN to rehearse") though plan, simulate and train accepted it."""
     monkeypatch.undo()
-    tiny = _tiny_plan_file(tmp_path, "qwen3_30b_a3b_h100_3dc.toml")
+    tiny = _tiny_plan_file(tmp_path, "qwen3_30b_a3b_h100_3dc.toml", ep=8)
+    assert len(load_plan(tiny)[0].dcs_by_rank()) == 1
     rc, err = _cli(["rehearse", str(tiny), "--steps", "1", "--no-compare", "--out", str(tmp_path / "rh")])
     assert rc == 0, err
     assert len((tmp_path / "rh" / "losses.jsonl").read_text().splitlines()) == 1
