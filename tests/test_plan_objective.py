@@ -162,3 +162,34 @@ def test_cost_is_searched_not_reranked():
     assert per_mtoken(cheap.plan, cheap.iteration_s) < 0.9 * reranked
     assert egress_per_iteration(spec, cheap.plan) < egress_per_iteration(spec, fast.plan)
     assert any("lost on price" in line for line in cheap.explanation)
+
+
+def test_cost_objectives_keep_half_the_fastest_by_default(spec, capsys):
+    """Without a floor the cheapest $/token is the smallest layout that fits (here 1 GPU, 400x
+    slower): a cost objective keeps by default the plans making half the fastest's tokens/s,
+    --min-speed 0 lifts that, and a fraction outside [0, 1] is one line, exit 2."""
+    cheap = make_plan(spec, objective="cost-per-token")
+    fastest = min(t for _, t in cheap.simulated)
+    assert cheap.iteration_s <= 2 * fastest
+    assert _per_mtoken(spec, cheap) < cost_per_mtoken(spec.cluster, *min(cheap.simulated, key=lambda pt: pt[1]),
+                                                      spec.model.seq_len)
+    assert any("--min-speed" in line for line in cheap.explanation)
+    anyspeed = make_plan(spec, objective="cost-per-token", min_speed=0)
+    assert anyspeed.iteration_s > 10 * cheap.iteration_s
+    assert _per_mtoken(spec, anyspeed) < _per_mtoken(spec, cheap)
+    assert main(["plan", SPEC, "--objective", "cost", "--min-speed", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--min-speed" in err and "Traceback" not in err
+
+
+def test_equal_hourly_price_goes_to_the_faster_plan():
+    """Five zones: many layouts hold the same 128 GPUs of the cheapest zone, so the same $/hour;
+    `cost` must take the fastest of them, as cost-per-token does (the scan ranked ties by
+    nothing and returned a 30 % slower one)."""
+    spec = load_spec("examples/opt350m_a100_5zone.toml")
+    floor = 0.5 * spec.job.global_batch * spec.model.seq_len / make_plan(spec).iteration_s
+    hourly = make_plan(spec, objective="cost", min_tokens_per_s=floor)
+    per_token = make_plan(spec, objective="cost-per-token", min_tokens_per_s=floor)
+    assert cost_per_hour(spec.cluster, hourly.plan) <= cost_per_hour(spec.cluster, per_token.plan)
+    if cost_per_hour(spec.cluster, hourly.plan) == cost_per_hour(spec.cluster, per_token.plan):
+        assert hourly.iteration_s <= per_token.iteration_s * 1.001

@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "lowest $/1M tokens (GPU-hours at each DC's price_per_gpu_hour)")
     p.add_argument("--max-cost-per-hour", type=float, metavar="USD", help="only plans costing at most this per hour")
     p.add_argument("--min-tokens-per-s", type=float, metavar="N", help="only plans training at least this fast")
+    p.add_argument("--min-speed", type=float, metavar="F",
+                   help="only plans making at least F x the fastest plan's tokens/s (a cost objective's default: "
+                        "0.5 unless --min-tokens-per-s is given; 0: the cheapest at any speed)")
     p.add_argument("--profile", metavar="JSON", help="plan with measured per-unit times (a `geotrain profile` "
                                                     "file or the geotrain.costs.unit_times format) instead of FLOPs")
     p.add_argument("--pareto", metavar="PNG", help="draw $/1M tokens vs tokens/s of the simulated finalists, "
@@ -30,5 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     plan_command(args.spec, out=args.out, compare=args.compare, top_k=args.top_k, objective=args.objective,
                  max_cost_per_hour=args.max_cost_per_hour, min_tokens_per_s=args.min_tokens_per_s,
+                 min_speed=args.min_speed,
                  profile_path=args.profile, pareto=args.pareto, sweep=args.sweep, plot=args.plot)
     return 0

@@ -54,7 +54,8 @@ def _t(x: float) -> str:
 
 def plan_command(spec_path: str, out: str | None = None, compare: bool = False, top_k: int = 3,
                  objective: str = "throughput", max_cost_per_hour: float | None = None,
-                 min_tokens_per_s: float | None = None, profile_path: str | None = None, pareto: str | None = None,
+                 min_tokens_per_s: float | None = None, min_speed: float | None = None,
+                 profile_path: str | None = None, pareto: str | None = None,
                  sweep: str | None = None, plot: str | None = None, say=print) -> None:
     """`geotrain plan`: choose the plan for `spec_path` and print why (or, with `sweep`, re-plan for
     each value of one setting and plot it); `out`: write the plan file."""
@@ -67,7 +68,7 @@ def plan_command(spec_path: str, out: str | None = None, compare: bool = False, 
         check_plot_path(pareto, "--pareto")   # a bad path is refused before any planning
     profile = read_unit_profile(profile_path) if profile_path else None
     res = make_plan(spec, top_k=top_k, objective=objective, max_cost_per_hour=max_cost_per_hour,
-                    min_tokens_per_s=min_tokens_per_s, profile=profile)
+                    min_tokens_per_s=min_tokens_per_s, min_speed=min_speed, profile=profile)
     if out:   # written before anything is printed: a closed pipe must not lose the plan
         extra = {"estimate_s": res.estimate_s, "simulated_s": res.iteration_s, "lower_bound_s": res.lower_bound_s,
                  "bottleneck": res.bottleneck, "explanation": res.explanation,

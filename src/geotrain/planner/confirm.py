@@ -40,16 +40,17 @@ def cyclic_gc_paused() -> Iterator[None]:
 def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_finalists: bool = True,
               log: Callable[[str], None] | None = None, objective: str = "throughput",
               max_cost_per_hour: float | None = None, min_tokens_per_s: float | None = None,
-              profile: dict | None = None) -> PlanResult:
+              min_speed: float | None = None, profile: dict | None = None) -> PlanResult:
     """Search, then simulate the `top_k` best estimates (their variants and the upgraded
     baselines) and keep the best simulated plan by `objective` -- throughput (the fastest), cost
     (the lowest $/hour) or cost-per-token (the lowest $/1M tokens) -- among those within
-    --max-cost-per-hour and --min-tokens-per-s; without simulation, the best estimate.
+    --max-cost-per-hour, --min-tokens-per-s and `min_speed` x the fastest simulated plan's tokens/s
+    (a cost objective's default: planner.objective); without simulation, the best estimate.
 
     With a cost objective or a budget the search also ranks every layout by it (planner.objective):
     the finalists are the fastest few, the cheapest few and the baselines. `profile` (measured
     unit times, geotrain.costs.unit_times) prices compute in the search and in the simulations alike."""
-    goal = Objective(objective, max_cost_per_hour, min_tokens_per_s)    # checks them: one line if bad
+    goal = Objective(objective, max_cost_per_hour, min_tokens_per_s, min_speed)   # checks them: one line if bad
     short = shortlist(spec, top_k, profile, goal)
     if log:
         log(f"searched {short.layouts} layouts, scored {short.scored} candidates in {short.search_s:.2f} s")
@@ -65,9 +66,14 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_fi
         if log:
             log(f"simulated {plan.name} ({plan.pp} stages x dp {plan.dp}, {plan.schedule}): "
                 f"{res.iteration_time:.3f} s")
-    best = _choose(spec, results, objective, max_cost_per_hour, min_tokens_per_s)
+    floor = goal.floored(max(r.tokens_per_s for r in results)).min_tokens_per_s
+    best = _choose(spec, results, objective, max_cost_per_hour, floor)
     res = conclude(short, best, results[best], simulated, time.perf_counter() - t0)
     res.explanation += _other_side(spec, results, best, objective)
+    if goal.min_speed and not goal.by_time:
+        res.explanation.append(f"Only plans making at least {goal.min_speed:.0%} of the fastest simulated plan's "
+                               f"tokens/s ({floor:,.0f}) competed on price (--min-speed; 0: the cheapest at any "
+                               f"speed).")
     return modes.apply_cross_dc(spec, res, make_plan)      # [job] cross_dc: DiLoCo, auto, compression
 
 

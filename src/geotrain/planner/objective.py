@@ -2,6 +2,11 @@
 $ per token since every plan of a job trains the same tokens an iteration ("cost-per-token"), or
 $ per hour ("cost") -- under the budget and throughput constraints.
 
+A cost objective keeps a throughput floor relative to the fastest plan (`min_speed`, by default
+half its tokens/s unless --min-tokens-per-s is given): without one the cheapest plan is the
+smallest layout that fits (no DP sync, no bubbles), days per step on a cluster of thousands of
+GPUs -- the cheapest way to train a job within some time is what a team asks for.
+
 A candidate's price is its estimate's: GPU-hours of the GPUs its layout holds at each DC's
 price_per_gpu_hour over the estimated iteration, plus WAN egress of the bytes its plan sends
 (layout.price, the one count `plan` prints). A layout's bound is its time bound times its GPUs'
@@ -23,6 +28,11 @@ from geotrain.planner.context import PlanningContext
 # The estimate is within ~7 % of the simulator (search.ESTIMATE_BAND): a candidate whose estimate
 # misses --min-tokens-per-s by less than that is kept for the simulator to judge.
 CONSTRAINT_SLACK = 1.07
+# A cost objective's default floor: this fraction of the fastest plan's tokens/s (--min-speed).
+DEFAULT_MIN_SPEED = 0.5
+# "cost" ranks by $/hour x (1 + seconds per iteration x TIE): layouts of equally priced GPUs (many
+# share a GPU count) go to the faster, and the scan prunes among them by time.
+TIE = 1e-9
 
 
 @dataclass
@@ -30,6 +40,7 @@ class Objective:
     name: str = "throughput"
     max_cost_per_hour: float | None = None
     min_tokens_per_s: float | None = None
+    min_speed: float | None = None     # fraction of the fastest plan's tokens/s; None: the default
     _rates: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -39,6 +50,19 @@ class Objective:
                         ("--min-tokens-per-s", self.min_tokens_per_s)):
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise GeotrainError(f"{flag} must be a positive number (got {v})")
+        if self.min_speed is not None and not (0 <= self.min_speed <= 1):
+            raise GeotrainError(f"--min-speed must be a fraction in [0, 1] (got {self.min_speed})")
+        if self.min_speed is None:
+            self.min_speed = DEFAULT_MIN_SPEED if self.name != "throughput" and self.min_tokens_per_s is None else 0.0
+
+    def floored(self, fastest_tokens_per_s: float) -> Objective:
+        """This objective with its floor in tokens/s, given the fastest plan's: the larger of
+        --min-tokens-per-s and min_speed x the fastest."""
+        floor = max(self.min_tokens_per_s or 0.0, self.min_speed * fastest_tokens_per_s)
+        return Objective(self.name, self.max_cost_per_hour, floor or None, 0.0, self._rates)
+
+    def meets_floor(self, tokens_per_iteration: float, t: float, slack: float = 1.0) -> bool:
+        return self.min_tokens_per_s is None or tokens_per_iteration / t * slack >= self.min_tokens_per_s
 
     @property
     def by_time(self) -> bool:
@@ -74,23 +98,22 @@ class Objective:
         if self.name == "throughput":
             return time_bound
         rate = self.gpu_rate(ctx, lay)
-        return rate if self.name == "cost" else rate * time_bound / 3600
+        return rate * (1 + time_bound * TIE) if self.name == "cost" else rate * time_bound / 3600
 
     def time_cutoff(self, ctx: PlanningContext, lay: Layout, key_cutoff: float) -> float:
         """The estimate beyond which a candidate of this layout cannot beat `key_cutoff`."""
         if self.name == "throughput":
             return key_cutoff
-        if self.name == "cost" or not math.isfinite(key_cutoff):
+        rate = self.gpu_rate(ctx, lay)
+        if not math.isfinite(key_cutoff) or not rate > 0:
             return math.inf
-        return key_cutoff * 3600 / self.gpu_rate(ctx, lay)
+        return (key_cutoff / rate - 1) / TIE if self.name == "cost" else key_cutoff * 3600 / rate
 
     def key(self, ctx: PlanningContext, cand: Candidate) -> float:
         """The objective's value of a candidate's estimate (inf where it breaks a constraint)."""
         t = cand.est.total
-        if self.min_tokens_per_s is not None:
-            tokens = ctx.job.global_batch * ctx.model.seq_len
-            if tokens / t * CONSTRAINT_SLACK < self.min_tokens_per_s:
-                return math.inf
+        if not self.meets_floor(ctx.job.global_batch * ctx.model.seq_len, t, CONSTRAINT_SLACK):
+            return math.inf
         if self.by_time:
             return t
         rate = self.gpu_rate(ctx, cand.layout)
@@ -101,5 +124,5 @@ class Objective:
         if self.max_cost_per_hour is not None and hour > self.max_cost_per_hour:
             return math.inf
         if self.name == "cost":
-            return hour
+            return hour * (1 + t * TIE)
         return t if self.name == "throughput" else rate * t / 3600 + egress

@@ -60,7 +60,8 @@ def search(ctx: PlanningContext, scorer: Scorer, layouts: list[Layout], keep: in
 
 
 def search_groups(groups: list[tuple[PlanningContext, Scorer, list[Layout]]], keep: int = 8,
-                  deadline_s: float | None = None, objective: Objective | None = None) -> list[Candidate]:
+                  deadline_s: float | None = None, objective: Objective | None = None,
+                  strict: list[Candidate] | None = None) -> list[Candidate]:
     """One scan over the layouts of several contexts (one per tensor-parallel degree), so the
     cutoff of the best so far prunes all of them alike. `objective` (planner.objective; default
     throughput): what "best" is -- the layouts are scanned in the order of its bound, so a cost
@@ -70,8 +71,14 @@ def search_groups(groups: list[tuple[PlanningContext, Scorer, list[Layout]]], ke
     the least a schedule keeps in flight under the leanest sharding, that checkpointing cannot
     fit, so the layout goes back into the queue with the bound of the next one (lazily, only for
     layouts the scan reaches) -- under memory pressure the plain bound let thousands of layouts
-    through that only fit with recomputation."""
+    through that only fit with recomputation.
+
+    `strict`: filled with the best candidate whose estimate meets the throughput floor with no slack
+    (the objective's keys let the estimate miss it by CONSTRAINT_SLACK; the cheapest of those hug
+    the floor, and the simulator may put them all under it)."""
     rank = objective or Objective()
+    tokens = groups[0][0].job.global_batch * groups[0][0].model.seq_len if groups else 0
+    tier = [] if strict is not None and rank.min_tokens_per_s else None
     heap = [(rank.bound(ctx, lay, lay.bound), g, i, lay, 0, False, lay.bound)
             for g, (ctx, _, layouts) in enumerate(groups) for i, lay in enumerate(layouts)
             if rank.admits_layout(ctx, lay, lay.bound)]
@@ -80,7 +87,8 @@ def search_groups(groups: list[tuple[PlanningContext, Scorer, list[Layout]]], ke
     t0 = time.perf_counter()
     while heap:
         key_bound, g, i, lay, level, refined, bound = heapq.heappop(heap)
-        if len(best) >= keep and key_bound >= best[-1][0]:
+        if len(best) >= keep and key_bound >= best[-1][0] and (
+                tier is None or (tier and key_bound >= tier[0][0])):
             break
         if deadline_s is not None and best and time.perf_counter() - t0 > deadline_s:
             break
@@ -99,17 +107,33 @@ def search_groups(groups: list[tuple[PlanningContext, Scorer, list[Layout]]], ke
                     continue
                 heapq.heappush(heap, (rank.bound(ctx, lay, tight), g, i, lay, level, True, tight))
                 continue
-        cutoff = rank.time_cutoff(ctx, lay, best[-1][0]) if len(best) >= keep else math.inf
+        cutoff = rank.time_cutoff(ctx, lay, _cutoff(best, tier, keep))
         cand = scorer.score(lay, skip=level, cutoff=cutoff)
         if cand is None:
             continue
         key = rank.key(ctx, cand)
         if not math.isfinite(key):
             continue
-        best.append((key, cand))
-        best.sort(key=lambda kc: kc[0])
-        del best[keep:]
+        _keep_best(best, key, cand, keep)
+        if tier is not None and rank.meets_floor(tokens, cand.est.total):
+            _keep_best(tier, key, cand, 1)
+    if tier is not None:
+        strict[:] = [c for _, c in tier]
     return [c for _, c in best]
+
+
+def _keep_best(best: list[tuple[float, Candidate]], key: float, cand: Candidate, keep: int) -> None:
+    best.append((key, cand))
+    best.sort(key=lambda kc: kc[0])
+    del best[keep:]
+
+
+def _cutoff(best: list, tier: list | None, keep: int) -> float:
+    """The key a candidate must beat to be kept by either list."""
+    cut = best[-1][0] if len(best) >= keep else math.inf
+    if tier is not None:
+        cut = max(cut, tier[0][0] if tier else math.inf)
+    return cut
 
 
 def split_bound(scorer: Scorer, lay: Layout, ckpt: str) -> float | None:

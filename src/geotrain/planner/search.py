@@ -124,7 +124,12 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None, objective
     # A baseline picks its own dp, schedule, ...: for a pinned job only those keeping the pins count.
     plans += [(p, None) for p in _upgraded_baselines(spec, ctx) if respects_pins(p, spec.job)]
     if objective is not None and not objective.by_time:
-        ranked = _distinct(search_groups(groups, keep=max(top_k, 1) * 2, objective=objective), ctx)[:max(top_k, 1)]
+        tokens = ctx.job.global_batch * ctx.model.seq_len
+        goal, strict = objective.floored(tokens / best.est.total), []
+        ranked = _distinct(search_groups(groups, keep=max(top_k, 1) * 2, objective=goal, strict=strict),
+                           ctx)[:max(top_k, 1)]
+        if strict and not any(goal.meets_floor(tokens, c.est.total) for c in ranked):
+            ranked.append(strict[0])     # one the estimate puts over the floor, should the rest fall under
         for i, c in enumerate(ranked):
             c.name = f"geotrain-{objective.name}-{i + 1}"
         plans = [(c.to_plan(ctx), c) for c in ranked] + plans
