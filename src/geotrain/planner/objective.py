@@ -61,6 +61,12 @@ class Objective:
         floor = max(self.min_tokens_per_s or 0.0, self.min_speed * fastest_tokens_per_s)
         return Objective(self.name, self.max_cost_per_hour, floor or None, 0.0, self._rates)
 
+    def time_limit(self, tokens_per_iteration: float) -> float:
+        """The estimate beyond which a candidate misses the floor even with the estimate's slack."""
+        if self.min_tokens_per_s is None:
+            return math.inf
+        return tokens_per_iteration * CONSTRAINT_SLACK / self.min_tokens_per_s
+
     def meets_floor(self, tokens_per_iteration: float, t: float, slack: float = 1.0) -> bool:
         return self.min_tokens_per_s is None or tokens_per_iteration / t * slack >= self.min_tokens_per_s
 

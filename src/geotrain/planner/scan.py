@@ -79,6 +79,7 @@ def search_groups(groups: list[tuple[PlanningContext, Scorer, list[Layout]]], ke
     rank = objective or Objective()
     tokens = groups[0][0].job.global_batch * groups[0][0].model.seq_len if groups else 0
     tier = [] if strict is not None and rank.min_tokens_per_s else None
+    limit = rank.time_limit(tokens)     # an estimate past it breaks the floor: the scorer may stop early
     heap = [(rank.bound(ctx, lay, lay.bound), g, i, lay, 0, False, lay.bound)
             for g, (ctx, _, layouts) in enumerate(groups) for i, lay in enumerate(layouts)
             if rank.admits_layout(ctx, lay, lay.bound)]
@@ -107,7 +108,7 @@ def search_groups(groups: list[tuple[PlanningContext, Scorer, list[Layout]]], ke
                     continue
                 heapq.heappush(heap, (rank.bound(ctx, lay, tight), g, i, lay, level, True, tight))
                 continue
-        cutoff = rank.time_cutoff(ctx, lay, _cutoff(best, tier, keep))
+        cutoff = min(rank.time_cutoff(ctx, lay, _cutoff(best, tier, keep)), limit)
         cand = scorer.score(lay, skip=level, cutoff=cutoff)
         if cand is None:
             continue

@@ -176,23 +176,33 @@ class Scorer:
         variants = self.variants(lay)
         best: Candidate | None = None
         self._layout_costs = {}
+        kinds = tuple(k for k in kinds if not (k == "interleaved" and (pp < 2 or m % pp or ctx.num_units < pp * 2))
+                      and not (k == "wan-1f1b" and len(lay.chain) < 2))
+        every = {(kind, sharing) for kind in kinds for sharing, *_ in variants}
+        behind: set[tuple[str, str]] = set()   # (kind, sharing) past the cutoff, or nothing of their own
         for ckpt in ctx.checkpointing_options()[skip:]:
             for kind in kinds:
                 v = 2 if kind == "interleaved" else 1
-                if v > 1 and (pp < 2 or m % pp or ctx.num_units < pp * v):
-                    continue
-                if kind == "wan-1f1b" and len(lay.chain) < 2:
-                    continue
                 if kind == "zb-h1" and ckpt in SELECTIVE:
                     continue  # the split backward runs twice through a checkpointed region: PyTorch refuses
+                if all((kind, sharing) in behind for sharing, *_ in variants):
+                    continue
                 chunks, compute = self.split_of(lay, ckpt, v)
                 for sharing, conns, bounds, stagger in variants:
+                    if (kind, sharing) in behind:
+                        continue
+                    self.pruned = False
                     cand = self._fit_and_estimate(lay, kind, v, ckpt, chunks, compute, bounds, stagger, sharing,
                                                   conns, wan_lat, cutoff)
+                    if self.pruned:
+                        behind.add((kind, sharing))
                     if cand is not None and (best is None or cand.est.total < best.est.total):
                         best = cand
-            if best is not None or self.pruned:
-                break  # heavier checkpointing only adds recompute (so it is behind the cutoff too)
+            # Heavier checkpointing only adds recompute: what is behind the cutoff stays behind, but a
+            # kind that did not fit may fit with it (and come under the cutoff).
+            if best is not None or every <= behind:
+                break
+        self.pruned = bool(behind)
         return best
 
     def variants(self, lay: Layout) -> list[tuple[str, tuple[int, ...], list[BoundaryCosts], float]]:
@@ -274,12 +284,16 @@ class Scorer:
         if kind == "wan-1f1b":
             extra = wanted_warmup(compute, bounds, m)
             if not any(extra):
-                return None  # identical to 1f1b
+                self.pruned = True   # identical to 1f1b (with heavier checkpointing too: nothing of its own)
+                return None
         wanted = extra
         if cutoff < math.inf:
             # The pipeline part bounds every sharding's estimate from below (the tail only adds):
-            # a kind already behind the search's keep-th best is not worth its memory checks.
-            base = self._costs(compute, chunks, dcs, ckpt, v, ctx.sharding_options()[0], dp, lay)
+            # a kind already behind the search's keep-th best is not worth its memory checks. Priced
+            # with the lightest checkpointing: stage_modes may lighten any stage down to it.
+            light = ctx.checkpointing_options()[0]
+            base = self._costs(self.compute_costs(dcs, chunks, mb, light) if light != ckpt else compute, chunks, dcs,
+                               light, v, ctx.sharding_options()[0], dp, lay)
             if kind == "wan-1f1b":   # any warm-up: period >= slowest stage and busiest link, fill >= sum of steps
                 steps = [c.step for c in base]
                 floor = ((m - 1) * max([max(steps)] + [b.occupancy for b in bounds]) + sum(steps)

@@ -95,7 +95,10 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None, objective
     layouts = sum(len(g[2]) for g in groups)
     if not layouts:
         raise InfeasibleError(_diagnose_infeasible(ctx))
-    cands = search_groups(groups, keep=max(top_k, 1) * 2)
+    # Under a cost objective the fastest plan only sets the throughput floor and shows what the
+    # cheaper one gives up: its best estimate and the baselines are simulated, not its runners-up.
+    by_money = objective is not None and objective.name != "throughput"
+    cands = search_groups(groups, keep=1 if by_money else max(top_k, 1) * 2)
     if not cands:
         raise InfeasibleError(_diagnose_infeasible(ctx, scorer))
     distinct = _distinct(cands, ctx)
@@ -107,7 +110,9 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None, objective
     finalists += [c for c in distinct[len(finalists):] if c.est.total <= band][:EXTRA_FINALISTS]
     plans = [(c.to_plan(ctx), c) for c in finalists]
     best = finalists[0]
-    if best.sharing == "temporal":  # fair where temporal does not pay; start offsets where they do
+    if by_money:
+        pass
+    elif best.sharing == "temporal":  # fair where temporal does not pay; start offsets where they do
         plans.append((apply_fair(best.to_plan(ctx)).with_(name=f"{best.name}-fair"), best))
         plans.append((apply_temporal(best.to_plan(ctx), ctx.cluster, ctx.boundary_bytes(best.layout.micro_batch),
                                      best.est.period, offsets=True).with_(name=f"{best.name}-offsets"), best))
@@ -115,7 +120,7 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None, objective
     # of each other (a 2-DC case: wan-1f1b estimated first, zb-h1 simulated 2% faster), so the best
     # layout's other kinds within the band are simulated too.
     scorer_of = {g[0].key: g[1] for g in groups}
-    for kind in schedule_kinds(ctx, len(best.layout.chain)):
+    for kind in () if by_money else schedule_kinds(ctx, len(best.layout.chain)):
         if kind != best.kind:
             other = scorer_of[best.tps].score(best.layout, kinds=(kind,))
             if other is not None and other.est.total <= band:
