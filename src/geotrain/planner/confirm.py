@@ -16,7 +16,7 @@ from geotrain.layout import price
 from geotrain.planner import baselines, modes, whatif
 from geotrain.planner.context import PlanningContext
 from geotrain.planner.objective import Objective
-from geotrain.planner.search import PlanResult, conclude, shortlist
+from geotrain.planner.search import PlanResult, conclude, money_finalists, shortlist
 from geotrain.sim import simulate
 from geotrain.spec.load import Spec
 
@@ -46,6 +46,7 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_fi
     (the lowest $/hour) or cost-per-token (the lowest $/1M tokens) -- among those within
     --max-cost-per-hour, --min-tokens-per-s and `min_speed` x the fastest simulated plan's tokens/s
     (a cost objective's default: planner.objective); without simulation, the best estimate.
+    The fastest side is simulated first, so the cost scan holds the floor the choice holds.
 
     With a cost objective or a budget the search also ranks every layout by it (planner.objective):
     the finalists are the fastest few, the cheapest few and the baselines. `profile` (measured
@@ -54,19 +55,29 @@ def make_plan(spec: Spec, *, top_k: int = 3, progress: bool = False, simulate_fi
     short = shortlist(spec, top_k, profile, goal)
     if log:
         log(f"searched {short.layouts} layouts, scored {short.scored} candidates in {short.search_s:.2f} s")
+    tokens = spec.job.global_batch * spec.model.seq_len
     if not simulate_finalists:
+        if not goal.by_time:
+            money_finalists(short, goal, tokens / short.plans[0][1].est.total, top_k)
         return conclude(short, 0)
     t0 = time.perf_counter()
-    simulated, results = [], []
-    for plan, _ in short.plans:
-        cost = short.ctx.cost(plan.checkpointing) if profile is not None else None
-        res = simulate(spec, plan, iterations=1, cost=cost, progress=progress)
-        simulated.append((plan, res.iteration_time))
-        results.append(res)
-        if log:
-            log(f"simulated {plan.name} ({plan.pp} stages x dp {plan.dp}, {plan.schedule}): "
-                f"{res.iteration_time:.3f} s")
-    floor = goal.floored(max(r.tokens_per_s for r in results)).min_tokens_per_s
+
+    def run(plans):
+        out = []
+        for plan, _ in plans:
+            cost = short.ctx.cost(plan.checkpointing) if profile is not None else None
+            out.append(simulate(spec, plan, iterations=1, cost=cost, progress=progress))
+            if log:
+                log(f"simulated {plan.name} ({plan.pp} stages x dp {plan.dp}, {plan.schedule}): "
+                    f"{out[-1].iteration_time:.3f} s")
+        return out
+
+    results = run(short.plans)
+    fastest = max(r.tokens_per_s for r in results)    # the floor's reference: the fastest side's best
+    if not goal.by_time:
+        results = run(money_finalists(short, goal, fastest, top_k)) + results
+    simulated = [(plan, r.iteration_time) for (plan, _), r in zip(short.plans, results, strict=True)]
+    floor = goal.floored(fastest).min_tokens_per_s
     best = _choose(spec, results, objective, max_cost_per_hour, floor)
     res = conclude(short, best, results[best], simulated, time.perf_counter() - t0)
     res.explanation += _other_side(spec, results, best, objective)

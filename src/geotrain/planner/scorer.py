@@ -289,18 +289,16 @@ class Scorer:
         wanted = extra
         if cutoff < math.inf:
             # The pipeline part bounds every sharding's estimate from below (the tail only adds):
-            # a kind already behind the search's keep-th best is not worth its memory checks. Priced
-            # with the lightest checkpointing: stage_modes may lighten any stage down to it.
-            light = ctx.checkpointing_options()[0]
-            base = self._costs(self.compute_costs(dcs, chunks, mb, light) if light != ckpt else compute, chunks, dcs,
-                               light, v, ctx.sharding_options()[0], dp, lay)
-            if kind == "wan-1f1b":   # any warm-up: period >= slowest stage and busiest link, fill >= sum of steps
-                steps = [c.step for c in base]
-                floor = ((m - 1) * max([max(steps)] + [b.occupancy for b in bounds]) + sum(steps)
-                         + 2 * sum(b.delay for b in bounds))
-            else:
-                floor = pipeline_part(base, bounds, m, kind, v, extra).pipe
-            if floor >= cutoff:
+            # a kind already behind the search's keep-th best is not worth its memory checks.
+            # stage_modes may lighten a stage below `ckpt` where a lighter mode fits it: priced at
+            # `ckpt` throughout the pipeline part is no bound, priced at the lightest mode it is a
+            # weak one; between the two, the modes each stage fits decide (memory checks).
+            light = self.compute_costs(dcs, chunks, mb, ctx.checkpointing_options()[0])
+            if self._floor(light, bounds, m, kind, v, extra) >= cutoff:
+                self.pruned = True
+                return None
+            if light is not compute and self._floor(compute, bounds, m, kind, v, extra) >= cutoff and self._floor(
+                    self._floor_compute(lay, kind, v, ckpt, chunks, compute), bounds, m, kind, v, extra) >= cutoff:
                 self.pruned = True
                 return None
         best: Candidate | None = None
@@ -339,6 +337,31 @@ class Scorer:
         if self.scored == 0:
             self._record_miss(lay, kind, v, ckpt, chunks, extra)
         return None
+
+    @staticmethod
+    def _floor(compute, bounds, m: int, kind: str, v: int, extra) -> float:
+        """The pipeline part of an estimate with this per-stage compute: a lower bound on its total
+        for every sharding (the tail only adds); under wan-1f1b, with the warm-up wanted, for any
+        warm-up fit_warmup lowers it to (the pipeline part only shrinks with more warm-up)."""
+        return pipeline_part([StageTerms(*c) for c in compute], bounds, m, kind, v, extra).pipe
+
+    def _floor_compute(self, lay, kind, v, ckpt, chunks, compute):
+        """Per stage, the least compute `stage_modes` can give it: the fastest of `ckpt` and the
+        lighter modes that fit the stage under the leanest sharding with the fewest micro-batches
+        the kind holds there (no warm-up) -- a lower bound for every sharding and warm-up."""
+        ctx = self.ctx
+        options = ctx.checkpointing_options()
+        lighter = [md for md in options[:options.index(ckpt)] if not (kind == "zb-h1" and md in SELECTIVE)]
+        if not lighter:
+            return compute
+        dcs, mb, lean = lay.stage_dcs, lay.micro_batch, ctx.sharding_options()[-1]
+        costs = {md: self.compute_costs(dcs, chunks, mb, md) for md in lighter}
+        out = []
+        for s, c in enumerate(compute):
+            k = held(kind, lay.pp, lay.m, s, (), v)
+            fit = [costs[md][s] for md in lighter if ctx.stage_fits(chunks[s], dcs[s], mb, k, lean, lay.dp, md)]
+            out.append(min([c, *fit], key=lambda x: x[0] + x[1]))
+        return out
 
     def _record_miss(self, lay, kind, v, ckpt, chunks, extra) -> None:
         ctx = self.ctx

@@ -69,6 +69,7 @@ class Shortlist:
     scored: int
     search_s: float
     ctxs: dict[tuple, PlanningContext] = field(default_factory=dict)   # per tp assignment searched (ctx.key)
+    groups: list = field(default_factory=list)                          # scan.tp_groups, for a second scan
 
     def ctx_for(self, plan: Plan) -> PlanningContext:
         """The context pricing this plan's stages at their tp (the costs are per tp)."""
@@ -84,8 +85,8 @@ def _diagnose_infeasible(ctx: PlanningContext, scorer: Scorer | None = None) -> 
 def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None, objective: Objective | None = None) -> Shortlist:
     """Search, and list the `top_k` best distinct estimates with their variants and the upgraded
     baselines, for a caller to simulate; with a cost objective or a budget (planner.objective)
-    also the `top_k` best distinct candidates of a second scan ranked by it, so the caller picks
-    from the fastest and the cheapest (a Pareto set), not from the fastest re-ranked."""
+    the caller then adds `money_finalists`, so it picks from the fastest and the cheapest (a
+    Pareto set), not from the fastest re-ranked."""
     t0 = time.perf_counter()
     groups = tp_groups(spec, profile)      # one per tensor-parallel degree; the smallest first
     ctx, scorer, _ = groups[0]
@@ -128,19 +129,37 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None, objective
                 plans.append((other.to_plan(scorer_of[best.tps].ctx), other))
     # A baseline picks its own dp, schedule, ...: for a pinned job only those keeping the pins count.
     plans += [(p, None) for p in _upgraded_baselines(spec, ctx) if respects_pins(p, spec.job)]
-    if objective is not None and not objective.by_time:
-        tokens = ctx.job.global_batch * ctx.model.seq_len
-        goal, strict = objective.floored(tokens / best.est.total), []
-        ranked = _distinct(search_groups(groups, keep=max(top_k, 1) * 2, objective=goal, strict=strict),
-                           ctx)[:max(top_k, 1)]
-        if strict and not any(goal.meets_floor(tokens, c.est.total) for c in ranked):
-            ranked.append(strict[0])     # one the estimate puts over the floor, should the rest fall under
-        for i, c in enumerate(ranked):
-            c.name = f"geotrain-{objective.name}-{i + 1}"
-        plans = [(c.to_plan(ctx), c) for c in ranked] + plans
     plans = _worth_simulating(ctx, plans, best.est.total)
     return Shortlist(spec, ctx, plans, layouts, sum(g[1].scored for g in groups), time.perf_counter() - t0,
-                     {g[0].key: g[0] for g in groups})
+                     {g[0].key: g[0] for g in groups}, groups)
+
+
+def money_finalists(short: Shortlist, objective: Objective, fastest_tokens_per_s: float,
+                    top_k: int = 3) -> list[tuple[Plan, Candidate]]:
+    """The `top_k` best distinct candidates of a second scan ranked by a cost objective or under a
+    budget (planner.objective), its floor set from the fastest plan's tokens/s -- the simulated
+    one where the caller simulates, so the search and the final choice hold the same floor --
+    put first in the shortlist (ties go to them) and returned, less plans already listed."""
+    t0 = time.perf_counter()
+    ctx = short.ctx
+    tokens = ctx.job.global_batch * ctx.model.seq_len
+    goal, strict = objective.floored(fastest_tokens_per_s), []
+    ranked = _distinct(search_groups(short.groups, keep=max(top_k, 1) * 2, objective=goal, strict=strict),
+                       ctx)[:max(top_k, 1)]
+    if strict and not any(goal.meets_floor(tokens, c.est.total) for c in ranked):
+        ranked.append(strict[0])     # one the estimate puts over the floor, should the rest fall under
+    listed = {_plan_key(p) for p, _ in short.plans}
+    out = []
+    for i, c in enumerate(ranked):
+        c.name = f"geotrain-{objective.name}-{i + 1}"
+        plan = c.to_plan(ctx)
+        if _plan_key(plan) not in listed:
+            listed.add(_plan_key(plan))
+            out.append((plan, c))
+    short.plans = out + short.plans
+    short.scored = sum(g[1].scored for g in short.groups)
+    short.search_s += time.perf_counter() - t0
+    return out
 
 
 def conclude(short: Shortlist, index: int, sim=None, simulated: list[tuple[Plan, float]] | None = None,
@@ -191,8 +210,7 @@ def _worth_simulating(ctx: PlanningContext, plans: list[tuple[Plan, Candidate | 
     `slack` x behind the best (their simulations cost most of the planning time and never win)."""
     out, seen = [], set()
     for plan, cand in plans:
-        # all-zero start offsets are lockstep: the same plan as none (tiny_2dc's "-offsets" variant)
-        key = plan.with_(name="", pipeline_offsets=plan.pipeline_offsets if any(plan.pipeline_offsets) else ())
+        key = _plan_key(plan)
         if key in seen:
             continue
         if cand is None:
@@ -202,6 +220,12 @@ def _worth_simulating(ctx: PlanningContext, plans: list[tuple[Plan, Candidate | 
         seen.add(key)
         out.append((plan, cand))
     return out
+
+
+def _plan_key(plan: Plan) -> Plan:
+    """The plan less its name; all-zero start offsets are lockstep, the same plan as none
+    (tiny_2dc's "-offsets" variant)."""
+    return plan.with_(name="", pipeline_offsets=plan.pipeline_offsets if any(plan.pipeline_offsets) else ())
 
 
 def _signature(ctx: PlanningContext, c: Candidate) -> tuple:
@@ -240,5 +264,5 @@ def _upgraded_baselines(spec: Spec, ctx: PlanningContext) -> list[Plan]:
     return out
 
 
-__all__ = ["Candidate", "Layout", "PlanResult", "Scorer", "Shortlist", "conclude", "enumerate_layouts", "search",
-           "shortlist", "score_plan"]
+__all__ = ["Candidate", "Layout", "PlanResult", "Scorer", "Shortlist", "conclude", "enumerate_layouts",
+           "money_finalists", "search", "shortlist", "score_plan"]
