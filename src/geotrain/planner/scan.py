@@ -97,6 +97,8 @@ def search_groups(groups: list[tuple[PlanningContext, Scorer, list[Layout]]], ke
         options = ctx.checkpointing_options()
         if level < len(options) - 1 and not scorer.may_fit(lay, options[level]):
             tight = max(bound, layout_bound(ctx, lay, options[level + 1]))
+            if not rank.admits_layout(ctx, lay, tight):
+                continue
             heapq.heappush(heap, (rank.bound(ctx, lay, tight), g, i, lay, level + 1, False, tight))
             continue
         if not refined:
