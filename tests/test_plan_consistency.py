@@ -106,7 +106,8 @@ def _consistent(spec_path: Path, tmp: Path, simulate: bool = True) -> str | None
     if problem:
         return f"{spec_path.name}: validate and plan accept it; simulate/train/rehearse refuse: {problem}"
     if simulate:
-        rc, err = _cli(["simulate", str(out), "--out", str(tmp / f"{spec_path.stem}.sim"), "--iterations", "1"])
+        rc, err = _cli(["simulate", str(out), "--out", str(tmp / f"{spec_path.stem}.sim"), "--iterations", "1",
+                        "--no-compare", "--no-timeline"])     # (the plan itself: not its alternatives, not a PNG)
         if rc != 0:
             return f"{spec_path.name}: validate and plan accept it; simulate refuses: {err}"
     tiny = tmp / f"{spec_path.stem}.tiny.json"
