@@ -23,6 +23,7 @@ import json
 import os
 import random
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,12 +60,16 @@ def _no_processes(monkeypatch):
     monkeypatch.setenv("GEOTRAIN_MAX_LOCAL_RANKS", str(10**8))
 
 
-def _cli(argv: list[str]) -> tuple[int, str]:
-    """(exit status, stderr) of the CLI in-process; 0 for a train/rehearse that reached its first process."""
+def _cli(argv: list[str], until_start: bool = False) -> tuple[int, str]:
+    """(exit status, stderr) of the CLI in-process. until_start (train, rehearse): 0 when it reached
+    its first process; a command that returned instead ran past the stubs (-1: fix the fixture)."""
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         try:
             rc = main(argv)
+            if until_start and rc == 0:
+                rc = -1
+                print("returned without reaching a stubbed process start", file=sys.stderr)
         except SystemExit as e:
             rc = e.code if isinstance(e.code, int) else 2
         except _WouldStart:
@@ -79,8 +84,9 @@ def _later_commands(source: Path, tmp: Path) -> list[tuple[str, int, str]]:
     """(command, exit status, stderr) of train and rehearse on `source` (up to their first process)."""
     out = tmp / f"{source.stem}.runs"
     return [("train", *_cli(["train", str(source), "--steps", "1", "--wan", "shaper", "--no-progress",
-                             "--out", str(out / "train")])),
-            ("rehearse", *_cli(["rehearse", str(source), "--steps", "1", "--no-compare", "--out", str(out / "rh")]))]
+                             "--out", str(out / "train")], until_start=True)),
+            ("rehearse", *_cli(["rehearse", str(source), "--steps", "1", "--no-compare", "--out", str(out / "rh")],
+                               until_start=True))]
 
 
 def _reason(err: str, spec_path: Path) -> str:
