@@ -120,9 +120,6 @@ def _consistent(spec_path: Path, tmp: Path, simulate: bool = True) -> str | None
     tiny.write_text(json.dumps(shrink(json.loads(out.read_text()))))
     for source in (out, tiny):
         for cmd, rc, err in _later_commands(source, tmp):
-            if cmd == "rehearse" and load_plan(source)[0].num_workers > 1 and rc == 2 and \
-                    err.count("\n") == 0 and "does not rehearse DiLoCo yet" in err:
-                continue        # the one gap left: rehearse refuses DiLoCo in one line (issue #27)
             if rc != 0:
                 return f"{spec_path.name}: validate and plan accept it; {cmd} refuses {source.name}: {err}"
     return None
@@ -249,12 +246,16 @@ def test_a_sample_of_tiny_plans_trains(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
                     reason="network namespaces need root (CI runs as root: never skipped there)")
-def test_a_tiny_plan_in_one_datacenter_is_rehearsed(tmp_path, monkeypatch):
-    """Rehearsed for real: a MoE plan in one DC (one host: torchrun, rendezvous, store), which
-    rehearse refused before ("no WAN to rehearse") though plan, simulate and train accepted it."""
+def test_a_tiny_diloco_plan_is_rehearsed(tmp_path, monkeypatch):
+    """Rehearsed for real: two DiLoCo workers, one DC each (each worker its own torchrun job of one
+    host, the workers' store in the first DC), an outer exchange every step. rehearse refused both
+    before: a plan whose every job is in one DC ("no WAN to rehearse"), and DiLoCo (no --diloco-worker)."""
     monkeypatch.undo()
-    tiny = _tiny_plan_file(tmp_path, "qwen3_30b_a3b_h100_3dc.toml", ep=8)
-    assert len(load_plan(tiny)[0].dcs_by_rank()) == 1
-    rc, err = _cli(["rehearse", str(tiny), "--steps", "1", "--no-compare", "--out", str(tmp_path / "rh")])
+    example, job = VARIANTS[0]
+    tiny = _tiny_plan_file(tmp_path, example, **job)
+    plan = load_plan(tiny)[0]
+    assert (plan.num_workers, plan.outer.inner_steps, len(plan.worker_dcs())) == (2, 2, 2)
+    rc, err = _cli(["rehearse", str(tiny), "--steps", "2", "--no-compare", "--out", str(tmp_path / "rh")])
     assert rc == 0, err
-    assert len((tmp_path / "rh" / "losses.jsonl").read_text().splitlines()) == 1
+    for run in (tmp_path / "rh", tmp_path / "rh" / "worker1"):
+        assert len((run / "losses.jsonl").read_text().splitlines()) == 2

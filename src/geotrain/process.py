@@ -21,6 +21,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 _PRIVATE = re.compile(r"^geotrain-([a-z]+)-(\d+)-")
@@ -67,3 +68,21 @@ def private_dir(kind: str) -> Path:
     sweep_private_dirs()
     return Path(tempfile.mkdtemp(prefix=f"geotrain-{kind}-{os.getpid()}-"))
 
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun starts each worker in a session of its own, so the
+    agent's process group does not hold them)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children[ppid].append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from geotrain.emulation.network import WanEmulation, emulation_available
 from geotrain.errors import GeotrainError
+from geotrain.process import descendants
 from geotrain.trace.chrome import write_chrome
 from geotrain.trace.merge import remerge
 from geotrain.trace.schema import Trace
@@ -60,6 +61,7 @@ class Host:
     ranks: list[int]
     out: Path
     log: Path
+    worker: int = 0                  # a DiLoCo plan's worker (RUN_DIR/worker<W> for W > 0)
     address: str = ""
     netns: str = ""
     proc: subprocess.Popen | None = None
@@ -115,10 +117,11 @@ STORE_SCRIPT = ("import sys, torch.distributed as d; s = d.TCPStore(sys.argv[1],
                 "wait_for_workers=False); print('ready', flush=True); sys.stdin.read()")
 
 
-def _start_store(emu, host: Host, env: dict[str, str], timeout_s: float = 60.0) -> subprocess.Popen:
-    """The rendezvous store at host.address:RDZV_PORT in host's namespace, until its stdin closes. Not in an agent
+def _start_store(emu, host: Host, env: dict[str, str], port: int = RDZV_PORT,
+                 timeout_s: float = 60.0) -> subprocess.Popen:
+    """The rendezvous store at host.address:port in host's namespace, until its stdin closes. Not in an agent
     (is_host=1): one leaving torchrun's exit barrier first took it from the others closing the rendezvous."""
-    p = emu.popen(host.dc, [sys.executable, "-c", STORE_SCRIPT, host.address, str(RDZV_PORT)], env, text=True,
+    p = emu.popen(host.dc, [sys.executable, "-c", STORE_SCRIPT, host.address, str(port)], env, text=True,
                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     ready = threading.Event()       # c10d's warnings may come first; the rest is drained
     threading.Thread(target=lambda: [ready.set() for line in p.stdout if line.strip() == "ready"], daemon=True).start()
@@ -237,25 +240,6 @@ def link_reports(spec, plan, trace_path: Path, conns: dict[tuple[str, str, int],
     return out
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (torchrun starts each worker in a session of its own, so the
-    agent's process group does not hold them)."""
-    children: dict[int, list[int]] = defaultdict(list)
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children[ppid].append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _stop(host: Host) -> None:
     """A torchrun still running: SIGTERM (the agent stops its workers), then SIGKILL to it and to
     every process it started, so nothing outlives the rehearsal inside a removed namespace."""
@@ -268,7 +252,7 @@ def _stop(host: Host) -> None:
     except ProcessLookupError:
         pass
     except subprocess.TimeoutExpired:      # the agent is still alive: its workers are still its children
-        for pid in [p.pid, *_descendants(p.pid)]:
+        for pid in [p.pid, *descendants(p.pid)]:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -301,29 +285,41 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
     ok, why = emulation_available()
     if not ok:
         raise GeotrainError(f"rehearse needs the kernel WAN emulation (network namespaces): {why}")
-    blocks = dc_blocks(plan)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    last = plan.dc_of(plan.pp - 1, 0)      # the loss owner's DC (runtime.train_config.report_rank)
-    hosts = [Host(dc, ranks, run_dir if dc == last else run_dir / "hosts" / dc, logs / f"{dc}.log")
-             for dc, ranks in blocks]
-    emu = WanEmulation(emulation_cluster(spec.cluster, [h.dc for h in hosts]), rate_scale=rate_scale,
-                       lifetime_s=timeout_s + 600).start()
-    sampler = store = None
+    hosts = []
+    for w in range(plan.num_workers):       # DiLoCo: each worker its own torchrun job (runtime.diloco_launch)
+        wp, base = plan.worker_plan(w), run_dir if w == 0 else run_dir / f"worker{w}"
+        last = wp.dc_of(wp.pp - 1, 0)      # the loss owner's DC (runtime.train_config.report_rank)
+        tag = "" if w == 0 else f"worker{w}-"
+        hosts += [Host(dc, ranks, base if dc == last else base / "hosts" / dc, logs / f"{tag}{dc}.log", w)
+                  for dc, ranks in dc_blocks(wp)]
+    emu = WanEmulation(emulation_cluster(spec.cluster, list(dict.fromkeys(h.dc for h in hosts))),
+                       rate_scale=rate_scale, lifetime_s=timeout_s + 600).start()
+    sampler, stores = None, []
     t0 = time.time()
     try:
         for h in hosts:
             h.address, h.netns = emu.address(h.dc), emu.netns(h.dc)
-        endpoint = f"{hosts[0].address}:{RDZV_PORT}"
+        firsts = [next(h for h in hosts if h.worker == w) for w in range(plan.num_workers)]
+        ends = [f"{f.address}:{RDZV_PORT + w}" for w, f in enumerate(firsts)]
         say(f"rehearse: {len(hosts)} hosts, one torchrun each inside its datacenter's namespace (gt-{emu.tag}-*): "
             + ", ".join(f"{h.dc} {h.address} ranks {h.ranks[0]}-{h.ranks[-1]}" for h in hosts)
-            + f"; c10d rendezvous at {endpoint}")
+            + f"; c10d rendezvous at {', '.join(ends)}")
         sampler = ConnectionSampler({h.dc: h.netns for h in hosts}).start()
         env = _env()
-        store = _start_store(emu, hosts[0], {**env, **emu.host_env(hosts[0].dc, env)})
+        for w, f in enumerate(firsts):
+            stores.append(_start_store(emu, f, {**env, **emu.host_env(f.dc, env)}, RDZV_PORT + w))
+        outer = []
+        if plan.num_workers > 1:            # the workers' store (runtime.outer_store: a TCPStore), in the first DC
+            port = RDZV_PORT + plan.num_workers
+            stores.append(_start_store(emu, hosts[0], {**env, **emu.host_env(hosts[0].dc, env)}, port))
+            outer = ["--outer-store", f"{hosts[0].address}:{port}"]
         for h in hosts:
             h.out.mkdir(parents=True, exist_ok=True)
-            argv = _torchrun_argv(h, len(hosts), endpoint, f"rehearse-{emu.tag}", plan_path, train_args)
+            n = sum(1 for x in hosts if x.worker == h.worker)
+            argv = _torchrun_argv(h, n, ends[h.worker], f"rehearse-{emu.tag}-{h.worker}", plan_path,
+                                  [*train_args, *(["--diloco-worker", str(h.worker), *outer] if outer else [])])
             with open(h.log, "w") as f:
                 h.proc = emu.popen(h.dc, argv, {**env, **emu.host_env(h.dc, env)},   # one NCCL host per DC
                                    stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -334,10 +330,12 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
             sampler.stop()
         for h in hosts:
             _stop(h)
-        _stop_store(store)
+        for st in stores:
+            _stop_store(st)
         crossed = emu.link_bytes()
         emu.stop()
     wall = time.time() - t0
+    hosts = [h for h in hosts if h.worker == 0]     # what is measured and compared: worker 0's run
     _gather_host_traces(hosts, run_dir, plan)
     trace = run_dir / "measured_trace.jsonl"
     if not trace.exists():

@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 from geotrain.console import human_bytes, sent_received
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import load_plan, plan_spec, save_plan
@@ -21,6 +19,7 @@ from geotrain.layout.wan_bytes import predicted_link_bytes
 from geotrain.orchestrate.rehearsal import dc_blocks, losses_of, median_step_s, run_rehearsal
 from geotrain.orchestrate.spec_check import load_experiment
 from geotrain.planner.confirm import make_plan
+from geotrain.runtime.host_devices import cuda_available
 from geotrain.runtime.train_config import runnable_schedule
 from geotrain.trace.schema import json_text
 
@@ -59,10 +58,10 @@ def rehearse(source: str, out: str | None = None, steps: int | None = None, data
     same = _compare(losses, step, other, report, say) if other is not None else True
     if result.links:
         say("\n".join(_link_lines(result.links)))
-    if result.link_bytes and len(result.hosts) > 1:     # (one host: no WAN, nothing to compare)
+    if len(result.link_bytes) > 1:     # (one datacenter: no WAN, nothing to compare)
         say("WAN bytes (emulated links, whole run, the process group's collectives included): "
             + sent_received(result.link_bytes))
-        backend = "nccl" if torch.cuda.is_available() else "gloo"     # the ranks ran on this host
+        backend = "nccl" if cuda_available() else "gloo"     # the ranks ran on this host
         say(f"WAN bytes predicted (layout.wan_bytes, {len(losses)} iterations, {backend}): "
             + sent_received(predicted_link_bytes(spec, plan, len(losses), backend)))
     (run_dir / "rehearse.json").write_text(json_text(report, indent=2) + "\n")
@@ -71,14 +70,13 @@ def rehearse(source: str, out: str | None = None, steps: int | None = None, data
 
 def check_rehearsable(spec, plan) -> None:
     """Refuse in one line, before any namespace or host starts, what a host's `geotrain train` or
-    the rehearsal would refuse: a plan no rank can run (train's own check), a DiLoCo plan (each
-    worker is a torchrun job of its own, with the workers' store: not rehearsed yet), a
-    datacenter's ranks not in one block, more datacenters than the emulation holds."""
+    the rehearsal would refuse: a plan no rank can run (train's own check), a datacenter's ranks
+    not in one block (of each DiLoCo worker's job), more datacenters than the emulation holds."""
     runnable_schedule(spec, plan)
-    if plan.num_workers > 1:
-        raise GeotrainError(f"the plan trains {plan.num_workers} DiLoCo workers; rehearse runs one torchrun job per "
-                            "datacenter and does not rehearse DiLoCo yet (train it with `geotrain train`)")
-    dc_blocks(plan)
+    for w in range(plan.num_workers):
+        dc_blocks(plan.worker_plan(w))
+    if len(plan.worker_dcs()) > 9:
+        raise GeotrainError(f"the plan uses {len(plan.worker_dcs())} datacenters; rehearse emulates at most 9")
 
 
 def _plan(path: Path):
