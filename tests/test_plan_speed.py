@@ -78,3 +78,26 @@ def test_whole_plan_command_cpu_time(example, bound_s, objective):
     assert torch_loaded == "False"
     assert float(after) < float(plan)       # the explanation and printed lines cost less than the planning
     assert cpu <= bound_s, f"{example}: whole command {cpu:.2f} s CPU (bound {bound_s} s)"
+
+
+def test_pipe_floor_is_the_pipeline_parts_pipe_and_prunes_alike():
+    """The scorer's cutoff check (analytic.pipe_floor) must be pipeline_part's pipe to the bit, and
+    its early return (without the latency loop) must prune exactly where the whole value would:
+    the scan's pruning is exact only so long as both hold."""
+    import random
+
+    from geotrain.planner.analytic import BoundaryCosts, StageTerms, pipe_floor, pipeline_part
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        pp, m = rng.randint(1, 30), rng.randint(1, 48)
+        kind = rng.choice(["1f1b", "zb-h1", "gpipe", "interleaved", "wan-1f1b"])
+        v = 2 if kind == "interleaved" else 1
+        comp = [tuple(rng.random() for _ in range(4)) for _ in range(pp)]
+        bounds = [BoundaryCosts(True, rng.random() * rng.choice([0, 1, 10]), rng.random() * rng.choice([0, 1, 10]))
+                  for _ in range(pp - 1)]
+        extra = tuple(rng.randint(0, 3) for _ in range(pp)) if kind == "wan-1f1b" else ()
+        pipe = pipeline_part([StageTerms(*c) for c in comp], bounds, m, kind, v, extra).pipe
+        assert pipe_floor(comp, bounds, m, kind, v, extra) == pipe
+        cutoff = rng.uniform(0.5, 1.5) * pipe
+        assert (pipe_floor(comp, bounds, m, kind, v, extra, cutoff) >= cutoff) == (pipe >= cutoff)

@@ -20,6 +20,7 @@ then confirmed with the discrete-event simulator. The model, per schedule kind:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -138,6 +139,40 @@ def pipeline_part(stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts],
         fill = sum(steps)
     pipe = (m - 1) * period + fill + comm_fill
     return PipelinePart(pipe, period, t_max, bw, lat, fill + comm_fill)
+
+
+def pipe_floor(compute: Sequence[tuple[float, float, float, float]], bounds: Sequence[BoundaryCosts], m: int,
+               kind: str, v: int = 1, extra: Sequence[int] = (), cutoff: float = math.inf) -> float:
+    """`pipeline_part(...).pipe` from per-stage (forward, backward, backward_input, backward_weight),
+    the same arithmetic (the same value to the bit), for the scorer's cutoff checks -- thousands a
+    search, most of them pruning: no StageTerms built, and the latency loop (quadratic in pp) only
+    when the bound without it stays under `cutoff` (a value >= cutoff is then a lower bound only)."""
+    pp = len(compute)
+    steps = [f + b for f, b, _, _ in compute]
+    t_max = max(steps)
+    delays = [b.delay for b in bounds]
+    bw = max((b.occupancy for b in bounds), default=0.0)
+    comm_fill = 2 * sum(delays) * (v if kind == "interleaved" else 1)
+    if kind == "zb-h1":
+        fill = sum(f + bi - bwt for f, _, bi, bwt in compute)
+        fill += 2 * max(c[3] for c in compute)
+    elif kind == "interleaved":
+        fill = t_max + (sum(steps) - t_max) / v
+    else:
+        fill = sum(steps)
+    period = max(t_max, bw)
+    pipe = (m - 1) * period + fill + comm_fill
+    if kind == "gpipe" or pipe >= cutoff:
+        return pipe
+    lat = 0.0
+    for s in range(pp):
+        if kind == "interleaved":
+            k = pp - s
+        else:
+            k = min(m, pp - s + (extra[s] if s < len(extra) else 0))
+        loop = sum(steps[s:]) + 2 * sum(delays[s:])
+        lat = max(lat, loop / max(k, 1))
+    return (m - 1) * max(t_max, bw, lat) + fill + comm_fill
 
 
 def finish(part: PipelinePart, stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts],

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from geotrain.costs.activations import SELECTIVE
 from geotrain.layout.stage_costs import with_tp_comm
-from geotrain.planner.analytic import BoundaryCosts, StageTerms, finish, held, pipeline_part
+from geotrain.planner.analytic import BoundaryCosts, StageTerms, finish, held, pipe_floor, pipeline_part
 from geotrain.planner.candidate import Candidate
 from geotrain.planner.chains import Layout, schedule_kinds
 from geotrain.planner.context import GBIT, PlanningContext
@@ -294,11 +294,12 @@ class Scorer:
             # `ckpt` throughout the pipeline part is no bound, priced at the lightest mode it is a
             # weak one; between the two, the modes each stage fits decide (memory checks).
             light = self.compute_costs(dcs, chunks, mb, ctx.checkpointing_options()[0])
-            if self._floor(light, bounds, m, kind, v, extra) >= cutoff:
+            if pipe_floor(light, bounds, m, kind, v, extra, cutoff) >= cutoff:
                 self.pruned = True
                 return None
-            if light is not compute and self._floor(compute, bounds, m, kind, v, extra) >= cutoff and self._floor(
-                    self._floor_compute(lay, kind, v, ckpt, chunks, compute), bounds, m, kind, v, extra) >= cutoff:
+            if light is not compute and pipe_floor(compute, bounds, m, kind, v, extra, cutoff) >= cutoff and pipe_floor(
+                    self._floor_compute(lay, kind, v, ckpt, chunks, compute), bounds, m, kind, v, extra,
+                    cutoff) >= cutoff:
                 self.pruned = True
                 return None
         best: Candidate | None = None
@@ -337,13 +338,6 @@ class Scorer:
         if self.scored == 0:
             self._record_miss(lay, kind, v, ckpt, chunks, extra)
         return None
-
-    @staticmethod
-    def _floor(compute, bounds, m: int, kind: str, v: int, extra) -> float:
-        """The pipeline part of an estimate with this per-stage compute: a lower bound on its total
-        for every sharding (the tail only adds); under wan-1f1b, with the warm-up wanted, for any
-        warm-up fit_warmup lowers it to (the pipeline part only shrinks with more warm-up)."""
-        return pipeline_part([StageTerms(*c) for c in compute], bounds, m, kind, v, extra).pipe
 
     def _floor_compute(self, lay, kind, v, ckpt, chunks, compute):
         """Per stage, the least compute `stage_modes` can give it: the fastest of `ckpt` and the
