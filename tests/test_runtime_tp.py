@@ -170,6 +170,30 @@ def test_wan_routes_each_tp_rank_to_its_own_peer(tmp_path: Path) -> None:
         dist.destroy_process_group()
 
 
+def test_a_sites_groups_are_reused_only_for_the_same_members_in_the_same_world() -> None:
+    """runtime.meshes.reused_groups: a launch's later cases get the groups an earlier case made at the
+    same site for the same members (every rank decides alike); other members, another site or a new
+    world get new groups."""
+    import torch.distributed as dist
+
+    from geotrain.runtime.meshes import reused_groups
+
+    last = None
+    for _world in range(2):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            if last is not None:                 # the same lists in a new world: not the old world's groups
+                assert reused_groups("test", [[0]])[0] is not last
+            first = reused_groups("test", [[0], [0]])
+            assert first[0] is not first[1]                      # one group per list, even for equal members
+            assert reused_groups("test", [[0], [0]]) == first    # the next case: the same groups
+            assert reused_groups("other", [[0], [0]])[0] not in first
+            last = reused_groups("test", [[0]])[0]               # other lists: new groups
+            assert last not in first
+        finally:
+            dist.destroy_process_group()
+
+
 @pytest.mark.slow
 def test_geotrain_train_with_tp2_end_to_end(tmp_path: Path, capsys) -> None:
     from geotrain.cli import main

@@ -1,10 +1,12 @@
-"""The device mesh a rank trains on, and how a checkpoint names its tensor-parallel layout."""
+"""The device mesh a rank trains on, its other process groups, and how a checkpoint names its
+tensor-parallel layout."""
 
 from __future__ import annotations
 
 import zlib
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from geotrain.errors import GeotrainError
@@ -44,3 +46,21 @@ def stage_mesh(device_type: str, plan, stage: int) -> DeviceMesh:
     meshes = [DeviceMesh(device_type, torch.tensor(plan.rank_table[s], dtype=torch.int64),
                          mesh_dim_names=("dp", "tp")) for s in range(plan.pp)]
     return meshes[stage]
+
+
+_REUSED: dict[str, tuple[object, list[list[int]], list]] = {}   # site -> (world, member lists, groups)
+
+
+def reused_groups(site: str, member_lists: list[list[int]]) -> list:
+    """`dist.new_group` for each of `member_lists`, or the groups `site` made the last time it asked for
+    the same lists in the same world: a launch that runs several cases (the tests, validate-sim) built
+    every case's groups anew, ~1 s of gloo connections per case on 2 cores. Collective like new_group:
+    every rank asks with the same lists in the same order, so every rank reuses alike. One cache per
+    site: two parts of one case never share a group (their operations could interleave)."""
+    world = dist.group.WORLD
+    last = _REUSED.get(site)
+    if last is not None and last[0] is world and last[1] == member_lists:
+        return last[2]
+    groups = [dist.new_group(m) for m in member_lists]
+    _REUSED[site] = (world, [list(m) for m in member_lists], groups)
+    return groups

@@ -25,6 +25,8 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
+from geotrain.runtime.meshes import reused_groups
+
 
 @runtime_checkable
 class Work(Protocol):
@@ -90,8 +92,8 @@ def directed_groups(plan, schedule) -> dict[tuple[int, int], dist.ProcessGroup]:
     keeps them in the order both ends posted them."""
     me = dist.get_rank()
     out: dict[tuple[int, int], dist.ProcessGroup] = {}
-    for members, pairs in direction_pairs(plan, schedule):
-        group = dist.new_group(members)
+    directions = direction_pairs(plan, schedule)
+    for (_, pairs), group in zip(directions, reused_groups("p2p", [list(m) for m, _ in directions])):
         out.update({pair: group for pair in pairs if me in pair})
     return out
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from geotrain.runtime.meshes import reused_groups
 from geotrain.runtime.scaler import _local
 
 NORM_TAG = 1 << 30  # the gradient norm's p2p tags (+0 partial sums, +1 the total): above every p2p.make_tag
@@ -143,10 +144,12 @@ class GradNorm:
         stage, replica, t = plan.coords(rank)
         self.limit_s = limit_s           # the outage limit: how long a cross-stage wait may last
         self.device, self.stage_ranks, self.stage, self.pp = device, plan.dp * plan.stage_tp(stage), stage, plan.pp
+        per_stage = [sorted(plan.rank(s, r, u) for r in range(plan.dp) for u in range(plan.stage_tp(s)))
+                     for s in range(plan.pp)]
+        groups = iter(reused_groups("grad_norm", [ranks for ranks in per_stage if len(ranks) > 1]))
         self.stage_group = None
-        for s in range(plan.pp):
-            ranks = sorted(plan.rank(s, r, u) for r in range(plan.dp) for u in range(plan.stage_tp(s)))
-            group = dist.new_group(ranks) if len(ranks) > 1 else None
+        for s, ranks in enumerate(per_stage):
+            group = next(groups) if len(ranks) > 1 else None
             if s == stage:
                 self.stage_group = group
         tp = plan.stage_tp(stage)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from geotrain.runtime.meshes import reused_groups
 from geotrain.runtime.scaler import _local
 from geotrain.runtime.shared_gpu import all_reduce_staged
 
@@ -38,12 +39,11 @@ class TiedCopies:
         if not getattr(model, "tie_embeddings", False):
             return
         if plan.pp > 1:
-            for replica in range(plan.dp):
-                for t in range(plan.tp):
-                    ranks = [plan.rank(0, replica, t), plan.rank(plan.pp - 1, replica, t)]
-                    group = dist.new_group(ranks)
-                    if rank in ranks:
-                        self.group = group
+            pairs = [[plan.rank(0, replica, t), plan.rank(plan.pp - 1, replica, t)]
+                     for replica in range(plan.dp) for t in range(plan.tp)]
+            for ranks, group in zip(pairs, reused_groups("tied", pairs)):
+                if rank in ranks:
+                    self.group = group
             first, last = plan.stages[0].dc, plan.stages[-1].dc
             if first != last and rank == plan.rank(0, 0, 0):
                 # Said at start, like every link's transport: this sum is not carried by the WAN
