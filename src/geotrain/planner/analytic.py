@@ -126,13 +126,18 @@ def pipeline_part(stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts],
     if kind != "gpipe":
         for s in range(pp):
             k = inflight(kind, pp, m, s, extra, v) if kind != "interleaved" else pp - s
+            if k >= m:
+                continue    # every micro-batch in flight at once: none waits for one to come back
             loop = sum(steps[s:]) + 2 * sum(delays[s:])
             lat = max(lat, loop / max(k, 1))
     period = max(t_max, bw, lat)
     comm_fill = 2 * sum(delays) * (v if kind == "interleaved" else 1)
     if kind == "zb-h1":
-        fill = sum(s.forward + s.backward_input - s.backward_weight for s in stages)
-        fill += 2 * max(s.backward_weight for s in stages)
+        # Stage s defers its first min(s, m) weight passes into the drain: with m < pp only m
+        # of the pp stages' W can fill it (builders.zb_h1_order).
+        share = min(m, pp) / pp
+        fill = sum(s.forward + s.backward_input for s in stages) + 2 * max(s.backward_weight for s in stages) \
+            - share * sum(s.backward_weight for s in stages)
     elif kind == "interleaved":
         fill = t_max + (sum(steps) - t_max) / v
     else:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from geotrain.layout.plan import Plan
-from geotrain.planner.analytic import StageTerms, estimate
+from geotrain.planner.analytic import StageTerms, finish, pipeline_part
 from geotrain.planner.candidate import Candidate
 from geotrain.planner.chains import Layout
 from geotrain.planner.context import PlanningContext
 from geotrain.planner.scorer import Scorer
+from geotrain.planner.sharing import offsets_span
 
 
 def plan_layout(plan: Plan) -> Layout:
@@ -84,9 +85,13 @@ def score_plan(ctx: PlanningContext, plan: Plan) -> Candidate | None:
     modes = tuple(plan.stage_checkpointing(s) for s in range(plan.pp))
     costs = plan_stage_costs(ctx, plan, scorer)
     wan_lat = sum(ctx.link(a, b).latency_ms * 1e-3 for a, b in zip(chain, chain[1:]))
-    span = max(plan.pipeline_offsets, default=0.0)
-    est = estimate(costs, bounds, plan.num_microbatches, plan.schedule, plan.virtual_per_stage, plan.extra_warmup,
-                   span, wan_lat)
+    part = pipeline_part(costs, bounds, plan.num_microbatches, plan.schedule, plan.virtual_per_stage,
+                         plan.extra_warmup)
+    # Without start offsets the dp pipelines queue for their turns on the link at every micro-batch:
+    # the last one waits as long as the offsets would have spread them (as the scorer prices it).
+    span = max(plan.pipeline_offsets, default=0.0) or (
+        offsets_span(plan.dp, stagger, part.period) if sharing == "temporal" else 0.0)
+    est = finish(part, costs, bounds, span, wan_lat)
     return Candidate(lay, plan.schedule, plan.virtual_per_stage, plan.checkpointing, plan.sharding,
                      tuple(s.chunks for s in plan.stages), plan.extra_warmup, sharing, conns, est, plan.name, plan.tp,
                      stage_checkpointing=modes if len(set(modes)) > 1 else (), tps=ctx.key)
