@@ -255,7 +255,8 @@ def test_a_tiny_diloco_plan_is_rehearsed(tmp_path, monkeypatch):
     tiny = _tiny_plan_file(tmp_path, example, **job)
     plan = load_plan(tiny)[0]
     assert (plan.num_workers, plan.outer.inner_steps, len(plan.worker_dcs())) == (2, 2, 2)
-    rc, err = _cli(["rehearse", str(tiny), "--steps", "2", "--no-compare", "--out", str(tmp_path / "rh")])
+    rc, err = _cli(["rehearse", str(tiny), "--steps", "2", "--no-compare", "--no-progress",
+                    "--out", str(tmp_path / "rh")])
     assert rc == 0, err
     for run in (tmp_path / "rh", tmp_path / "rh" / "worker1"):
         assert len((run / "losses.jsonl").read_text().splitlines()) == 2

@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cross-DC connections in TLS 1.3 (as `geotrain train --wan-tls`; the comparison run too)")
     p.add_argument("--timeout", type=float, default=3600.0, metavar="S",
                    help="stop the rehearsal after S seconds (default 3600)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="the hosts train with --no-progress: no progress bars or summary, no curves.png")
     p.add_argument("--serve-prefill", type=int, default=None, metavar="PORT",
                    help="not available: BubbleTea's service needs geotrain's own launcher (refused in one line)")
 
@@ -46,5 +48,5 @@ def run(args: argparse.Namespace) -> int:
                             "BubbleTea's service needs geotrain's own launcher (geotrain train --serve-prefill)")
     same = rehearse(args.spec, out=args.out, steps=args.steps, data=args.data, compare=args.compare,
                     compare_with=args.compare_with, rate_scale=args.wan_rate_scale, tls=args.wan_tls,
-                    timeout_s=args.timeout, say=lambda line: print(line, flush=True))
+                    timeout_s=args.timeout, progress=not args.no_progress, say=lambda line: print(line, flush=True))
     return 0 if same else 1

@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -308,13 +309,15 @@ def run_rehearsal(spec, plan, plan_path: Path, run_dir: Path, train_args: list[s
             + f"; c10d rendezvous at {', '.join(ends)}")
         sampler = ConnectionSampler({h.dc: h.netns for h in hosts}).start()
         env = _env()
-        for w, f in enumerate(firsts):
-            stores.append(_start_store(emu, f, {**env, **emu.host_env(f.dc, env)}, RDZV_PORT + w))
-        outer = []
-        if plan.num_workers > 1:            # the workers' store (runtime.outer_store: a TCPStore), in the first DC
-            port = RDZV_PORT + plan.num_workers
-            stores.append(_start_store(emu, hosts[0], {**env, **emu.host_env(hosts[0].dc, env)}, port))
-            outer = ["--outer-store", f"{hosts[0].address}:{port}"]
+        W = plan.num_workers                # DiLoCo: the workers' store too (a TCPStore, as runtime.outer_store)
+        starts = [*((f, RDZV_PORT + w) for w, f in enumerate(firsts)), *([(hosts[0], RDZV_PORT + W)] if W > 1 else [])]
+        with ThreadPoolExecutor(len(starts)) as pool:       # each imports torch: side by side
+            futures = [pool.submit(_start_store, emu, h, {**env, **emu.host_env(h.dc, env)}, p) for h, p in starts]
+        errors = [f.exception() for f in futures]
+        stores += [f.result() for f, e in zip(futures, errors) if e is None]
+        if any(errors):
+            raise next(e for e in errors if e)
+        outer = ["--outer-store", f"{hosts[0].address}:{RDZV_PORT + W}"] if W > 1 else []
         for h in hosts:
             h.out.mkdir(parents=True, exist_ok=True)
             n = sum(1 for x in hosts if x.worker == h.worker)

@@ -26,9 +26,10 @@ from geotrain.trace.schema import json_text
 
 def rehearse(source: str, out: str | None = None, steps: int | None = None, data: str | None = None,
              compare: bool = True, compare_with: str | None = None, rate_scale: float = 1.0, tls: bool = False,
-             timeout_s: float = 3600.0, say=print) -> bool:
+             timeout_s: float = 3600.0, progress: bool = True, say=print) -> bool:
     """Rehearse `source` (a plan file, or a TOML: the planner's choice); True if the losses equal the
-    compared run's bit for bit (or nothing was compared). RUN_DIR/rehearse.json holds the report."""
+    compared run's bit for bit (or nothing was compared). RUN_DIR/rehearse.json holds the report.
+    progress=False: the hosts train with --no-progress (no progress lines, no curves.png to draw)."""
     if steps is not None and steps < 1:
         raise GeotrainError("--steps must be at least 1")
     if not timeout_s > 0:
@@ -44,7 +45,8 @@ def rehearse(source: str, out: str | None = None, steps: int | None = None, data
     plan_path = run_dir / "rehearse_plan.json"          # one plan file: every host and the comparison train it
     save_plan(plan_path, plan, spec=spec)
     train_args = [*(["--steps", str(steps)] if steps else []), *(["--data", data] if data else []),
-                  "--wan-rate-scale", str(rate_scale), *(["--wan-tls"] if tls else [])]
+                  "--wan-rate-scale", str(rate_scale), *(["--wan-tls"] if tls else []),
+                  *([] if progress else ["--no-progress"])]
     result = run_rehearsal(spec, plan, plan_path, run_dir, train_args, rate_scale=rate_scale, timeout_s=timeout_s,
                            say=say)
     losses, step = losses_of(run_dir), median_step_s(run_dir)
