@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+WINDOW = 2   # stages after s whose loops with s bound the period (the nearest decide)
+
 
 @dataclass(frozen=True)
 class StageTerms:
@@ -117,67 +119,74 @@ class PipelinePart:
 
 def pipeline_part(stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts], m: int, kind: str,
                   v: int = 1, extra: Sequence[int] = ()) -> PipelinePart:
-    pp = len(stages)
+    compute = [(s.forward, s.backward, s.backward_input, s.backward_weight) for s in stages]
     steps = [s.step for s in stages]
     t_max = max(steps)
     delays = [b.delay for b in bounds]
     bw = max((b.occupancy for b in bounds), default=0.0)
-    lat = 0.0
-    if kind != "gpipe":
-        for s in range(pp):
-            k = inflight(kind, pp, m, s, extra, v) if kind != "interleaved" else pp - s
-            if k >= m:
-                continue    # every micro-batch in flight at once: none waits for one to come back
-            loop = sum(steps[s:]) + 2 * sum(delays[s:])
-            lat = max(lat, loop / max(k, 1))
+    lat = _latency_period(steps, delays, m, kind, v, extra)
     period = max(t_max, bw, lat)
-    comm_fill = 2 * sum(delays) * (v if kind == "interleaved" else 1)
+    fill, comm_fill = _fill(compute, steps, t_max, m, kind, v), 2 * sum(delays) * (v if kind == "interleaved" else 1)
+    pipe = (m - 1) * period + fill + comm_fill
+    return PipelinePart(pipe, period, t_max, bw, lat, fill + comm_fill)
+
+
+def _fill(compute: Sequence[tuple[float, float, float, float]], steps: Sequence[float], t_max: float, m: int,
+          kind: str, v: int) -> float:
+    """One pass of every stage; zero-bubble moves weight passes into the drain, interleaving
+    divides the fill by the chunks."""
     if kind == "zb-h1":
         # Stage s defers its first min(s, m) weight passes into the drain: with m < pp only m
         # of the pp stages' W can fill it (builders.zb_h1_order).
-        share = min(m, pp) / pp
-        fill = sum(s.forward + s.backward_input for s in stages) + 2 * max(s.backward_weight for s in stages) \
-            - share * sum(s.backward_weight for s in stages)
-    elif kind == "interleaved":
-        fill = t_max + (sum(steps) - t_max) / v
-    else:
-        fill = sum(steps)
-    pipe = (m - 1) * period + fill + comm_fill
-    return PipelinePart(pipe, period, t_max, bw, lat, fill + comm_fill)
+        share = min(m, len(compute)) / len(compute)
+        return sum(f + bi for f, _, bi, _ in compute) + 2 * max(c[3] for c in compute) \
+            - share * sum(c[3] for c in compute)
+    if kind == "interleaved":
+        return t_max + (sum(steps) - t_max) / v
+    return sum(steps)
+
+
+def _latency_period(steps: Sequence[float], delays: Sequence[float], m: int, kind: str, v: int,
+                    extra: Sequence[int]) -> float:
+    """Little's law: stage s keeps ks[s] micro-batches between its forward and its backward, and
+    the round trip through everything downstream must be covered by them."""
+    if kind == "gpipe":
+        return 0.0
+    pp = len(steps)
+    ks = [inflight(kind, pp, m, s, extra, v) if kind != "interleaved" else pp - s for s in range(pp)]
+    lat, loop = 0.0, 0.0
+    for s in range(pp - 1, -1, -1):
+        loop += steps[s] + (2 * delays[s] if s < pp - 1 else 0.0)
+        k = ks[s]
+        if k >= m:
+            continue    # every micro-batch in flight at once: none waits for one to come back
+        lat = max(lat, loop / max(k, 1))
+        if kind != "interleaved":
+            # 1F1B's strict F/B alternation: stages s..t keep only ks[s] - ks[t] + 1 micro-batches
+            # between them, so a boundary's round trip is covered locally, not by the whole tail.
+            inner = steps[s]
+            for t in range(s + 1, min(pp, s + 1 + WINDOW)):
+                inner += steps[t] + 2 * delays[t - 1]
+                lat = max(lat, inner / max(k - ks[t] + 1, 1))
+    return lat
 
 
 def pipe_floor(compute: Sequence[tuple[float, float, float, float]], bounds: Sequence[BoundaryCosts], m: int,
                kind: str, v: int = 1, extra: Sequence[int] = (), cutoff: float = math.inf) -> float:
     """`pipeline_part(...).pipe` from per-stage (forward, backward, backward_input, backward_weight),
     the same arithmetic (the same value to the bit), for the scorer's cutoff checks -- thousands a
-    search, most of them pruning: no StageTerms built, and the latency loop (quadratic in pp) only
-    when the bound without it stays under `cutoff` (a value >= cutoff is then a lower bound only)."""
-    pp = len(compute)
+    search, most of them pruning: no StageTerms built, and the latency loop only when the bound
+    without it stays under `cutoff` (a value >= cutoff is then a lower bound only)."""
     steps = [f + b for f, b, _, _ in compute]
     t_max = max(steps)
     delays = [b.delay for b in bounds]
     bw = max((b.occupancy for b in bounds), default=0.0)
     comm_fill = 2 * sum(delays) * (v if kind == "interleaved" else 1)
-    if kind == "zb-h1":
-        fill = sum(f + bi - bwt for f, _, bi, bwt in compute)
-        fill += 2 * max(c[3] for c in compute)
-    elif kind == "interleaved":
-        fill = t_max + (sum(steps) - t_max) / v
-    else:
-        fill = sum(steps)
-    period = max(t_max, bw)
-    pipe = (m - 1) * period + fill + comm_fill
+    fill = _fill(compute, steps, t_max, m, kind, v)
+    pipe = (m - 1) * max(t_max, bw) + fill + comm_fill
     if kind == "gpipe" or pipe >= cutoff:
         return pipe
-    lat = 0.0
-    for s in range(pp):
-        if kind == "interleaved":
-            k = pp - s
-        else:
-            k = min(m, pp - s + (extra[s] if s < len(extra) else 0))
-        loop = sum(steps[s:]) + 2 * sum(delays[s:])
-        lat = max(lat, loop / max(k, 1))
-    return (m - 1) * max(t_max, bw, lat) + fill + comm_fill
+    return (m - 1) * max(t_max, bw, _latency_period(steps, delays, m, kind, v, extra)) + fill + comm_fill
 
 
 def finish(part: PipelinePart, stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts],
