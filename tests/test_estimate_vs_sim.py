@@ -19,6 +19,8 @@ CASES = [
     ("gemma_7b_h100_3dc", (4,), 256, 2, "zb-h1"),
     ("llama2_70b_4dc_8k", (6,), 512, 4, "1f1b"),            # m < pp: all in flight, none waits
     ("llama1b_a100_3dc", (1, 1, 1), 512, 1, "1f1b"),         # 512 pipelines take turns on each link
+    ("llama2_7b_a100_3dc", (8, 8), 128, 16, "1f1b"),         # the link, not compute, paces the drain
+    ("llama2_7b_a100_3dc", (8, 8), 64, 16, "zb-h1"),         # ... and leaves no bubble for W after it
     ("llama2_13b_h100_3dc", (4,), 256, 4, "interleaved"),
 ]
 

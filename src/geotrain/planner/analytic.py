@@ -126,24 +126,38 @@ def pipeline_part(stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts],
     bw = max((b.occupancy for b in bounds), default=0.0)
     lat = _latency_period(steps, delays, m, kind, v, extra)
     period = max(t_max, bw, lat)
-    fill, comm_fill = _fill(compute, steps, t_max, m, kind, v), 2 * sum(delays) * (v if kind == "interleaved" else 1)
+    fill = _fill(compute, steps, t_max, m, kind, v, bounds)
+    comm_fill = 2 * sum(delays) * (v if kind == "interleaved" else 1)
     pipe = (m - 1) * period + fill + comm_fill
     return PipelinePart(pipe, period, t_max, bw, lat, fill + comm_fill)
 
 
 def _fill(compute: Sequence[tuple[float, float, float, float]], steps: Sequence[float], t_max: float, m: int,
-          kind: str, v: int) -> float:
+          kind: str, v: int, bounds: Sequence[BoundaryCosts]) -> float:
     """One pass of every stage; zero-bubble moves weight passes into the drain, interleaving
     divides the fill by the chunks."""
+    paced, upstream = _link_paced(bounds, t_max, kind, m)
     if kind == "zb-h1":
         # Stage s defers its first min(s, m) weight passes into the drain: with m < pp only m
         # of the pp stages' W can fill it (builders.zb_h1_order).
+        # Behind a link that paces the drain, the stages after it have no bubble for W to fill.
         share = min(m, len(compute)) / len(compute)
         return sum(f + bi for f, _, bi, _ in compute) + 2 * max(c[3] for c in compute) \
-            - share * sum(c[3] for c in compute)
+            - share * sum(c[3] for c in compute[:upstream]) + sum(c[3] for c in compute[upstream:]) + paced
     if kind == "interleaved":
         return t_max + (sum(steps) - t_max) / v
-    return sum(steps)
+    return sum(steps) + paced
+
+
+def _link_paced(bounds: Sequence[BoundaryCosts], t_max: float, kind: str, m: int) -> tuple[float, int]:
+    """A link slower than the compute paces the stages after it: in 1F1B a stage does its B only
+    after its next F arrived (one link period), so each stage after the busiest link but the last
+    (which does B right after F) adds a link period, not its step, to the drain -- while there is
+    a next F to wait for (m - 1 of them). Returns (that extra, the stages before the link)."""
+    if kind == "interleaved" or not bounds:
+        return 0.0, len(bounds) + 1
+    occ, b = max((x.occupancy, i) for i, x in enumerate(bounds))
+    return (min(len(bounds) - 1 - b, m - 1) * (occ - t_max), b + 1) if occ > t_max else (0.0, len(bounds) + 1)
 
 
 def _latency_period(steps: Sequence[float], delays: Sequence[float], m: int, kind: str, v: int,
@@ -182,7 +196,7 @@ def pipe_floor(compute: Sequence[tuple[float, float, float, float]], bounds: Seq
     delays = [b.delay for b in bounds]
     bw = max((b.occupancy for b in bounds), default=0.0)
     comm_fill = 2 * sum(delays) * (v if kind == "interleaved" else 1)
-    fill = _fill(compute, steps, t_max, m, kind, v)
+    fill = _fill(compute, steps, t_max, m, kind, v, bounds)
     pipe = (m - 1) * max(t_max, bw) + fill + comm_fill
     if kind == "gpipe" or pipe >= cutoff:
         return pipe
