@@ -21,7 +21,8 @@ CASES = [
     ("llama1b_a100_3dc", (1, 1, 1), 512, 1, "1f1b"),         # 512 pipelines take turns on each link
     ("llama2_7b_a100_3dc", (8, 8), 128, 16, "1f1b"),         # the link, not compute, paces the drain
     ("llama2_7b_a100_3dc", (8, 8), 64, 16, "zb-h1"),         # ... and leaves no bubble for W after it
-    ("llama2_13b_h100_3dc", (4,), 256, 4, "interleaved"),
+    ("llama3_1_70b_h100_3dc", (8, 7, 7), 1, 32, "1f1b"),    # a boundary's round trip per micro-batch,
+    ("llama2_13b_h100_3dc", (4,), 256, 4, "interleaved"),    # once the stages around it are full
 ]
 
 

@@ -124,11 +124,11 @@ def pipeline_part(stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts],
     t_max = max(steps)
     delays = [b.delay for b in bounds]
     bw = max((b.occupancy for b in bounds), default=0.0)
-    lat = _latency_period(steps, delays, m, kind, v, extra)
+    lat, k = _latency_period(steps, delays, m, kind, v, extra)
     period = max(t_max, bw, lat)
     fill = _fill(compute, steps, t_max, m, kind, v, bounds)
     comm_fill = 2 * sum(delays) * (v if kind == "interleaved" else 1)
-    pipe = (m - 1) * period + fill + comm_fill
+    pipe = _latency_paced(m, max(t_max, bw), lat, k) + fill + comm_fill
     return PipelinePart(pipe, period, t_max, bw, lat, fill + comm_fill)
 
 
@@ -160,29 +160,41 @@ def _link_paced(bounds: Sequence[BoundaryCosts], t_max: float, kind: str, m: int
     return (min(len(bounds) - 1 - b, m - 1) * (occ - t_max), b + 1) if occ > t_max else (0.0, len(bounds) + 1)
 
 
+def _latency_paced(m: int, q: float, lat: float, k: int) -> float:
+    """(m - 1) periods, where a boundary's round trip (`lat`, over a window whose first stage keeps
+    k in flight) sets the period only once the window is full: its first k - 1 micro-batches go
+    through at the compute/bandwidth pace `q`."""
+    if lat <= q:
+        return (m - 1) * q
+    return (m - 1) * lat - (k - 1) * (lat - q)
+
+
 def _latency_period(steps: Sequence[float], delays: Sequence[float], m: int, kind: str, v: int,
-                    extra: Sequence[int]) -> float:
+                    extra: Sequence[int]) -> tuple[float, int]:
     """Little's law: stage s keeps ks[s] micro-batches between its forward and its backward, and
-    the round trip through everything downstream must be covered by them."""
+    the round trip through everything downstream must be covered by them. Returns the period
+    and, where a local window sets it, its first stage's in-flight count (else 1)."""
     if kind == "gpipe":
-        return 0.0
+        return 0.0, 1
     pp = len(steps)
     ks = [inflight(kind, pp, m, s, extra, v) if kind != "interleaved" else pp - s for s in range(pp)]
-    lat, loop = 0.0, 0.0
+    lat, loop, k_lat = 0.0, 0.0, 1
     for s in range(pp - 1, -1, -1):
         loop += steps[s] + (2 * delays[s] if s < pp - 1 else 0.0)
         k = ks[s]
         if k >= m:
             continue    # every micro-batch in flight at once: none waits for one to come back
-        lat = max(lat, loop / max(k, 1))
+        if loop / max(k, 1) > lat:
+            lat, k_lat = loop / max(k, 1), 1
         if kind != "interleaved":
             # 1F1B's strict F/B alternation: stages s..t keep only ks[s] - ks[t] + 1 micro-batches
             # between them, so a boundary's round trip is covered locally, not by the whole tail.
             inner = steps[s]
             for t in range(s + 1, min(pp, s + 1 + WINDOW)):
                 inner += steps[t] + 2 * delays[t - 1]
-                lat = max(lat, inner / max(k - ks[t] + 1, 1))
-    return lat
+                if inner / max(k - ks[t] + 1, 1) > lat:
+                    lat, k_lat = inner / max(k - ks[t] + 1, 1), k
+    return lat, k_lat
 
 
 def pipe_floor(compute: Sequence[tuple[float, float, float, float]], bounds: Sequence[BoundaryCosts], m: int,
@@ -200,7 +212,7 @@ def pipe_floor(compute: Sequence[tuple[float, float, float, float]], bounds: Seq
     pipe = (m - 1) * max(t_max, bw) + fill + comm_fill
     if kind == "gpipe" or pipe >= cutoff:
         return pipe
-    return (m - 1) * max(t_max, bw, _latency_period(steps, delays, m, kind, v, extra)) + fill + comm_fill
+    return _latency_paced(m, max(t_max, bw), *_latency_period(steps, delays, m, kind, v, extra)) + fill + comm_fill
 
 
 def finish(part: PipelinePart, stages: Sequence[StageTerms], bounds: Sequence[BoundaryCosts],
