@@ -129,14 +129,14 @@ def _losses(run: Path) -> dict[int, float]:
 @pytest.mark.slow
 def test_reused_directory_starts_a_new_series_and_bad_resumes_are_one_line_errors(tmp_path, capfd):
     run = tmp_path / "run"
-    # An earlier, longer run, then a fresh short run into the same directory (one launch).
-    launch([_cfg(run, 6, 2), _cfg(run, 2, 1)], 2, tmp_path / "l1", timeout_s=180)
+    # An earlier, longer run, then a fresh short run into the same directory, then the short run
+    # resumed: it continues from its own step 2 (one launch: its cases run one after another).
+    launch([_cfg(run, 6, 2), _cfg(run, 2, 1), _cfg(run, 3, 1, resume=True)], 2, tmp_path / "l1", timeout_s=180)
     said = capfd.readouterr().out + (tmp_path / "l1" / "logs" / "rank0.log").read_text()
     assert "kept as checkpoints.run1/" in said or (run / "checkpoints.run1").is_dir()
     assert (run / "checkpoints.run1" / "latest").read_text().strip() == "step_00000006"
-    assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000002"
-    # Resuming the short run continues it from its own step 2.
-    launch([_cfg(run, 3, 1, resume=True)], 2, tmp_path / "l2", timeout_s=180)
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000003"
+    assert max(p.name for p in (run / "checkpoints").glob("step_*")) == "step_00000003"   # none of the long run
     assert sorted(_losses(run)) == [1, 2, 3]
     before = _losses(run)
     # The latest checkpoint broken after its save (issue #30: its .metadata deleted): --resume takes

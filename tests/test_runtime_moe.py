@@ -62,37 +62,24 @@ def _rows(run: Path) -> dict[int, dict]:
     return {d["step"]: d for d in map(json.loads, (run / "losses.jsonl").read_text().splitlines())}
 
 
-def _launch(tmp: Path, names: list[str], resume: bool) -> None:
-    """One launch of 4 ranks (a module-scoped fixture each: one test's time limit holds one launch)."""
-    spec = str(moe_spec(tmp))
-    cfgs = [case(spec, out=tmp / n, plan=CASES[n], steps=STEPS, data="synthetic", progress=False,
-                 checkpoint_every=STEPS if n == "pp2-dp2-ep2" else 0) for n in names]
-    if resume:
-        cfgs += [case(spec, out=tmp / "first-half", plan=CASES["pp2-dp2-ep2"], steps=2, data="synthetic",
-                      progress=False, checkpoint_every=2),
-                 case(spec, out=tmp / "resumed", plan=RESUMED, steps=STEPS, data="synthetic", progress=False,
-                      checkpoint_every=0, resume_from=tmp / "first-half")]
-    launch(cfgs, 4, tmp / "launch", timeout_s=280)
-
-
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> Path:
+    """Every case in one launch of 4 ranks, then the first layout's two steps and their resumption."""
     tmp = tmp_path_factory.mktemp("moe")
-    _launch(tmp, ["pp2-dp2-ep2", "pp2-dp2-ep2-zero3", "pp2-dp2-ep2-zbh1"], resume=False)
-    return tmp
-
-
-@pytest.fixture(scope="module")
-def launched_tp(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("moe-tp")
-    _launch(tmp, ["pp1-dp2-tp2-ep2-full"], resume=True)
+    spec = str(moe_spec(tmp))
+    cfgs = [case(spec, out=tmp / n, plan=plan, steps=STEPS, data="synthetic", progress=False,
+                 checkpoint_every=STEPS if n == "pp2-dp2-ep2" else 0) for n, plan in CASES.items()]
+    cfgs += [case(spec, out=tmp / "first-half", plan=CASES["pp2-dp2-ep2"], steps=2, data="synthetic",
+                  progress=False, checkpoint_every=2),
+             case(spec, out=tmp / "resumed", plan=RESUMED, steps=STEPS, data="synthetic", progress=False,
+                  checkpoint_every=0, resume_from=tmp / "first-half")]
+    launch(cfgs, 4, tmp / "launch", timeout_s=280)
     return tmp
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [*CASES, "resumed"])
-def test_moe_with_expert_parallelism_equals_one_process(request, name: str) -> None:
-    launched = request.getfixturevalue("launched_tp" if name in ("pp1-dp2-tp2-ep2-full", "resumed") else "launched")
+def test_moe_with_expert_parallelism_equals_one_process(launched: Path, name: str) -> None:
     plan = CASES.get(name, RESUMED)
     losses, norms, _ = reference_run(moe_spec(launched), MB, plan.num_microbatches, plan.dp, STEPS)
     rows = _rows(launched / name)
