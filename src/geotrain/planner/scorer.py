@@ -10,6 +10,7 @@ explanations).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -43,6 +44,7 @@ class Scorer:
         self._layout_costs: dict[tuple, list[StageTerms]] = {}   # per layout being scored (_costs)
         self._variant_memo: dict[tuple, list] = {}
         self._split_of: dict[tuple, tuple] = {}
+        self._chunks_of: dict[tuple, tuple] = {}
         self.scored = 0
         self.pruned = False   # the last score() skipped a candidate for its cutoff
         self.tightest: tuple[float, str, str] | None = None  # (memory fraction, DC, layout) nearest to fitting
@@ -55,18 +57,34 @@ class Scorer:
         key = (lay.chain, lay.counts, lay.micro_batch, ckpt, v)
         hit = self._split_of.get(key)
         if hit is None:
-            dcs = lay.stage_dcs
-            chunks = self.split(dcs, lay.micro_batch, ckpt, v)
-            hit = self._split_of[key] = (chunks, self.compute_costs(dcs, chunks, lay.micro_batch, ckpt))
+            chunks = self.chunks_of(lay, ckpt, v, key)
+            hit = self._split_of[key] = (chunks, self.compute_costs(lay.stage_dcs, chunks, lay.micro_batch, ckpt))
+        return hit
+
+    def chunks_of(self, lay: Layout, ckpt: str, v: int, key: tuple | None = None):
+        """The chunks of `split_of` alone (memoised): may_fit reads only the first stage's, and
+        the layouts it turns away never need the per-stage compute costs."""
+        key = key or (lay.chain, lay.counts, lay.micro_batch, ckpt, v)
+        hit = self._chunks_of.get(key)
+        if hit is None:
+            ctx = self.ctx
+            per_dc = [(ctx.dc(d).gpu_type, ctx.tp_of(d)) for d in lay.chain]   # per stage: its DC's
+            types = tuple(itertools.chain.from_iterable(itertools.repeat(t, c)
+                                                        for t, c in zip(per_dc, lay.counts, strict=True)))
+            hit = self._chunks_of[key] = self._split_types(types, lay.micro_batch, ckpt, v)
         return hit
 
     def split(self, dcs: list[str], mb: int, ckpt: str, v: int) -> tuple[tuple[tuple[int, int], ...], ...]:
         ctx = self.ctx
-        types = tuple((ctx.dc(d).gpu_type, ctx.tp_of(d)) for d in dcs)
+        return self._split_types(tuple((ctx.dc(d).gpu_type, ctx.tp_of(d)) for d in dcs), mb, ckpt, v)
+
+    def _split_types(self, types: tuple, mb: int, ckpt: str, v: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """The balanced split of stages of these (GPU type, tp), cached per sequence."""
+        ctx = self.ctx
         key = (types, mb, ckpt, v, self.even_split)
         out = self._splits.get(key)
         if out is None:
-            pp = len(dcs)
+            pp = len(types)
             if self.even_split:
                 ranges = split_even(ctx.num_units, pp * v)
             else:
@@ -236,7 +254,7 @@ class Scorer:
             return True      # its chunks are split differently; not worth a second check
         if kinds == ("zb-h1",) and ckpt in SELECTIVE:
             return False
-        chunks = self.split_of(lay, ckpt, 1)[0]
+        chunks = self.chunks_of(lay, ckpt, 1)
         least = min(held(k, lay.pp, lay.m, 0) for k in kinds)
         return self.ctx.stage_fits(chunks[0], lay.chain[0], lay.micro_batch, least,
                                    self.ctx.sharding_options()[-1], lay.dp, ckpt)
