@@ -193,10 +193,16 @@ def _attacker(run_dir: Path, relay: TamperingRelay, stop: threading.Event, sent:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def references(tmp_path_factory) -> dict[int, list[float]]:
+    """The plain runs' losses, {steps: losses}, for STEPS and for FLOOD_STEPS: both in one launch."""
     tmp = tmp_path_factory.mktemp("ref")
-    launch([_cfg(tmp, _plan())], 2, tmp)
-    return _losses(tmp)
+    launch([_cfg(tmp / str(n), _plan(), n) for n in (STEPS, FLOOD_STEPS)], 2, tmp)
+    return {n: _losses(tmp / str(n)) for n in (STEPS, FLOOD_STEPS)}
+
+
+@pytest.fixture(scope="module")
+def reference(references):
+    return references[STEPS]
 
 
 @pytest.mark.slow
@@ -335,10 +341,8 @@ def _flooder(run_dir: Path, store_port: list, stop: threading.Event, did: dict) 
 
 
 @pytest.fixture(scope="module")
-def reference_long(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ref-long")
-    launch([_cfg(tmp, _plan(), FLOOD_STEPS)], 2, tmp)
-    return _losses(tmp)
+def reference_long(references):
+    return references[FLOOD_STEPS]
 
 
 @pytest.mark.slow
