@@ -17,7 +17,6 @@ from _reference import reference_run, single_process_losses
 
 from geotrain.layout.plan import StagePlan
 from geotrain.planner.manual import plan_from_job, split_even
-from geotrain.runtime.launch import launch
 from geotrain.runtime.train_config import RunCase
 from geotrain.spec.load import load_spec
 
@@ -80,17 +79,19 @@ def _case_config(tmp: Path, spec_path: Path, name: str, overrides: dict, vps: in
                      progress=False, checkpoint_every=0)
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("runtime")
+def pipeline_cases(tmp: Path) -> list[RunCase]:
+    """CASES and the fp16 case: 4 ranks each (conftest's `pipeline_launch` runs them)."""
     cases = [_case_config(tmp, recipe_spec(tmp), n, o, v) for n, o, v in CASES]
-    spec = load_spec(SPEC)
     fp16 = case(SPEC, out=str(tmp / "fp16"), steps=6, data="synthetic", progress=False,
                      checkpoint_every=0, overrides={"precision": "fp16", "sharding": "zero3"},
                      inject_inf=[[3, 3]])
-    assert plan_from_job(spec).num_ranks == 4
-    launch(cases + [fp16], 4, tmp / "launch", timeout_s=240)
-    return tmp
+    assert plan_from_job(load_spec(SPEC)).num_ranks == 4
+    return cases + [fp16]
+
+
+@pytest.fixture(scope="module")
+def launched(pipeline_launch) -> Path:
+    return pipeline_launch
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 multi-connection transfers and with temporal link sharing; nothing left behind; no hangs.
 
 The WAN runs are kernel emulation (network namespaces) when root -- CI runs as root -- else the
-user-space shaper. One launch without the WAN gives the reference; one launch over the WAN runs
+user-space shaper. The reference without the WAN is a case of test_runtime_pipeline's launch
+(conftest's `pipeline_launch`: no launch of its own); one launch over the WAN runs
 1-connection fair, 4-connection fair and 4-connection temporal (with staggered pipeline starts)
 back to back, so process start-up is paid once. fp32, tiny model, pp=2 x dp=2, 3 steps.
 """
@@ -23,7 +24,7 @@ from geotrain.errors import GeotrainError
 from geotrain.layout.plan import LinkPlan
 from geotrain.planner.manual import plan_from_job
 from geotrain.runtime.cross_dc import leftover_namespaces, sends_per_boundary, start_delay, turn_order
-from geotrain.runtime.launch import launch, run_with_wan
+from geotrain.runtime.launch import run_with_wan
 from geotrain.runtime.p2p import RoutedTransport
 from geotrain.runtime.train_config import RunCase, TestHooks, TrainConfig, WanConfig
 from geotrain.schedule.actions import Op
@@ -143,10 +144,14 @@ def test_plan_offsets_and_turn_order():
 
 
 # ---------------------------------------------------------------------------------------- real runs
+def reference_case(out: Path) -> RunCase:
+    """The WAN cases' layout over plain gloo: conftest's `pipeline_launch` runs it (4 ranks)."""
+    return _cfg(out, _plan())
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wan")
-    launch([_cfg(tmp / "ref", _plan())], 4, tmp / "ref")
     cases = {"c1-fair": _plan(1), "c4-fair": _plan(4), "c4-temporal": _plan(4, "temporal", offsets=(0.0, 0.2))}
     said = []
     wan = run_with_wan([_cfg(tmp / n, p, trace=n == "c4-fair", mode=MODE) for n, p in cases.items()], tmp / "wan",
@@ -155,10 +160,10 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_losses_over_the_emulated_wan_equal_the_local_run(runs):
+def test_losses_over_the_emulated_wan_equal_the_local_run(runs, pipeline_launch):
     tmp, wan, said = runs
     assert wan.mode == MODE and said and said[0].startswith(f"WAN: {'kernel' if MODE == 'kernel' else 'user-space'}")
-    ref = _losses(tmp / "ref")
+    ref = _losses(pipeline_launch / "wan-ref")
     assert len(ref) == STEPS
     for name in ("c1-fair", "c4-fair", "c4-temporal"):
         assert _losses(tmp / name) == ref, name
@@ -203,7 +208,7 @@ def test_nothing_is_left_behind(runs):
 
 @pytest.mark.slow
 @pytest.mark.skipif(MODE == "shaper", reason="the WAN runs above already use the shaper")
-def test_the_user_space_shaper_fallback_trains_the_same(runs, tmp_path):
+def test_the_user_space_shaper_fallback_trains_the_same(runs, pipeline_launch, tmp_path):
     """--wan shaper (what non-root machines get): delay and rates inside the transport, same losses."""
     tmp, _, _ = runs
     said = []
@@ -211,7 +216,7 @@ def test_the_user_space_shaper_fallback_trains_the_same(runs, tmp_path):
                        say=said.append)
     assert wan.mode == "shaper" and said[0].startswith("WAN: user-space shaper")
     assert "StripedTransport, 2 connections, temporal, turn order [1, 0], shaper" in _rank_logs(tmp_path)
-    assert _losses(tmp_path / "shaped") == _losses(tmp / "ref")
+    assert _losses(tmp_path / "shaped") == _losses(pipeline_launch / "wan-ref")
 
 
 @pytest.mark.slow
