@@ -3,14 +3,17 @@
     .venv/bin/python bench/bench_recipe.py [--size small|25m] [--steps N] [--wan kernel|shaper|off]
         [--skip-equality] [--skip-clip [--simulated]] [--skip-tokenize] [--corpus-mb 100] [--out DIR]
 
-1. equality: a byte-level Llama (`--size 25m`: 25 M parameters, 8 x 512, seq 256; `small`: 3.3 M,
+1. equality: a byte-level Llama (`--size 25m`: 25.6 M parameters, 8 x 512, seq 256,
+   8 sequences a step; `small`: 3.3 M,
    4 x 256, seq 128 -- what a 2-core machine trains in minutes) on real text built on the machine
    (every module of the Python standard library as JSONL: source and docstrings), with warm-up,
    cosine decay, clipping, weight decay and a held-out eval, trained by `geotrain train` on
    pp=2 x dp=2 across two emulated DCs (tiny_2dc's cluster) in fp32 -- against a plain
    single-process loop: `torch.optim.AdamW` over two groups (matrices decayed), `clip_grad_norm_`,
-   the same lr function and the same batches. Prints both curves side by side and the largest
-   relative difference, and draws bench/data/recipe_curve.png (the README's picture).
+   the same lr function and the same batches -- and against that loop with each step's micro-batches
+   summed in reverse order (the noise floor: fp32 rounding that training amplifies; on the 25 M model
+   it passes 1e-5 within a few dozen steps). Prints the curves side by side and the largest
+   relative differences, and draws bench/data/recipe_curve.png (the README's picture).
 2. clip cost: tiny_2dc (pp2 x dp2, 10 ms WAN) over the emulated WAN with clipping, the measured wait
    for the gradient norm's total per iteration (the runtime's recv_wait events of stage -1) beside the
    simulator's (its norm receives), and step time with and without clipping, runs interleaved A B A B;
@@ -27,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import resource
 import statistics
@@ -42,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "clusters" / "tiny_2dc.toml"
 SIZES = {   # layers, hidden, heads, ffn, seq_len, global batch
     "small": (4, 256, 4, 688, 128, 8),
-    "25m": (8, 512, 8, 1376, 256, 16),
+    "25m": (8, 512, 8, 1376, 256, 8),
 }
 PY = sys.executable
 
@@ -103,8 +107,11 @@ data = "{data}"
     return path
 
 
-def reference_loop(spec_path: Path, steps: int) -> tuple[list[float], list[float], dict[int, float]]:
-    """The textbook loop: one process, the whole model, AdamW, clip_grad_norm_, lr_at, the same batches."""
+def reference_loop(spec_path: Path, steps: int,
+                   reverse: bool = False) -> tuple[list[float], list[float], dict[int, float]]:
+    """The textbook loop: one process, the whole model, AdamW, clip_grad_norm_, lr_at, the same batches.
+    `reverse` accumulates each step's micro-batches in the opposite order: the same arithmetic with the
+    fp32 sums in another order -- how far two correct runs drift apart (the noise floor)."""
     from geotrain.data import open_batches
     from geotrain.models.llama import build_model
     from geotrain.runtime.interpreter import lm_loss
@@ -137,7 +144,8 @@ def reference_loop(spec_path: Path, steps: int) -> tuple[list[float], list[float
     for step in range(1, steps + 1):
         x, y = data.global_batch(step - 1)
         total = 0.0
-        for xs, ys in zip(x.split(job.micro_batch), y.split(job.micro_batch)):
+        pairs = list(zip(x.split(job.micro_batch), y.split(job.micro_batch)))
+        for xs, ys in reversed(pairs) if reverse else pairs:
             loss = lm_loss(model(xs), ys) / micro
             loss.backward()
             total += loss.item()
@@ -173,37 +181,73 @@ def equality(tmp: Path, size: str, steps: int, wan: str) -> None:
     spec = write_spec(tmp, size, steps, corpus)
     print(f"\n== 1. equality: {size} model, {steps} steps, corpus {nbytes / 2**20:.1f} MB of standard-library "
           f"source (JSONL), pp=2 x dp=2 over --wan {wan}, fp32 ==", flush=True)
-    t_run = train(spec, tmp / "run", wan)
+    # Side by side: the run's 4 ranks, the reference, and the reference with its micro-batches summed in
+    # reverse order (the noise floor: two correct fp32 runs differ only in the order of their sums).
     t0 = time.time()
+    run = subprocess.Popen([PY, "-m", "geotrain", "train", str(spec), "--out", str(tmp / "run"), "--wan", wan,
+                            "--no-progress", "--checkpoint-every", "0"], stdout=subprocess.DEVNULL)
+    floor_path = tmp / "reference_reversed.json"
+    floor = multiprocessing.get_context("fork").Process(target=_reference_to_file, args=(spec, steps, floor_path))
+    floor.start()
     ref_loss, ref_norm, ref_eval = reference_loop(spec, steps)
     t_ref = time.time() - t0
-    got = rows(tmp / "run")
+    floor.join()
+    if run.wait() != 0 or floor.exitcode != 0:
+        raise SystemExit(f"geotrain train exited {run.returncode}, the reversed reference {floor.exitcode}")
+    t_run = time.time() - t0
+    (tmp / "reference.json").write_text(json.dumps({"loss": ref_loss, "grad_norm": ref_norm, "eval": ref_eval}))
+    report_equality(tmp, size, steps, rows(tmp / "run"), ref_loss, ref_norm, ref_eval,
+                    json.loads(floor_path.read_text()))
+    print(f"wall, run side by side: geotrain train {t_run:.0f} s (4 ranks), reference loops {t_ref:.0f} s "
+          f"(1 process each)")
+
+
+def _reference_to_file(spec: Path, steps: int, path: Path) -> None:
+    loss, norm, evals = reference_loop(spec, steps, reverse=True)
+    path.write_text(json.dumps({"loss": loss, "grad_norm": norm, "eval": evals}))
+
+
+def _first_over(rel: list[float], bound: float = 1e-5) -> str:
+    return next((str(i + 1) for i, r in enumerate(rel) if r > bound), "none")
+
+
+def report_equality(tmp: Path, size: str, steps: int, got: list[dict], ref_loss: list[float],
+                    ref_norm: list[float], ref_eval: dict, floor: dict) -> None:
+    """Both curves side by side, the largest differences, and the same for the noise floor."""
+    ref_eval = {int(k): v for k, v in ref_eval.items()}
     loss = [r["loss"] for r in got]
     rel = [abs(a - b) / abs(b) for a, b in zip(loss, ref_loss)]
+    frel = [abs(a - b) / abs(b) for a, b in zip(floor["loss"], ref_loss)]
     nrel = [abs(r["grad_norm"] - b) / b for r, b in zip(got, ref_norm)]
     evals = {r["step"]: r["eval_loss"] for r in got if r.get("eval_loss") is not None}
-    print(f"{'step':>5} {'geotrain':>10} {'reference':>10} {'rel diff':>9} {'lr':>9} {'grad norm':>10} {'eval':>8}")
+    print(f"{'step':>5} {'geotrain':>10} {'reference':>10} {'rel diff':>9} {'floor':>9} {'lr':>9} {'grad norm':>10} "
+          f"{'eval':>8}")
     for i in sorted({0, *range(0, steps, max(1, steps // 12)), steps - 1}):
         e = evals.get(i + 1)
-        print(f"{i + 1:>5} {loss[i]:>10.5f} {ref_loss[i]:>10.5f} {rel[i]:>9.1e} {got[i]['lr']:>9.2e} "
+        print(f"{i + 1:>5} {loss[i]:>10.5f} {ref_loss[i]:>10.5f} {rel[i]:>9.1e} {frel[i]:>9.1e} {got[i]['lr']:>9.2e} "
               f"{got[i]['grad_norm']:>10.4f} {'' if e is None else f'{e:>8.4f}'}")
     clipped = sum(1 for n in ref_norm if n > 1.0)
     eval_rel = max(abs(evals[s] - ref_eval[s]) / ref_eval[s] for s in ref_eval)
+    floor_evals = {int(k): v for k, v in floor["eval"].items()}
+    floor_eval = max(abs(floor_evals[s] - ref_eval[s]) / ref_eval[s] for s in ref_eval)
     print(f"max relative difference over {steps} steps: loss {max(rel):.2e}, grad norm {max(nrel):.2e}, "
           f"held-out loss {eval_rel:.2e}; {clipped} of {steps} steps clipped; held-out loss "
           f"{ref_eval[min(ref_eval)]:.3f} -> {ref_eval[max(ref_eval)]:.3f}")
-    print(f"wall: geotrain train {t_run:.0f} s (4 ranks), reference loop {t_ref:.0f} s (1 process)")
-    (tmp / "reference.json").write_text(json.dumps({"loss": ref_loss, "grad_norm": ref_norm, "eval": ref_eval}))
-    draw(got, ref_loss, evals, ROOT / "bench" / "data" / "recipe_curve.png", size, steps)
+    print(f"noise floor, the reference against itself with each step's micro-batches summed in reverse order: "
+          f"loss {max(frel):.2e}, held-out loss {floor_eval:.2e}; first step over 1e-5: geotrain "
+          f"{_first_over(rel)}, reversed reference {_first_over(frel)}; median over the steps: geotrain "
+          f"{statistics.median(rel):.1e}, reversed {statistics.median(frel):.1e}")
+    draw(got, ref_loss, evals, rel, frel, ROOT / "bench" / "data" / "recipe_curve.png", size)
 
 
-def draw(got: list[dict], ref: list[float], evals: dict[int, float], path: Path, size: str, steps: int) -> None:
+def draw(got: list[dict], ref: list[float], evals: dict[int, float], rel: list[float], floor: list[float],
+         path: Path, size: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 3.6))
     xs = [r["step"] for r in got]
     a.plot(xs, [r["loss"] for r in got], lw=2.5, alpha=0.5, label="geotrain pp2 x dp2, 2 emulated DCs")
     a.plot(xs, ref, lw=1, color="black", ls="--", label="single process: AdamW + clip_grad_norm_")
@@ -220,6 +264,13 @@ def draw(got: list[dict], ref: list[float], evals: dict[int, float], path: Path,
     b2.set_ylabel("gradient norm (clip at 1.0)", color="tab:red")
     b.set_xlabel("step")
     b.set_title("warm-up + cosine; the gradient norm before clipping", fontsize=9)
+    c.semilogy(xs, [max(r, 1e-9) for r in rel], lw=1, label="geotrain vs reference")
+    c.semilogy(xs, [max(r, 1e-9) for r in floor], lw=1, color="tab:gray", label="reference vs itself, sums reversed")
+    c.axhline(1e-5, color="black", ls=":", lw=0.8)
+    c.set_xlabel("step")
+    c.set_ylabel("relative difference of the loss")
+    c.legend(fontsize=8)
+    c.set_title("fp32 rounding, amplified by training: the noise floor", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
