@@ -48,13 +48,16 @@ def collective_counts(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pipeline_launch(tmp_path_factory) -> Path:
-    """test_runtime_pipeline's cases and test_runtime_wan's plain-gloo reference (in wan-ref/) in one
-    4-rank launch: a launch's start-up (four ranks importing torch) is most of a small case's time."""
+    """test_runtime_pipeline's cases, test_runtime_tp's (in tp/) and test_runtime_wan's plain-gloo reference
+    (in wan-ref/) in one 4-rank launch: a launch's start-up (four ranks importing torch) is most of a small
+    case's time."""
     from test_runtime_pipeline import pipeline_cases
+    from test_runtime_tp import tp_cases
     from test_runtime_wan import reference_case
 
     from geotrain.runtime.launch import launch
 
     tmp = tmp_path_factory.mktemp("runtime")
-    launch(pipeline_cases(tmp) + [reference_case(tmp / "wan-ref")], 4, tmp / "launch", timeout_s=240)
+    cases = pipeline_cases(tmp) + tp_cases(tmp / "tp") + [reference_case(tmp / "wan-ref")]
+    launch(cases, 4, tmp / "launch", timeout_s=300)
     return tmp

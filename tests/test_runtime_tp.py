@@ -1,6 +1,7 @@
 """Tensor parallelism inside a stage trains exactly like one process training the whole model.
 
-One launch of 4 local ranks runs the cases back to back (process start-up is paid once):
+The cases run back to back in test_runtime_pipeline's launch of 4 local ranks (conftest's
+`pipeline_launch`: process start-up is paid once):
 pp=2 x dp=1 x tp=2 and pp=1 x dp=2 x tp=2, replicated and ZeRO-3 (FSDP2 over dp composed with
 TP over tp), plus a zero-bubble schedule over ZeRO-3, fp32. Each case's per-step losses must match
 a single-process reference on the same batches (relative 1e-5). A second launch, through
@@ -20,7 +21,6 @@ from test_runtime_pipeline import recipe_spec
 
 from geotrain.errors import GeotrainError
 from geotrain.layout.plan import Plan, StagePlan
-from geotrain.runtime.launch import launch
 from geotrain.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,9 +56,9 @@ def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("runtime_tp")
+def tp_cases(tmp: Path) -> list:
+    """CASES, 4 ranks each, their runs and spec in `tmp` (conftest's `pipeline_launch` runs them)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     spec = recipe_spec(tmp)          # warm-up, cosine, weight decay, clipping that acts
     # pp=1 x dp=2 x tp=2 puts 4 ranks in east: the same experiment on DCs of 4 GPUs (a plan is
     # checked against its spec's GPUs before any rank starts)
@@ -67,8 +67,12 @@ def launched(tmp_path_factory) -> Path:
     cases = [case(spec, out=str(tmp / name), plan=_plan(pp, dp, m, **kw), steps=STEPS,
                        data="synthetic", progress=False, checkpoint_every=0)
              for name, pp, dp, m, kw in CASES]
-    launch(cases, 4, tmp / "launch", timeout_s=120)
-    return tmp
+    return cases
+
+
+@pytest.fixture(scope="module")
+def launched(pipeline_launch) -> Path:
+    return pipeline_launch / "tp"
 
 
 @pytest.mark.slow
