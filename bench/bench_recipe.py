@@ -14,13 +14,13 @@
    summed in reverse order (the noise floor: fp32 rounding that training amplifies; on the 25 M model
    it passes 1e-5 within a few dozen steps). Prints the curves side by side and the largest
    relative differences, and draws bench/data/recipe_curve.png (the README's picture).
-2. clip cost: tiny_2dc (pp2 x dp2, 10 ms WAN) over the emulated WAN with clipping, the measured wait
-   for the gradient norm's total per iteration (the runtime's recv_wait events of stage -1) beside the
-   simulator's (its norm receives), and step time with and without clipping, runs interleaved A B A B;
+2. clip cost: tiny_2dc (pp2 x dp2, 10 ms WAN) over the emulated WAN with clipping, the measured waits
+   of the gradient norm's exchange per iteration and stage (the runtime's recv_wait events of stage -1)
+   beside the simulator's (its norm receives), and step time with and without clipping, runs interleaved A B A B;
    then the simulated cost on the examples (period between iteration starts, and iteration window).
 3. tokenize: a `--corpus-mb` JSONL corpus (the standard library's sources repeated) tokenized into the
    token cache by the byte tokenizer and by a BPE tokenizer.json trained here: MB/s, tokens/s,
-   and CPU seconds per wall second (cores used).
+   CPU seconds per wall second (cores used) and the CPU seconds of each busy thread.
 Each number is measured in this run; say the machine's load beside any you quote.
 """
 
@@ -277,18 +277,25 @@ def draw(got: list[dict], ref: list[float], evals: dict[int, float], rel: list[f
     print(f"curve: {path}")
 
 
-def _norm_wait(trace_path: Path, source: str) -> float:
-    """Mean per iteration and rank of the wait for the gradient norm's total (steady state)."""
+def _norm_wait(trace_path: Path, source: str, plan=None) -> float | dict[int, float]:
+    """Mean per iteration and rank of the waits of the gradient norm's exchange (steady state): the
+    stage's sum and the partial from the stages after it, then the total; with `plan`, per stage."""
     from geotrain.trace.schema import Trace
 
     tr = Trace.read_jsonl(trace_path)
     its = sorted({e.iteration for e in tr.events})
     keep = set(its[1:]) if len(its) > 1 else set(its)
-    if source == "measured":     # the runtime records the norm wait as a recv_wait of stage -1
+    if source == "measured":     # the runtime records the norm waits as recv_waits of stage -1
         waits = [e for e in tr.events if e.kind == "recv_wait" and e.stage == -1 and e.iteration in keep]
     else:                        # the simulator's norm receives carry micro-batch -1
         waits = [e for e in tr.events if e.kind == "recv_wait" and e.mb == -1 and e.iteration in keep]
-    return sum(e.end - e.start for e in waits) / max(1, len(keep) * tr.num_ranks)
+    if plan is None:
+        return sum(e.end - e.start for e in waits) / max(1, len(keep) * tr.num_ranks)
+    per = {}
+    for s in range(plan.pp):
+        ranks = {r for r in range(plan.num_ranks) if plan.coords(r)[0] == s}
+        per[s] = sum(e.end - e.start for e in waits if e.rank in ranks) / max(1, len(keep) * len(ranks))
+    return per
 
 
 def clip_simulated() -> None:
@@ -340,26 +347,31 @@ def clip_cost(tmp: Path, wan: str, reps: int) -> None:
         p = tmp / f"clip{clip}.toml"
         p.write_text(base.replace("[job]\n", f"[job]\ngrad_clip = {clip}\n"))
         specs[clip] = p
+    spec = load_spec(specs[1e-3])
+    plan = plan_from_job(spec)
     print(f"\n== 2. clipping's cost per iteration: tiny_2dc pp2 x dp2 over --wan {wan} (10 ms one way), "
           f"{reps} rounds interleaved ==", flush=True)
     step_s: dict[float, list[float]] = {1e-3: [], 0.0: []}
     compute: dict[float, list[float]] = {1e-3: [], 0.0: []}
     waits = []
     for r in range(reps):
-        for clip, spec in specs.items():
+        for clip, path in specs.items():
             out = tmp / f"clip-run-{clip}-{r}"
-            train(spec, out, wan, steps=12)
+            train(path, out, wan, steps=12)
             step_s[clip].append(statistics.median(x["step_time_s"] for x in rows(out)[2:]))
             compute[clip].append(_compute(out / "measured_trace.jsonl"))
             if clip:
-                waits.append(_norm_wait(out / "measured_trace.jsonl", "measured"))
-    spec = load_spec(specs[1e-3])
-    res = simulate(spec, plan_from_job(spec), iterations=4)
-    pred_wait = sum(e.end - e.start for e in res.trace.events if e.kind == "recv_wait" and e.mb == -1 and
-                    e.iteration > 0) / (3 * res.trace.num_ranks)
+                waits.append(_norm_wait(out / "measured_trace.jsonl", "measured", plan))
+    res = simulate(spec, plan, iterations=4)
+    res.trace.write_jsonl(tmp / "clip-simulated.jsonl")
+    pred = _norm_wait(tmp / "clip-simulated.jsonl", "simulated", plan)
     on, off = statistics.median(step_s[1e-3]), statistics.median(step_s[0.0])
-    print(f"wait for the norm's total, per iteration and rank: measured {1e3 * statistics.median(waits):.2f} ms "
-          f"(rounds: {', '.join(f'{1e3 * w:.2f}' for w in waits)}), simulated {1e3 * pred_wait:.2f} ms")
+    print("the norm exchange's waits per iteration and rank (stage 0: its stage's sum and the partial from the "
+          "last stage; the last stage: its sum and the total)")
+    for s in range(plan.pp):
+        got = [w[s] for w in waits]
+        print(f"  stage {s}: measured {1e3 * statistics.median(got):.2f} ms (rounds: "
+              f"{', '.join(f'{1e3 * w:.2f}' for w in got)}), simulated {1e3 * pred[s]:.2f} ms")
     print(f"median step time: clipping {1e3 * on:.1f} ms, none {1e3 * off:.1f} ms (ratio {on / off:.3f}; rounds "
           f"{', '.join(f'{1e3 * a:.0f}/{1e3 * b:.0f}' for a, b in zip(step_s[1e-3], step_s[0.0]))} ms)")
     print("forward + backward per iteration and rank (how fast the CPU was in each run): clipping "
@@ -402,14 +414,31 @@ def tokenize(tmp: Path, mb: int) -> None:
     for name, tk in (("bytes", None), ("BPE 8192 (tokenizers)", HFTokenizer(tok_dir))):
         os.environ["GEOTRAIN_CACHE_DIR"] = str(tmp / f"cache-{name.split()[0]}")
         corpus_module._CACHE.clear()
-        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.time()
+        r0, t0, th0 = resource.getrusage(resource.RUSAGE_SELF), time.time(), _thread_cpu()
         c = load_corpus(big, tokenizer=tk, progress=False)
         wall = time.time() - t0
-        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        r1, th1 = resource.getrusage(resource.RUSAGE_SELF), _thread_cpu()
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        busy = sorted((th1[t] - th0.get(t, 0.0) for t in th1), reverse=True)
+        busy = [b for b in busy if b >= 0.05 * cpu]
         print(f"{name:>22}: {size / 2**20 / wall:7.1f} MB/s, {len(c) / wall / 1e6:6.2f} M tokens/s "
               f"({len(c) / 1e6:.1f} M tokens, {c.documents:,} documents, {wall:.1f} s, "
-              f"{cpu / wall:.2f} CPU-s per s)")
+              f"{cpu / wall:.2f} CPU-s per s; {cpu:.1f} CPU-s over {len(busy)} threads: "
+              f"{', '.join(f'{b:.1f}' for b in busy)})")
+
+
+def _thread_cpu() -> dict[int, float]:
+    """CPU seconds of each of this process's threads (Linux): how the work spreads over cores,
+    which CPU-s per wall second cannot show on a loaded machine."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for t in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{t}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(t)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def main() -> None:
