@@ -46,18 +46,32 @@ def collective_counts(tmp_path_factory):
     return tmp, counted_cases(tmp, {"bytes": bytes_cases(tmp), "sync": sync_cases(tmp)}, timeout=420)
 
 
-@pytest.fixture(scope="session")
-def pipeline_launch(tmp_path_factory) -> Path:
-    """test_runtime_pipeline's cases, test_runtime_tp's (in tp/) and test_runtime_wan's plain-gloo reference
-    (in wan-ref/) in one 4-rank launch: a launch's start-up (four ranks importing torch) is most of a small
-    case's time."""
-    from test_runtime_pipeline import pipeline_cases
-    from test_runtime_tp import tp_cases
+def _runtime_cases(stem: str, tmp: Path) -> list:
+    """The 4-rank cases test file `stem` hands pipeline_launch (imported only when that file runs)."""
+    if stem == "test_runtime_pipeline":
+        from test_runtime_pipeline import pipeline_cases
+        return pipeline_cases(tmp)
+    if stem == "test_runtime_tp":
+        from test_runtime_tp import tp_cases
+        return tp_cases(tmp / "tp")
+    if stem == "test_runtime_moe":
+        from test_runtime_moe import moe_cases
+        return moe_cases(tmp / "moe")
     from test_runtime_wan import reference_case
+    return [reference_case(tmp / "wan-ref")]
 
+
+@pytest.fixture(scope="session")
+def pipeline_launch(request, tmp_path_factory) -> Path:
+    """The cases of test_runtime_pipeline, test_runtime_tp (in tp/), test_runtime_moe (in moe/) and
+    test_runtime_wan's plain-gloo reference (in wan-ref/) in one 4-rank launch -- of the files this session
+    runs tests of (the oldest-torch leg runs only test_runtime_pipeline's): a launch's start-up (four ranks
+    importing torch) is most of a small case's time."""
     from geotrain.runtime.launch import launch
 
     tmp = tmp_path_factory.mktemp("runtime")
-    cases = pipeline_cases(tmp) + tp_cases(tmp / "tp") + [reference_case(tmp / "wan-ref")]
-    launch(cases, 4, tmp / "launch", timeout_s=300)
+    running = {Path(str(item.fspath)).stem for item in request.session.items}
+    cases = [c for stem in ("test_runtime_pipeline", "test_runtime_tp", "test_runtime_moe", "test_runtime_wan")
+             if stem in running for c in _runtime_cases(stem, tmp)]
+    launch(cases, 4, tmp / "launch", timeout_s=280)
     return tmp

@@ -1,7 +1,8 @@
 """A mixture-of-experts model trains across two emulated DCs with expert parallelism exactly like
 one process, resumes from its DCP checkpoint onto another layout, and exports back to transformers.
 
-One launch of 4 local ranks runs the cases back to back: pp=2 x dp=2 with ep=2 (each stage's two
+The cases run back to back in the 4-rank launch test_runtime_pipeline's share (conftest's
+`pipeline_launch`): pp=2 x dp=2 with ep=2 (each stage's two
 replicas, inside its DC, split the experts; tokens travel with all_to_all_single), replicated and
 under FSDP2 (zero3), a zero-bubble split backward, ep=2 composed with tp=2 (each expert's rows
 split too) under full checkpointing; and two steps of the first layout resumed from their DCP
@@ -24,7 +25,6 @@ from _cases import case
 from _reference import reference_run
 
 from geotrain.layout.plan import Plan, StagePlan
-from geotrain.runtime.launch import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -62,19 +62,22 @@ def _rows(run: Path) -> dict[int, dict]:
     return {d["step"]: d for d in map(json.loads, (run / "losses.jsonl").read_text().splitlines())}
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory) -> Path:
-    """Every case in one launch of 4 ranks, then the first layout's two steps and their resumption."""
-    tmp = tmp_path_factory.mktemp("moe")
+def moe_cases(tmp: Path) -> list:
+    """Every case, then the first layout's two steps and their resumption: 4 ranks each, their runs and
+    spec in `tmp` (conftest's `pipeline_launch` runs them)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     spec = str(moe_spec(tmp))
     cfgs = [case(spec, out=tmp / n, plan=plan, steps=STEPS, data="synthetic", progress=False,
                  checkpoint_every=STEPS if n == "pp2-dp2-ep2" else 0) for n, plan in CASES.items()]
-    cfgs += [case(spec, out=tmp / "first-half", plan=CASES["pp2-dp2-ep2"], steps=2, data="synthetic",
-                  progress=False, checkpoint_every=2),
-             case(spec, out=tmp / "resumed", plan=RESUMED, steps=STEPS, data="synthetic", progress=False,
-                  checkpoint_every=0, resume_from=tmp / "first-half")]
-    launch(cfgs, 4, tmp / "launch", timeout_s=280)
-    return tmp
+    return cfgs + [case(spec, out=tmp / "first-half", plan=CASES["pp2-dp2-ep2"], steps=2, data="synthetic",
+                        progress=False, checkpoint_every=2),
+                   case(spec, out=tmp / "resumed", plan=RESUMED, steps=STEPS, data="synthetic", progress=False,
+                        checkpoint_every=0, resume_from=tmp / "first-half")]
+
+
+@pytest.fixture(scope="module")
+def launched(pipeline_launch) -> Path:
+    return pipeline_launch / "moe"
 
 
 @pytest.mark.slow
