@@ -57,21 +57,25 @@ def _runtime_cases(stem: str, tmp: Path) -> list:
     if stem == "test_runtime_moe":
         from test_runtime_moe import moe_cases
         return moe_cases(tmp / "moe")
+    if stem == "test_reshard_resume":
+        from test_reshard_resume import reshard_cases
+        return reshard_cases(tmp / "reshard")
     from test_runtime_wan import reference_case
     return [reference_case(tmp / "wan-ref")]
 
 
 @pytest.fixture(scope="session")
 def pipeline_launch(request, tmp_path_factory) -> Path:
-    """The cases of test_runtime_pipeline, test_runtime_tp (in tp/), test_runtime_moe (in moe/) and
-    test_runtime_wan's plain-gloo reference (in wan-ref/) in one 4-rank launch -- of the files this session
-    runs tests of (the oldest-torch leg runs only test_runtime_pipeline's): a launch's start-up (four ranks
-    importing torch) is most of a small case's time."""
+    """The cases of test_runtime_pipeline, test_runtime_tp (in tp/), test_runtime_moe (in moe/), the 4-rank
+    part of test_reshard_resume (in reshard/) and test_runtime_wan's plain-gloo reference (in wan-ref/) in one
+    4-rank launch -- of the files this session runs tests of (the oldest-torch leg runs only
+    test_runtime_pipeline's): a launch's start-up (four ranks importing torch) is most of a small case's time."""
     from geotrain.runtime.launch import launch
 
     tmp = tmp_path_factory.mktemp("runtime")
     running = {Path(str(item.fspath)).stem for item in request.session.items}
-    cases = [c for stem in ("test_runtime_pipeline", "test_runtime_tp", "test_runtime_moe", "test_runtime_wan")
+    cases = [c for stem in ("test_runtime_pipeline", "test_runtime_tp", "test_runtime_moe",
+                          "test_reshard_resume", "test_runtime_wan")
              if stem in running for c in _runtime_cases(stem, tmp)]
     launch(cases, 4, tmp / "launch", timeout_s=280)
     return tmp

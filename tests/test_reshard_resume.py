@@ -1,8 +1,9 @@
 """Resharded resume: a pp=2 x dp=2 checkpoint continues on the layouts left after losing a DC.
 
-Launch 1 (4 ranks) trains pp=2 x dp=2 (zero3, fp32) for 10 steps with checkpoints, and that run
-continued from its checkpoint to step 15 on the same layout. Launch 2 (2 ranks) resumes the same
-checkpoint with `resume_from` on pp=2 x dp=1 (a different layer split, replicated) and on
+Launch 1 (4 ranks: a part of conftest's shared `pipeline_launch`) trains pp=2 x dp=2 (zero3, fp32)
+for 10 steps with checkpoints, and that run continued from its checkpoint to step 15 on the same
+layout. Launch 2 (2 ranks) resumes the same checkpoint with `resume_from` on pp=2 x dp=1 (a
+different layer split, replicated) and on
 pp=1 x dp=2 (zero1, whose optimizer partitions regroup by parameter name). Same global batch and
 micro-batch, so the same math: steps 11-15 must equal the uninterrupted reference's -- the
 single-process loop over the same batches (tests/_reference.py, which the runtime's pp=2 x dp=2
@@ -41,9 +42,20 @@ def _cfg(out: Path, plan, steps: int, **kw) -> RunCase:
                 trace=False, checkpoint_every=10, **kw)
 
 
+def _full():
+    return plan_from_job(load_spec(SPEC)).with_(precision="fp32", sharding="zero3")
+
+
+def reshard_cases(tmp: Path) -> list[RunCase]:
+    """The 4-rank part, in `tmp` (conftest's `pipeline_launch` runs it): 10 steps of the job's layout, and
+    the same layout resumed from them to 15."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    return [_cfg(tmp / "first", _full(), 10), _cfg(tmp / "same", _full(), 15, resume_from=str(tmp / "first"))]
+
+
 @pytest.mark.slow
-def test_checkpoint_resumes_on_other_layouts(tmp_path: Path) -> None:
-    full = plan_from_job(load_spec(SPEC)).with_(precision="fp32", sharding="zero3")
+def test_checkpoint_resumes_on_other_layouts(pipeline_launch: Path, tmp_path: Path) -> None:
+    full = _full()
     assert (full.pp, full.dp, full.micro_batch, full.num_microbatches) == (2, 2, 2, 4)
     units = full.stages[-1].chunks[-1][1]
     pp2_dp1 = full.with_(dp=1, num_microbatches=8, sharding="replicate", pipeline_offsets=(),
@@ -51,14 +63,14 @@ def test_checkpoint_resumes_on_other_layouts(tmp_path: Path) -> None:
     pp1_dp2 = full.with_(sharding="zero1", links=(), pipeline_offsets=(),
                          stages=(StagePlan("west", ((0, units),)),))
 
-    first, same = tmp_path / "first", tmp_path / "same"
-    launch([_cfg(first, full, 10), _cfg(same, full, 15, resume_from=str(first))], 4, tmp_path / "l1", timeout_s=180)
+    tmp = pipeline_launch / "reshard"
+    first, same = tmp / "first", tmp / "same"
     assert (first / "checkpoints" / "latest").read_text().strip() == "step_00000010"
     b, c = tmp_path / "pp2_dp1", tmp_path / "pp1_dp2"
     launch([_cfg(b, pp2_dp1, 15, resume_from=str(first)), _cfg(c, pp1_dp2, 15, resume_from=str(first))], 2,
            tmp_path / "l2", timeout_s=180)
 
-    recipe = tmp_path / "tiny_2dc_recipe.toml"         # _cfg's spec
+    recipe = tmp / "tiny_2dc_recipe.toml"         # _cfg's spec
     losses, norms, _ = reference_run(recipe, full.micro_batch, full.num_microbatches, full.dp, 15)
     job = load_spec(recipe).job
     want = {s: {"loss": losses[s - 1], "grad_norm": norms[s - 1], "lr": lr_at(s, job)} for s in range(1, 16)}
