@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from geotrain.process import descendants
 from geotrain.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,25 +78,8 @@ def test_serve_prefill_under_torchrun_is_refused_in_one_line(tmp_path):
     assert "--serve-prefill is not available under torchrun" in r.stderr
 
 
-def _descendants(root: int) -> list[int]:
-    kids: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out += kids.get(p, [])
-        todo += kids.get(p, [])
-    return out
-
-
 def _rank_pid(root: int, rank: int) -> int | None:
-    for pid in _descendants(root):
+    for pid in descendants(root):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -149,7 +133,7 @@ def test_the_outage_limit_holds_under_torchrun(tmp_path):
     finally:
         if stopped is not None:
             os.kill(stopped, signal.SIGCONT)
-        for pid in _descendants(p.pid) if p.poll() is None else ():   # the ranks lead their own sessions
+        for pid in descendants(p.pid) if p.poll() is None else ():   # the ranks lead their own sessions
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
