@@ -111,9 +111,7 @@ def shortlist(spec: Spec, top_k: int = 3, profile: dict | None = None, objective
     finalists += [c for c in distinct[len(finalists):] if c.est.total <= band][:EXTRA_FINALISTS]
     plans = [(c.to_plan(ctx), c) for c in finalists]
     best = finalists[0]
-    if by_money:
-        pass
-    elif best.sharing == "temporal":  # fair where temporal does not pay; start offsets where they do
+    if not by_money and best.sharing == "temporal":  # fair where temporal does not pay; offsets where they do
         plans.append((apply_fair(best.to_plan(ctx)).with_(name=f"{best.name}-fair"), best))
         plans.append((apply_temporal(best.to_plan(ctx), ctx.cluster, ctx.boundary_bytes(best.layout.micro_batch),
                                      best.est.period, offsets=True).with_(name=f"{best.name}-offsets"), best))

@@ -143,6 +143,7 @@ class GradNorm:
     def __init__(self, plan, rank: int, device: torch.device, limit_s: float = 300.0):
         stage, replica, t = plan.coords(rank)
         self.limit_s = limit_s           # the outage limit: how long a cross-stage wait may last
+        self.dc_of_rank = plan.dc_of_rank   # a stalled peer is named with its DC, as the p2p waits name it
         self.device, self.stage_ranks, self.stage, self.pp = device, plan.dp * plan.stage_tp(stage), stage, plan.pp
         per_stage = [sorted(plan.rank(s, r, u) for r in range(plan.dp) for u in range(plan.stage_tp(s)))
                      for s in range(plan.pp)]
@@ -171,7 +172,8 @@ class GradNorm:
         try:
             work.wait(timeout=timedelta(seconds=limit))
         except RuntimeError as e:
-            raise RuntimeError(f"gradient norm exchange with rank {peer}: no answer within {limit:.0f} s "
+            where = f" ({self.dc_of_rank(peer)})" if peer is not None else ""
+            raise RuntimeError(f"gradient norm exchange with rank {peer}{where}: no answer within {limit:.0f} s "
                                f"(--outage-limit; did a peer rank stop?) [{str(e).strip()[:120]}]") from None
 
     def post(self) -> None:
