@@ -165,8 +165,7 @@ class BubbleExecutor:
             self.gate.done(ticket)
             conn.close()
             if not self._closed:
-                why = f"handshake not finished within {ticket.limit_s:g} s" if ticket.expired else e
-                self.drops(f"dropped a connection from {addr[0]}:{addr[1]}: {why}")
+                self.drops(f"dropped a connection from {addr[0]}:{addr[1]}: {ticket.failure(e)}")
             return
         self.gate.done(ticket)
         try:

@@ -77,8 +77,7 @@ def _handle(conn: socket.socket, secret: bytes, drops: DropLog, gate: Gate, addr
         try:
             server_handshake(conn, secret, PROBE, ANY_RANK)
         except ConnectionError as e:
-            why = f"handshake not finished within {ticket.limit_s:g} s" if ticket.expired else e
-            drops(f"dropped a connection from {addr[0]}:{addr[1]}: {why}")
+            drops(f"dropped a connection from {addr[0]}:{addr[1]}: {ticket.failure(e)}")
             return
         finally:
             gate.done(ticket)

@@ -70,6 +70,10 @@ class Ticket:
     def __lt__(self, other: Ticket) -> bool:
         return self.deadline < other.deadline
 
+    def failure(self, error) -> str:
+        """Why this opener's handshake failed: the gate's deadline when it fired, else `error`."""
+        return f"handshake not finished within {self.limit_s:g} s" if self.expired else str(error)
+
 
 def _untrusted_cap() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -246,8 +246,7 @@ class StripedTransport:
             self.gate.done(ticket)
             conn.close()
             if not self._closed:
-                why = f"handshake not finished within {ticket.limit_s:g} s" if ticket.expired else e
-                self.drops(f"dropped a connection from {who}: {why}")
+                self.drops(f"dropped a connection from {who}: {ticket.failure(e)}")
             return
         self.gate.done(ticket)
         with self._lock:

@@ -224,9 +224,7 @@ class TurnArbiter:
             try:
                 key, _, channel = server_handshake(conn, self._secret, TURNS, ANY_RANK)
             except (AuthError, OSError) as e:
-                if ticket.expired:
-                    raise AuthError(f"handshake not finished within {ticket.limit_s:g} s") from None
-                raise e from None
+                raise (AuthError(ticket.failure(e)) if ticket.expired else e) from None
             finally:
                 self.gate.done(ticket)
             while True:
