@@ -30,7 +30,7 @@ def _plan(**kw):
 def _keys(world: int, gpus: int, hosts: int = 1) -> list[int]:
     """Device identities as our launcher / torchrun map them: host h runs ranks h*n..., each on local % gpus."""
     per_host = world // hosts
-    return [S._key(f"h{r // per_host}:{(r % per_host) % gpus}") for r in range(world)]
+    return [S.key_of(f"h{r // per_host}:{(r % per_host) % gpus}") for r in range(world)]
 
 
 def test_one_gpu_stages_the_dp_groups_and_the_pipeline():

@@ -16,7 +16,8 @@ from geotrain.errors import GeotrainError
 FAKE_GPUS_ENV = "GEOTRAIN_FAKE_GPUS"
 
 
-def _key(text: str) -> int:
+def key_of(text: str) -> int:
+    """A device's key from what names it (host and index, or UUID); never 0, which means no GPU."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "big") + 1
 
 
@@ -26,15 +27,15 @@ def shares(keys: list[int], members) -> bool:
     return len(on_gpu) != len(set(on_gpu))
 
 
-def _dp_group(plan, stage: int, t: int) -> list[int]:
+def dp_group(plan, stage: int, t: int) -> list[int]:
     return [plan.rank(stage, d, t) for d in range(plan.dp)]
 
 
-def _tp_group(plan, stage: int, replica: int) -> list[int]:
+def tp_group(plan, stage: int, replica: int) -> list[int]:
     return [plan.rank(stage, replica, t) for t in range(plan.stage_tp(stage))]
 
 
-def _tied_group(plan, replica: int, t: int) -> list[int]:
+def tied_group(plan, replica: int, t: int) -> list[int]:
     return [plan.rank(0, replica, t), plan.rank(plan.pp - 1, replica, t)]
 
 
@@ -46,14 +47,14 @@ def sharing_problem(plan, keys: list[int]) -> str | None:
     """One line naming the first communicator that cannot run with two ranks on one device, or None."""
     for s in range(plan.pp):
         for d in range(plan.dp):
-            g = _tp_group(plan, s, d)
+            g = tp_group(plan, s, d)
             if len(g) > 1 and shares(keys, g):
                 return (f"plan {plan.name!r}: the TP group of stage {s} (ranks {_ranks(g)}) has two ranks on one GPU, "
                         "and NCCL refuses that (tensor parallelism has no host-staged path): give each TP rank its "
                         "own GPU, or pin tp = 1")
         if plan.sharding == "zero1":
             for t in range(plan.stage_tp(s)):
-                g = _dp_group(plan, s, t)
+                g = dp_group(plan, s, t)
                 if len(g) > 1 and shares(keys, g):
                     return (f"plan {plan.name!r}: the ZeRO-1 group of stage {s} (ranks {_ranks(g)}) has two ranks "
                             "on one GPU, and NCCL refuses that (ZeroRedundancyOptimizer's broadcasts have no "
@@ -66,7 +67,7 @@ def device_problem(plan, gpus: int) -> str | None:
     `gpus` GPUs; the sharing problem, if any (`sharing_problem`), with the host's numbers."""
     if gpus < 1 or plan.num_ranks <= gpus:
         return None
-    problem = sharing_problem(plan, [_key(f"local:{r % gpus}") for r in range(plan.num_ranks)])
+    problem = sharing_problem(plan, [key_of(f"local:{r % gpus}") for r in range(plan.num_ranks)])
     return f"{problem} ({plan.num_ranks} ranks on {gpus} GPU(s) here)" if problem else None
 
 

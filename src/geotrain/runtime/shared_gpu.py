@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
-from geotrain.runtime.host_devices import FAKE_GPUS_ENV, _dp_group, _key, _tied_group, shares, sharing_problem
+from geotrain.runtime.host_devices import FAKE_GPUS_ENV, dp_group, key_of, shares, sharing_problem, tied_group
 from geotrain.torch_compat import fsdp_comm_bases
 
 _AllGather, _ReduceScatter = fsdp_comm_bases()
@@ -30,12 +30,12 @@ def device_key(device: torch.device) -> int:
     """This rank's device identity as a positive int64 (0: a CPU rank, which shares nothing NCCL sees)."""
     fake = os.environ.get(FAKE_GPUS_ENV)
     if fake:
-        return _key(f"{socket.gethostname()}:{int(os.environ.get('LOCAL_RANK', 0)) % max(1, int(fake))}")
+        return key_of(f"{socket.gethostname()}:{int(os.environ.get('LOCAL_RANK', 0)) % max(1, int(fake))}")
     if device.type != "cuda":
         return 0
     props = torch.cuda.get_device_properties(device)
     uuid = getattr(props, "uuid", None)
-    return _key(str(uuid) if uuid is not None else f"{socket.gethostname()}:{device.index}")
+    return key_of(str(uuid) if uuid is not None else f"{socket.gethostname()}:{device.index}")
 
 
 def exchange_keys(key: int) -> list[int]:
@@ -66,11 +66,11 @@ class SharedDevices:
         if problem:
             raise GeotrainError(problem)
         stage, replica, t = plan.coords(rank)
-        out = cls(dp=shares(keys, _dp_group(plan, stage, t)),
+        out = cls(dp=shares(keys, dp_group(plan, stage, t)),
                   tied=plan.pp > 1 and t < min(plan.stage_tp(0), plan.stage_tp(plan.pp - 1))
-                  and shares(keys, _tied_group(plan, replica, t)),
+                  and shares(keys, tied_group(plan, replica, t)),
                   peers={r for r in range(plan.num_ranks) if r != rank and keys[r] and keys[r] == keys[rank]})
-        staged_dp = any(shares(keys, _dp_group(plan, s, tt))
+        staged_dp = any(shares(keys, dp_group(plan, s, tt))
                         for s in range(plan.pp) for tt in range(plan.stage_tp(s)))
         staged_pp = any(keys[a] and keys[a] == keys[b] for a in range(plan.num_ranks) for b in range(a)
                         if plan.coords(a)[0] != plan.coords(b)[0])
