@@ -31,7 +31,7 @@ def norm_exchange(spec, plan, profile: MeasuredProfile | dict, mode: str) -> Nor
     edge = _edge(spec, plan, mode, _hop(spec, profile))
     reduce = []
     for s in range(plan.pp):
-        ranks = [plan.rank(s, r, u) for r in range(plan.dp) for u in range(plan.stage_tp(s))]
+        ranks = plan.stage_ranks(s)
         steps = (len(ranks) - 1).bit_length()
         reduce.append(2 * steps * max(edge(a, b) for a in ranks for b in ranks if a != b) if steps else 0.0)
     return NormExchange(reduce, [edge(plan.rank(s, 0, 0), plan.rank(s + 1, 0, 0)) for s in range(plan.pp - 1)])

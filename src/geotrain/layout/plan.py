@@ -198,6 +198,10 @@ class Plan:
         """The global rank of TP index t of `replica` of `stage`."""
         return self.rank_table[stage][replica][t]
 
+    def stage_ranks(self, stage: int) -> list[int]:
+        """Every rank of `stage`: each replica's TP group in turn (rank_table[stage], flattened)."""
+        return [r for row in self.rank_table[stage] for r in row]
+
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(stage, replica, tp index) of a rank."""
         return self._coords_table[rank]

@@ -82,7 +82,7 @@ def plan_section(plan: Plan) -> str:
            table(["setting", "value"], head)]
     srows = [(s, "+".join(dict.fromkeys(plan.dc_of(s, d) for d in range(plan.dp))),
               ", ".join(f"[{a}, {b})" for a, b in st.chunks), len(st.units),
-              number_runs((plan.rank(s, d, t) for d in range(plan.dp) for t in range(plan.stage_tp(s))), "r"))
+              number_runs(plan.stage_ranks(s), "r"))
              for s, st in enumerate(plan.stages)]
     out.append(table(["stage", "DC", "model units", "units", "ranks"], srows, [True, False, False, True, False]))
     if plan.links:

@@ -145,8 +145,7 @@ class GradNorm:
         self.limit_s = limit_s           # the outage limit: how long a cross-stage wait may last
         self.dc_of_rank = plan.dc_of_rank   # a stalled peer is named with its DC, as the p2p waits name it
         self.device, self.stage_ranks, self.stage, self.pp = device, plan.dp * plan.stage_tp(stage), stage, plan.pp
-        per_stage = [sorted(plan.rank(s, r, u) for r in range(plan.dp) for u in range(plan.stage_tp(s)))
-                     for s in range(plan.pp)]
+        per_stage = [sorted(plan.stage_ranks(s)) for s in range(plan.pp)]
         groups = iter(reused_groups("grad_norm", [ranks for ranks in per_stage if len(ranks) > 1]))
         self.stage_group = None
         for s, ranks in enumerate(per_stage):

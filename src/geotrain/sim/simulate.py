@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from itertools import chain
-
 from geotrain.errors import GeotrainError
 from geotrain.layout.peaks import stage_peaks
 from geotrain.layout.plan import Plan
@@ -173,7 +171,7 @@ def simulate(spec, plan: Plan, iterations: int = 1, cost=None, progress: bool = 
     peak_memory = {}
     peaks = stage_peaks(spec, plan, sched, costs.base)  # as the runtime's prediction: chunks weighed, B-W counted
     for s in range(plan.pp):
-        peak_memory.update(dict.fromkeys(chain.from_iterable(plan.rank_table[s]), peaks[s][0].total))
+        peak_memory.update(dict.fromkeys(plan.stage_ranks(s), peaks[s][0].total))
     tokens = plan.global_batch * spec.model.seq_len
     res = simulate_costs(plan, costs.cluster, inputs.stage_costs, inputs.allreduce, inputs.optimizer, tokens,
                          iterations=iterations, schedule=sched, progress=progress, peak_memory=peak_memory,
